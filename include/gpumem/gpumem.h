@@ -1,0 +1,251 @@
+/* gpumem.h — public API of libgpumem: a caching device-memory allocator with
+ * PyTorch-compatible statistics, pluggable policies and device backends.
+ *
+ * Conventions: every function that can fail returns an int status (GM_OK == 0,
+ * negative on error, see GM_STATUS_LIST). The library never aborts and never
+ * prints. Structs that cross the API carry their own size in a `size` field as
+ * their first member, so fields can be appended without breaking callers. */
+#ifndef GPUMEM_GPUMEM_H
+#define GPUMEM_GPUMEM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(GM_BUILDING_LIBRARY)
+#define GM_API __attribute__((visibility("default")))
+#else
+#define GM_API
+#endif
+
+#define GM_VERSION_MAJOR 0
+#define GM_VERSION_MINOR 1
+#define GM_VERSION_PATCH 0
+#define GM_VERSION_STRING "0.1.0"
+
+GM_API const char *gm_version(void);
+
+/* ---- status codes ------------------------------------------------------ */
+
+#define GM_STATUS_LIST(X)                                                      \
+    X(GM_OK, 0, "success")                                                     \
+    X(GM_EINVAL, -1, "invalid argument")                                       \
+    X(GM_ENOMEM, -2, "out of device memory")                                   \
+    X(GM_ENOHOSTMEM, -3, "out of host memory")                                 \
+    X(GM_EDOUBLEFREE, -4, "pointer was already freed")                         \
+    X(GM_EFOREIGN, -5, "pointer was not allocated by this allocator")          \
+    X(GM_EDEVICE, -6, "invalid device index")                                  \
+    X(GM_EBACKEND, -7, "device backend call failed")                           \
+    X(GM_ECONFIG, -8, "invalid allocator configuration")                       \
+    X(GM_ENODRIVER, -9, "no CUDA driver (libcuda.so.1 could not be loaded)")   \
+    X(GM_EFORMAT, -10, "malformed input")                                      \
+    X(GM_EIO, -11, "I/O error")                                                \
+    X(GM_ENOTSUP, -12, "operation not supported by this backend or policy")    \
+    X(GM_ESTATE, -13, "operation not allowed in the current state")            \
+    X(GM_ENOSPACE, -14, "output buffer too small")
+
+typedef enum gm_status {
+#define GM__STATUS_ENUM(name, value, msg) name = value,
+    GM_STATUS_LIST(GM__STATUS_ENUM)
+#undef GM__STATUS_ENUM
+} gm_status;
+
+/* Human-readable message / enum name ("GM_ENOMEM") for a status. Never NULL. */
+GM_API const char *gm_strerror(int status);
+GM_API const char *gm_status_name(int status);
+
+/* Details of the last error on the calling thread (e.g. the OOM explanation:
+ * what was asked for, what is allocated, reserved, free, and advice).
+ * Empty string if the last call succeeded or set no detail. */
+GM_API const char *gm_last_error_detail(void);
+
+/* ---- basic device types ------------------------------------------------ */
+
+typedef uint64_t gm_devptr;  /* device address (CUdeviceptr) */
+typedef uint64_t gm_stream;  /* stream handle value (cudaStream_t); 0 = default */
+typedef uint64_t gm_event;   /* backend-defined event handle */
+typedef uint64_t gm_physmem; /* backend-defined physical memory handle */
+
+#define GM_MAX_DEVICES 64
+
+/* ---- configuration ----------------------------------------------------- */
+
+typedef enum gm_policy_kind {
+    GM_POLICY_TORCH = 0,  /* faithful model of PyTorch's CUDACachingAllocator */
+    GM_POLICY_GPUMEM = 1, /* gpumem's own low-fragmentation policy */
+} gm_policy_kind;
+
+#define GM_ROUNDUP_INTERVALS 16 /* torch: 1 MiB, 2 MiB, ... 32 GiB (last one is ">") */
+
+/* Settings in PYTORCH_CUDA_ALLOC_CONF syntax ("key:value,key:value").
+ * Every key torch accepts is accepted; host-side (pinned_*) keys are kept
+ * but have no effect. gpumem adds `policy:torch|gpumem`. */
+typedef struct gm_config {
+    uint32_t size;                       /* sizeof(gm_config) */
+    gm_policy_kind policy;               /* policy:torch|gpumem (default torch) */
+    uint64_t max_split_size;             /* bytes; UINT64_MAX = unlimited (default) */
+    uint64_t max_non_split_rounding;     /* bytes; default 20 MiB */
+    double garbage_collection_threshold; /* 0 = off (default); (0,1) */
+    bool expandable_segments;
+    uint32_t roundup_power2_divisions[GM_ROUNDUP_INTERVALS]; /* 0 = off */
+    bool release_lock_on_cudamalloc;
+    bool pinned_use_cuda_host_register;
+    uint32_t pinned_num_register_threads;
+    bool pinned_use_background_threads;
+    bool graph_capture_record_stream_reuse;
+    double per_process_memory_fraction; /* 1.0 = whole device (default) */
+    char backend[32];                   /* "native" (default) or "cudaMallocAsync" */
+} gm_config;
+
+/* Fill with torch's defaults (policy torch). */
+GM_API void gm_config_init(gm_config *cfg);
+/* Parse `str` on top of `cfg`. On error returns GM_ECONFIG, writes a message
+ * naming the offending key/value into err (if errlen > 0), and leaves cfg
+ * unchanged: nothing of the string is applied. NULL or "" is valid (no-op). */
+GM_API int gm_config_parse(gm_config *cfg, const char *str, char *err, size_t errlen);
+/* Format as a canonical PYTORCH_CUDA_ALLOC_CONF string, only non-default keys. */
+GM_API int gm_config_format(const gm_config *cfg, char *buf, size_t len);
+
+/* ---- statistics -------------------------------------------------------- */
+
+/* One counter, exactly like torch's Stat. */
+typedef struct gm_stat {
+    int64_t current, peak, allocated, freed;
+} gm_stat;
+
+enum { GM_POOL_ALL = 0, GM_POOL_SMALL = 1, GM_POOL_LARGE = 2, GM_POOL_COUNT = 3 };
+#define GM_POOL_NAMES {"all", "small_pool", "large_pool"}
+
+/* The single list of statistics; it generates the struct, memory_stats()
+ * keys, JSON and Prometheus output. Names are torch.cuda.memory_stats() keys.
+ *   GM_STAT_ARRAYS:   gm_stat per pool   -> "<name>.<pool>.<current|peak|allocated|freed>"
+ *   GM_STAT_SINGLES:  one gm_stat        -> "<name>.<current|peak|allocated|freed>"
+ *   GM_STAT_COUNTERS: one int64_t        -> "<name>"                           */
+#define GM_STAT_ARRAYS(X)                                                      \
+    X(allocation) X(segment) X(active) X(inactive_split) X(allocated_bytes)    \
+    X(reserved_bytes) X(active_bytes) X(inactive_split_bytes) X(requested_bytes)
+#define GM_STAT_SINGLES(X) X(oversize_allocations) X(oversize_segments)
+/* num_device_* count backend calls made for this device; the last group is
+ * gpumem's own (VMM calls), absent from torch. */
+#define GM_STAT_COUNTERS(X)                                                    \
+    X(num_alloc_retries) X(num_ooms) X(num_sync_all_streams)                   \
+    X(num_device_alloc) X(num_device_free) X(max_split_size)                   \
+    X(num_va_reserve) X(num_va_release) X(num_phys_create)                     \
+    X(num_phys_release) X(num_map) X(num_unmap)
+
+typedef struct gm_stats {
+    uint32_t size; /* sizeof(gm_stats) */
+#define GM__STAT_ARRAY_FIELD(n) gm_stat n[GM_POOL_COUNT];
+#define GM__STAT_SINGLE_FIELD(n) gm_stat n;
+#define GM__STAT_COUNTER_FIELD(n) int64_t n;
+    GM_STAT_ARRAYS(GM__STAT_ARRAY_FIELD)
+    GM_STAT_SINGLES(GM__STAT_SINGLE_FIELD)
+    GM_STAT_COUNTERS(GM__STAT_COUNTER_FIELD)
+#undef GM__STAT_ARRAY_FIELD
+#undef GM__STAT_SINGLE_FIELD
+#undef GM__STAT_COUNTER_FIELD
+} gm_stats;
+
+/* Write all stats as a flat JSON object with torch's memory_stats() keys. */
+GM_API int gm_stats_to_json(const gm_stats *s, char *buf, size_t len);
+
+/* ---- backends ---------------------------------------------------------- */
+
+typedef struct gm_backend gm_backend; /* see gpumem/backend.h */
+
+typedef struct gm_sim_options {
+    uint32_t size;          /* sizeof(gm_sim_options) */
+    int device_count;       /* default 1 */
+    uint64_t capacity;      /* bytes per device; default 141 GiB */
+    uint64_t granularity;   /* VMM granularity; default 2 MiB */
+    bool events_manual;     /* events complete only under test control (default false: complete at once) */
+} gm_sim_options;
+
+GM_API void gm_sim_options_init(gm_sim_options *o);
+/* A simulated device: deterministic fake addresses, capacity accounting,
+ * VMM semantics checked like the driver's. */
+GM_API int gm_sim_create(gm_backend **out, const gm_sim_options *opts);
+/* Test control (sim only): complete every event recorded so far on `stream`
+ * of `device` (stream == UINT64_MAX: every stream). */
+GM_API int gm_sim_complete_events(gm_backend *b, int device, gm_stream stream);
+
+/* The CUDA driver backend (libcuda.so.1 via dlopen). GM_ENODRIVER without it. */
+GM_API int gm_cuda_create(gm_backend **out);
+
+GM_API void gm_backend_destroy(gm_backend *b);
+GM_API const char *gm_backend_name(const gm_backend *b);
+GM_API int gm_backend_device_count(gm_backend *b, int *count);
+
+/* Fault injection (any backend): counting from this call, the nth call
+ * (1-based) of `kind` (a gm_bcall from gpumem/backend.h, or GM_BCALL_ANY)
+ * fails with `status`. nth == 0 disarms. */
+GM_API int gm_backend_inject_fault(gm_backend *b, int kind, uint64_t nth, int status);
+
+/* ---- the allocator ----------------------------------------------------- */
+
+typedef struct gm_allocator gm_allocator;
+
+/* The allocator does not own the backend; destroy the allocator first.
+ * cfg == NULL means defaults. */
+GM_API int gm_allocator_create(gm_allocator **out, gm_backend *backend, const gm_config *cfg);
+/* Returns all device memory to the backend and frees everything. */
+GM_API void gm_allocator_destroy(gm_allocator *a);
+GM_API const gm_config *gm_allocator_config(const gm_allocator *a);
+
+/* size 0 sets *out = 0 and returns GM_OK, like torch.
+ * On GM_ENOMEM, gm_last_error_detail() explains. */
+GM_API int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_devptr *out);
+/* GM_EDOUBLEFREE / GM_EFOREIGN leave the allocator unchanged. */
+GM_API int gm_free(gm_allocator *a, gm_devptr ptr);
+/* Mark `ptr` as used on `stream`: its memory is not reused until the work
+ * queued on `stream` at free time has completed. */
+GM_API int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream);
+/* Release cached, unused device memory. device -1 = every device. */
+GM_API int gm_empty_cache(gm_allocator *a, int device);
+/* Like torch.cuda.set_per_process_memory_fraction. */
+GM_API int gm_set_memory_fraction(gm_allocator *a, int device, double fraction);
+/* Free and total bytes of the device as the backend reports them. */
+GM_API int gm_mem_get_info(gm_allocator *a, int device, uint64_t *free_bytes, uint64_t *total_bytes);
+
+GM_API int gm_get_stats(gm_allocator *a, int device, gm_stats *out);
+GM_API int gm_reset_peak_stats(gm_allocator *a, int device);
+GM_API int gm_reset_accumulated_stats(gm_allocator *a, int device);
+/* torch.cuda.memory_summary() layout. abbreviated as torch's argument. */
+GM_API int gm_memory_summary(gm_allocator *a, int device, bool abbreviated, char *buf, size_t len);
+
+/* Verify every internal invariant of `device` (-1 = all): no overlapping live
+ * blocks, reserved >= allocated >= requested, stats equal a recount of the
+ * block lists. GM_OK or GM_ESTATE with the broken invariant in err. */
+GM_API int gm_check(gm_allocator *a, int device, char *err, size_t errlen);
+
+/* One segment as seen by a memory snapshot. */
+typedef struct gm_segment_info {
+    uint32_t size_of; /* sizeof(gm_segment_info) */
+    gm_devptr address;
+    uint64_t total_size;     /* bytes of address range */
+    uint64_t mapped_size;    /* bytes backed by device memory (== total_size unless VMM) */
+    uint64_t allocated_size; /* bytes in live allocations */
+    gm_stream stream;
+    int pool; /* GM_POOL_SMALL / GM_POOL_LARGE */
+    bool expandable;
+} gm_segment_info;
+typedef int (*gm_segment_cb)(const gm_segment_info *seg, void *arg);
+GM_API int gm_walk_segments(gm_allocator *a, int device, gm_segment_cb cb, void *arg);
+
+/* ---- publication for out-of-process monitors --------------------------- */
+
+/* Publish this allocator's per-device stats in a POSIX shared-memory
+ * segment (owner-only) that `gpumem smi/top/log/exporter` read. `label`
+ * names the process in those views (NULL: the command name). Also enabled at
+ * creation when the environment variable GPUMEM_PUBLISH=1 is set. */
+GM_API int gm_allocator_publish(gm_allocator *a, const char *label);
+GM_API void gm_allocator_unpublish(gm_allocator *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GPUMEM_GPUMEM_H */

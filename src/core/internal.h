@@ -1,0 +1,144 @@
+/* internal.h — what the allocator front end, the policies, the backend
+ * wrapper and the monitor share inside libgpumem. Not installed.
+ *
+ * Layering:  front end (allocator.c: locking, pointer map, stream events,
+ *            request-level stats)  ->  policy (torch / gpumem: placement,
+ *            segments, caching)  ->  backend wrapper (backend.c)  ->  backend. */
+#ifndef GPUMEM_INTERNAL_H
+#define GPUMEM_INTERNAL_H
+
+#include "gpumem/backend.h"
+#include "gpumem/gpumem.h"
+
+#include <pthread.h>
+
+#define GM__KIB ((uint64_t)1024)
+#define GM__MIB (GM__KIB * 1024)
+#define GM__GIB (GM__MIB * 1024)
+
+/* Set the calling thread's gm_last_error_detail() text; returns status. */
+int gm__set_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void gm__clear_error(void);
+
+/* ---- statistics helpers (caller holds the device lock) ------------------ */
+
+static inline void gm__stat_add(gm_stat *s, int64_t delta) {
+    s->current += delta;
+    if (s->current > s->peak) s->peak = s->current;
+    if (delta > 0) s->allocated += delta;
+    else s->freed -= delta;
+}
+/* Update pool `pool` (GM_POOL_SMALL/LARGE) and GM_POOL_ALL together. */
+static inline void gm__stat_pool_add(gm_stat arr[GM_POOL_COUNT], int pool, int64_t delta) {
+    gm__stat_add(&arr[GM_POOL_ALL], delta);
+    gm__stat_add(&arr[pool], delta);
+}
+
+/* ---- blocks ------------------------------------------------------------ */
+
+struct gm__stream_uses; /* front end: extra streams recorded on a block */
+
+/* Every policy's block struct begins with this header. The policy fills
+ * ptr, size, pool and stream; the front end owns the rest. */
+typedef struct gm__block_hdr {
+    gm_devptr ptr;
+    uint64_t size;      /* bytes set aside for it (torch: block->size) */
+    uint64_t requested; /* bytes the caller asked for */
+    gm_stream stream;   /* allocation stream */
+    uint8_t pool;       /* GM_POOL_SMALL or GM_POOL_LARGE */
+    uint8_t live;       /* front end: handed out and not yet freed by the caller */
+    struct gm__stream_uses *uses; /* front end: NULL unless record_stream was called */
+} gm__block_hdr;
+
+/* ---- devices ----------------------------------------------------------- */
+
+typedef struct gm__device gm__device;
+typedef struct gm__policy_ops gm__policy_ops;
+
+struct gm__device {
+    int index;
+    struct gm_allocator *alloc;
+    gm_backend *backend;
+    const gm_config *cfg;        /* the allocator's config */
+    const gm__policy_ops *pops;  /* the policy */
+    void *pstate;                /* the policy's state */
+    pthread_mutex_t lock;        /* guards everything below and pstate */
+    gm_stats stats;
+    uint64_t total_memory;       /* backend mem_info total at creation */
+    double memory_fraction;      /* 1.0 unless set */
+    bool fraction_set;           /* torch: set_fraction */
+    uint64_t allowed_memory_maximum; /* total * fraction when fraction_set */
+    void *fe;                    /* front end private (pending events, ...) */
+};
+
+/* Front-end services a policy may call (device lock held):
+ * complete blocks whose stream events are done; with synchronize, wait for
+ * all of them first (torch: synchronize_and_free_events before a retry). */
+int gm__device_process_events(gm__device *d, bool synchronize);
+
+/* ---- policies ---------------------------------------------------------- */
+
+typedef int (*gm__segment_cb)(const gm_segment_info *seg, void *arg);
+
+struct gm__policy_ops {
+    const char *name;
+    int (*create)(gm__device *d, void **state);
+    /* release every device allocation; blocks still live are dropped */
+    void (*destroy)(void *state);
+    /* place `size` bytes for `stream`. Fill (*out)->ptr,size,pool,stream.
+     * Update segment/reserved/active/inactive_split/oversize_segments and
+     * num_alloc_retries stats. On failure after freeing the cache and
+     * retrying, return GM_ENOMEM (front end counts num_ooms and explains). */
+    int (*malloc)(void *state, uint64_t size, gm_stream stream, gm__block_hdr **out);
+    /* the block is no longer used by any stream: make it reusable */
+    void (*free)(void *state, gm__block_hdr *b);
+    /* return cached unused memory to the backend */
+    int (*empty_cache)(void *state);
+    /* recount and compare: GM_OK or GM_ESTATE naming the broken invariant */
+    int (*check)(void *state, char *err, size_t errlen);
+    int (*walk_segments)(void *state, gm__segment_cb cb, void *arg);
+};
+
+extern const gm__policy_ops gm__policy_torch;
+extern const gm__policy_ops gm__policy_gpumem;
+
+/* ---- backend wrapper (src/backend/backend.c) --------------------------- *
+ * The only way the core reaches a backend. Each counts the call in the
+ * backend's per-device counters and in d->stats (num_device_alloc, ...),
+ * and applies fault injection. */
+int gm__be_mem_info(gm__device *d, uint64_t *free_bytes, uint64_t *total_bytes);
+int gm__be_malloc(gm__device *d, uint64_t size, gm_devptr *out);
+int gm__be_free(gm__device *d, gm_devptr ptr);
+int gm__be_granularity(gm__device *d, uint64_t *bytes); /* GM_ENOTSUP without VMM */
+int gm__be_va_reserve(gm__device *d, uint64_t size, gm_devptr *out);
+int gm__be_va_release(gm__device *d, gm_devptr va, uint64_t size);
+int gm__be_phys_create(gm__device *d, uint64_t size, gm_physmem *out);
+int gm__be_phys_release(gm__device *d, gm_physmem h);
+int gm__be_map(gm__device *d, gm_devptr va, uint64_t size, gm_physmem h);
+int gm__be_unmap(gm__device *d, gm_devptr va, uint64_t size);
+int gm__be_event_record(gm__device *d, gm_stream stream, gm_event *out);
+int gm__be_event_query(gm__device *d, gm_event ev, bool *done);
+int gm__be_event_sync(gm__device *d, gm_event ev);
+int gm__be_event_destroy(gm__device *d, gm_event ev);
+
+/* ---- publication for the monitor (src/monitor/publish.c) --------------- */
+
+typedef struct gm__publisher gm__publisher;
+/* Called by the front end after every change of a device's stats (device
+ * lock held); must be a few stores under a seqlock, nothing more. */
+void gm__publisher_update(gm__publisher *p, int device, const gm_stats *s);
+void gm__publisher_close(gm__publisher *p);
+
+/* ---- the allocator object ---------------------------------------------- */
+
+struct gm_allocator {
+    gm_backend *backend;
+    gm_config cfg;
+    int ndevices;
+    gm__device *devices[GM_MAX_DEVICES]; /* created on first use */
+    pthread_mutex_t devices_lock;         /* guards creation of devices[] */
+    gm__publisher *publisher;             /* NULL unless publishing */
+    void *fe;                             /* front end private (pointer map) */
+};
+
+#endif /* GPUMEM_INTERNAL_H */

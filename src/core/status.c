@@ -1,0 +1,42 @@
+/* status.c — status names and messages, the library version, and the
+ * per-thread error detail behind gm_last_error_detail(). */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+const char *gm_version(void) { return GM_VERSION_STRING; }
+
+const char *gm_strerror(int status) {
+    switch (status) {
+#define GM__STATUS_MSG(name, value, msg) \
+    case value: return msg;
+        GM_STATUS_LIST(GM__STATUS_MSG)
+#undef GM__STATUS_MSG
+    }
+    return "unknown status";
+}
+
+const char *gm_status_name(int status) {
+    switch (status) {
+#define GM__STATUS_NAME(name, value, msg) \
+    case value: return #name;
+        GM_STATUS_LIST(GM__STATUS_NAME)
+#undef GM__STATUS_NAME
+    }
+    return "GM_UNKNOWN";
+}
+
+static _Thread_local char error_detail[1024];
+
+const char *gm_last_error_detail(void) { return error_detail; }
+
+void gm__clear_error(void) { error_detail[0] = '\0'; }
+
+int gm__set_error(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(error_detail, sizeof error_detail, fmt, ap);
+    va_end(ap);
+    return status;
+}
