@@ -128,6 +128,8 @@ typedef struct gm__publisher gm__publisher;
  * lock held); must be a few stores under a seqlock, nothing more. */
 void gm__publisher_update(gm__publisher *p, int device, const gm_stats *s);
 void gm__publisher_close(gm__publisher *p);
+/* Called once by gm_allocator_create: publish if GPUMEM_PUBLISH=1. */
+int gm__publish_from_env(struct gm_allocator *a);
 
 /* ---- the allocator object ---------------------------------------------- */
 
