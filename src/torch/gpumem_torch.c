@@ -1,0 +1,257 @@
+/* gpumem_torch.c — the one allocator a PyTorch process uses through
+ * CUDAPluggableAllocator, created on first use with the settings given by
+ * python/gpumem (gpumem.torch.install) or the environment, and the small C
+ * functions the Python side calls with ctypes for stats, summary,
+ * record_stream, empty_cache and errors. See gpumem_torch.h. */
+#include "gpumem_torch.h"
+
+#include "gpumem/gpumem.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static gm_allocator *g_alloc; /* published with release, read with acquire */
+static gm_backend *g_backend;
+static gm_config g_cfg;
+static bool g_configured;
+static char g_backend_name[16] = "cuda";
+static gpumem_oom_thrower g_thrower;
+static uint64_t g_failed_frees;
+static _Thread_local char t_err[2048];
+
+static int fail(int st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(int st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t_err, sizeof t_err, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static int fail_lib(int st, const char *what) {
+    const char *d = gm_last_error_detail();
+    return fail(st, "gpumem: %s failed: %s (%s)%s%s", what, gm_strerror(st), gm_status_name(st), *d ? ": " : "",
+                d);
+}
+
+const char *gpumem_torch_last_error(void) { return t_err; }
+
+static int parse_conf(const char *conf, gm_config *cfg) {
+    char err[512] = "";
+    gm_config_init(cfg);
+    if (!conf) conf = getenv("GPUMEM_CONF");
+    int st = gm_config_parse(cfg, conf ? conf : "", err, sizeof err);
+    if (st != GM_OK) return fail(st, "gpumem: bad allocator configuration \"%s\": %s", conf, err);
+    return GM_OK;
+}
+
+int gpumem_torch_configure(const char *conf, const char *backend) {
+    t_err[0] = '\0';
+    if (backend && strcmp(backend, "cuda") != 0 && strcmp(backend, "sim") != 0)
+        return fail(GM_EINVAL, "gpumem: unknown backend \"%s\" (expected cuda or sim)", backend);
+    gm_config cfg;
+    int st = parse_conf(conf, &cfg);
+    if (st != GM_OK) return st;
+    pthread_mutex_lock(&g_lock);
+    if (g_alloc) {
+        pthread_mutex_unlock(&g_lock);
+        return fail(GM_ESTATE, "gpumem: the allocator already exists (it was used or configured before); "
+                               "configure it before the first CUDA allocation");
+    }
+    g_cfg = cfg;
+    g_configured = true;
+    snprintf(g_backend_name, sizeof g_backend_name, "%s", backend ? backend : "cuda");
+    pthread_mutex_unlock(&g_lock);
+    return GM_OK;
+}
+
+static int create_locked(void) {
+    if (!g_configured) {
+        int st = parse_conf(NULL, &g_cfg);
+        if (st != GM_OK) return st;
+        g_configured = true;
+    }
+    int st;
+    if (strcmp(g_backend_name, "sim") == 0) {
+        gm_sim_options o;
+        gm_sim_options_init(&o);
+        st = gm_sim_create(&g_backend, &o);
+    } else {
+        st = gm_cuda_create(&g_backend);
+    }
+    if (st != GM_OK) return fail_lib(st, "creating the device backend");
+    gm_allocator *a = NULL;
+    st = gm_allocator_create(&a, g_backend, &g_cfg);
+    if (st != GM_OK) {
+        fail_lib(st, "creating the allocator");
+        gm_backend_destroy(g_backend);
+        g_backend = NULL;
+        return st;
+    }
+    __atomic_store_n(&g_alloc, a, __ATOMIC_RELEASE);
+    return GM_OK;
+}
+
+static int get(gm_allocator **out) {
+    gm_allocator *a = __atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE);
+    if (!a) {
+        pthread_mutex_lock(&g_lock);
+        int st = g_alloc ? GM_OK : create_locked();
+        a = g_alloc;
+        pthread_mutex_unlock(&g_lock);
+        if (st != GM_OK) return st;
+    }
+    *out = a;
+    return GM_OK;
+}
+
+int gpumem_torch_init(void) {
+    gm_allocator *a;
+    t_err[0] = '\0';
+    return get(&a);
+}
+
+int gpumem_torch_is_initialized(void) { return __atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE) != NULL; }
+
+void gpumem_torch_shutdown(void) {
+    pthread_mutex_lock(&g_lock);
+    if (g_alloc) gm_allocator_destroy(g_alloc);
+    if (g_backend) gm_backend_destroy(g_backend);
+    __atomic_store_n(&g_alloc, NULL, __ATOMIC_RELEASE);
+    g_backend = NULL;
+    g_configured = false;
+    snprintf(g_backend_name, sizeof g_backend_name, "cuda");
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void fmt_bytes(char *buf, size_t len, double b) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) {
+        b /= 1024;
+        i++;
+    }
+    snprintf(buf, len, "%.2f %s", b, u[i]);
+}
+
+int gpumem_torch_alloc_raw(int64_t size, int device, uint64_t stream, uint64_t *out) {
+    gm_allocator *a;
+    *out = 0;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    if (size < 0) return fail(GM_EINVAL, "gpumem: negative allocation size %" PRId64, size);
+    gm_devptr p = 0;
+    st = gm_malloc(a, device, (size_t)size, (gm_stream)stream, &p);
+    if (st == GM_ENOMEM) {
+        char want[32];
+        fmt_bytes(want, sizeof want, (double)size);
+        const char *d = gm_last_error_detail();
+        return fail(st, "gpumem: CUDA out of memory. Tried to allocate %s on device %d. %s", want, device,
+                    *d ? d : "");
+    }
+    if (st != GM_OK) return fail_lib(st, "allocation");
+    t_err[0] = '\0';
+    *out = p;
+    return GM_OK;
+}
+
+int gpumem_torch_free_raw(uint64_t ptr) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_free(a, ptr);
+    return st == GM_OK ? GM_OK : fail_lib(st, "free");
+}
+
+int gpumem_torch_record_stream(uint64_t ptr, uint64_t stream) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_record_stream(a, ptr, stream);
+    return st == GM_OK ? GM_OK : fail_lib(st, "record_stream");
+}
+
+int gpumem_torch_empty_cache(int device) {
+    gm_allocator *a = __atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE);
+    if (!a) return GM_OK; /* nothing cached yet */
+    int st = gm_empty_cache(a, device);
+    return st == GM_OK ? GM_OK : fail_lib(st, "empty_cache");
+}
+
+int gpumem_torch_set_memory_fraction(double fraction, int device) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_set_memory_fraction(a, device, fraction);
+    return st == GM_OK ? GM_OK : fail_lib(st, "set_memory_fraction");
+}
+
+int gpumem_torch_mem_get_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_mem_get_info(a, device, free_bytes, total_bytes);
+    return st == GM_OK ? GM_OK : fail_lib(st, "mem_get_info");
+}
+
+int gpumem_torch_device_count(int *count) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_backend_device_count(g_backend, count);
+    return st == GM_OK ? GM_OK : fail_lib(st, "device_count");
+}
+
+int gpumem_torch_stats_json(int device, char *buf, size_t len) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    gm_stats s;
+    memset(&s, 0, sizeof s);
+    s.size = sizeof s;
+    st = gm_get_stats(a, device, &s);
+    if (st != GM_OK) return fail_lib(st, "get_stats");
+    st = gm_stats_to_json(&s, buf, len);
+    return st == GM_OK ? GM_OK : fail_lib(st, "stats_to_json");
+}
+
+int gpumem_torch_reset_peak(int device) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_reset_peak_stats(a, device);
+    return st == GM_OK ? GM_OK : fail_lib(st, "reset_peak_stats");
+}
+
+int gpumem_torch_reset_accumulated(int device) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_reset_accumulated_stats(a, device);
+    return st == GM_OK ? GM_OK : fail_lib(st, "reset_accumulated_stats");
+}
+
+int gpumem_torch_summary(int device, int abbreviated, char *buf, size_t len) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_memory_summary(a, device, abbreviated != 0, buf, len);
+    return st == GM_OK ? GM_OK : fail_lib(st, "memory_summary");
+}
+
+int gpumem_torch_check(int device, char *buf, size_t len) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    return gm_check(a, device, buf, len);
+}
+
+void gpumem_torch_set_oom_thrower(gpumem_oom_thrower fn) { __atomic_store_n(&g_thrower, fn, __ATOMIC_RELEASE); }
+gpumem_oom_thrower gpumem__torch_oom_thrower(void) { return __atomic_load_n(&g_thrower, __ATOMIC_ACQUIRE); }
+void gpumem__torch_note_failed_free(void) { __atomic_add_fetch(&g_failed_frees, 1, __ATOMIC_RELAXED); }
+uint64_t gpumem_torch_failed_frees(void) { return __atomic_load_n(&g_failed_frees, __ATOMIC_RELAXED); }

@@ -1,0 +1,57 @@
+/* gpumem_torch.h — the C side of libgpumem_torch.so: one process-wide
+ * allocator behind PyTorch's CUDAPluggableAllocator entry points
+ * (gpumem_alloc / gpumem_free in gpumem_torch_entry.cpp) and the functions
+ * python/gpumem calls through ctypes. Every function returns a gm_status;
+ * gpumem_torch_last_error() gives the calling thread's message. */
+#ifndef GPUMEM_TORCH_H
+#define GPUMEM_TORCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GPUMEM_TORCH_API __attribute__((visibility("default")))
+
+/* Settings for the allocator created on first use: conf in
+ * PYTORCH_CUDA_ALLOC_CONF syntax plus policy:torch|gpumem (NULL: env
+ * GPUMEM_CONF), backend "cuda" (default) or "sim" (tests without a GPU).
+ * GM_ESTATE once the allocator exists; GM_ECONFIG if conf does not parse
+ * (checked now, so the error reaches the caller instead of the first alloc). */
+GPUMEM_TORCH_API int gpumem_torch_configure(const char *conf, const char *backend);
+/* Create the allocator now (normally done by the first allocation). */
+GPUMEM_TORCH_API int gpumem_torch_init(void);
+GPUMEM_TORCH_API int gpumem_torch_is_initialized(void);
+/* Destroy the allocator and backend (tests only: every pointer dies). */
+GPUMEM_TORCH_API void gpumem_torch_shutdown(void);
+
+GPUMEM_TORCH_API int gpumem_torch_alloc_raw(int64_t size, int device, uint64_t stream, uint64_t *out);
+GPUMEM_TORCH_API int gpumem_torch_free_raw(uint64_t ptr);
+GPUMEM_TORCH_API int gpumem_torch_record_stream(uint64_t ptr, uint64_t stream);
+GPUMEM_TORCH_API int gpumem_torch_empty_cache(int device);
+GPUMEM_TORCH_API int gpumem_torch_set_memory_fraction(double fraction, int device);
+GPUMEM_TORCH_API int gpumem_torch_mem_get_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
+GPUMEM_TORCH_API int gpumem_torch_device_count(int *count);
+GPUMEM_TORCH_API int gpumem_torch_stats_json(int device, char *buf, size_t len);
+GPUMEM_TORCH_API int gpumem_torch_reset_peak(int device);
+GPUMEM_TORCH_API int gpumem_torch_reset_accumulated(int device);
+GPUMEM_TORCH_API int gpumem_torch_summary(int device, int abbreviated, char *buf, size_t len);
+GPUMEM_TORCH_API int gpumem_torch_check(int device, char *buf, size_t len);
+/* "" after success; "gpumem: ..." after a failure on this thread. */
+GPUMEM_TORCH_API const char *gpumem_torch_last_error(void);
+/* Frees that failed inside gpumem_free (which must not throw). */
+GPUMEM_TORCH_API uint64_t gpumem_torch_failed_frees(void);
+
+/* A function that throws torch's c10::OutOfMemoryError with msg (built
+ * against torch's headers, see src/torch/oom/); NULL: std::runtime_error. */
+typedef void (*gpumem_oom_thrower)(const char *msg);
+GPUMEM_TORCH_API void gpumem_torch_set_oom_thrower(gpumem_oom_thrower fn);
+gpumem_oom_thrower gpumem__torch_oom_thrower(void);
+void gpumem__torch_note_failed_free(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GPUMEM_TORCH_H */
