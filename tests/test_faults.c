@@ -1,0 +1,279 @@
+/* test_faults.c — the fault-injection sweep. For every backend call kind
+ * (and GM_BCALL_ANY), for each policy (torch with and without expandable
+ * segments, gpumem), the failure point n = 1, 2, 3, ... is walked through a
+ * fixed workload until a run completes with no fault triggered. After every
+ * injected failure the API call must return a clean error (the injected one,
+ * or GM_ENOMEM / GM_EBACKEND), the allocator must pass every invariant of
+ * workload.h, retrying the call must succeed, and at the end freeing
+ * everything + empty_cache must leave reserved 0 and the sim 0 bytes used.
+ * Leaks are ASan's job (tests run under ASan in CI).
+ *
+ * GM_TRACE=1 prints each failure point and the error it produced. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "workload.h"
+
+/* ---- the fixed workload -------------------------------------------------- */
+
+enum { OP_MALLOC, OP_FREE, OP_RECORD, OP_COMPLETE, OP_EMPTY };
+typedef struct op {
+    int kind;
+    int slot;         /* OP_MALLOC/FREE/RECORD */
+    uint64_t size;    /* OP_MALLOC */
+    gm_stream stream; /* OP_MALLOC/RECORD/COMPLETE */
+} op;
+
+#define M(slot, size, s) {OP_MALLOC, slot, size, s}
+#define F(slot) {OP_FREE, slot, 0, 0}
+#define R(slot, s) {OP_RECORD, slot, 0, s}
+#define C(s) {OP_COMPLETE, 0, 0, s}
+#define E {OP_EMPTY, 0, 0, 0}
+#define KIB WL_KIB
+#define MIB WL_MIB
+enum { NSLOTS = 16 };
+
+/* On a 1 GiB device: small and large pools, splits, reuse on the same
+ * stream, blocks held back by events on other streams, empty_cache with live
+ * blocks, and a 700 MiB request that only fits once the cache (including
+ * blocks whose events must be waited for) is released. */
+static const op SCRIPT[] = {
+    M(0, 1000, 0), M(1, 600 * KIB, 0), M(2, 3 * MIB, 0), M(3, 30 * MIB, 0), M(4, 200 * MIB, 0),
+    M(5, 5 * MIB, 1), R(2, 1), R(4, 2), F(2), F(4), M(6, 3 * MIB, 0), M(7, 200 * MIB, 0),
+    C(1), F(1), M(8, 500 * KIB, 0), M(1, 700, 1), E, F(3), F(0), M(9, 700 * MIB, 0), F(7), F(9),
+    M(10, 400 * MIB, 2), R(10, 3), F(10), E, M(11, 100 * MIB, 3), M(12, 2 * MIB, 3), F(12),
+    M(12, 2 * MIB, 3), F(5), F(6), F(8), F(11), F(12), F(1), C(UINT64_MAX), E,
+};
+#define NSCRIPT (sizeof SCRIPT / sizeof SCRIPT[0])
+
+/* ---- one run ------------------------------------------------------------- */
+
+typedef struct frun {
+    const char *conf;
+    int kind, status;
+    uint64_t nth;
+    gm_backend *be;
+    gm_allocator *a;
+    wl_model m;
+    gm_devptr slot[NSLOTS];
+    uint64_t slot_size[NSLOTS];
+    unsigned check_flags;
+    int errors; /* API calls that returned an error */
+    bool trace;
+    char err[1024];
+} frun;
+
+#define FR_FAIL(R, step, ...)                                                               \
+    do {                                                                                    \
+        char msg_[2048];                                                                     \
+        snprintf(msg_, sizeof msg_, __VA_ARGS__);                                           \
+        fail_msg("%s, fault %s#%" PRIu64 " -> %s, script step %d: %s", (R)->conf,            \
+                 (R)->kind == GM_BCALL_ANY ? "ANY" : gm_bcall_name((R)->kind), (R)->nth,    \
+                 gm_status_name((R)->status), step, msg_);                                  \
+    } while (0)
+
+static uint64_t calls(gm_backend *be, int kind) {
+    if (kind != GM_BCALL_ANY) return gm_backend_call_count(be, 0, kind);
+    uint64_t n = 0;
+    for (int k = 0; k < GM_BCALL_COUNT; k++) n += gm_backend_call_count(be, 0, k);
+    return n;
+}
+
+static bool clean_error(const frun *r, int rc) {
+    return rc == r->status || rc == GM_ENOMEM || rc == GM_EBACKEND;
+}
+
+static int attempt(frun *r, const op *o) {
+    switch (o->kind) {
+    case OP_MALLOC: {
+        gm_devptr p = 0;
+        int rc = gm_malloc(r->a, 0, o->size, o->stream, &p);
+        if (rc == GM_OK) {
+            r->slot[o->slot] = p;
+            r->slot_size[o->slot] = o->size;
+        }
+        return rc;
+    }
+    case OP_FREE: return gm_free(r->a, r->slot[o->slot]);
+    case OP_RECORD: return gm_record_stream(r->a, r->slot[o->slot], o->stream);
+    case OP_COMPLETE: return gm_sim_complete_events(r->be, 0, o->stream);
+    default: return gm_empty_cache(r->a, 0);
+    }
+}
+
+/* Bring the model in line with a successful op. */
+static void commit(frun *r, int step, const op *o) {
+    if (o->kind == OP_MALLOC) {
+        if (wl_model_add(&r->m, r->slot[o->slot], o->size, o->stream, r->err, sizeof r->err))
+            FR_FAIL(r, step, "%s", r->err);
+    } else if (o->kind == OP_FREE) {
+        long i = wl_model_find(&r->m, r->slot[o->slot]);
+        if (i < 0) FR_FAIL(r, step, "slot %d not live in the model", o->slot);
+        wl_model_remove_at(&r->m, (size_t)i, NULL);
+        r->slot[o->slot] = 0;
+    }
+}
+
+static void check(frun *r, int step, const char *when) {
+    if (wl_check(r->a, &r->m, r->check_flags, r->err, sizeof r->err))
+        FR_FAIL(r, step, "%s: %s", when, r->err);
+}
+
+static void run_step(frun *r, int step) {
+    const op *o = &SCRIPT[step];
+    int rc = attempt(r, o);
+    for (int tries = 0; rc != GM_OK; tries++) {
+        if (!clean_error(r, rc))
+            FR_FAIL(r, step, "call failed with %s (%s), not a clean backend error",
+                    gm_status_name(rc), gm_last_error_detail());
+        if (r->trace)
+            fprintf(stderr, "  %s %s#%" PRIu64 ": step %d -> %s: %s\n", r->conf,
+                    r->kind == GM_BCALL_ANY ? "ANY" : gm_bcall_name(r->kind), r->nth, step,
+                    gm_status_name(rc), gm_last_error_detail());
+        r->errors++;
+        if (rc == GM_ENOMEM) r->m.ooms++;
+        /* the failed call changed nothing: same model, every invariant holds */
+        check(r, step, "after the injected failure");
+        if (tries == 2) FR_FAIL(r, step, "still failing after %d retries: %s", tries + 1,
+                                gm_status_name(rc));
+        rc = attempt(r, o);
+    }
+    commit(r, step, o);
+    check(r, step, "after the step");
+}
+
+/* Finish: disarm, free what is live, empty the cache: nothing may remain. */
+static void finish(frun *r) {
+    int step = (int)NSCRIPT;
+    gm_backend_inject_fault(r->be, r->kind, 0, 0);
+    if (wl_free_all(r->a, &r->m, r->err, sizeof r->err)) FR_FAIL(r, step, "%s", r->err);
+    int rc = gm_empty_cache(r->a, 0);
+    if (rc != GM_OK) FR_FAIL(r, step, "final empty_cache = %s", gm_status_name(rc));
+    check(r, step, "at the end");
+    if (wl_check(r->a, &r->m, WL_CHECK_ALL, r->err, sizeof r->err))
+        FR_FAIL(r, step, "at the end: %s", r->err);
+    gm_stats s;
+    memset(&s, 0, sizeof s);
+    s.size = sizeof s;
+    if (gm_get_stats(r->a, 0, &s) != GM_OK) FR_FAIL(r, step, "gm_get_stats failed");
+    if (s.reserved_bytes[GM_POOL_ALL].current != 0)
+        FR_FAIL(r, step, "reserved %" PRId64 " after free all + empty_cache",
+                s.reserved_bytes[GM_POOL_ALL].current);
+    uint64_t fr = 0, tot = 0;
+    if (gm_mem_get_info(r->a, 0, &fr, &tot) != GM_OK || fr != tot)
+        FR_FAIL(r, step, "sim reports %" PRIu64 " bytes still in use", tot - fr);
+}
+
+/* Returns true when the fault fired (so the sweep goes on to nth + 1). */
+static bool fault_run(const char *conf, int kind, int status, uint64_t nth, int *errors) {
+    frun r;
+    memset(&r, 0, sizeof r);
+    r.conf = conf;
+    r.kind = kind;
+    r.status = status;
+    r.nth = nth;
+    r.trace = wl_env_u64("GM_TRACE", 0) != 0;
+    wl_model_init(&r.m);
+    r.m.torch_pools = strstr(conf, "policy:torch") != NULL;
+    /* our own gm_mem_get_info calls would consume MEM_INFO faults */
+    r.check_flags = WL_CHECK_PEAKS | WL_CHECK_SEGMENTS;
+    if (kind != GM_BCALL_MEM_INFO && kind != GM_BCALL_ANY) r.check_flags |= WL_CHECK_SIM_USED;
+
+    gm_sim_options o;
+    gm_sim_options_init(&o);
+    o.capacity = 1 * WL_GIB;
+    o.events_manual = true;
+    assert_int_equal(gm_sim_create(&r.be, &o), GM_OK);
+    gm_config cfg;
+    gm_config_init(&cfg);
+    assert_int_equal(gm_config_parse(&cfg, conf, NULL, 0), GM_OK);
+
+    uint64_t before = calls(r.be, kind);
+    assert_int_equal(gm_backend_inject_fault(r.be, kind, nth, status), GM_OK);
+    int rc = gm_allocator_create(&r.a, r.be, &cfg);
+    if (rc != GM_OK) {
+        if (!clean_error(&r, rc)) FR_FAIL(&r, -1, "gm_allocator_create = %s", gm_status_name(rc));
+        r.errors++;
+        rc = gm_allocator_create(&r.a, r.be, &cfg);
+        if (rc != GM_OK) FR_FAIL(&r, -1, "gm_allocator_create retry = %s", gm_status_name(rc));
+    }
+    for (int i = 0; i < (int)NSCRIPT; i++) run_step(&r, i);
+    bool fired = calls(r.be, kind) - before >= nth;
+    finish(&r);
+    gm_allocator_destroy(r.a);
+    gm_backend_destroy(r.be);
+    wl_model_free(&r.m);
+    *errors = r.errors;
+    return fired;
+}
+
+/* ---- the sweep ------------------------------------------------------------ */
+
+typedef struct sweep_result {
+    uint64_t points; /* failure points that fired */
+    int errors;      /* of which an API call saw the error */
+} sweep_result;
+
+static sweep_result sweep(const char *conf, int kind, int status) {
+    sweep_result res = {0, 0};
+    for (uint64_t n = 1; n <= 5000; n++) {
+        int errors = 0;
+        if (!fault_run(conf, kind, status, n, &errors)) return res;
+        res.points++;
+        res.errors += errors > 0;
+    }
+    fail_msg("%s: sweep of %d did not end after 5000 failure points", conf, kind);
+    return res;
+}
+
+static void sweep_all(const char *conf, bool expandable) {
+    sweep_result any = {0, 0};
+    uint64_t total = 0;
+    char line[1024];
+    int len = snprintf(line, sizeof line, "%s:", conf);
+    for (int k = 0; k <= GM_BCALL_COUNT; k++) {
+        int kind = k == GM_BCALL_COUNT ? GM_BCALL_ANY : k;
+        const char *name = kind == GM_BCALL_ANY ? "ANY" : gm_bcall_name(kind);
+        sweep_result r = sweep(conf, kind, GM_EBACKEND);
+        /* a full device looks different from a broken one: the allocator
+         * is expected to free its cache and retry on GM_ENOMEM */
+        if (kind == GM_BCALL_MALLOC || kind == GM_BCALL_PHYS_CREATE || kind == GM_BCALL_ANY) {
+            sweep_result o = sweep(conf, kind, GM_ENOMEM);
+            r.points += o.points;
+            r.errors += o.errors;
+        }
+        if (kind == GM_BCALL_ANY) any = r;
+        else total += r.points;
+        if (r.points && len < (int)sizeof line)
+            len += snprintf(line + len, sizeof line - (size_t)len, " %s=%" PRIu64 "/%d", name,
+                            r.points, r.errors);
+    }
+    print_message("%s (failure points fired/seen by the caller)\n", line);
+    /* the sweep is only worth something if the workload reaches the device */
+    assert_true(any.points >= 10);
+    assert_true(total >= any.points / 2);
+    (void)expandable;
+}
+
+static void faults_torch(void **state) { sweep_all("policy:torch", false); }
+static void faults_torch_expandable(void **state) {
+    sweep_all("policy:torch,expandable_segments:True", true);
+}
+static void faults_gpumem(void **state) { sweep_all("policy:gpumem", true); }
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(faults_torch),
+        cmocka_unit_test(faults_torch_expandable),
+        cmocka_unit_test(faults_gpumem),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
