@@ -45,7 +45,7 @@ GPUMEM_TORCH_API const char *gpumem_torch_last_error(void);
 GPUMEM_TORCH_API uint64_t gpumem_torch_failed_frees(void);
 
 /* A function that throws torch's c10::OutOfMemoryError with msg (built
- * against torch's headers, see src/torch/oom/); NULL: std::runtime_error. */
+ * against torch's headers, see src/torch/ext/); NULL: std::runtime_error. */
 typedef void (*gpumem_oom_thrower)(const char *msg);
 GPUMEM_TORCH_API void gpumem_torch_set_oom_thrower(gpumem_oom_thrower fn);
 gpumem_oom_thrower gpumem__torch_oom_thrower(void);

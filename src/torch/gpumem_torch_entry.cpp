@@ -2,7 +2,7 @@
 // calls. They are C++ only so that a failed allocation can throw: torch does
 // not check alloc's return value (a NULL pointer faults in the next kernel),
 // but an exception thrown here reaches Python as an exception and the process
-// keeps working. With a thrower registered (src/torch/oom/, built against
+// keeps working. With a thrower registered (src/torch/ext/, built against
 // torch's headers) the exception is c10::OutOfMemoryError, which Python sees
 // as torch.OutOfMemoryError; otherwise std::runtime_error (RuntimeError).
 #include "gpumem_torch.h"

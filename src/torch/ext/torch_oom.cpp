@@ -1,5 +1,5 @@
 // torch_oom.cpp — optional helper, built only where PyTorch's headers are
-// (tests/gpu/run_gpu.sh, or python/gpumem/build_oom.py): one function that
+// (tests/gpu/build_ext.sh, run by tests/gpu/run_gpu.sh): one function that
 // throws c10::OutOfMemoryError, so an OOM inside gpumem_alloc surfaces in
 // Python as torch.OutOfMemoryError rather than a plain RuntimeError.
 // Not part of the CMake build (that has no torch); gpumem.torch.install()
