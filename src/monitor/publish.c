@@ -1,20 +1,233 @@
-/* publish.c — placeholder until shared-memory publication is written:
- * publication is reported as unsupported and every hook is a no-op. */
+/* publish.c — the writer side of monitoring: an allocator publishes its
+ * per-device stats in a POSIX shared-memory segment (layout in monitor.h) so
+ * `gpumem smi/top/log/exporter` can read them from outside the process.
+ * The per-operation hook is a handful of relaxed stores under a seqlock. */
 #include "internal.h"
+#include "monitor/monitor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct gm__publisher {
+    gm__shm_header *hdr;
+    gm__shm_record *rec; /* GM__SHM_DEVICES records after the header */
+    char name[96];       /* with the leading slash, for shm_unlink */
+};
+
+void gm__shm_prefix(char *buf, size_t len) {
+    const char *tag = getenv("GPUMEM_SHM_TAG");
+    if (tag && *tag) snprintf(buf, len, "gpumem-%s.%u.", tag, (unsigned)getuid());
+    else snprintf(buf, len, "gpumem.%u.", (unsigned)getuid());
+}
+
+int gm__proc_start_time(int pid, uint64_t *out) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "re");
+    if (!f) return GM_EIO;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* comm may hold spaces and parentheses: fields restart after the last ')' */
+    char *p = strrchr(buf, ')');
+    if (!p || p[1] != ' ') return GM_EIO;
+    p += 2;
+    if (*p == 'Z' || *p == 'X') return GM_EIO; /* exited, not yet reaped */
+    /* p is field 3 (state); start time is field 22 */
+    for (int field = 3; field < 22; field++) {
+        p = strchr(p, ' ');
+        if (!p) return GM_EIO;
+        p++;
+    }
+    *out = strtoull(p, NULL, 10);
+    return GM_OK;
+}
+
+void gm__proc_comm(int pid, char *buf, size_t len) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/comm", pid);
+    buf[0] = '\0';
+    FILE *f = fopen(path, "re");
+    if (!f) return;
+    if (fgets(buf, (int)len, f)) buf[strcspn(buf, "\n")] = '\0';
+    fclose(f);
+}
+
+static uint64_t realtime_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t coarse_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Create and map a fresh segment named prefix+pid[.n]. A segment left under
+ * our own name by a dead process that had our pid is replaced. */
+static int create_segment(gm__publisher *p) {
+    char prefix[80];
+    gm__shm_prefix(prefix, sizeof prefix);
+    /* the first segment of a process is gpumem.<uid>.<pid>; more allocators
+     * add .<n>. The count restarts in a forked child, which has its own pid. */
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static pid_t counter_pid;
+    static int counter;
+    pthread_mutex_lock(&mu);
+    if (counter_pid != getpid()) {
+        counter_pid = getpid();
+        counter = 0;
+    }
+    int n = counter++;
+    pthread_mutex_unlock(&mu);
+    if (n == 0) snprintf(p->name, sizeof p->name, "/%s%d", prefix, (int)getpid());
+    else snprintf(p->name, sizeof p->name, "/%s%d.%d", prefix, (int)getpid(), n);
+    shm_unlink(p->name); /* ours by pid: whoever made it is gone */
+    int fd = shm_open(p->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return gm__set_error(GM_EIO, "shm_open(%s): %s", p->name, strerror(errno));
+    fchmod(fd, 0600); /* whatever the umask */
+    if (ftruncate(fd, GM__SHM_SIZE) != 0) {
+        int e = errno;
+        close(fd);
+        shm_unlink(p->name);
+        return gm__set_error(GM_EIO, "ftruncate(%s): %s", p->name, strerror(e));
+    }
+    void *m = mmap(NULL, GM__SHM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        shm_unlink(p->name);
+        return gm__set_error(GM_EIO, "mmap(%s): %s", p->name, strerror(errno));
+    }
+    p->hdr = m;
+    p->rec = (gm__shm_record *)((char *)m + GM__SHM_HEADER_SIZE);
+    return GM_OK;
+}
+
+static void fill_header(gm__shm_header *h, const char *label) {
+    h->version = GM__SHM_VERSION;
+    h->header_size = GM__SHM_HEADER_SIZE;
+    h->segment_size = GM__SHM_SIZE;
+    h->record_size = GM__SHM_RECORD_SIZE;
+    h->ndevices = GM__SHM_DEVICES;
+    h->pid = (int32_t)getpid();
+    h->uid = (uint32_t)getuid();
+    uint64_t st = 0;
+    gm__proc_start_time((int)getpid(), &st);
+    h->start_time = st;
+    h->created_ns = realtime_ns();
+    h->source = GM__SRC_GPUMEM;
+    gm__proc_comm((int)getpid(), h->comm, sizeof h->comm);
+    snprintf(h->label, sizeof h->label, "%s", label && *label ? label : h->comm);
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    snprintf(h->visible, sizeof h->visible, "%s", vis ? vis : "");
+    /* the magic last: a reader that sees it sees everything above */
+    __atomic_store_n(&h->magic, GM__SHM_MAGIC, __ATOMIC_RELEASE);
+}
+
+/* Publish the current stats of devices that already exist, so a reader sees
+ * them before the next allocator operation. */
+static void publish_existing(gm_allocator *a, gm__publisher *p) {
+    for (int i = 0; i < a->ndevices && i < GM_MAX_DEVICES; i++) {
+        gm__device *d = a->devices[i];
+        if (!d) continue;
+        pthread_mutex_lock(&d->lock);
+        gm__publisher_update(p, i, &d->stats);
+        pthread_mutex_unlock(&d->lock);
+    }
+}
 
 int gm_allocator_publish(gm_allocator *a, const char *label) {
-    (void)a;
-    (void)label;
-    return GM_ENOTSUP;
-}
-void gm_allocator_unpublish(gm_allocator *a) { (void)a; }
-void gm__publisher_update(gm__publisher *p, int device, const gm_stats *s) {
-    (void)p;
-    (void)device;
-    (void)s;
-}
-void gm__publisher_close(gm__publisher *p) { (void)p; }
-int gm__publish_from_env(struct gm_allocator *a) {
-    (void)a;
+    if (!a) return gm__set_error(GM_EINVAL, "gm_allocator_publish: allocator is NULL");
+    if (a->publisher) return GM_OK;
+    gm__publisher *p = calloc(1, sizeof *p);
+    if (!p) return gm__set_error(GM_ENOHOSTMEM, "gm_allocator_publish: out of host memory");
+    int rc = create_segment(p);
+    if (rc != GM_OK) {
+        free(p);
+        return rc;
+    }
+    fill_header(p->hdr, label);
+    /* every device lock orders this store before the next update */
+    pthread_mutex_lock(&a->devices_lock);
+    a->publisher = p;
+    pthread_mutex_unlock(&a->devices_lock);
+    publish_existing(a, p);
     return GM_OK;
+}
+
+void gm_allocator_unpublish(gm_allocator *a) {
+    if (!a || !a->publisher) return;
+    gm__publisher *p = a->publisher;
+    /* take every device lock so no update is inside the mapping we remove */
+    pthread_mutex_lock(&a->devices_lock);
+    for (int i = 0; i < a->ndevices && i < GM_MAX_DEVICES; i++)
+        if (a->devices[i]) pthread_mutex_lock(&a->devices[i]->lock);
+    a->publisher = NULL;
+    for (int i = 0; i < a->ndevices && i < GM_MAX_DEVICES; i++)
+        if (a->devices[i]) pthread_mutex_unlock(&a->devices[i]->lock);
+    pthread_mutex_unlock(&a->devices_lock);
+    gm__publisher_close(p);
+}
+
+void gm__publisher_update(gm__publisher *p, int device, const gm_stats *s) {
+    if (!p || (unsigned)device >= GM__SHM_DEVICES) return;
+    gm__shm_record *r = &p->rec[device];
+    /* one writer per record (the device lock), so a plain read of seq is ours */
+    uint32_t seq = __atomic_load_n(&r->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->seq, seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+#define PUT(field, value) __atomic_store_n(&r->v.field, (int64_t)(value), __ATOMIC_RELAXED)
+    PUT(allocated, s->allocated_bytes[GM_POOL_ALL].current);
+    PUT(reserved, s->reserved_bytes[GM_POOL_ALL].current);
+    PUT(requested, s->requested_bytes[GM_POOL_ALL].current);
+    PUT(active, s->active_bytes[GM_POOL_ALL].current);
+    PUT(peak_allocated, s->allocated_bytes[GM_POOL_ALL].peak);
+    PUT(peak_reserved, s->reserved_bytes[GM_POOL_ALL].peak);
+    PUT(peak_requested, s->requested_bytes[GM_POOL_ALL].peak);
+    PUT(peak_active, s->active_bytes[GM_POOL_ALL].peak);
+    PUT(num_ooms, s->num_ooms);
+    PUT(num_alloc_retries, s->num_alloc_retries);
+    PUT(num_allocs, s->allocation[GM_POOL_ALL].allocated);
+    PUT(num_frees, s->allocation[GM_POOL_ALL].freed);
+    int64_t updates = r->v.updates + 1;
+    PUT(updates, updates);
+    if ((updates & (GM__SHM_TIME_EVERY - 1)) == 1) PUT(update_ns, coarse_ns());
+#undef PUT
+    if (!r->used) __atomic_store_n(&r->used, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->seq, seq + 2, __ATOMIC_RELEASE);
+}
+
+void gm__publisher_close(gm__publisher *p) {
+    if (!p) return;
+    munmap(p->hdr, GM__SHM_SIZE);
+    shm_unlink(p->name);
+    free(p);
+}
+
+int gm__publish_from_env(struct gm_allocator *a) {
+    const char *e = getenv("GPUMEM_PUBLISH");
+    if (!e || strcmp(e, "1") != 0) return GM_OK;
+    return gm_allocator_publish(a, getenv("GPUMEM_PUBLISH_LABEL"));
+}
+
+int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tries) {
+    for (int i = 0; i < max_tries; i++) {
+        uint32_t s1 = __atomic_load_n(&r->seq, __ATOMIC_ACQUIRE);
+        if (s1 & 1) continue;
+#define GET(field) out->field = __atomic_load_n(&r->v.field, __ATOMIC_RELAXED);
+        GM__SHM_FIELDS(GET)
+#undef GET
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&r->seq, __ATOMIC_RELAXED) == s1) return GM_OK;
+    }
+    return GM_ESTATE;
 }

@@ -1,0 +1,365 @@
+/* format.c — one sample written as JSON, CSV, a text table (gpumem smi) and
+ * the Prometheus text format 0.0.4 (gpumem exporter). Bytes are integers;
+ * a value that is not available is JSON null, an empty CSV field, a "-" in
+ * the table and an absent Prometheus series. */
+#include "internal.h"
+#include "monitor/monitor.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void gm__sbuf_printf(gm__sbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        size_t room = b->cap - b->len;
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, room, fmt, ap);
+        va_end(ap);
+        if (n < 0) return;
+        if ((size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t ncap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
+        char *np = realloc(b->p, ncap);
+        if (!np) {
+            b->oom = true;
+            return;
+        }
+        b->p = np;
+        b->cap = ncap;
+    }
+}
+
+void gm__sbuf_free(gm__sbuf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+static void json_str(gm__sbuf *b, const char *s) {
+    gm__sbuf_printf(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') gm__sbuf_printf(b, "\\%c", *p);
+        else if (*p == '\n') gm__sbuf_printf(b, "\\n");
+        else if (*p < 0x20) gm__sbuf_printf(b, "\\u%04x", *p);
+        else gm__sbuf_printf(b, "%c", *p);
+    }
+    gm__sbuf_printf(b, "\"");
+}
+
+static void json_opt_str(gm__sbuf *b, const char *key, bool have, const char *s) {
+    gm__sbuf_printf(b, "\"%s\":", key);
+    if (have && s[0]) json_str(b, s);
+    else gm__sbuf_printf(b, "null");
+}
+
+static void json_opt_int(gm__sbuf *b, const char *key, bool have, long long v) {
+    if (have) gm__sbuf_printf(b, "\"%s\":%lld", key, v);
+    else gm__sbuf_printf(b, "\"%s\":null", key);
+}
+
+static const char *source_name(uint32_t s) {
+    return s == GM__SRC_GPUMEM ? "gpumem" : s == GM__SRC_TORCH ? "torch" : NULL;
+}
+
+static void json_device(gm__sbuf *b, const gm__mon_dev *d, const char *sep) {
+    gm__sbuf_printf(b, "{\"gpu\":%d,", d->index);
+    json_opt_str(b, "name", d->have_info, d->name);
+    gm__sbuf_printf(b, ",");
+    json_opt_str(b, "uuid", true, d->uuid);
+    gm__sbuf_printf(b, ",");
+    json_opt_str(b, "pci_bus_id", true, d->pci_bus_id);
+    gm__sbuf_printf(b, ",");
+    json_opt_int(b, "total", d->have_mem, (long long)d->total);
+    gm__sbuf_printf(b, ",");
+    json_opt_int(b, "reserved", d->have_reserved, (long long)d->reserved);
+    gm__sbuf_printf(b, ",");
+    json_opt_int(b, "used", d->have_mem, (long long)d->used);
+    gm__sbuf_printf(b, ",");
+    json_opt_int(b, "free", d->have_mem, (long long)d->free);
+    gm__sbuf_printf(b, ",");
+    json_opt_int(b, "util_gpu", d->have_util, d->util_gpu);
+    gm__sbuf_printf(b, ",");
+    json_opt_int(b, "util_memory", d->have_util, d->util_mem);
+    gm__sbuf_printf(b, "}%s", sep);
+}
+
+static void json_row(gm__sbuf *b, const gm__mon_row *r, const char *sep) {
+    bool a = r->have_alloc, outside = a && r->have_nvml_used;
+    const char *src = source_name(r->source);
+    gm__sbuf_printf(b, "{\"pid\":%d,\"gpu\":%d,", r->pid, r->device);
+    json_opt_str(b, "comm", true, r->comm);
+    gm__sbuf_printf(b, ",");
+    json_opt_str(b, "label", true, r->label);
+    gm__sbuf_printf(b, ",");
+    json_opt_str(b, "source", src != NULL, src ? src : "");
+    gm__sbuf_printf(b, ",");
+    json_opt_int(b, "nvml_used", r->have_nvml_used, (long long)r->nvml_used);
+#define F(key, val)             \
+    gm__sbuf_printf(b, ",");    \
+    json_opt_int(b, key, a, (long long)(val));
+    F("allocated", r->v.allocated)
+    F("reserved", r->v.reserved)
+    F("requested", r->v.requested)
+    F("active", r->v.active)
+    F("reserved_unallocated", r->v.reserved - r->v.allocated)
+    F("peak_allocated", r->v.peak_allocated)
+    F("peak_reserved", r->v.peak_reserved)
+    F("peak_requested", r->v.peak_requested)
+    F("num_alloc_retries", r->v.num_alloc_retries)
+    F("num_ooms", r->v.num_ooms)
+    F("num_allocs", r->v.num_allocs)
+    F("num_frees", r->v.num_frees)
+    F("last_update_ns", r->v.update_ns)
+#undef F
+    gm__sbuf_printf(b, ",");
+    json_opt_int(b, "outside_allocator", outside, (long long)r->nvml_used - r->v.reserved);
+    gm__sbuf_printf(b, "}%s", sep);
+}
+
+void gm__format_json(const gm__mon_sample *s, gm__sbuf *b, bool one_line) {
+    const char *nl = one_line ? "" : "\n", *ind = one_line ? "" : "  ";
+    gm__sbuf_printf(b, "{%s%s\"time_ns\":%llu,%s%s\"nvml\":{\"available\":%s,\"memory_info\":%s,",
+                    nl, ind, (unsigned long long)s->time_ns, nl, ind, s->nvml ? "true" : "false",
+                    !s->nvml ? "null" : s->nvml_mem_v1 ? "\"v1\"" : "\"v2\"");
+    json_opt_str(b, "note", true, s->nvml_note);
+    gm__sbuf_printf(b, "},%s%s\"devices\":[", nl, ind);
+    for (int i = 0; i < s->ndevices; i++) {
+        gm__sbuf_printf(b, "%s%s%s", nl, ind, ind);
+        json_device(b, &s->devs[i], i + 1 < s->ndevices ? "," : "");
+    }
+    gm__sbuf_printf(b, "%s%s],%s%s\"processes\":[", s->ndevices ? nl : "", s->ndevices ? ind : "", nl, ind);
+    for (int i = 0; i < s->nrows; i++) {
+        gm__sbuf_printf(b, "%s%s%s", nl, ind, ind);
+        json_row(b, &s->rows[i], i + 1 < s->nrows ? "," : "");
+    }
+    gm__sbuf_printf(b, "%s%s]%s}\n", s->nrows ? nl : "", s->nrows ? ind : "", nl);
+}
+
+/* ---- CSV: one line per (process, GPU); a GPU without processes gets one
+ * line with the process fields empty ----------------------------------- */
+
+static void csv_str(gm__sbuf *b, const char *s) {
+    if (!strpbrk(s, ",\"\n\r")) {
+        gm__sbuf_printf(b, "%s", s);
+        return;
+    }
+    gm__sbuf_printf(b, "\"");
+    for (; *s; s++) gm__sbuf_printf(b, *s == '"' ? "\"\"" : "%c", *s);
+    gm__sbuf_printf(b, "\"");
+}
+
+static void csv_int(gm__sbuf *b, bool have, long long v) {
+    if (have) gm__sbuf_printf(b, ",%lld", v);
+    else gm__sbuf_printf(b, ",");
+}
+
+void gm__format_csv_header(gm__sbuf *b) {
+    gm__sbuf_printf(b, "time_ns,gpu,uuid,total,reserved,used,free,pid,label,nvml_used,allocated,"
+                       "alloc_reserved,requested,reserved_unallocated,peak_allocated,peak_reserved,"
+                       "num_alloc_retries,num_ooms,outside_allocator\n");
+}
+
+static void csv_line(gm__sbuf *b, const gm__mon_sample *s, const gm__mon_dev *d, const gm__mon_row *r) {
+    gm__sbuf_printf(b, "%llu,%d,", (unsigned long long)s->time_ns, d ? d->index : r->device);
+    csv_str(b, d ? d->uuid : "");
+    csv_int(b, d && d->have_mem, d ? (long long)d->total : 0);
+    csv_int(b, d && d->have_reserved, d ? (long long)d->reserved : 0);
+    csv_int(b, d && d->have_mem, d ? (long long)d->used : 0);
+    csv_int(b, d && d->have_mem, d ? (long long)d->free : 0);
+    if (!r) {
+        gm__sbuf_printf(b, ",,,,,,,,,,,,\n");
+        return;
+    }
+    gm__sbuf_printf(b, ",%d,", r->pid);
+    csv_str(b, r->label);
+    bool a = r->have_alloc;
+    csv_int(b, r->have_nvml_used, (long long)r->nvml_used);
+    csv_int(b, a, r->v.allocated);
+    csv_int(b, a, r->v.reserved);
+    csv_int(b, a, r->v.requested);
+    csv_int(b, a, r->v.reserved - r->v.allocated);
+    csv_int(b, a, r->v.peak_allocated);
+    csv_int(b, a, r->v.peak_reserved);
+    csv_int(b, a, r->v.num_alloc_retries);
+    csv_int(b, a, r->v.num_ooms);
+    csv_int(b, a && r->have_nvml_used, (long long)r->nvml_used - r->v.reserved);
+    gm__sbuf_printf(b, "\n");
+}
+
+void gm__format_csv(const gm__mon_sample *s, gm__sbuf *b) {
+    for (int d = 0; d < s->ndevices; d++) {
+        int n = 0;
+        for (int i = 0; i < s->nrows; i++)
+            if (s->rows[i].device == d) {
+                csv_line(b, s, &s->devs[d], &s->rows[i]);
+                n++;
+            }
+        if (!n) csv_line(b, s, &s->devs[d], NULL);
+    }
+}
+
+/* ---- text table -------------------------------------------------------- */
+
+static const char *human(bool have, long long v, char *buf, size_t len) {
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    if (!have) return "-";
+    double x = (double)(v < 0 ? -v : v);
+    int i = 0;
+    while (x >= 1024.0 && i < 4) {
+        x /= 1024.0;
+        i++;
+    }
+    if (i == 0) snprintf(buf, len, "%s%lld B", v < 0 ? "-" : "", v < 0 ? -v : v);
+    else snprintf(buf, len, "%s%.2f %s", v < 0 ? "-" : "", x, u[i]);
+    return buf;
+}
+
+/* labels may hold newlines and control characters: keep the table on one line */
+static void printable(char *dst, const char *src, size_t len) {
+    size_t i = 0;
+    for (; src[i] && i + 1 < len; i++) dst[i] = (unsigned char)src[i] < 0x20 ? '?' : src[i];
+    dst[i] = '\0';
+}
+
+void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
+    char t[64], b1[24], b2[24], b3[24], b4[24], b5[24], b6[24];
+    time_t sec = (time_t)(s->time_ns / 1000000000ull);
+    struct tm tm;
+    localtime_r(&sec, &tm);
+    strftime(t, sizeof t, "%Y-%m-%d %H:%M:%S", &tm);
+    gm__sbuf_printf(b, "gpumem %s  %s\n", GM_VERSION_STRING, t);
+    if (s->nvml_note[0]) gm__sbuf_printf(b, "note: %s\n", s->nvml_note);
+    gm__sbuf_printf(b, "%-4s %-24s %-13s %12s %12s %12s %12s %5s\n", "GPU", "Name", "Bus-Id", "Total",
+                    "Reserved", "Used", "Free", "Util");
+    for (int i = 0; i < s->ndevices; i++) {
+        const gm__mon_dev *d = &s->devs[i];
+        char util[8] = "-";
+        if (d->have_util) snprintf(util, sizeof util, "%u%%", d->util_gpu);
+        gm__sbuf_printf(b, "%-4d %-24.24s %-13.13s %12s %12s %12s %12s %5s\n", d->index,
+                        d->have_info ? d->name : "-", d->pci_bus_id[0] ? d->pci_bus_id : "-",
+                        human(d->have_mem, (long long)d->total, b1, 24),
+                        human(d->have_reserved, (long long)d->reserved, b2, 24),
+                        human(d->have_mem, (long long)d->used, b3, 24),
+                        human(d->have_mem, (long long)d->free, b4, 24), util);
+    }
+    gm__sbuf_printf(b, "\n%-4s %-8s %-16s %11s %11s %11s %11s %11s %7s %5s %11s\n", "GPU", "PID", "Process",
+                    "NVML used", "Allocated", "Reserved", "Res-unalloc", "Peak res", "Retries", "OOMs", "Outside");
+    if (!s->nrows) gm__sbuf_printf(b, "(no processes)\n");
+    for (int i = 0; i < s->nrows; i++) {
+        const gm__mon_row *r = &s->rows[i];
+        char name[17], retries[16] = "-", ooms[16] = "-";
+        printable(name, r->label, sizeof name);
+        bool a = r->have_alloc;
+        if (a) {
+            snprintf(retries, sizeof retries, "%lld", (long long)r->v.num_alloc_retries);
+            snprintf(ooms, sizeof ooms, "%lld", (long long)r->v.num_ooms);
+        }
+        gm__sbuf_printf(b, "%-4d %-8d %-16s %11s %11s %11s %11s %11s %7s %5s %11s\n", r->device, r->pid,
+                        name, human(r->have_nvml_used, (long long)r->nvml_used, b1, 24),
+                        human(a, r->v.allocated, b2, 24), human(a, r->v.reserved, b3, 24),
+                        human(a, r->v.reserved - r->v.allocated, b4, 24),
+                        human(a, r->v.peak_reserved, b5, 24), retries, ooms,
+                        human(a && r->have_nvml_used, (long long)r->nvml_used - r->v.reserved, b6, 24));
+    }
+}
+
+/* ---- Prometheus text format 0.0.4 ---------------------------------------- */
+
+void gm__prom_escape(gm__sbuf *b, const char *s) {
+    for (; *s; s++) {
+        if (*s == '\\') gm__sbuf_printf(b, "\\\\");
+        else if (*s == '"') gm__sbuf_printf(b, "\\\"");
+        else if (*s == '\n') gm__sbuf_printf(b, "\\n");
+        else gm__sbuf_printf(b, "%c", *s);
+    }
+}
+
+static void prom_family(gm__sbuf *b, const char *name, const char *type, const char *help) {
+    gm__sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void prom_dev_labels(gm__sbuf *b, const gm__mon_dev *d) {
+    gm__sbuf_printf(b, "gpu=\"%d\",uuid=\"", d->index);
+    gm__prom_escape(b, d->uuid);
+    gm__sbuf_printf(b, "\"");
+}
+
+static const gm__mon_dev *dev_of(const gm__mon_sample *s, int index) {
+    static const gm__mon_dev none;
+    return index >= 0 && index < s->ndevices ? &s->devs[index] : &none;
+}
+
+enum { DEV_TOTAL, DEV_RESERVED, DEV_USED, DEV_FREE };
+
+static void prom_devices(const gm__mon_sample *s, gm__sbuf *b, int which, const char *name, const char *help) {
+    prom_family(b, name, "gauge", help);
+    for (int i = 0; i < s->ndevices; i++) {
+        const gm__mon_dev *d = &s->devs[i];
+        uint64_t v[] = {d->total, d->reserved, d->used, d->free};
+        if (!d->have_mem || (which == DEV_RESERVED && !d->have_reserved)) continue;
+        gm__sbuf_printf(b, "%s{", name);
+        prom_dev_labels(b, d);
+        gm__sbuf_printf(b, "} %llu\n", (unsigned long long)v[which]);
+    }
+}
+
+enum { P_ALLOCATED, P_RESERVED, P_PEAK_RESERVED, P_REQUESTED, P_PEAK_ALLOCATED, P_OOMS, P_RETRIES, P_NVML };
+
+static bool row_value(const gm__mon_row *r, int which, long long *out) {
+    if (which == P_NVML) {
+        *out = (long long)r->nvml_used;
+        return r->have_nvml_used;
+    }
+    long long v[] = {r->v.allocated, r->v.reserved, r->v.peak_reserved, r->v.requested,
+                     r->v.peak_allocated, r->v.num_ooms, r->v.num_alloc_retries};
+    *out = v[which];
+    return r->have_alloc;
+}
+
+static void prom_rows(const gm__mon_sample *s, gm__sbuf *b, int which, const char *name, const char *type,
+                      const char *help) {
+    prom_family(b, name, type, help);
+    for (int i = 0; i < s->nrows; i++) {
+        const gm__mon_row *r = &s->rows[i];
+        long long v;
+        if (!row_value(r, which, &v)) continue;
+        gm__sbuf_printf(b, "%s{gpu=\"%d\",uuid=\"", name, r->device);
+        gm__prom_escape(b, dev_of(s, r->device)->uuid);
+        gm__sbuf_printf(b, "\",pid=\"%d\",comm=\"", r->pid);
+        gm__prom_escape(b, r->label);
+        gm__sbuf_printf(b, "\"} %lld\n", v);
+    }
+}
+
+void gm__format_prometheus(const gm__mon_sample *s, gm__sbuf *b) {
+    prom_devices(s, b, DEV_TOTAL, "gpumem_device_memory_total_bytes", "Device memory in total (NVML).");
+    prom_devices(s, b, DEV_RESERVED, "gpumem_device_memory_reserved_bytes",
+                 "Device memory reserved by the driver (NVML memory info v2).");
+    prom_devices(s, b, DEV_USED, "gpumem_device_memory_used_bytes", "Device memory used by processes (NVML).");
+    prom_devices(s, b, DEV_FREE, "gpumem_device_memory_free_bytes", "Device memory free (NVML).");
+    prom_rows(s, b, P_ALLOCATED, "gpumem_process_allocator_allocated_bytes", "gauge",
+              "Bytes in live allocations of the process's allocator.");
+    prom_rows(s, b, P_RESERVED, "gpumem_process_allocator_reserved_bytes", "gauge",
+              "Bytes the process's allocator holds from the device, cached or not.");
+    prom_rows(s, b, P_PEAK_RESERVED, "gpumem_process_allocator_peak_reserved_bytes", "gauge",
+              "Highest reserved bytes since the peak was last reset.");
+    prom_rows(s, b, P_PEAK_ALLOCATED, "gpumem_process_allocator_peak_allocated_bytes", "gauge",
+              "Highest allocated bytes since the peak was last reset.");
+    prom_rows(s, b, P_REQUESTED, "gpumem_process_allocator_requested_bytes", "gauge",
+              "Bytes the callers asked for, before rounding.");
+    prom_rows(s, b, P_NVML, "gpumem_process_device_memory_bytes", "gauge",
+              "Device memory used by the process as NVML reports it (context and libraries included).");
+    prom_rows(s, b, P_OOMS, "gpumem_process_allocator_ooms_total", "counter",
+              "Allocations that failed with out of memory.");
+    prom_rows(s, b, P_RETRIES, "gpumem_process_allocator_retries_total", "counter",
+              "Allocations that succeeded only after freeing the cache.");
+    prom_family(b, "gpumem_nvml_available", "gauge", "1 if NVML was loaded, 0 if not.");
+    gm__sbuf_printf(b, "gpumem_nvml_available %d\n", s->nvml ? 1 : 0);
+    prom_family(b, "gpumem_producers", "gauge", "Processes publishing allocator stats.");
+    gm__sbuf_printf(b, "gpumem_producers %d\n", s->nproducers);
+}

@@ -1,0 +1,236 @@
+/* monitor.h — live monitoring from outside the process, shared by the
+ * publisher (inside libgpumem), the views (gpumem smi/top/log/exporter), the
+ * tests and the Python publisher (python/gpumem/publish_native.py, which
+ * writes the same layout and must change with it).
+ *
+ * Shared-memory layout, version 1 (little endian, x86-64/aarch64 natural
+ * alignment). A segment is /dev/shm/gpumem.<uid>.<pid>[.<n>] (mode 0600):
+ *   [0, 512)                  gm__shm_header
+ *   [512 + i*128, ...)        gm__shm_record for device i, i < ndevices
+ * Each record is guarded by its own seqlock (`seq`, odd while written) so a
+ * reader copies it, retries if torn, and never blocks the writer. The header
+ * is written once before `magic` is stored, so a reader that sees the magic
+ * sees a complete header. */
+#ifndef GPUMEM_MONITOR_H
+#define GPUMEM_MONITOR_H
+
+#include "gpumem/gpumem.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GM__SHM_MAGIC 0x314d48534d454d47ULL /* "GMEMSHM1" */
+#define GM__SHM_VERSION 1
+#define GM__SHM_HEADER_SIZE 512
+#define GM__SHM_RECORD_SIZE 128
+#define GM__SHM_DEVICES GM_MAX_DEVICES
+#define GM__SHM_SIZE (GM__SHM_HEADER_SIZE + GM__SHM_DEVICES * GM__SHM_RECORD_SIZE)
+/* The writer refreshes update_ns only every this many updates: reading a clock
+ * costs ~3.5 ns even coarse, most of the 5 ns budget per allocator operation. */
+#define GM__SHM_TIME_EVERY 64
+
+enum { GM__SRC_GPUMEM = 1, GM__SRC_TORCH = 2 }; /* who publishes: libgpumem or torch's own allocator */
+
+typedef struct gm__shm_header {
+    uint64_t magic;        /* 0 */
+    uint32_t version;      /* 8 */
+    uint32_t header_size;  /* 12 */
+    uint64_t segment_size; /* 16 */
+    uint32_t record_size;  /* 24 */
+    uint32_t ndevices;     /* 28 */
+    int32_t pid;           /* 32 */
+    uint32_t uid;          /* 36 */
+    uint64_t start_time;   /* 40: field 22 of /proc/<pid>/stat (clock ticks since boot) */
+    uint64_t created_ns;   /* 48: CLOCK_REALTIME */
+    uint32_t source;       /* 56: GM__SRC_* */
+    uint32_t reserved0;    /* 60 */
+    char comm[32];         /* 64 */
+    char label[128];       /* 96: the name views show (label given, else comm) */
+    char visible[256];     /* 224: CUDA_VISIBLE_DEVICES at publish time, to map device indices */
+    char pad[32];          /* 480 */
+} gm__shm_header;
+
+/* The published numbers of one device. Field order is the layout. */
+#define GM__SHM_FIELDS(X)                                                      \
+    X(allocated) X(reserved) X(requested) X(active) X(peak_allocated)          \
+    X(peak_reserved) X(peak_requested) X(peak_active) X(num_ooms)              \
+    X(num_alloc_retries) X(num_allocs) X(num_frees) X(updates) X(update_ns)
+
+typedef struct gm__shm_values {
+#define GM__SHM_FIELD(n) int64_t n;
+    GM__SHM_FIELDS(GM__SHM_FIELD)
+#undef GM__SHM_FIELD
+} gm__shm_values;
+
+typedef struct gm__shm_record {
+    uint32_t seq;  /* seqlock: odd while the writer is inside */
+    uint32_t used; /* 1 once the device published anything */
+    gm__shm_values v;
+    char pad[GM__SHM_RECORD_SIZE - 8 - sizeof(gm__shm_values)];
+} gm__shm_record;
+
+_Static_assert(sizeof(gm__shm_header) == GM__SHM_HEADER_SIZE, "shm header layout");
+_Static_assert(sizeof(gm__shm_record) == GM__SHM_RECORD_SIZE, "shm record layout");
+
+/* "gpumem.<uid>." (or "gpumem-<tag>.<uid>." when GPUMEM_SHM_TAG is set, which
+ * keeps concurrent test runs apart). No leading slash. */
+void gm__shm_prefix(char *buf, size_t len);
+/* Start time of pid (field 22 of /proc/<pid>/stat). GM_EIO if the process is
+ * gone or a zombie. */
+int gm__proc_start_time(int pid, uint64_t *out);
+/* /proc/<pid>/comm without the newline ("" if unreadable). */
+void gm__proc_comm(int pid, char *buf, size_t len);
+
+/* Copy a record under its seqlock: GM_OK, or GM_ESTATE if still torn after
+ * `max_tries` attempts (a writer stopped or killed inside its update). */
+int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tries);
+
+/* ---- discovery (discover.c) -------------------------------------------- */
+
+typedef struct gm__mon_proc {
+    char shm_name[256];
+    int pid;
+    uint32_t source;
+    uint64_t start_time;
+    char comm[32];
+    char label[128];
+    char visible[256];
+    uint32_t ndevices;
+    bool used[GM__SHM_DEVICES];
+    bool torn[GM__SHM_DEVICES]; /* record never settled: values unknown */
+    gm__shm_values v[GM__SHM_DEVICES];
+} gm__mon_proc;
+
+typedef struct gm__scan_result {
+    gm__mon_proc *procs;
+    int nprocs;
+    int cleaned; /* segments of dead producers removed by this scan */
+    int skipped; /* segments that were unreadable, foreign or still initialising */
+} gm__scan_result;
+
+/* Read every segment of this user. Segments of dead producers (pid gone or a
+ * different process start time) are unlinked when `clean` is set, and never
+ * reported. */
+int gm__shm_scan(gm__scan_result *out, bool clean);
+void gm__scan_result_free(gm__scan_result *r);
+
+/* ---- NVML (nvml.c) ------------------------------------------------------ */
+
+/* The NVML entry points gpumem uses, loaded with dlopen("libnvidia-ml.so.1")
+ * or replaced by tests. Return values are nvmlReturn_t (0 = success). A NULL
+ * entry means the symbol is absent. Pointers to NVML structs are void *. */
+typedef struct gm__nvml_fns {
+    int (*init)(void);
+    int (*shutdown)(void);
+    int (*driver_version)(char *buf, unsigned len);
+    int (*device_count)(unsigned *count);
+    int (*device_handle)(unsigned index, void **dev);
+    int (*device_name)(void *dev, char *buf, unsigned len);
+    int (*device_uuid)(void *dev, char *buf, unsigned len);
+    int (*device_pci)(void *dev, void *pci_info);     /* nvmlDeviceGetPciInfo_v3 */
+    int (*memory_v2)(void *dev, void *mem);           /* nvmlDeviceGetMemoryInfo_v2 */
+    int (*memory_v1)(void *dev, void *mem);           /* nvmlDeviceGetMemoryInfo */
+    int (*utilization)(void *dev, void *util);        /* nvmlDeviceGetUtilizationRates */
+    int (*procs_v3)(void *dev, unsigned *count, void *infos); /* ..._v3 */
+    int (*procs_v1)(void *dev, unsigned *count, void *infos); /* nvmlDeviceGetComputeRunningProcesses */
+} gm__nvml_fns;
+
+#define GM__NVML_MEMORY_V2_VERSION 0x02000028u /* sizeof(nvmlMemory_v2_t) | 2 << 24 */
+#define GM__NVML_NOT_AVAILABLE UINT64_MAX         /* NVML_VALUE_NOT_AVAILABLE */
+
+typedef struct gm__nvml gm__nvml;
+
+typedef struct gm__mon_dev {
+    int index;
+    bool have_info; /* name, uuid, pci */
+    char name[96], uuid[96], pci_bus_id[32];
+    bool have_mem, have_reserved; /* have_reserved false with the v1 fallback */
+    uint64_t total, reserved, used, free;
+    bool have_util;
+    uint32_t util_gpu, util_mem;
+} gm__mon_dev;
+
+typedef struct gm__nvml_proc {
+    int pid;
+    bool have_used;
+    uint64_t used;
+} gm__nvml_proc;
+
+/* fns == NULL: load libnvidia-ml.so.1. Without it returns GM_ENODRIVER and
+ * says why in `why`. */
+int gm__nvml_open(gm__nvml **out, const gm__nvml_fns *fns, char *why, size_t whylen);
+void gm__nvml_close(gm__nvml *n);
+int gm__nvml_device_count(gm__nvml *n, int *count);
+int gm__nvml_device(gm__nvml *n, int index, gm__mon_dev *out);
+/* *out is malloc'd (free it). */
+int gm__nvml_processes(gm__nvml *n, int index, gm__nvml_proc **out, int *count);
+/* true once GetMemoryInfo_v2 was unavailable and v1 was used instead */
+bool gm__nvml_mem_v1_fallback(const gm__nvml *n);
+/* bytes per record of GetComputeRunningProcesses_v3 in use: 24 or 32 */
+int gm__nvml_proc_record_size(const gm__nvml *n);
+
+/* ---- collector (collect.c) ---------------------------------------------- */
+
+/* One row per (process, GPU): the allocator's numbers from shared memory
+ * and/or NVML's used memory. */
+typedef struct gm__mon_row {
+    int pid;
+    int device;
+    uint32_t source; /* 0: seen by NVML only */
+    char comm[32];
+    char label[128];
+    bool have_alloc, torn;
+    gm__shm_values v;
+    bool have_nvml_used;
+    uint64_t nvml_used;
+} gm__mon_row;
+
+typedef struct gm__mon_sample {
+    uint64_t time_ns; /* CLOCK_REALTIME */
+    bool nvml;        /* NVML loaded and initialised */
+    bool nvml_mem_v1;
+    char nvml_note[192]; /* why NVML is absent, or the fallback in use */
+    int ndevices;
+    gm__mon_dev *devs;
+    int nrows;
+    gm__mon_row *rows;
+    int nproducers, cleaned;
+} gm__mon_sample;
+
+typedef struct gm__collector gm__collector;
+
+/* nvml_fns: NULL = the real library; use gm__collector_create_nonvml for none */
+int gm__collector_create(gm__collector **out, const gm__nvml_fns *nvml_fns, bool try_nvml);
+void gm__collector_destroy(gm__collector *c);
+int gm__collector_sample(gm__collector *c, gm__mon_sample *out);
+void gm__sample_free(gm__mon_sample *s);
+int gm__sample_copy(gm__mon_sample *dst, const gm__mon_sample *src);
+
+/* A thread that samples every interval_s and keeps the latest sample. */
+typedef struct gm__sampler gm__sampler;
+int gm__sampler_start(gm__sampler **out, gm__collector *c, double interval_s);
+/* Copy of the latest sample and its sequence number (0 = none yet). If
+ * `after` is given, first wait up to timeout_s for a sample newer than it. */
+int gm__sampler_latest(gm__sampler *s, gm__mon_sample *out, uint64_t *seqno, uint64_t after, double timeout_s);
+void gm__sampler_stop(gm__sampler *s);
+
+/* ---- output (format.c) -------------------------------------------------- */
+
+typedef struct gm__sbuf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} gm__sbuf;
+void gm__sbuf_printf(gm__sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void gm__sbuf_free(gm__sbuf *b);
+
+void gm__format_json(const gm__mon_sample *s, gm__sbuf *b, bool one_line);
+void gm__format_csv_header(gm__sbuf *b);
+void gm__format_csv(const gm__mon_sample *s, gm__sbuf *b);
+void gm__format_table(const gm__mon_sample *s, gm__sbuf *b);
+void gm__format_prometheus(const gm__mon_sample *s, gm__sbuf *b);
+/* Prometheus label value escaping: backslash, double quote, newline. */
+void gm__prom_escape(gm__sbuf *b, const char *s);
+
+#endif /* GPUMEM_MONITOR_H */

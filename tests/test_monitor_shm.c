@@ -1,0 +1,251 @@
+/* test_monitor_shm.c — shared-memory publication: what a producer publishes
+ * is what discovery reads, permissions are owner-only, torn records are
+ * retried or reported, dead producers' segments are cleaned. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "internal.h"
+#include "monitor/monitor.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* A bare allocator object: publication needs only the devices table. */
+static gm_allocator *fake_allocator(void) {
+    gm_allocator *a = calloc(1, sizeof *a);
+    a->ndevices = 2;
+    pthread_mutex_init(&a->devices_lock, NULL);
+    return a;
+}
+
+static void free_allocator(gm_allocator *a) {
+    gm_allocator_unpublish(a);
+    pthread_mutex_destroy(&a->devices_lock);
+    free(a);
+}
+
+static void stats_with(gm_stats *s, int64_t allocated, int64_t reserved) {
+    memset(s, 0, sizeof *s);
+    s->size = sizeof *s;
+    s->allocated_bytes[GM_POOL_ALL].current = allocated;
+    s->allocated_bytes[GM_POOL_ALL].peak = allocated * 2;
+    s->reserved_bytes[GM_POOL_ALL].current = reserved;
+    s->reserved_bytes[GM_POOL_ALL].peak = reserved * 2;
+    s->requested_bytes[GM_POOL_ALL].current = allocated - 1;
+    s->active_bytes[GM_POOL_ALL].current = allocated;
+    s->num_ooms = 3;
+    s->num_alloc_retries = 5;
+    s->allocation[GM_POOL_ALL].allocated = 7;
+    s->allocation[GM_POOL_ALL].freed = 6;
+}
+
+static const gm__mon_proc *find_pid(const gm__scan_result *r, int pid) {
+    for (int i = 0; i < r->nprocs; i++)
+        if (r->procs[i].pid == pid) return &r->procs[i];
+    return NULL;
+}
+
+static int setup(void **state) {
+    char tag[64];
+    snprintf(tag, sizeof tag, "test%d", (int)getpid());
+    setenv("GPUMEM_SHM_TAG", tag, 1);
+    return 0;
+}
+
+static void publish_and_read(void **state) {
+    gm_allocator *a = fake_allocator();
+    assert_int_equal(gm_allocator_publish(a, "my \"job\""), GM_OK);
+    gm_stats s;
+    stats_with(&s, 1000, 4096);
+    gm__publisher_update(a->publisher, 1, &s);
+
+    gm__scan_result r;
+    assert_int_equal(gm__shm_scan(&r, true), GM_OK);
+    const gm__mon_proc *p = find_pid(&r, getpid());
+    assert_non_null(p);
+    assert_string_equal(p->label, "my \"job\"");
+    assert_int_equal(p->source, GM__SRC_GPUMEM);
+    assert_false(p->used[0]);
+    assert_true(p->used[1]);
+    assert_false(p->torn[1]);
+    assert_int_equal(p->v[1].allocated, 1000);
+    assert_int_equal(p->v[1].reserved, 4096);
+    assert_int_equal(p->v[1].peak_reserved, 8192);
+    assert_int_equal(p->v[1].requested, 999);
+    assert_int_equal(p->v[1].num_ooms, 3);
+    assert_int_equal(p->v[1].num_alloc_retries, 5);
+    assert_int_equal(p->v[1].num_allocs, 7);
+    assert_int_equal(p->v[1].updates, 1);
+    assert_true(p->v[1].update_ns > 0);
+
+    /* owner-only, whatever the umask */
+    char path[300];
+    snprintf(path, sizeof path, "/dev/shm/%s", p->shm_name);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    gm__scan_result_free(&r);
+
+    free_allocator(a);
+    assert_int_not_equal(stat(path, &st), 0); /* unpublish removes it */
+    assert_int_equal(gm__shm_scan(&r, true), GM_OK);
+    assert_null(find_pid(&r, getpid()));
+    gm__scan_result_free(&r);
+}
+
+static void publish_null_is_error(void **state) {
+    assert_int_equal(gm_allocator_publish(NULL, "x"), GM_EINVAL);
+    gm__publisher_update(NULL, 0, NULL); /* no publisher: no-op */
+}
+
+/* A producer killed without unpublishing leaves a segment; the next scan
+ * must not report its numbers and must remove it. */
+static void dead_producer_is_cleaned(void **state) {
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        gm_allocator *a = fake_allocator();
+        if (gm_allocator_publish(a, "doomed") != GM_OK) _exit(1);
+        gm_stats s;
+        stats_with(&s, 123, 456);
+        gm__publisher_update(a->publisher, 0, &s);
+        raise(SIGKILL);
+        _exit(2);
+    }
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFSIGNALED(status));
+    char prefix[80], path[400];
+    gm__shm_prefix(prefix, sizeof prefix);
+    snprintf(path, sizeof path, "/dev/shm/%s%d", prefix, (int)child);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0); /* left behind */
+
+    gm__scan_result r;
+    assert_int_equal(gm__shm_scan(&r, true), GM_OK);
+    assert_null(find_pid(&r, child));
+    assert_int_equal(r.cleaned, 1);
+    gm__scan_result_free(&r);
+    assert_int_not_equal(stat(path, &st), 0);
+}
+
+/* A live pid whose start time differs (the pid was reused) is stale too. */
+static void reused_pid_is_stale(void **state) {
+    gm_allocator *a = fake_allocator();
+    assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
+    gm_stats s;
+    stats_with(&s, 1, 2);
+    gm__publisher_update(a->publisher, 0, &s);
+    /* the publisher's first member is the mapped header */
+    gm__shm_header *h = *(gm__shm_header **)a->publisher;
+    h->start_time += 1;
+    gm__scan_result r;
+    assert_int_equal(gm__shm_scan(&r, false), GM_OK);
+    assert_null(find_pid(&r, getpid()));
+    assert_int_equal(r.cleaned, 1);
+    gm__scan_result_free(&r);
+    h->start_time -= 1;
+    assert_int_equal(gm__shm_scan(&r, false), GM_OK);
+    assert_non_null(find_pid(&r, getpid()));
+    gm__scan_result_free(&r);
+    free_allocator(a);
+}
+
+/* A writer stopped inside its update leaves an odd sequence: the reader
+ * gives up after its retries and reports the record torn, not numbers. */
+static void torn_record_is_reported(void **state) {
+    gm_allocator *a = fake_allocator();
+    assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
+    gm_stats s;
+    stats_with(&s, 10, 20);
+    gm__publisher_update(a->publisher, 0, &s);
+    gm__shm_header *h = *(gm__shm_header **)a->publisher;
+    gm__shm_record *rec = (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
+    gm__shm_values v;
+    assert_int_equal(gm__shm_read_record(rec, &v, 3), GM_OK);
+    assert_int_equal(v.reserved, 20);
+    rec->seq++; /* writer "inside" */
+    assert_int_equal(gm__shm_read_record(rec, &v, 3), GM_ESTATE);
+    gm__scan_result r;
+    assert_int_equal(gm__shm_scan(&r, true), GM_OK);
+    const gm__mon_proc *p = find_pid(&r, getpid());
+    assert_non_null(p);
+    assert_true(p->used[0]);
+    assert_true(p->torn[0]);
+    gm__scan_result_free(&r);
+    rec->seq++;
+    free_allocator(a);
+}
+
+/* Readers racing a writer never see a mix of two updates. */
+struct race {
+    gm__publisher *p;
+    volatile int stop;
+};
+static void *writer(void *arg) {
+    struct race *r = arg;
+    gm_stats s;
+    for (int64_t i = 1; !r->stop; i++) {
+        stats_with(&s, i, 3 * i);
+        gm__publisher_update(r->p, 0, &s);
+    }
+    return NULL;
+}
+
+static void seqlock_never_torn(void **state) {
+    gm_allocator *a = fake_allocator();
+    assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
+    gm__shm_header *h = *(gm__shm_header **)a->publisher;
+    gm__shm_record *rec = (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
+    struct race race = {.p = a->publisher};
+    pthread_t t;
+    pthread_create(&t, NULL, writer, &race);
+    int ok = 0;
+    for (int i = 0; i < 20000; i++) {
+        gm__shm_values v;
+        if (gm__shm_read_record(rec, &v, 1000000) != GM_OK) continue;
+        assert_int_equal(v.reserved, 3 * v.allocated);
+        assert_int_equal(v.peak_allocated, 2 * v.allocated);
+        assert_int_equal(v.requested, v.allocated - (v.allocated ? 1 : 0));
+        ok++;
+    }
+    race.stop = 1;
+    pthread_join(t, NULL);
+    assert_true(ok > 0);
+    free_allocator(a);
+}
+
+static void env_publish(void **state) {
+    gm_allocator *a = fake_allocator();
+    unsetenv("GPUMEM_PUBLISH");
+    assert_int_equal(gm__publish_from_env(a), GM_OK);
+    assert_null(a->publisher);
+    setenv("GPUMEM_PUBLISH", "1", 1);
+    setenv("GPUMEM_PUBLISH_LABEL", "from-env", 1);
+    assert_int_equal(gm__publish_from_env(a), GM_OK);
+    assert_non_null(a->publisher);
+    gm__shm_header *h = *(gm__shm_header **)a->publisher;
+    assert_string_equal(h->label, "from-env");
+    unsetenv("GPUMEM_PUBLISH");
+    free_allocator(a);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(publish_and_read),      cmocka_unit_test(publish_null_is_error),
+        cmocka_unit_test(dead_producer_is_cleaned), cmocka_unit_test(reused_pid_is_stale),
+        cmocka_unit_test(torn_record_is_reported), cmocka_unit_test(seqlock_never_torn),
+        cmocka_unit_test(env_publish),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
