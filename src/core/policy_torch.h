@@ -1,0 +1,134 @@
+/* policy_torch.h — private to the `torch` policy (policy_torch*.c): the
+ * block, segment and pool structures of our model of PyTorch 2.11's
+ * CUDACachingAllocator, and the functions its files share.
+ *
+ * Names follow torch's where a reader will want to compare the two:
+ * get_free_block, alloc_block, free_block, try_merge_blocks, release_block,
+ * map_block, unmap_block, ... */
+#ifndef GPUMEM_POLICY_TORCH_H
+#define GPUMEM_POLICY_TORCH_H
+
+#include "internal.h"
+
+/* torch's constants (CUDACachingAllocator.cpp) */
+#define TP_MIN_BLOCK ((uint64_t)512)          /* kMinBlockSize */
+#define TP_SMALL_SIZE (GM__MIB)               /* kSmallSize */
+#define TP_SMALL_BUFFER (2 * GM__MIB)         /* kSmallBuffer */
+#define TP_LARGE_BUFFER (20 * GM__MIB)        /* kLargeBuffer */
+#define TP_MIN_LARGE_ALLOC (10 * GM__MIB)     /* kMinLargeAlloc */
+#define TP_ROUND_LARGE (2 * GM__MIB)          /* kRoundLarge */
+
+typedef struct tp_seg tp_seg;
+
+/* One block: a piece of a segment, free (in a pool set) or handed out. */
+typedef struct tp_block {
+    gm__block_hdr h;              /* ptr, size, stream, pool (+ front end's) */
+    struct tp_block *prev, *next; /* address neighbours in the segment */
+    struct tp_block *left, *right; /* treap links while in a pool set */
+    uint32_t prio;                /* treap priority */
+    uint8_t allocated;            /* handed out, policy free not yet called */
+    uint8_t mapped;               /* backed by memory (false: unmapped VA) */
+    uint8_t in_set;               /* TP_SET_NONE / _BLOCKS / _UNMAPPED */
+    tp_seg *seg;
+    int64_t gc_count_base;        /* pool's get_free_blocks count at insert */
+    struct tp_block *tmp_next;    /* scratch list (release_blocks) */
+} tp_block;
+
+enum { TP_SET_NONE = 0, TP_SET_BLOCKS = 1, TP_SET_UNMAPPED = 2 };
+
+/* An ordered set of blocks: a treap keyed by (stream, size, ptr) for free
+ * blocks, or by (stream, ptr) for unmapped ranges (by_addr). */
+typedef struct tp_set {
+    tp_block *root;
+    uint64_t count;
+    int by_addr;
+} tp_set;
+
+/* A device allocation (cudaMalloc) or an expandable segment (a reserved VA
+ * range mapped page by page). */
+struct tp_seg {
+    struct tp_seg *prev_seg, *next_seg; /* list of all segments */
+    tp_block *head;       /* first block (lowest address) */
+    gm_devptr base;
+    uint64_t size;        /* bytes of the allocation / of the VA range */
+    gm_stream stream;
+    uint8_t pool;         /* GM_POOL_SMALL / GM_POOL_LARGE */
+    uint8_t expandable;
+    /* expandable only */
+    uint64_t page;        /* segment_size_: 2 MiB small, 20 MiB large */
+    uint64_t max_handles;
+    uint64_t nhandles;    /* handles_.size() */
+    uint64_t cap_handles;
+    struct tp_handle { gm_physmem h; int present; } *handles;
+    uint64_t mapped_size;
+};
+
+typedef struct tp_pool {
+    tp_set blocks;   /* free mapped blocks */
+    tp_set unmapped; /* free unmapped ranges of expandable segments */
+    int is_small;
+    int64_t get_free_blocks_call_count;
+} tp_pool;
+
+typedef struct tp_chunk {
+    struct tp_chunk *next;
+    tp_block blocks[];
+} tp_chunk;
+
+typedef struct tp_state {
+    gm__device *d;
+    const gm_config *cfg;
+    tp_pool small, large;
+    tp_seg *segs;             /* every live segment */
+    uint64_t total_allocated_memory;
+    tp_block *free_list;      /* recycled block structs */
+    uint64_t nfree;           /* length of free_list */
+    tp_chunk *chunks;
+    uint32_t rng;             /* treap priorities */
+} tp_state;
+
+/* ---- policy_torch_tree.c: sets and block structs ---- */
+void tp_set_init(tp_set *s, int by_addr);
+void tp_set_insert(tp_state *st, tp_set *s, tp_block *b);
+void tp_set_erase(tp_set *s, tp_block *b);
+tp_block *tp_set_first(const tp_set *s);
+/* smallest block >= key (by_addr sets ignore size) */
+tp_block *tp_set_lower_bound(const tp_set *s, gm_stream stream, uint64_t size, gm_devptr ptr);
+/* largest block < key */
+tp_block *tp_set_below(const tp_set *s, gm_stream stream, uint64_t size, gm_devptr ptr);
+tp_block *tp_set_next(const tp_set *s, const tp_block *b);
+/* make sure n block structs can be taken without failing */
+int tp_reserve(tp_state *st, uint64_t n);
+tp_block *tp_block_new(tp_state *st); /* after tp_reserve: never NULL */
+void tp_block_put(tp_state *st, tp_block *b);
+void tp_blocks_destroy(tp_state *st);
+
+/* ---- policy_torch.c: shared helpers ---- */
+static inline tp_pool *tp_pool_of(tp_state *st, int pool) {
+    return pool == GM_POOL_SMALL ? &st->small : &st->large;
+}
+static inline int tp_is_split(const tp_block *b) { return b->prev || b->next; }
+/* insert into pool->blocks, stamping gc_count_base (insert_into_blocks) */
+void tp_pool_insert_block(tp_state *st, tp_pool *p, tp_block *b);
+uint64_t tp_try_merge_blocks(tp_state *st, tp_block *dst, tp_block *src, tp_pool *p);
+void tp_seg_link(tp_state *st, tp_seg *s);
+void tp_seg_unlink(tp_state *st, tp_seg *s);
+/* fix seg->head after a block became the first of its segment */
+static inline void tp_fix_head(tp_block *b) {
+    if (!b->prev) b->seg->head = b;
+}
+
+/* ---- policy_torch_expandable.c ---- */
+/* alloc_block's expandable branch: NULL with *err = GM_OK on OOM */
+tp_block *tp_try_allocate_expandable_block(tp_state *st, gm_stream stream, tp_pool *p,
+                                           uint64_t size, int *err);
+int tp_unmap_block(tp_state *st, tp_block *b);
+void tp_release_expandable_segment(tp_state *st, tp_block *b);
+/* destroy: unmap everything and free the VA range */
+void tp_expandable_destroy(tp_state *st, tp_seg *s);
+
+/* ---- policy_torch_check.c ---- */
+int tp_check(void *state, char *err, size_t errlen);
+int tp_walk_segments(void *state, gm__segment_cb cb, void *arg);
+
+#endif /* GPUMEM_POLICY_TORCH_H */

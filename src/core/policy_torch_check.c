@@ -1,0 +1,215 @@
+/* policy_torch_check.c — the torch policy's self-check and segment walk.
+ *
+ * tp_check recounts every stat the policy keeps from the block lists and
+ * compares it with the device's stats, and verifies the structure: the
+ * blocks of a segment tile it exactly and link both ways, no two free
+ * neighbours are left unmerged, every free block is in its pool set and no
+ * other block is, the sets are ordered, and expandable segments map exactly
+ * the pages their mapped blocks touch. */
+#include "policy_torch.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+typedef struct tp_count {
+    int64_t segment[GM_POOL_COUNT], reserved[GM_POOL_COUNT];
+    int64_t active[GM_POOL_COUNT], active_bytes[GM_POOL_COUNT];
+    int64_t isplit[GM_POOL_COUNT], isplit_bytes[GM_POOL_COUNT];
+    int64_t oversize_segments;
+    uint64_t in_blocks[GM_POOL_COUNT], in_unmapped[GM_POOL_COUNT];
+} tp_count;
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return GM_ESTATE;
+}
+
+static void add(int64_t arr[GM_POOL_COUNT], int pool, int64_t v) {
+    arr[GM_POOL_ALL] += v;
+    arr[pool] += v;
+}
+
+static int page_present(const tp_seg *s, uint64_t i) {
+    return i < s->nhandles && s->handles[i].present;
+}
+
+/* expandable: unmapped blocks are whole absent pages, mapped ones sit on
+ * present pages */
+static int check_pages(const tp_seg *s, const tp_block *b, char *err, size_t errlen) {
+    uint64_t off = b->h.ptr - s->base;
+    if (!b->mapped) {
+        if (off % s->page || b->h.size % s->page)
+            return fail(err, errlen, "unmapped block 0x%llx is not page aligned",
+                        (unsigned long long)b->h.ptr);
+        for (uint64_t i = off / s->page; i < (off + b->h.size) / s->page; i++)
+            if (page_present(s, i))
+                return fail(err, errlen, "unmapped block 0x%llx covers a mapped page",
+                            (unsigned long long)b->h.ptr);
+        return GM_OK;
+    }
+    for (uint64_t i = off / s->page; i < (off + b->h.size + s->page - 1) / s->page; i++)
+        if (!page_present(s, i))
+            return fail(err, errlen, "mapped block 0x%llx covers an unmapped page",
+                        (unsigned long long)b->h.ptr);
+    return GM_OK;
+}
+
+static int check_block(const tp_state *st, const tp_seg *s, const tp_block *b, tp_count *c,
+                       char *err, size_t errlen) {
+    int pool = s->pool;
+    if (b->seg != s || b->h.pool != s->pool || b->h.stream != s->stream)
+        return fail(err, errlen, "block 0x%llx disagrees with its segment 0x%llx",
+                    (unsigned long long)b->h.ptr, (unsigned long long)s->base);
+    if (b->h.size == 0) return fail(err, errlen, "empty block at 0x%llx", (unsigned long long)b->h.ptr);
+    if (b->next && b->next->prev != b)
+        return fail(err, errlen, "broken links after block 0x%llx", (unsigned long long)b->h.ptr);
+    if (b->next && b->next->h.ptr != b->h.ptr + b->h.size)
+        return fail(err, errlen, "blocks 0x%llx and 0x%llx do not tile their segment",
+                    (unsigned long long)b->h.ptr, (unsigned long long)b->next->h.ptr);
+    if (!s->expandable && !b->mapped)
+        return fail(err, errlen, "unmapped block in a plain segment");
+    if (s->expandable && check_pages(s, b, err, errlen)) return GM_ESTATE;
+    if (b->allocated) {
+        if (b->in_set != TP_SET_NONE)
+            return fail(err, errlen, "block 0x%llx in use but in a free pool",
+                        (unsigned long long)b->h.ptr);
+        add(c->active, pool, 1);
+        add(c->active_bytes, pool, (int64_t)b->h.size);
+        return GM_OK;
+    }
+    if (b->next && !b->next->allocated && b->next->mapped == b->mapped)
+        return fail(err, errlen, "free neighbours 0x%llx and 0x%llx are not merged",
+                    (unsigned long long)b->h.ptr, (unsigned long long)b->next->h.ptr);
+    if (b->in_set != (b->mapped ? TP_SET_BLOCKS : TP_SET_UNMAPPED))
+        return fail(err, errlen, "free block 0x%llx is not in its pool set",
+                    (unsigned long long)b->h.ptr);
+    if (b->mapped) c->in_blocks[pool]++;
+    else c->in_unmapped[pool]++;
+    if (b->mapped && !s->expandable && tp_is_split(b)) {
+        add(c->isplit, pool, 1);
+        add(c->isplit_bytes, pool, (int64_t)b->h.size);
+    }
+    (void)st;
+    return GM_OK;
+}
+
+static int check_segment(const tp_state *st, const tp_seg *s, tp_count *c, char *err,
+                         size_t errlen) {
+    const tp_block *b = s->head;
+    if (!b || b->prev || b->h.ptr != s->base)
+        return fail(err, errlen, "segment 0x%llx does not start with its head block",
+                    (unsigned long long)s->base);
+    const tp_block *last = b;
+    for (; b; b = b->next) {
+        if (check_block(st, s, b, c, err, errlen)) return GM_ESTATE;
+        last = b;
+    }
+    if (last->h.ptr + last->h.size != s->base + s->size)
+        return fail(err, errlen, "blocks of segment 0x%llx do not cover it",
+                    (unsigned long long)s->base);
+    if (s->expandable) {
+        uint64_t present = 0;
+        for (uint64_t i = 0; i < s->nhandles; i++) present += s->handles[i].present != 0;
+        if (present * s->page != s->mapped_size)
+            return fail(err, errlen, "expandable segment 0x%llx: mapped size is off",
+                        (unsigned long long)s->base);
+        add(c->reserved, s->pool, (int64_t)s->mapped_size);
+    } else {
+        add(c->segment, s->pool, 1);
+        add(c->reserved, s->pool, (int64_t)s->size);
+        if (s->size >= st->cfg->max_split_size) c->oversize_segments++;
+    }
+    return GM_OK;
+}
+
+static int check_set(const tp_set *set, uint64_t expect, const char *what, char *err,
+                     size_t errlen) {
+    uint64_t n = 0;
+    const tp_block *prev = NULL;
+    for (const tp_block *b = tp_set_first(set); b; b = tp_set_next(set, b)) {
+        if (prev) {
+            int before = prev->h.stream < b->h.stream ||
+                         (prev->h.stream == b->h.stream &&
+                          ((!set->by_addr && prev->h.size < b->h.size) ||
+                           ((set->by_addr || prev->h.size == b->h.size) && prev->h.ptr < b->h.ptr)));
+            if (!before) return fail(err, errlen, "%s set out of order", what);
+        }
+        prev = b;
+        if (++n > set->count) break;
+    }
+    if (n != set->count || n != expect)
+        return fail(err, errlen, "%s set holds %llu blocks (count %llu), segments have %llu", what,
+                    (unsigned long long)n, (unsigned long long)set->count,
+                    (unsigned long long)expect);
+    return GM_OK;
+}
+
+static int compare(const char *name, const gm_stat arr[GM_POOL_COUNT],
+                   const int64_t want[GM_POOL_COUNT], char *err, size_t errlen) {
+    static const char *pools[] = GM_POOL_NAMES;
+    for (int i = 0; i < GM_POOL_COUNT; i++)
+        if (arr[i].current != want[i])
+            return fail(err, errlen, "stat %s.%s.current is %lld, block lists say %lld", name,
+                        pools[i], (long long)arr[i].current, (long long)want[i]);
+    return GM_OK;
+}
+
+int tp_check(void *state, char *err, size_t errlen) {
+    const tp_state *st = state;
+    const gm_stats *s = &st->d->stats;
+    tp_count c = {0};
+    for (const tp_seg *seg = st->segs; seg; seg = seg->next_seg)
+        if (check_segment(st, seg, &c, err, errlen)) return GM_ESTATE;
+    if (check_set(&st->small.blocks, c.in_blocks[GM_POOL_SMALL], "small pool", err, errlen) ||
+        check_set(&st->large.blocks, c.in_blocks[GM_POOL_LARGE], "large pool", err, errlen) ||
+        check_set(&st->small.unmapped, c.in_unmapped[GM_POOL_SMALL], "small unmapped", err,
+                  errlen) ||
+        check_set(&st->large.unmapped, c.in_unmapped[GM_POOL_LARGE], "large unmapped", err,
+                  errlen))
+        return GM_ESTATE;
+    if (compare("segment", s->segment, c.segment, err, errlen) ||
+        compare("reserved_bytes", s->reserved_bytes, c.reserved, err, errlen) ||
+        compare("active", s->active, c.active, err, errlen) ||
+        compare("active_bytes", s->active_bytes, c.active_bytes, err, errlen) ||
+        compare("inactive_split", s->inactive_split, c.isplit, err, errlen) ||
+        compare("inactive_split_bytes", s->inactive_split_bytes, c.isplit_bytes, err, errlen))
+        return GM_ESTATE;
+    if (s->oversize_segments.current != c.oversize_segments)
+        return fail(err, errlen, "stat oversize_segments.current is %lld, block lists say %lld",
+                    (long long)s->oversize_segments.current, (long long)c.oversize_segments);
+    if ((int64_t)st->total_allocated_memory != c.reserved[GM_POOL_ALL])
+        return fail(err, errlen, "total_allocated_memory %llu != reserved %lld",
+                    (unsigned long long)st->total_allocated_memory,
+                    (long long)c.reserved[GM_POOL_ALL]);
+    return GM_OK;
+}
+
+/* One segment per plain allocation; expandable segments report each
+ * contiguous mapped range, as torch's snapshot does. */
+int tp_walk_segments(void *state, gm__segment_cb cb, void *arg) {
+    const tp_state *st = state;
+    for (const tp_seg *s = st->segs; s; s = s->next_seg) {
+        gm_segment_info info = {.size_of = sizeof(info), .stream = s->stream, .pool = s->pool,
+                                .expandable = s->expandable != 0};
+        const tp_block *b = s->head;
+        while (b) {
+            while (b && !b->mapped) b = b->next;
+            if (!b) break;
+            info.address = b->h.ptr;
+            info.total_size = info.allocated_size = 0;
+            for (; b && b->mapped; b = b->next) {
+                info.total_size += b->h.size;
+                if (b->h.live) info.allocated_size += b->h.size;
+            }
+            info.mapped_size = info.total_size;
+            int rc = cb(&info, arg);
+            if (rc) return rc;
+        }
+    }
+    return GM_OK;
+}
