@@ -1,0 +1,217 @@
+"""ctypes loader for libgpumem_torch.so, the library behind gpumem.torch.
+
+Search order (first hit wins):
+  1. $GPUMEM_LIB (a path to the .so, or a folder holding it)
+  2. this package's folder (the build copies the .so here before `pip install`)
+  3. build folders of a source checkout: <repo>/build*/ (when run from python/)
+The optional libgpumem_torch_oom.so (built against torch's headers, makes OOM
+raise torch.OutOfMemoryError) is looked for next to the main library and in
+$GPUMEM_OOM_LIB.
+"""
+import ctypes
+import glob
+import json
+import os
+import threading
+
+LIB_NAME = "libgpumem_torch.so"
+OOM_LIB_NAME = "libgpumem_torch_oom.so"
+
+# gm_status values (include/gpumem/gpumem.h)
+STATUS_NAMES = {
+    0: "GM_OK", -1: "GM_EINVAL", -2: "GM_ENOMEM", -3: "GM_ENOHOSTMEM", -4: "GM_EDOUBLEFREE",
+    -5: "GM_EFOREIGN", -6: "GM_EDEVICE", -7: "GM_EBACKEND", -8: "GM_ECONFIG", -9: "GM_ENODRIVER",
+    -10: "GM_EFORMAT", -11: "GM_EIO", -12: "GM_ENOTSUP", -13: "GM_ESTATE", -14: "GM_ENOSPACE",
+}
+GM_ENOMEM = -2
+GM_ENOSPACE = -14
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+class GpumemError(RuntimeError):
+    """A gpumem library call failed; .status is the gm_status code."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+        self.status_name = STATUS_NAMES.get(status, "GM_UNKNOWN")
+
+
+def _candidates(name, env):
+    seen = []
+    v = os.environ.get(env)
+    if v:
+        seen.append(os.path.join(v, name) if os.path.isdir(v) else v)
+    seen.append(os.path.join(_PKG_DIR, name))
+    repo = os.path.dirname(os.path.dirname(_PKG_DIR))  # python/gpumem -> repo root
+    for d in ["build"] + sorted(os.path.basename(p) for p in glob.glob(os.path.join(repo, "build*"))):
+        seen.append(os.path.join(repo, d, name))
+    out = []
+    for p in seen:
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def find_library():
+    """Path of libgpumem_torch.so, or raise FileNotFoundError listing where it looked."""
+    cands = _candidates(LIB_NAME, "GPUMEM_LIB")
+    env = os.environ.get("GPUMEM_LIB")
+    if env:
+        # An explicit setting must not silently fall back to another build.
+        if os.path.isfile(cands[0]):
+            return cands[0]
+        raise FileNotFoundError("GPUMEM_LIB=%s: %s not found there" % (env, LIB_NAME))
+    for p in cands:
+        if os.path.isfile(p):
+            return p
+    raise FileNotFoundError(
+        "gpumem: %s not found; build it (cmake --build build) and set GPUMEM_LIB to its path. Looked in: %s"
+        % (LIB_NAME, ", ".join(cands)))
+
+
+def find_oom_library():
+    """Path of the optional libgpumem_torch_oom.so, or None."""
+    cands = _candidates(OOM_LIB_NAME, "GPUMEM_OOM_LIB")
+    if _lib_path:
+        cands.insert(0, os.path.join(os.path.dirname(_lib_path), OOM_LIB_NAME))
+    for p in cands:
+        if os.path.isfile(p):
+            return p
+    return None
+
+
+_SIGS = {
+    "gpumem_torch_configure": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p]),
+    "gpumem_torch_init": (ctypes.c_int, []),
+    "gpumem_torch_is_initialized": (ctypes.c_int, []),
+    "gpumem_torch_shutdown": (None, []),
+    "gpumem_torch_alloc_raw": (ctypes.c_int, [ctypes.c_int64, ctypes.c_int, ctypes.c_uint64,
+                                              ctypes.POINTER(ctypes.c_uint64)]),
+    "gpumem_torch_free_raw": (ctypes.c_int, [ctypes.c_uint64]),
+    "gpumem_torch_record_stream": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_uint64]),
+    "gpumem_torch_empty_cache": (ctypes.c_int, [ctypes.c_int]),
+    "gpumem_torch_set_memory_fraction": (ctypes.c_int, [ctypes.c_double, ctypes.c_int]),
+    "gpumem_torch_mem_get_info": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64),
+                                                 ctypes.POINTER(ctypes.c_uint64)]),
+    "gpumem_torch_device_count": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int)]),
+    "gpumem_torch_stats_json": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
+    "gpumem_torch_reset_peak": (ctypes.c_int, [ctypes.c_int]),
+    "gpumem_torch_reset_accumulated": (ctypes.c_int, [ctypes.c_int]),
+    "gpumem_torch_summary": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
+    "gpumem_torch_check": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
+    "gpumem_torch_last_error": (ctypes.c_char_p, []),
+    "gpumem_torch_failed_frees": (ctypes.c_uint64, []),
+    "gpumem_torch_set_oom_thrower": (None, [ctypes.c_void_p]),
+}
+
+
+def load():
+    """The loaded library (ctypes.CDLL) with signatures set; loads it once."""
+    global _lib, _lib_path
+    with _lock:
+        if _lib is None:
+            path = find_library()
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as e:
+                raise OSError("gpumem: could not load %s: %s" % (path, e)) from e
+            for name, (res, args) in _SIGS.items():
+                try:
+                    f = getattr(lib, name)
+                except AttributeError as e:
+                    raise OSError("gpumem: %s lacks %s (stale build?)" % (path, name)) from e
+                f.restype = res
+                f.argtypes = args
+            _lib, _lib_path = lib, path
+        return _lib
+
+
+def library_path():
+    load()
+    return _lib_path
+
+
+def last_error():
+    msg = load().gpumem_torch_last_error()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def check(status, what):
+    """Raise GpumemError for a failed status, with the library's message."""
+    if status != 0:
+        msg = last_error() or "gpumem: %s failed: %s" % (what, STATUS_NAMES.get(status, status))
+        raise GpumemError(status, msg)
+    return status
+
+
+def _enc(s):
+    return None if s is None else s.encode("utf-8")
+
+
+def configure(conf=None, backend="cuda"):
+    check(load().gpumem_torch_configure(_enc(conf), _enc(backend)), "configure")
+
+
+def _text(fn, *args, initial=1 << 16, what="call"):
+    """Call fn(*args, buf, len), growing buf while it reports GM_ENOSPACE."""
+    size = initial
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        st = fn(*args, buf, size)
+        if st == GM_ENOSPACE and size < (1 << 26):
+            size *= 4
+            continue
+        check(st, what)
+        return buf.value.decode("utf-8", "replace")
+
+
+def stats(device):
+    """The allocator's stats for device as a dict with torch.cuda.memory_stats() keys."""
+    text = _text(load().gpumem_torch_stats_json, device, what="stats")
+    return decode_stats(text)
+
+
+def decode_stats(text):
+    """Parse the library's stats JSON (a flat object of ints), sorted like torch."""
+    d = json.loads(text)
+    if not isinstance(d, dict):
+        raise GpumemError(-10, "gpumem: stats JSON is not an object: %r" % text[:200])
+    return dict(sorted((k, int(v)) for k, v in d.items()))
+
+
+def summary(device, abbreviated=False):
+    return _text(load().gpumem_torch_summary, device, 1 if abbreviated else 0, what="memory_summary")
+
+
+def check_invariants(device=-1):
+    """'' if every internal invariant holds, else the broken one."""
+    buf = ctypes.create_string_buffer(4096)
+    st = load().gpumem_torch_check(device, buf, len(buf))
+    if st == 0:
+        return ""
+    return buf.value.decode("utf-8", "replace") or STATUS_NAMES.get(st, str(st))
+
+
+def alloc_raw(size, device=0, stream=0):
+    out = ctypes.c_uint64(0)
+    check(load().gpumem_torch_alloc_raw(size, device, stream, ctypes.byref(out)), "alloc")
+    return out.value
+
+
+def free_raw(ptr):
+    check(load().gpumem_torch_free_raw(ptr), "free")
+
+
+def record_stream_raw(ptr, stream):
+    check(load().gpumem_torch_record_stream(ptr, stream), "record_stream")
+
+
+def mem_get_info(device):
+    f, t = ctypes.c_uint64(0), ctypes.c_uint64(0)
+    check(load().gpumem_torch_mem_get_info(device, ctypes.byref(f), ctypes.byref(t)), "mem_get_info")
+    return f.value, t.value

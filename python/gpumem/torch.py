@@ -1,0 +1,304 @@
+"""PyTorch integration: run PyTorch on gpumem's allocator.
+
+    import gpumem.torch as gt
+    gt.install("policy:gpumem")      # before the first CUDA tensor
+    ...
+    gt.print_memory_usage("after step")
+
+With a pluggable allocator torch.cuda.memory_allocated() and friends stop
+working ("does not yet support getDeviceStats"); the functions here give the
+same answers from gpumem's own statistics, with the same names and keys.
+
+torch is imported lazily, so the stats functions work (device given as an
+int) in processes that never import torch, e.g. the package's CPU tests.
+"""
+import contextlib
+import ctypes
+import os
+import sys
+
+from . import _lib
+from ._lib import GpumemError
+
+_state = {"installed": False, "conf": None, "oom_native": False, "record_hook": None,
+          "orig_record_stream": None, "helpers": []}
+OOM_PREFIX = "gpumem: CUDA out of memory"
+
+
+def _torch():
+    import torch  # noqa: PLC0415 (lazy on purpose)
+    return torch
+
+
+def _device(device):
+    """Device index from None (current device), an int, a str or a torch.device."""
+    if device is None:
+        if "torch" in sys.modules:
+            return _torch().cuda.current_device()
+        return 0
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = _torch().device(device)
+    idx = getattr(device, "index", None)
+    if idx is None:
+        return _torch().cuda.current_device()
+    return int(idx)
+
+
+# ---- installation ----------------------------------------------------------
+
+def install(conf=None, backend="cuda"):
+    """Make gpumem PyTorch's CUDA allocator. Must run before CUDA is initialised.
+
+    conf: PYTORCH_CUDA_ALLOC_CONF-style settings plus policy:torch|gpumem
+    (None: $GPUMEM_CONF, else defaults). Returns the library path.
+    """
+    torch = _torch()
+    if _state["installed"]:
+        if conf != _state["conf"]:
+            raise RuntimeError("gpumem.torch.install: already installed with conf=%r; cannot change it to %r"
+                               % (_state["conf"], conf))
+        return _lib.library_path()
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "gpumem.torch.install() must be called before CUDA is initialised (before the first CUDA tensor, "
+            "torch.cuda.init() or anything that queries the device); call it at the top of the script.")
+    _lib.configure(conf, backend)  # checks conf now: a typo fails here, not at the first tensor
+    path = _lib.library_path()
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "gpumem_alloc", "gpumem_free")
+    try:
+        torch.cuda.memory.change_current_allocator(alloc)
+    except RuntimeError as e:
+        raise RuntimeError("gpumem.torch.install: PyTorch refused to swap its allocator (%s); install() must run "
+                           "before the first CUDA allocation" % e) from e
+    _state.update(installed=True, conf=conf, allocator=alloc)
+    _load_helpers()
+    return path
+
+
+def is_installed():
+    return _state["installed"]
+
+
+def _load_helpers():
+    """Load the optional helpers built against torch's headers (see src/torch/ext/)."""
+    lib = _lib.load()
+    p = _lib.find_oom_library()
+    if p:
+        try:
+            h = ctypes.CDLL(p)
+            lib.gpumem_torch_set_oom_thrower(ctypes.cast(h.gpumem_torch_oom_throw, ctypes.c_void_p))
+            _state["helpers"].append(h)
+            _state["oom_native"] = True
+        except (OSError, AttributeError) as e:
+            _warn("gpumem: could not load %s (%s); OOM raises RuntimeError, use gpumem.torch.oom_guard()" % (p, e))
+    hp = _find_helper("libgpumem_torch_hooks.so", "GPUMEM_HOOKS_LIB")
+    if hp:
+        try:
+            h = ctypes.CDLL(hp)
+            h.gpumem_torch_hook_record_stream.restype = ctypes.c_int
+            h.gpumem_torch_hook_record_stream.argtypes = [ctypes.c_void_p]
+            fn = ctypes.cast(lib.gpumem_torch_record_stream, ctypes.c_void_p)
+            if h.gpumem_torch_hook_record_stream(fn) == 0:
+                _state["helpers"].append(h)
+                _state["record_hook"] = hp
+        except (OSError, AttributeError) as e:
+            _warn("gpumem: could not load %s (%s); patching Tensor.record_stream instead" % (hp, e))
+    if not _state["record_hook"]:
+        _patch_record_stream()
+
+
+def _find_helper(name, env):
+    cands = []
+    if os.environ.get(env):
+        cands.append(os.environ[env])
+    cands.append(os.path.join(os.path.dirname(_lib.library_path()), name))
+    cands.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), name))
+    for c in cands:
+        if os.path.isfile(c):
+            return c
+    return None
+
+
+def _warn(msg):
+    import warnings  # noqa: PLC0415
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _patch_record_stream():
+    torch = _torch()
+    if _state["orig_record_stream"] is not None:
+        return
+    orig = torch.Tensor.record_stream
+
+    def record_stream_gpumem(self, stream):
+        if self.is_cuda:
+            record_stream(self, stream)
+        return orig(self, stream)  # a no-op for a pluggable allocator without the hook
+
+    _state["orig_record_stream"] = orig
+    torch.Tensor.record_stream = record_stream_gpumem
+
+
+def status():
+    """What is active: installed, conf, library, native OOM exception, record_stream hook."""
+    return {
+        "installed": _state["installed"], "conf": _state["conf"],
+        "library": _lib.library_path() if _state["installed"] else None,
+        "native_oom": _state["oom_native"], "record_stream": "c++ hook" if _state["record_hook"] else "python patch",
+    }
+
+
+def native_oom():
+    """True when an OOM raises torch.OutOfMemoryError directly (helper loaded)."""
+    return _state["oom_native"]
+
+
+# ---- OOM -------------------------------------------------------------------
+
+_oom_class = None
+
+
+def OutOfMemoryError():  # noqa: N802 (a class factory: torch is imported lazily)
+    """gpumem's OOM exception class, a subclass of torch.OutOfMemoryError."""
+    global _oom_class
+    if _oom_class is None:
+        torch = _torch()
+        _oom_class = type("GpumemOutOfMemoryError", (torch.OutOfMemoryError,),
+                          {"__doc__": "gpumem could not allocate device memory; the message explains why."})
+    return _oom_class
+
+
+def is_oom(exc):
+    return OOM_PREFIX in str(exc)
+
+
+@contextlib.contextmanager
+def oom_guard():
+    """Turn gpumem's OOM RuntimeError into torch.OutOfMemoryError (a subclass).
+
+    Only needed when the helper libgpumem_torch_oom.so is not available; with
+    it, OOM already raises torch.OutOfMemoryError.
+    """
+    torch = _torch()
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as e:
+        if is_oom(e):
+            raise OutOfMemoryError()(str(e)) from e
+        raise
+
+
+# ---- the torch.cuda memory API ---------------------------------------------
+
+def memory_stats(device=None):
+    """Like torch.cuda.memory_stats: a dict with the same keys."""
+    return _lib.stats(_device(device))
+
+
+def memory_stats_as_nested_dict(device=None):
+    out = {}
+    for k, v in memory_stats(device).items():
+        d = out
+        parts = k.split(".")
+        for p in parts[:-1]:
+            d = d.setdefault(p, {})
+        d[parts[-1]] = v
+    return out
+
+
+def _stat(key, device):
+    s = memory_stats(device)
+    if key not in s:
+        raise GpumemError(-10, "gpumem: stats lack %r (keys: %s...)" % (key, ", ".join(list(s)[:8])))
+    return s[key]
+
+
+def memory_allocated(device=None):
+    return _stat("allocated_bytes.all.current", device)
+
+
+def max_memory_allocated(device=None):
+    return _stat("allocated_bytes.all.peak", device)
+
+
+def memory_reserved(device=None):
+    return _stat("reserved_bytes.all.current", device)
+
+
+def max_memory_reserved(device=None):
+    return _stat("reserved_bytes.all.peak", device)
+
+
+def reset_peak_memory_stats(device=None):
+    _lib.check(_lib.load().gpumem_torch_reset_peak(_device(device)), "reset_peak_memory_stats")
+
+
+def reset_accumulated_memory_stats(device=None):
+    _lib.check(_lib.load().gpumem_torch_reset_accumulated(_device(device)), "reset_accumulated_memory_stats")
+
+
+def reset_max_memory_allocated(device=None):
+    reset_peak_memory_stats(device)
+
+
+def memory_summary(device=None, abbreviated=False):
+    return _lib.summary(_device(device), abbreviated)
+
+
+def empty_cache():
+    """Release every cached, unused block on every device."""
+    _lib.check(_lib.load().gpumem_torch_empty_cache(-1), "empty_cache")
+
+
+def mem_get_info(device=None):
+    """(free, total) bytes of the device, like torch.cuda.mem_get_info."""
+    return _lib.mem_get_info(_device(device))
+
+
+def set_per_process_memory_fraction(fraction, device=None):
+    _lib.check(_lib.load().gpumem_torch_set_memory_fraction(float(fraction), _device(device)),
+               "set_per_process_memory_fraction")
+
+
+def record_stream(tensor, stream):
+    """Keep tensor's memory from reuse until the work queued on stream now is done."""
+    ptr = tensor.untyped_storage().data_ptr()
+    if ptr:
+        _lib.record_stream_raw(ptr, int(stream.cuda_stream))
+
+
+def check(device=-1):
+    """'' if gpumem's internal invariants hold, else the broken one (debugging)."""
+    return _lib.check_invariants(device)
+
+
+def _fmt(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return ("%.0f %s" if unit == "B" else "%.2f %s") % (n, unit)
+        n /= 1024.0
+    return str(n)
+
+
+def memory_usage_line(tag="", device=None):
+    dev = _device(device)
+    s = memory_stats(dev)
+    line = "[gpumem%s] dev %d: allocated %s (peak %s), reserved %s (peak %s)" % (
+        " " + tag if tag else "", dev, _fmt(s.get("allocated_bytes.all.current", 0)),
+        _fmt(s.get("allocated_bytes.all.peak", 0)), _fmt(s.get("reserved_bytes.all.current", 0)),
+        _fmt(s.get("reserved_bytes.all.peak", 0)))
+    try:
+        free, total = mem_get_info(dev)
+        line += ", device free %s of %s" % (_fmt(free), _fmt(total))
+    except GpumemError:
+        pass
+    return line
+
+
+def print_memory_usage(tag="", device=None, file=None):
+    """Print one line of memory use, for training loops: print_memory_usage(f"step {i}")."""
+    print(memory_usage_line(tag, device), file=file if file is not None else sys.stdout, flush=True)

@@ -1,0 +1,115 @@
+"""CPU-only tests of the gpumem Python package: the ctypes loader, stats
+decoding and the torch-style API over the sim backend (no torch, no GPU).
+
+Run: GPUMEM_LIB=<build>/libgpumem_torch.so python3 -m unittest discover -s python/tests
+(library tests skip when no non-sanitizer build of libgpumem_torch.so is found)."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from gpumem import _lib  # noqa: E402
+import gpumem.torch as gt  # noqa: E402
+
+MIB = 1 << 20
+
+
+def _loadable():
+    try:
+        _lib.load()
+        return True, ""
+    except (OSError, FileNotFoundError) as e:
+        return False, str(e)
+
+
+class LoaderTest(unittest.TestCase):
+    def test_explicit_path_that_does_not_exist_is_an_error(self):
+        old = os.environ.get("GPUMEM_LIB")
+        os.environ["GPUMEM_LIB"] = "/nonexistent/libgpumem_torch.so"
+        try:
+            with self.assertRaises(FileNotFoundError) as cm:
+                _lib.find_library()
+            self.assertIn("GPUMEM_LIB", str(cm.exception))
+        finally:
+            if old is None:
+                del os.environ["GPUMEM_LIB"]
+            else:
+                os.environ["GPUMEM_LIB"] = old
+
+    def test_decode_stats_sorts_and_ints(self):
+        s = _lib.decode_stats('{"reserved_bytes.all.current": 4194304, "allocated_bytes.all.current": 1.0e6}')
+        self.assertEqual(list(s), ["allocated_bytes.all.current", "reserved_bytes.all.current"])
+        self.assertEqual(s["allocated_bytes.all.current"], 1000000)
+        with self.assertRaises(_lib.GpumemError):
+            _lib.decode_stats("[1, 2]")
+
+    def test_status_error_carries_name(self):
+        e = _lib.GpumemError(-2, "gpumem: CUDA out of memory. Tried to allocate 1 GiB")
+        self.assertEqual(e.status_name, "GM_ENOMEM")
+        self.assertTrue(gt.is_oom(e))
+
+
+@unittest.skipUnless(_loadable()[0], "libgpumem_torch.so not loadable: %s" % _loadable()[1])
+class SimBackendTest(unittest.TestCase):
+    def setUp(self):
+        _lib.load().gpumem_torch_shutdown()
+
+    def tearDown(self):
+        _lib.load().gpumem_torch_shutdown()
+
+    def test_bad_conf_is_rejected_at_configure(self):
+        with self.assertRaises(_lib.GpumemError) as cm:
+            _lib.configure("max_split_size_mb:banana", "sim")
+        self.assertEqual(cm.exception.status_name, "GM_ECONFIG")
+        self.assertIn("max_split_size_mb", str(cm.exception))
+
+    def test_stats_follow_allocations(self):
+        _lib.configure("", "sim")
+        self.assertEqual(gt.memory_allocated(0), 0)
+        p = _lib.alloc_raw(3 * MIB, 0, 0)
+        self.assertNotEqual(p, 0)
+        self.assertGreaterEqual(gt.memory_allocated(0), 3 * MIB)
+        self.assertGreaterEqual(gt.memory_reserved(0), gt.memory_allocated(0))
+        s = gt.memory_stats(0)
+        self.assertEqual(s["requested_bytes.all.current"], 3 * MIB)
+        self.assertEqual(s["allocation.all.current"], 1)
+        _lib.free_raw(p)
+        self.assertEqual(gt.memory_allocated(0), 0)
+        self.assertGreaterEqual(gt.max_memory_allocated(0), 3 * MIB)
+        gt.reset_peak_memory_stats(0)
+        self.assertEqual(gt.max_memory_allocated(0), 0)
+        gt.empty_cache()
+        self.assertEqual(gt.memory_reserved(0), 0)
+        self.assertEqual(gt.check(0), "")
+
+    def test_errors_are_explained(self):
+        _lib.configure("", "sim")
+        p = _lib.alloc_raw(MIB, 0, 0)
+        _lib.free_raw(p)
+        with self.assertRaises(_lib.GpumemError) as cm:
+            _lib.free_raw(p)
+        self.assertIn(cm.exception.status_name, ("GM_EDOUBLEFREE", "GM_EFOREIGN"))
+        with self.assertRaises(_lib.GpumemError) as cm:
+            _lib.alloc_raw(1 << 50, 0, 0)
+        self.assertEqual(cm.exception.status_name, "GM_ENOMEM")
+        self.assertTrue(gt.is_oom(cm.exception), str(cm.exception))
+        with self.assertRaises(_lib.GpumemError) as cm:
+            _lib.configure("", "sim")  # the allocator exists now
+        self.assertEqual(cm.exception.status_name, "GM_ESTATE")
+
+    def test_summary_and_usage_line(self):
+        _lib.configure("policy:gpumem", "sim")
+        p = _lib.alloc_raw(5 * MIB, 0, 0)
+        self.assertGreater(len(gt.memory_summary(0)), 100)
+        line = gt.memory_usage_line("step 1", 0)
+        self.assertIn("step 1", line)
+        self.assertIn("allocated 5.00 MiB", line)
+        free, total = gt.mem_get_info(0)
+        self.assertGreater(total, 0)
+        self.assertLessEqual(free, total)
+        _lib.free_raw(p)
+
+
+if __name__ == "__main__":
+    unittest.main()
