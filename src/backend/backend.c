@@ -1,0 +1,193 @@
+/* backend.c — the one place where the core reaches a device backend.
+ *
+ * Every gm__be_* wrapper (1) counts the call per device and kind (atomics, so
+ * replay and tests can read counts from any thread), (2) applies fault
+ * injection, and (3) calls the backend op (a NULL op is GM_ENOTSUP). The
+ * wrappers also keep d->stats' device-call counters (num_device_alloc, ...);
+ * the caller holds the device lock for those. Counters in d->stats count
+ * successful calls only (torch counts a cudaMalloc once it has succeeded);
+ * gm_backend_call_count counts every attempt. */
+#include "internal.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct gm_backend {
+    gm_backend_ops ops; /* copy, zero-extended to our sizeof */
+    void *ctx;
+    _Atomic uint64_t calls[GM_MAX_DEVICES][GM_BCALL_COUNT];
+    /* fault injection: a single armed fault, checked with one relaxed load
+     * on the fast path and resolved under fault_lock */
+    atomic_bool fault_armed;
+    pthread_mutex_t fault_lock;
+    int fault_kind;
+    uint64_t fault_remaining;
+    int fault_status;
+};
+
+const char *gm_bcall_name(int kind) {
+    static const char *const names[] = {
+#define GM__BCALL_NAME(n) #n,
+        GM_BCALL_LIST(GM__BCALL_NAME)
+#undef GM__BCALL_NAME
+    };
+    if (kind == GM_BCALL_ANY) return "ANY";
+    if (kind < 0 || kind >= GM_BCALL_COUNT) return "UNKNOWN";
+    return names[kind];
+}
+
+int gm_backend_create(gm_backend **out, const gm_backend_ops *ops, void *ctx) {
+    if (!out || !ops) return gm__set_error(GM_EINVAL, "gm_backend_create: NULL argument");
+    /* a table must at least reach its name; later fields may be missing */
+    if (ops->version < 1 || ops->size < offsetof(gm_backend_ops, destroy))
+        return gm__set_error(GM_EINVAL, "gm_backend_create: bad ops version %u / size %u",
+                                 ops->version, ops->size);
+    gm_backend *b = calloc(1, sizeof *b);
+    if (!b) return GM_ENOHOSTMEM;
+    /* Copy only the fields the caller's table has: later fields stay NULL. */
+    size_t n = ops->size < sizeof b->ops ? ops->size : sizeof b->ops;
+    memcpy(&b->ops, ops, n);
+    b->ctx = ctx;
+    pthread_mutex_init(&b->fault_lock, NULL);
+    *out = b;
+    return GM_OK;
+}
+
+void gm_backend_destroy(gm_backend *b) {
+    if (!b) return;
+    if (b->ops.destroy) b->ops.destroy(b->ctx);
+    pthread_mutex_destroy(&b->fault_lock);
+    free(b);
+}
+
+const char *gm_backend_name(const gm_backend *b) {
+    return b && b->ops.name ? b->ops.name : "unknown";
+}
+
+int gm_backend_device_count(gm_backend *b, int *count) {
+    if (!b || !count) return GM_EINVAL;
+    if (!b->ops.device_count) return GM_ENOTSUP;
+    return b->ops.device_count(b->ctx, count);
+}
+
+uint64_t gm_backend_call_count(const gm_backend *b, int dev, int kind) {
+    if (!b || dev < 0 || dev >= GM_MAX_DEVICES) return 0;
+    if (kind == GM_BCALL_ANY) {
+        uint64_t sum = 0;
+        for (int k = 0; k < GM_BCALL_COUNT; k++)
+            sum += atomic_load_explicit(&((gm_backend *)b)->calls[dev][k], memory_order_relaxed);
+        return sum;
+    }
+    if (kind < 0 || kind >= GM_BCALL_COUNT) return 0;
+    return atomic_load_explicit(&((gm_backend *)b)->calls[dev][kind], memory_order_relaxed);
+}
+
+int gm_backend_inject_fault(gm_backend *b, int kind, uint64_t nth, int status) {
+    if (!b) return GM_EINVAL;
+    if (kind != GM_BCALL_ANY && (kind < 0 || kind >= GM_BCALL_COUNT))
+        return gm__set_error(GM_EINVAL, "gm_backend_inject_fault: unknown call kind %d", kind);
+    if (nth > 0 && status >= 0)
+        return gm__set_error(GM_EINVAL, "gm_backend_inject_fault: status %d is not an error", status);
+    pthread_mutex_lock(&b->fault_lock);
+    b->fault_kind = kind;
+    b->fault_remaining = nth;
+    b->fault_status = status;
+    atomic_store(&b->fault_armed, nth > 0);
+    pthread_mutex_unlock(&b->fault_lock);
+    return GM_OK;
+}
+
+/* Count the call; return the injected failure status, or GM_OK to go on. */
+static int enter(gm_backend *b, int dev, int kind) {
+    if (dev >= 0 && dev < GM_MAX_DEVICES)
+        atomic_fetch_add_explicit(&b->calls[dev][kind], 1, memory_order_relaxed);
+    if (!atomic_load_explicit(&b->fault_armed, memory_order_relaxed)) return GM_OK;
+    int rc = GM_OK;
+    pthread_mutex_lock(&b->fault_lock);
+    if (b->fault_remaining > 0 && (b->fault_kind == GM_BCALL_ANY || b->fault_kind == kind)) {
+        if (--b->fault_remaining == 0) {
+            rc = b->fault_status;
+            atomic_store(&b->fault_armed, false);
+        }
+    }
+    pthread_mutex_unlock(&b->fault_lock);
+    return rc;
+}
+
+#define GM__BE_CALL(d, kind, op, ...)                                          \
+    do {                                                                       \
+        gm_backend *b_ = (d)->backend;                                         \
+        int rc_ = enter(b_, (d)->index, GM_BCALL_##kind);                      \
+        if (rc_ != GM_OK) return rc_;                                          \
+        if (!b_->ops.op) return GM_ENOTSUP;                                    \
+        rc_ = b_->ops.op(b_->ctx, (d)->index, __VA_ARGS__);                    \
+        return rc_;                                                            \
+    } while (0)
+
+/* Like GM__BE_CALL, bumping a d->stats counter when the call succeeds. */
+#define GM__BE_CALL_STAT(d, kind, stat, op, ...)                               \
+    do {                                                                       \
+        gm_backend *b_ = (d)->backend;                                         \
+        int rc_ = enter(b_, (d)->index, GM_BCALL_##kind);                      \
+        if (rc_ != GM_OK) return rc_;                                          \
+        if (!b_->ops.op) return GM_ENOTSUP;                                    \
+        rc_ = b_->ops.op(b_->ctx, (d)->index, __VA_ARGS__);                    \
+        if (rc_ == GM_OK) (d)->stats.stat++;                                   \
+        return rc_;                                                            \
+    } while (0)
+
+int gm__be_mem_info(gm__device *d, uint64_t *free_bytes, uint64_t *total_bytes) {
+    GM__BE_CALL(d, MEM_INFO, mem_info, free_bytes, total_bytes);
+}
+int gm__be_malloc(gm__device *d, uint64_t size, gm_devptr *out) {
+    GM__BE_CALL_STAT(d, MALLOC, num_device_alloc, malloc, size, out);
+}
+int gm__be_free(gm__device *d, gm_devptr ptr) {
+    GM__BE_CALL_STAT(d, FREE, num_device_free, free, ptr);
+}
+int gm__be_granularity(gm__device *d, uint64_t *bytes) {
+    /* not a counted kind: asked once per device, never fails by injection */
+    gm_backend *b = d->backend;
+    if (!b->ops.granularity) return GM_ENOTSUP;
+    return b->ops.granularity(b->ctx, d->index, bytes);
+}
+int gm__be_va_reserve(gm__device *d, uint64_t size, gm_devptr *out) {
+    GM__BE_CALL_STAT(d, VA_RESERVE, num_va_reserve, va_reserve, size, out);
+}
+int gm__be_va_release(gm__device *d, gm_devptr va, uint64_t size) {
+    GM__BE_CALL_STAT(d, VA_RELEASE, num_va_release, va_release, va, size);
+}
+int gm__be_phys_create(gm__device *d, uint64_t size, gm_physmem *out) {
+    GM__BE_CALL_STAT(d, PHYS_CREATE, num_phys_create, phys_create, size, out);
+}
+int gm__be_phys_release(gm__device *d, gm_physmem h) {
+    GM__BE_CALL_STAT(d, PHYS_RELEASE, num_phys_release, phys_release, h);
+}
+int gm__be_map(gm__device *d, gm_devptr va, uint64_t size, gm_physmem h) {
+    GM__BE_CALL_STAT(d, MAP, num_map, map, va, size, h);
+}
+int gm__be_unmap(gm__device *d, gm_devptr va, uint64_t size) {
+    GM__BE_CALL_STAT(d, UNMAP, num_unmap, unmap, va, size);
+}
+int gm__be_event_record(gm__device *d, gm_stream stream, gm_event *out) {
+    GM__BE_CALL(d, EVENT_RECORD, event_record, stream, out);
+}
+int gm__be_event_query(gm__device *d, gm_event ev, bool *done) {
+    GM__BE_CALL(d, EVENT_QUERY, event_query, ev, done);
+}
+int gm__be_event_sync(gm__device *d, gm_event ev) {
+    GM__BE_CALL(d, EVENT_SYNC, event_sync, ev);
+}
+int gm__be_event_destroy(gm__device *d, gm_event ev) {
+    GM__BE_CALL(d, EVENT_DESTROY, event_destroy, ev);
+}
+
+/* For backends that need their own state back from the public handle
+ * (gm_sim_complete_events). Declared where it is used. */
+void *gm__backend_ctx(gm_backend *b, const gm_backend_ops **ops);
+void *gm__backend_ctx(gm_backend *b, const gm_backend_ops **ops) {
+    if (ops) *ops = &b->ops;
+    return b->ctx;
+}

@@ -1,0 +1,535 @@
+/* allocator.c — the allocator front end: the public gm_malloc / gm_free API,
+ * lazily created devices with one mutex each, the pointer map, request-level
+ * stats (allocation, allocated_bytes, requested_bytes, oversize_allocations,
+ * num_ooms), record_stream, and the checks and walks over a device. Placement
+ * and caching are the policy's job (policy_torch*.c, policy_gpumem*.c).
+ *
+ * Speed: the common malloc/free path takes one uncontended mutex, does one
+ * hash lookup and no host allocation or syscall. gm_free finds the device of
+ * a pointer through each device's [lo, hi) address range (lock-free reads),
+ * then its pointer map under the device lock. */
+#include "frontend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- devices --------------------------------------------------------------- */
+
+static gm__device *dev_peek(gm_allocator *a, int i) {
+    return __atomic_load_n(&a->devices[i], __ATOMIC_ACQUIRE);
+}
+
+static void publish(gm__device *d) {
+    if (d->alloc->publisher) gm__publisher_update(d->alloc->publisher, d->index, &d->stats);
+}
+
+static void device_free(gm__device *d) {
+    gm__fe_dev *fe = d->fe;
+    if (fe) {
+        gm__ptrmap_free(&fe->map);
+        free(fe->pending);
+        free(fe);
+    }
+    pthread_mutex_destroy(&d->lock);
+    free(d);
+}
+
+/* Apply a memory fraction like torch's setMemoryFraction (lock held). */
+static void set_fraction(gm__device *d, double fraction) {
+    d->memory_fraction = fraction;
+    d->fraction_set = true;
+    d->allowed_memory_maximum = (uint64_t)(fraction * (double)d->total_memory);
+}
+
+static int device_create(gm_allocator *a, int index, gm__device **out) {
+    gm__device *d = calloc(1, sizeof *d);
+    gm__fe_dev *fe = calloc(1, sizeof *fe);
+    if (!d || !fe) {
+        free(d);
+        free(fe);
+        return gm__set_error(GM_ENOHOSTMEM, "out of host memory creating device %d", index);
+    }
+    d->index = index;
+    d->alloc = a;
+    d->backend = a->backend;
+    d->cfg = &a->cfg;
+    d->pops = a->cfg.policy == GM_POLICY_GPUMEM ? &gm__policy_gpumem : &gm__policy_torch;
+    d->fe = fe;
+    d->memory_fraction = 1.0;
+    d->stats.size = sizeof d->stats;
+    d->stats.max_split_size = a->cfg.max_split_size == UINT64_MAX ? -1 : (int64_t)a->cfg.max_split_size;
+    atomic_init(&fe->lo, UINT64_MAX);
+    atomic_init(&fe->hi, 0);
+    pthread_mutex_init(&d->lock, NULL);
+    int rc = gm__ptrmap_init(&fe->map);
+    uint64_t free_b = 0;
+    if (rc == GM_OK) rc = gm__be_mem_info(d, &free_b, &d->total_memory);
+    if (rc == GM_OK) {
+        if (a->cfg.per_process_memory_fraction < 1.0) set_fraction(d, a->cfg.per_process_memory_fraction);
+        rc = d->pops->create(d, &d->pstate);
+    }
+    if (rc != GM_OK) {
+        device_free(d);
+        return gm__set_error(rc, "creating device %d failed: %s", index, gm_strerror(rc));
+    }
+    *out = d;
+    return GM_OK;
+}
+
+static int get_device(gm_allocator *a, int device, gm__device **out) {
+    if (device < 0 || device >= a->ndevices)
+        return gm__set_error(GM_EDEVICE, "device %d out of range (backend has %d)", device, a->ndevices);
+    gm__device *d = dev_peek(a, device);
+    if (d) {
+        *out = d;
+        return GM_OK;
+    }
+    int rc = GM_OK;
+    pthread_mutex_lock(&a->devices_lock);
+    d = a->devices[device];
+    if (!d && (rc = device_create(a, device, &d)) == GM_OK)
+        __atomic_store_n(&a->devices[device], d, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&a->devices_lock);
+    *out = d;
+    return rc;
+}
+
+/* Resolve `device` (-1 = every created device) into a list. */
+static int device_list(gm_allocator *a, int device, gm__device **list, int *n) {
+    *n = 0;
+    if (device == -1) {
+        for (int i = 0; i < a->ndevices; i++)
+            if ((list[*n] = dev_peek(a, i))) (*n)++;
+        return GM_OK;
+    }
+    if (device < 0 || device >= a->ndevices)
+        return gm__set_error(GM_EDEVICE, "device %d out of range (backend has %d)", device, a->ndevices);
+    if ((list[0] = dev_peek(a, device))) *n = 1;
+    return GM_OK;
+}
+
+/* ---- create / destroy ------------------------------------------------------- */
+
+int gm_allocator_create(gm_allocator **out, gm_backend *backend, const gm_config *cfg) {
+    if (!out || !backend) return gm__set_error(GM_EINVAL, "gm_allocator_create: NULL argument");
+    *out = NULL;
+    gm_config c;
+    gm_config_init(&c);
+    if (cfg) {
+        if (cfg->size == 0 || cfg->size > sizeof c)
+            return gm__set_error(GM_EINVAL, "gm_allocator_create: cfg->size %u is not a gm_config size", cfg->size);
+        memcpy(&c, cfg, cfg->size);
+        c.size = sizeof c;
+    }
+    char err[256];
+    if (gm__config_check(&c, err, sizeof err) != GM_OK) return gm__set_error(GM_ECONFIG, "%s", err);
+    int n = 0;
+    int rc = gm_backend_device_count(backend, &n);
+    if (rc != GM_OK) return gm__set_error(rc, "backend %s: device count failed", gm_backend_name(backend));
+    if (n <= 0) return gm__set_error(GM_EDEVICE, "backend %s has no device", gm_backend_name(backend));
+    gm_allocator *a = calloc(1, sizeof *a);
+    if (!a) return GM_ENOHOSTMEM;
+    a->backend = backend;
+    a->cfg = c;
+    a->ndevices = n < GM_MAX_DEVICES ? n : GM_MAX_DEVICES;
+    pthread_mutex_init(&a->devices_lock, NULL);
+    gm__publish_from_env(a); /* optional: the allocator works without it */
+    gm__clear_error();
+    *out = a;
+    return GM_OK;
+}
+
+static void device_destroy(gm__device *d) {
+    gm__fe_dev *fe = d->fe;
+    pthread_mutex_lock(&d->lock);
+    gm__events_drain(d);
+    for (uint64_t i = 0; i <= fe->map.mask; i++)
+        if (fe->map.slots[i].key) gm__uses_free(fe->map.slots[i].block);
+    d->pops->destroy(d->pstate);
+    d->pstate = NULL;
+    pthread_mutex_unlock(&d->lock);
+    device_free(d);
+}
+
+void gm_allocator_destroy(gm_allocator *a) {
+    if (!a) return;
+    if (a->publisher) gm__publisher_close(a->publisher);
+    a->publisher = NULL;
+    for (int i = 0; i < a->ndevices; i++)
+        if (a->devices[i]) device_destroy(a->devices[i]);
+    pthread_mutex_destroy(&a->devices_lock);
+    free(a);
+}
+
+const gm_config *gm_allocator_config(const gm_allocator *a) { return a ? &a->cfg : NULL; }
+
+/* ---- malloc / free ---------------------------------------------------------- */
+
+static void account(gm__device *d, gm__block_hdr *b, int sign) {
+    gm_stats *s = &d->stats;
+    gm__stat_pool_add(s->allocation, b->pool, sign);
+    gm__stat_pool_add(s->allocated_bytes, b->pool, sign * (int64_t)b->size);
+    gm__stat_pool_add(s->requested_bytes, b->pool, sign * (int64_t)b->requested);
+    if (b->size >= d->cfg->max_split_size) gm__stat_add(&s->oversize_allocations, sign);
+}
+
+/* torch's format_size */
+static const char *fmt_size(uint64_t n, char *buf, size_t len) {
+    if (n <= 1024) snprintf(buf, len, "%llu bytes", (unsigned long long)n);
+    else if (n <= GM__MIB) snprintf(buf, len, "%.2f KiB", n / 1024.0);
+    else if (n <= GM__GIB) snprintf(buf, len, "%.2f MiB", n / (double)GM__MIB);
+    else snprintf(buf, len, "%.2f GiB", n / (double)GM__GIB);
+    return buf;
+}
+
+/* The OOM explanation, in torch's words where they apply (lock held). */
+static int explain_oom(gm__device *d, uint64_t size) {
+    uint64_t free_b = 0, total_b = d->total_memory;
+    gm__be_mem_info(d, &free_b, &total_b); /* best effort: the message still helps */
+    int64_t alloc = d->stats.allocated_bytes[GM_POOL_ALL].current;
+    int64_t resv = d->stats.reserved_bytes[GM_POOL_ALL].current;
+    char s1[32], s2[32], s3[32], s4[32], s5[32], lim[96] = "";
+    if (d->fraction_set)
+        snprintf(lim, sizeof lim, " This process is limited to %s (memory fraction %.3g).",
+                 fmt_size(d->allowed_memory_maximum, s5, sizeof s5), d->memory_fraction);
+    return gm__set_error(
+        GM_ENOMEM,
+        "Out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s is "
+        "free.%s Of the allocated memory %s is allocated by gpumem, and %s is reserved by gpumem "
+        "but unallocated. If reserved but unallocated memory is large try setting "
+        "GPUMEM_CONF=policy:gpumem (or expandable_segments:True) to avoid fragmentation.",
+        fmt_size(size, s1, sizeof s1), d->index, fmt_size(total_b, s2, sizeof s2),
+        fmt_size(free_b, s3, sizeof s3), lim, fmt_size((uint64_t)alloc, s4, sizeof s4),
+        fmt_size((uint64_t)(resv - alloc), s5, sizeof s5));
+}
+
+int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_devptr *out) {
+    if (!a || !out) return gm__set_error(GM_EINVAL, "gm_malloc: NULL argument");
+    *out = 0;
+    if (size == 0) return GM_OK;
+    gm__device *d;
+    int rc = get_device(a, device, &d);
+    if (rc != GM_OK) return rc;
+    gm__fe_dev *fe = d->fe;
+    gm__block_hdr *b = NULL;
+    pthread_mutex_lock(&d->lock);
+    if (fe->npending) rc = gm__device_process_events(d, false);
+    if (rc == GM_OK) rc = gm__ptrmap_reserve(&fe->map);
+    if (rc == GM_OK) rc = d->pops->malloc(d->pstate, size, stream, &b);
+    if (rc != GM_OK) {
+        if (rc == GM_ENOMEM) {
+            d->stats.num_ooms++;
+            explain_oom(d, size);
+        } else {
+            gm__set_error(rc, "gm_malloc of %zu bytes on device %d failed: %s", size, device, gm_strerror(rc));
+        }
+        publish(d);
+        pthread_mutex_unlock(&d->lock);
+        return rc;
+    }
+    b->live = 1;
+    b->requested = size;
+    b->uses = NULL;
+    gm__ptrmap_insert(&fe->map, b);
+    account(d, b, +1);
+    if (b->ptr < atomic_load_explicit(&fe->lo, memory_order_relaxed))
+        atomic_store_explicit(&fe->lo, b->ptr, memory_order_release);
+    if (b->ptr + b->size > atomic_load_explicit(&fe->hi, memory_order_relaxed))
+        atomic_store_explicit(&fe->hi, b->ptr + b->size, memory_order_release);
+    publish(d);
+    pthread_mutex_unlock(&d->lock);
+    *out = b->ptr;
+    return GM_OK;
+}
+
+/* Find the device holding live block `ptr` and return it locked, or NULL. */
+static gm__device *lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **out) {
+    for (int i = 0; i < a->ndevices; i++) {
+        gm__device *d = dev_peek(a, i);
+        if (!d) continue;
+        gm__fe_dev *fe = d->fe;
+        if (ptr < atomic_load_explicit(&fe->lo, memory_order_acquire) ||
+            ptr >= atomic_load_explicit(&fe->hi, memory_order_acquire))
+            continue;
+        pthread_mutex_lock(&d->lock);
+        gm__block_hdr *b = gm__ptrmap_find(&fe->map, ptr);
+        if (b) {
+            *out = b;
+            return d;
+        }
+        pthread_mutex_unlock(&d->lock);
+    }
+    return NULL;
+}
+
+typedef struct inside_arg {
+    gm_devptr ptr;
+    bool inside;
+} inside_arg;
+
+static int inside_cb(const gm_segment_info *seg, void *arg) {
+    inside_arg *ia = arg;
+    if (ia->ptr >= seg->address && ia->ptr - seg->address < seg->total_size) ia->inside = true;
+    return GM_OK;
+}
+
+/* Slow path for a pointer that is not a live block: is it ours at all? */
+static int classify_unknown(gm_allocator *a, gm_devptr ptr, const char *what) {
+    inside_arg ia = {ptr, false};
+    for (int i = 0; i < a->ndevices && !ia.inside; i++) {
+        gm__device *d = dev_peek(a, i);
+        if (!d) continue;
+        pthread_mutex_lock(&d->lock);
+        d->pops->walk_segments(d->pstate, inside_cb, &ia);
+        pthread_mutex_unlock(&d->lock);
+    }
+    if (ia.inside)
+        return gm__set_error(GM_EDOUBLEFREE,
+                             "%s: pointer 0x%llx lies in this allocator's memory but is not a live "
+                             "allocation (already freed, or not the start of one)",
+                             what, (unsigned long long)ptr);
+    return gm__set_error(GM_EFOREIGN, "%s: pointer 0x%llx was not allocated by this allocator", what,
+                         (unsigned long long)ptr);
+}
+
+int gm_free(gm_allocator *a, gm_devptr ptr) {
+    if (!a) return gm__set_error(GM_EINVAL, "gm_free: NULL allocator");
+    if (ptr == 0) return GM_OK; /* like free(NULL) and torch's size-0 tensors */
+    gm__block_hdr *b;
+    gm__device *d = lock_owner(a, ptr, &b);
+    if (!d) return classify_unknown(a, ptr, "gm_free");
+    gm__fe_dev *fe = d->fe;
+    if (b->uses && b->uses->n) {
+        /* record first: if that fails the block stays live and unchanged */
+        int rc = gm__events_record(d, b);
+        if (rc != GM_OK) {
+            pthread_mutex_unlock(&d->lock);
+            return gm__set_error(rc, "gm_free: recording a stream event failed: %s", gm_strerror(rc));
+        }
+    }
+    gm__ptrmap_remove(&fe->map, ptr);
+    b->live = 0;
+    account(d, b, -1); /* request-level stats drop at free time, like torch */
+    if (!b->uses || !b->uses->n) {
+        gm__uses_free(b);
+        d->pops->free(d->pstate, b);
+    }
+    publish(d);
+    pthread_mutex_unlock(&d->lock);
+    return GM_OK;
+}
+
+int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream) {
+    if (!a) return gm__set_error(GM_EINVAL, "gm_record_stream: NULL allocator");
+    if (ptr == 0) return GM_OK;
+    gm__block_hdr *b;
+    gm__device *d = lock_owner(a, ptr, &b);
+    if (!d) return classify_unknown(a, ptr, "gm_record_stream");
+    int rc = GM_OK;
+    if (stream != b->stream) rc = gm__uses_add(b, stream); /* own stream: nothing to wait for */
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+/* ---- cache, fraction, info ----------------------------------------------- */
+
+int gm_empty_cache(gm_allocator *a, int device) {
+    if (!a) return gm__set_error(GM_EINVAL, "gm_empty_cache: NULL allocator");
+    gm__device *list[GM_MAX_DEVICES];
+    int n, rc = device_list(a, device, list, &n);
+    for (int i = 0; i < n && rc == GM_OK; i++) {
+        gm__device *d = list[i];
+        pthread_mutex_lock(&d->lock);
+        rc = gm__device_process_events(d, true);
+        if (rc == GM_OK) rc = d->pops->empty_cache(d->pstate);
+        publish(d);
+        pthread_mutex_unlock(&d->lock);
+    }
+    return rc;
+}
+
+int gm_set_memory_fraction(gm_allocator *a, int device, double fraction) {
+    if (!a) return gm__set_error(GM_EINVAL, "gm_set_memory_fraction: NULL allocator");
+    if (!(fraction >= 0.0 && fraction <= 1.0))
+        return gm__set_error(GM_EINVAL, "memory fraction %g not in [0, 1]", fraction);
+    gm__device *d;
+    int rc = get_device(a, device, &d);
+    if (rc != GM_OK) return rc;
+    pthread_mutex_lock(&d->lock);
+    set_fraction(d, fraction);
+    pthread_mutex_unlock(&d->lock);
+    return GM_OK;
+}
+
+int gm_mem_get_info(gm_allocator *a, int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+    if (!a) return gm__set_error(GM_EINVAL, "gm_mem_get_info: NULL allocator");
+    gm__device *d;
+    int rc = get_device(a, device, &d);
+    if (rc != GM_OK) return rc;
+    uint64_t f = 0, t = 0;
+    pthread_mutex_lock(&d->lock);
+    rc = gm__be_mem_info(d, &f, &t);
+    pthread_mutex_unlock(&d->lock);
+    if (rc != GM_OK) return gm__set_error(rc, "mem_info of device %d failed", device);
+    if (free_bytes) *free_bytes = f;
+    if (total_bytes) *total_bytes = t;
+    return GM_OK;
+}
+
+/* ---- stats --------------------------------------------------------------- */
+
+int gm_get_stats(gm_allocator *a, int device, gm_stats *out) {
+    if (!a || !out) return gm__set_error(GM_EINVAL, "gm_get_stats: NULL argument");
+    if (device < 0 || device >= a->ndevices)
+        return gm__set_error(GM_EDEVICE, "device %d out of range (backend has %d)", device, a->ndevices);
+    gm__device *d = dev_peek(a, device);
+    if (!d) { /* never used: all zero, without creating it */
+        memset(out, 0, sizeof *out);
+        out->size = sizeof *out;
+        out->max_split_size = a->cfg.max_split_size == UINT64_MAX ? -1 : (int64_t)a->cfg.max_split_size;
+        return GM_OK;
+    }
+    pthread_mutex_lock(&d->lock);
+    *out = d->stats;
+    pthread_mutex_unlock(&d->lock);
+    return GM_OK;
+}
+
+static void reset_peak(gm_stats *s) {
+#define GM__RP_ARRAY(n) for (int p = 0; p < GM_POOL_COUNT; p++) s->n[p].peak = s->n[p].current;
+#define GM__RP_SINGLE(n) s->n.peak = s->n.current;
+    GM_STAT_ARRAYS(GM__RP_ARRAY)
+    GM_STAT_SINGLES(GM__RP_SINGLE)
+#undef GM__RP_ARRAY
+#undef GM__RP_SINGLE
+}
+
+static void reset_accumulated(gm_stats *s) {
+#define GM__RA_ARRAY(n) for (int p = 0; p < GM_POOL_COUNT; p++) s->n[p].allocated = s->n[p].freed = 0;
+#define GM__RA_SINGLE(n) s->n.allocated = s->n.freed = 0;
+    GM_STAT_ARRAYS(GM__RA_ARRAY)
+    GM_STAT_SINGLES(GM__RA_SINGLE)
+#undef GM__RA_ARRAY
+#undef GM__RA_SINGLE
+    int64_t msplit = s->max_split_size; /* a setting, not a counter */
+#define GM__RA_COUNTER(n) s->n = 0;
+    GM_STAT_COUNTERS(GM__RA_COUNTER)
+#undef GM__RA_COUNTER
+    s->max_split_size = msplit;
+}
+
+static int for_each_locked(gm_allocator *a, int device, void (*fn)(gm_stats *)) {
+    if (!a) return gm__set_error(GM_EINVAL, "NULL allocator");
+    gm__device *list[GM_MAX_DEVICES];
+    int n, rc = device_list(a, device, list, &n);
+    for (int i = 0; i < n; i++) {
+        pthread_mutex_lock(&list[i]->lock);
+        fn(&list[i]->stats);
+        publish(list[i]);
+        pthread_mutex_unlock(&list[i]->lock);
+    }
+    return rc;
+}
+
+int gm_reset_peak_stats(gm_allocator *a, int device) { return for_each_locked(a, device, reset_peak); }
+int gm_reset_accumulated_stats(gm_allocator *a, int device) {
+    return for_each_locked(a, device, reset_accumulated);
+}
+
+int gm_memory_summary(gm_allocator *a, int device, bool abbreviated, char *buf, size_t len) {
+    gm_stats s;
+    int rc = gm_get_stats(a, device, &s);
+    if (rc != GM_OK) return rc;
+    return gm__format_summary(&s, device, abbreviated, buf, len);
+}
+
+/* ---- checks and walks ----------------------------------------------------- */
+
+#define CHECK(cond, ...)                                                       \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            if (errlen) snprintf(err, errlen, __VA_ARGS__);                    \
+            return GM_ESTATE;                                                  \
+        }                                                                      \
+    } while (0)
+
+static int check_device(gm__device *d, char *err, size_t errlen) {
+    gm__fe_dev *fe = d->fe;
+    int64_t cnt[GM_POOL_COUNT] = {0}, bytes[GM_POOL_COUNT] = {0}, req[GM_POOL_COUNT] = {0};
+    uint64_t seen = 0;
+    for (uint64_t i = 0; i <= fe->map.mask; i++) {
+        gm__block_hdr *b = fe->map.slots[i].block;
+        if (!fe->map.slots[i].key) continue;
+        seen++;
+        CHECK(b && b->ptr == fe->map.slots[i].key && b->live,
+              "device %d: pointer map entry 0x%llx does not match a live block", d->index,
+              (unsigned long long)fe->map.slots[i].key);
+        CHECK(b->pool == GM_POOL_SMALL || b->pool == GM_POOL_LARGE, "device %d: block 0x%llx has pool %d",
+              d->index, (unsigned long long)b->ptr, b->pool);
+        CHECK(b->requested <= b->size, "device %d: block 0x%llx requested %llu > size %llu", d->index,
+              (unsigned long long)b->ptr, (unsigned long long)b->requested, (unsigned long long)b->size);
+        for (int p = 0; p < GM_POOL_COUNT; p++) {
+            if (p != GM_POOL_ALL && p != b->pool) continue;
+            cnt[p]++;
+            bytes[p] += (int64_t)b->size;
+            req[p] += (int64_t)b->requested;
+        }
+    }
+    CHECK(seen == fe->map.count, "device %d: pointer map holds %llu entries, counts %llu", d->index,
+          (unsigned long long)seen, (unsigned long long)fe->map.count);
+    const gm_stats *s = &d->stats;
+    static const char *const pools[] = GM_POOL_NAMES;
+    for (int p = 0; p < GM_POOL_COUNT; p++) {
+        CHECK(cnt[p] == s->allocation[p].current, "device %d: allocation.%s.current %lld != %lld live blocks",
+              d->index, pools[p], (long long)s->allocation[p].current, (long long)cnt[p]);
+        CHECK(bytes[p] == s->allocated_bytes[p].current,
+              "device %d: allocated_bytes.%s.current %lld != %lld bytes in live blocks", d->index, pools[p],
+              (long long)s->allocated_bytes[p].current, (long long)bytes[p]);
+        CHECK(req[p] == s->requested_bytes[p].current,
+              "device %d: requested_bytes.%s.current %lld != %lld requested by live blocks", d->index,
+              pools[p], (long long)s->requested_bytes[p].current, (long long)req[p]);
+        CHECK(s->requested_bytes[p].current <= s->allocated_bytes[p].current &&
+                  s->allocated_bytes[p].current <= s->active_bytes[p].current &&
+                  s->active_bytes[p].current <= s->reserved_bytes[p].current,
+              "device %d: %s: requested %lld <= allocated %lld <= active %lld <= reserved %lld broken",
+              d->index, pools[p], (long long)s->requested_bytes[p].current,
+              (long long)s->allocated_bytes[p].current, (long long)s->active_bytes[p].current,
+              (long long)s->reserved_bytes[p].current);
+    }
+    for (size_t i = 0; i < fe->npending; i++) {
+        gm__block_hdr *b = fe->pending[i];
+        CHECK(!b->live && b->uses && b->uses->done < b->uses->n,
+              "device %d: pending block 0x%llx is live or has no outstanding event", d->index,
+              (unsigned long long)b->ptr);
+        CHECK(!gm__ptrmap_find(&fe->map, b->ptr), "device %d: pending block 0x%llx still in the pointer map",
+              d->index, (unsigned long long)b->ptr);
+    }
+    return d->pops->check(d->pstate, err, errlen);
+}
+
+int gm_check(gm_allocator *a, int device, char *err, size_t errlen) {
+    if (errlen) err[0] = '\0';
+    if (!a) return gm__set_error(GM_EINVAL, "gm_check: NULL allocator");
+    gm__device *list[GM_MAX_DEVICES];
+    int n, rc = device_list(a, device, list, &n);
+    for (int i = 0; i < n && rc == GM_OK; i++) {
+        pthread_mutex_lock(&list[i]->lock);
+        rc = check_device(list[i], err, errlen);
+        pthread_mutex_unlock(&list[i]->lock);
+    }
+    return rc;
+}
+
+int gm_walk_segments(gm_allocator *a, int device, gm_segment_cb cb, void *arg) {
+    if (!a || !cb) return gm__set_error(GM_EINVAL, "gm_walk_segments: NULL argument");
+    gm__device *list[GM_MAX_DEVICES];
+    int n, rc = device_list(a, device, list, &n);
+    /* cb runs under the device lock: it must not call back into the allocator */
+    for (int i = 0; i < n && rc == GM_OK; i++) {
+        pthread_mutex_lock(&list[i]->lock);
+        rc = list[i]->pops->walk_segments(list[i]->pstate, cb, arg);
+        pthread_mutex_unlock(&list[i]->lock);
+    }
+    return rc;
+}

@@ -1,0 +1,72 @@
+/* frontend.h — private to the allocator front end (allocator.c, ptrmap.c,
+ * events.c, stats.c): the pointer map, the per-device front-end state and
+ * the blocks waiting for stream events. Not for policies. */
+#ifndef GPUMEM_FRONTEND_H
+#define GPUMEM_FRONTEND_H
+
+#include "internal.h"
+
+#include <stdatomic.h>
+
+/* ---- pointer map: open addressing, linear probing, backward-shift delete.
+ * Keys are block addresses (never 0). It allocates only when it grows, so a
+ * steady malloc/free loop never touches the host heap. */
+typedef struct gm__pm_entry {
+    gm_devptr key; /* 0 = empty */
+    gm__block_hdr *block;
+} gm__pm_entry;
+
+typedef struct gm__ptrmap {
+    gm__pm_entry *slots;
+    uint64_t mask; /* capacity - 1 (capacity a power of two) */
+    uint64_t count;
+    int shift;     /* 64 - log2(capacity) */
+} gm__ptrmap;
+
+int gm__ptrmap_init(gm__ptrmap *m);
+void gm__ptrmap_free(gm__ptrmap *m);
+/* Make room for one more entry (the only call that may allocate). */
+int gm__ptrmap_reserve(gm__ptrmap *m);
+/* Insert after gm__ptrmap_reserve succeeded: cannot fail. */
+void gm__ptrmap_insert(gm__ptrmap *m, gm__block_hdr *b);
+gm__block_hdr *gm__ptrmap_find(const gm__ptrmap *m, gm_devptr key);
+/* Remove key if present; returns the block or NULL. */
+gm__block_hdr *gm__ptrmap_remove(gm__ptrmap *m, gm_devptr key);
+
+/* ---- record_stream bookkeeping -------------------------------------------- */
+
+/* Extra streams a live block was used on; at free time one event per stream
+ * is recorded into `events`, and the block waits until all have completed. */
+struct gm__stream_uses {
+    uint32_t n, cap;
+    uint32_t done;    /* events[0..done) already completed and destroyed */
+    gm_stream *streams;
+    gm_event *events; /* n entries once the block is freed */
+};
+
+typedef struct gm__fe_dev {
+    gm__ptrmap map;
+    gm__block_hdr **pending; /* freed blocks waiting for their events */
+    size_t npending, cap_pending;
+    /* [lo, hi): addresses of every block this device handed out so far; lets
+     * gm_free find the device without a lock. Only ever grows. */
+    _Atomic uint64_t lo, hi;
+} gm__fe_dev;
+
+/* events.c */
+int gm__uses_add(gm__block_hdr *b, gm_stream stream);
+void gm__uses_free(gm__block_hdr *b);
+/* Record one event per extra stream of b and queue it as pending. On error
+ * nothing changed (events recorded so far are destroyed). */
+int gm__events_reserve_pending(gm__fe_dev *fe);
+int gm__events_record(gm__device *d, gm__block_hdr *b);
+/* Drop every pending block at destroy: wait for and destroy its events. */
+void gm__events_drain(gm__device *d);
+
+/* config.c: GM_OK, or GM_ECONFIG naming the first field out of range. */
+int gm__config_check(const gm_config *cfg, char *err, size_t errlen);
+
+/* stats.c */
+int gm__format_summary(const gm_stats *s, int device, bool abbreviated, char *buf, size_t len);
+
+#endif /* GPUMEM_FRONTEND_H */
