@@ -1,0 +1,245 @@
+// gpu_replay_bench.cpp — on the GPU, replay the alloc/free stream of real
+// traces through gpumem (torch and gpumem policies, cuda backend, real device
+// memory) and through PyTorch's own caching allocator driven from C++
+// (raw_alloc_with_stream / raw_delete, no Python per call), in one process.
+// For each allocator: a cold pass from an empty allocator (every device call
+// included) and a warm pass right after (a training loop's steady state),
+// with ns per operation (median, p99, mean) and peak reserved / requested.
+//
+// Built by tests/gpu/run_gpu.sh on the GPU machine, not by CMake here (no
+// torch, no CUDA). Without -DWITH_TORCH only the gpumem rows are measured.
+// Input: event files from bench/trace_to_events.py.
+//
+//   gpu_replay_bench [--reps N] EVENTS.bin...      prints one "RESULT {json}" line per row
+#include "gpumem/gpumem.h"
+
+#ifdef WITH_TORCH
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+struct Ev {
+    uint32_t op, slot;
+    uint64_t size;
+};
+
+struct Trace {
+    std::string name;
+    std::vector<Ev> ev;
+    uint64_t slots = 0;
+};
+
+static bool load(const char *path, Trace &t) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "cannot open %s\n", path);
+        return false;
+    }
+    char magic[8];
+    uint64_t hdr[2];
+    bool ok = fread(magic, 1, 8, f) == 8 && memcmp(magic, "GMEV0001", 8) == 0 && fread(hdr, 8, 2, f) == 2;
+    if (ok) {
+        t.ev.resize(hdr[0]);
+        t.slots = hdr[1];
+        ok = fread(t.ev.data(), sizeof(Ev), hdr[0], f) == hdr[0];
+    }
+    fclose(f);
+    if (!ok) fprintf(stderr, "%s: not a GMEV0001 event file (bench/trace_to_events.py makes them)\n", path);
+    std::string p = path;
+    size_t s = p.find_last_of('/');
+    t.name = s == std::string::npos ? p : p.substr(s + 1);
+    return ok;
+}
+
+static inline uint64_t now_ns() {
+    return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+struct Row {
+    double median = 0, p99 = 0, mean = 0, max = 0;
+    uint64_t ops = 0, fails = 0;
+};
+
+// One pass over the events; alloc(size) returns 0 on failure. Frees of slots
+// whose alloc failed are skipped. Blocks still live at the end are freed
+// untimed, so the next pass starts from the same state.
+template <class A, class F> static Row pass(const Trace &t, A alloc, F release) {
+    std::vector<uint64_t> ptr(t.slots, 0);
+    std::vector<uint32_t> ns;
+    ns.reserve(t.ev.size());
+    Row r;
+    for (const Ev &e : t.ev) {
+        if (e.slot >= t.slots) continue;
+        if (e.op == 0) {
+            uint64_t t0 = now_ns();
+            uint64_t p = alloc(e.size);
+            uint64_t t1 = now_ns();
+            ns.push_back((uint32_t)std::min<uint64_t>(t1 - t0, UINT32_MAX));
+            if (!p && e.size) r.fails++;
+            ptr[e.slot] = p;
+        } else if (ptr[e.slot]) {
+            uint64_t t0 = now_ns();
+            release(ptr[e.slot]);
+            uint64_t t1 = now_ns();
+            ns.push_back((uint32_t)std::min<uint64_t>(t1 - t0, UINT32_MAX));
+            ptr[e.slot] = 0;
+        }
+    }
+    for (uint64_t p : ptr)
+        if (p) release(p);
+    r.ops = ns.size();
+    if (ns.empty()) return r;
+    double sum = 0;
+    for (uint32_t v : ns) sum += v;
+    r.mean = sum / ns.size();
+    r.max = *std::max_element(ns.begin(), ns.end());
+    size_t mid = ns.size() / 2, p99 = std::min(ns.size() - 1, (size_t)(ns.size() * 0.99));
+    std::nth_element(ns.begin(), ns.begin() + mid, ns.end());
+    r.median = ns[mid];
+    std::nth_element(ns.begin(), ns.begin() + p99, ns.end());
+    r.p99 = ns[p99];
+    return r;
+}
+
+static void report(const Trace &t, const char *alloc, const char *which, const Row &r, uint64_t peak_reserved,
+                   uint64_t peak_requested) {
+    printf("RESULT {\"trace\": \"%s\", \"allocator\": \"%s\", \"pass\": \"%s\", \"ops\": %" PRIu64
+           ", \"fails\": %" PRIu64 ", \"ns_median\": %.0f, \"ns_p99\": %.0f, \"ns_mean\": %.1f, \"ns_max\": %.0f, "
+           "\"peak_reserved\": %" PRIu64 ", \"peak_requested\": %" PRIu64 "}\n",
+           t.name.c_str(), alloc, which, r.ops, r.fails, r.median, r.p99, r.mean, r.max, peak_reserved,
+           peak_requested);
+    fflush(stdout);
+}
+
+static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const char *label) {
+    gm_config cfg;
+    gm_config_init(&cfg);
+    char err[256] = "";
+    if (gm_config_parse(&cfg, conf, err, sizeof err) != GM_OK) {
+        fprintf(stderr, "config %s: %s\n", conf, err);
+        return 1;
+    }
+    gm_allocator *a = nullptr;
+    int st = gm_allocator_create(&a, b, &cfg);
+    if (st != GM_OK) {
+        fprintf(stderr, "gm_allocator_create(%s): %s %s\n", conf, gm_status_name(st), gm_last_error_detail());
+        return 1;
+    }
+    auto al = [a](uint64_t size) -> uint64_t {
+        gm_devptr p = 0;
+        return gm_malloc(a, 0, size, 0, &p) == GM_OK ? p : 0;
+    };
+    auto fr = [a](uint64_t p) { gm_free(a, p); };
+    for (int which = 0; which < 2; which++) {
+        gm_reset_peak_stats(a, 0);
+        Row r = pass(t, al, fr);
+        gm_stats s;
+        memset(&s, 0, sizeof s);
+        s.size = sizeof s;
+        gm_get_stats(a, 0, &s);
+        report(t, label, which ? "warm" : "cold", r, (uint64_t)s.reserved_bytes[GM_POOL_ALL].peak,
+               (uint64_t)s.requested_bytes[GM_POOL_ALL].peak);
+        if (r.fails) fprintf(stderr, "%s %s: %" PRIu64 " allocations failed: %s\n", t.name.c_str(), label,
+                             r.fails, gm_last_error_detail());
+    }
+    char cerr[512] = "";
+    if (gm_check(a, 0, cerr, sizeof cerr) != GM_OK) fprintf(stderr, "%s %s: gm_check: %s\n", t.name.c_str(), label, cerr);
+    gm_allocator_destroy(a);
+    return 0;
+}
+
+#ifdef WITH_TORCH
+namespace cca = c10::cuda::CUDACachingAllocator;
+
+static void run_torch(const Trace &t) {
+    cca::emptyCache();
+    auto al = [](uint64_t size) -> uint64_t {
+        try {
+            return (uint64_t)(uintptr_t)cca::raw_alloc_with_stream((size_t)size, nullptr);
+        } catch (...) {
+            return 0;
+        }
+    };
+    auto fr = [](uint64_t p) { cca::raw_delete((void *)(uintptr_t)p); };
+    for (int which = 0; which < 2; which++) {
+        cca::resetPeakStats(0);
+        Row r = pass(t, al, fr);
+        auto s = cca::getDeviceStats(0);
+        report(t, "torch-native", which ? "warm" : "cold", r, (uint64_t)s.reserved_bytes[0].peak,
+               (uint64_t)s.requested_bytes[0].peak);
+    }
+    cca::emptyCache();
+}
+#endif
+
+int main(int argc, char **argv) {
+    int reps = 1;
+    std::vector<const char *> files;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else files.push_back(argv[i]);
+    }
+    if (files.empty()) {
+        fprintf(stderr, "usage: gpu_replay_bench [--reps N] EVENTS.bin...\n");
+        return 2;
+    }
+    gm_backend *b = nullptr;
+    int st = gm_cuda_create(&b);
+    if (st != GM_OK) {
+        fprintf(stderr, "gm_cuda_create: %s: %s\n", gm_status_name(st), gm_last_error_detail());
+        return 1;
+    }
+    uint64_t fr = 0, tot = 0;
+    {
+        // create the context and the allocators' lazy state outside the timing
+        gm_allocator *a = nullptr;
+        if (gm_allocator_create(&a, b, nullptr) == GM_OK) {
+            gm_devptr p = 0;
+            if (gm_malloc(a, 0, 1 << 20, 0, &p) == GM_OK) gm_free(a, p);
+            gm_mem_get_info(a, 0, &fr, &tot);
+            gm_allocator_destroy(a);
+        }
+    }
+    fprintf(stderr, "device 0: %.1f GiB free of %.1f GiB\n", fr / 1073741824.0, tot / 1073741824.0);
+#ifdef WITH_TORCH
+    cca::init(c10::cuda::device_count());
+    try {
+        cca::raw_delete(cca::raw_alloc_with_stream(1 << 20, nullptr));
+    } catch (const std::exception &e) {
+        fprintf(stderr, "torch caching allocator unusable: %s\n", e.what());
+        return 1;
+    }
+    cca::emptyCache();
+#else
+    fprintf(stderr, "built without torch: torch-native rows are missing\n");
+#endif
+    int rc = 0;
+    for (const char *f : files) {
+        Trace t;
+        if (!load(f, t)) {
+            rc = 1;
+            continue;
+        }
+        fprintf(stderr, "%s: %zu events, %" PRIu64 " slots\n", t.name.c_str(), t.ev.size(), t.slots);
+        for (int r = 0; r < reps; r++) {
+#ifdef WITH_TORCH
+            run_torch(t);
+#endif
+            rc |= run_gpumem(b, t, "policy:torch", "gpumem-torch");
+            rc |= run_gpumem(b, t, "policy:gpumem", "gpumem-gpumem");
+        }
+    }
+    gm_backend_destroy(b);
+    return rc;
+}
