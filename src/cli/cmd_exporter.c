@@ -1,7 +1,149 @@
-/* cmd_exporter.c — placeholder until 'gpumem exporter' is written. */
+/* cmd_exporter.c — `gpumem exporter`: serve GPU and allocator memory in the
+ * Prometheus text format 0.0.4 over HTTP (libmicrohttpd). A sampler thread
+ * samples every --interval; a scrape is answered from the latest sample, so
+ * scrapes cost no NVML calls and never wait on a slow sample. Listens on
+ * loopback unless told otherwise: the metrics name processes and jobs. */
 #include "cli.h"
 
-int cmd_exporter(int argc, char **argv) {
-    (void)argc;
-    return cli_error(argv[0], "not implemented yet");
+#include "monitor/monitor.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: gpumem exporter [--listen ADDR:PORT] [--interval SEC] [--no-nvml]\n"
+               "  Serve /metrics for Prometheus. ADDR:PORT defaults to 127.0.0.1:9400 (loopback);\n"
+               "  port 0 picks a free port. The address served is printed on stdout.\n");
 }
+
+#ifndef GM_HAVE_MHD
+int cmd_exporter(int argc, char **argv) {
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        usage(stdout);
+        return 0;
+    }
+    return cli_error(argv[0], "this gpumem was built without libmicrohttpd (install libmicrohttpd-dev and rebuild)");
+}
+#else
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig) { stop_requested = sig; }
+
+static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type, char *body, size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ret = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                              const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    gm__sampler *sampler = cls;
+    if (strcmp(method, "GET") && strcmp(method, "HEAD"))
+        return reply(conn, 405, "text/plain", strdup("only GET\n"), 9);
+    if (!strcmp(url, "/")) {
+        const char *page = "<html><body><a href=\"/metrics\">/metrics</a></body></html>\n";
+        return reply(conn, 200, "text/html", strdup(page), strlen(page));
+    }
+    if (strcmp(url, "/metrics")) return reply(conn, 404, "text/plain", strdup("not found\n"), 10);
+    gm__mon_sample s;
+    /* before the first sample, wait for it rather than answer empty */
+    if (gm__sampler_latest(sampler, &s, NULL, 0, 5.0) != 0)
+        return reply(conn, 503, "text/plain", strdup("no sample yet\n"), 14);
+    gm__sbuf b = {0};
+    gm__format_prometheus(&s, &b);
+    gm__sample_free(&s);
+    if (b.oom) {
+        gm__sbuf_free(&b);
+        return reply(conn, 500, "text/plain", strdup("out of memory\n"), 14);
+    }
+    return reply(conn, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
+}
+
+static bool parse_listen(const char *s, struct sockaddr_in *sa) {
+    const char *colon = strrchr(s, ':');
+    if (!colon) return false;
+    char host[64];
+    size_t hl = (size_t)(colon - s);
+    if (hl >= sizeof host) return false;
+    memcpy(host, s, hl);
+    host[hl] = '\0';
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || end == colon + 1 || port < 0 || port > 65535) return false;
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons((uint16_t)port);
+    if (!strcmp(host, "localhost")) strcpy(host, "127.0.0.1");
+    if (!host[0]) strcpy(host, "0.0.0.0");
+    return inet_pton(AF_INET, host, &sa->sin_addr) == 1;
+}
+
+int cmd_exporter(int argc, char **argv) {
+    const char *listen = "127.0.0.1:9400";
+    double interval = 1.0;
+    bool nvml = true;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--listen") && i + 1 < argc) listen = argv[++i];
+        else if (!strcmp(argv[i], "--interval") && i + 1 < argc) {
+            char *end;
+            interval = strtod(argv[++i], &end);
+            if (*end || !(interval >= 0.01 && interval <= 3600))
+                return cli_usage_error(argv[0], "--interval must be seconds between 0.01 and 3600, not '%s'", argv[i]);
+        } else if (!strcmp(argv[i], "--no-nvml")) nvml = false;
+        else return cli_usage_error(argv[0], "unknown or incomplete argument '%s' (see --help)", argv[i]);
+    }
+    struct sockaddr_in sa;
+    if (!parse_listen(listen, &sa))
+        return cli_usage_error(argv[0], "--listen wants IPV4ADDR:PORT (e.g. 127.0.0.1:9400), not '%s'", listen);
+    /* block the stop signals before any thread starts, so only the main
+     * thread (in sigsuspend) takes them: no lost wake-up */
+    sigset_t stopset, oldset;
+    sigemptyset(&stopset);
+    sigaddset(&stopset, SIGINT);
+    sigaddset(&stopset, SIGTERM);
+    struct sigaction act = {.sa_handler = on_signal};
+    sigaction(SIGINT, &act, NULL);
+    sigaction(SIGTERM, &act, NULL);
+    pthread_sigmask(SIG_BLOCK, &stopset, &oldset);
+    gm__collector *c;
+    gm__sampler *sampler;
+    if (gm__collector_create(&c, NULL, nvml) != 0) return cli_error(argv[0], "out of memory");
+    if (gm__sampler_start(&sampler, c, interval) != 0) {
+        gm__collector_destroy(c);
+        return cli_error(argv[0], "cannot start the sampler thread");
+    }
+    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+                                            handle, sampler, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    int code = 0;
+    if (!d) code = cli_error(argv[0], "cannot listen on %s (address in use or not available?)", listen);
+    else {
+        const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+        char host[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &sa.sin_addr, host, sizeof host);
+        printf("gpumem exporter: serving http://%s:%u/metrics\n", host,
+               info ? (unsigned)info->port : (unsigned)ntohs(sa.sin_port));
+        fflush(stdout);
+        while (!stop_requested) sigsuspend(&oldset);
+        MHD_stop_daemon(d);
+    }
+    gm__sampler_stop(sampler);
+    gm__collector_destroy(c);
+    return code;
+}
+#endif
