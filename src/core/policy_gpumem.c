@@ -1,0 +1,297 @@
+/* policy_gpumem.c — the `gpumem` policy: gpumem's own low-fragmentation,
+ * low-latency placement. This file holds the ops table, the per-stream
+ * arenas, the size-class cache for small blocks and the OOM retry; the
+ * free-range index and physical chunks are in policy_gpumem_va.c, the
+ * invariant check, segment walk and no-VMM fallback in policy_gpumem_check.c.
+ *
+ * How it works (with VMM):
+ *  - Each stream gets two arenas, one per pool (small: <= 1 MiB): a virtual
+ *    range (twice the device memory) where blocks (512-byte multiples) are
+ *    placed best fit, ties to the lower address, and coalesce when freed.
+ *    Best fit in one large range packs blocks tightly across 2 MiB granule
+ *    boundaries, so only the granules live blocks touch need memory. A free
+ *    range is reused at once by its own stream; other streams never see it
+ *    (their arenas are elsewhere).
+ *  - Physical memory is a per-device pool of chunks, each a whole number of
+ *    granules mapped at one place. Mappings are kept when blocks die (lazy
+ *    unmapping): placement prefers ranges already mapped, so a repeating
+ *    workload, after one step, makes no device calls. When a placement needs
+ *    unmapped granules it takes a loose (unmapped) chunk, else moves an idle
+ *    (mapped, no live block) chunk from elsewhere, any arena — after syncing
+ *    the stream that last freed memory in that arena — else creates one
+ *    sized to the whole run (up to GP_MAX_CHUNK_GRANULES, so a cold start
+ *    makes few calls), giving back idle chunks first: physical memory held
+ *    stays at the peak of granules touched by live blocks.
+ *  - Small blocks are freed into per-arena exact size-class lists and reused
+ *    in O(1); the lists are flushed back into the arena whenever a placement
+ *    would need more mapping, and on empty_cache / OOM.
+ *  - OOM: flush the caches, let the front end finish pending frees
+ *    (gm__device_process_events(d, true)), release every unused chunk, retry.
+ *  - Without VMM (granularity gives GM_ENOTSUP) each block is one plain
+ *    device allocation, small ones cached by size class (policy_gpumem_check.c).
+ *
+ * Stats: a "segment" is one physical chunk (VMM) or one plain device
+ * allocation, counted in the pool of the arena it is mapped in (a chunk moved
+ * to the other pool's arena moves its count and bytes). reserved_bytes =
+ * physical bytes held. active counts blocks handed out. inactive_split counts
+ * small blocks cached in size-class lists and free ranges of an arena other
+ * than its topmost one. gm_walk_segments reports one segment per arena:
+ * total_size = its virtual range, mapped_size = bytes mapped in it, so the
+ * mapped sizes add up to reserved_bytes per pool. */
+#include "policy_gpumem.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define GP_SLAB_BLOCKS 256
+
+/* ---- block structs: recycled, so a warm malloc/free never calls malloc ---- */
+
+gp_block *gp_block_new(gp_state *st) {
+    if (!st->pool) {
+        if (st->nslabs == st->slabs_cap) {
+            size_t cap = st->slabs_cap ? st->slabs_cap * 2 : 16;
+            void **n = realloc(st->slabs, cap * sizeof *n);
+            if (!n) return NULL;
+            st->slabs = n;
+            st->slabs_cap = cap;
+        }
+        gp_block *s = calloc(GP_SLAB_BLOCKS, sizeof *s);
+        if (!s) return NULL;
+        st->slabs[st->nslabs++] = s;
+        for (int i = 0; i < GP_SLAB_BLOCKS; i++) {
+            s[i].fnext = st->pool;
+            st->pool = &s[i];
+        }
+    }
+    gp_block *b = st->pool;
+    st->pool = b->fnext;
+    memset(b, 0, sizeof *b);
+    return b;
+}
+
+void gp_block_put(gp_state *st, gp_block *b) {
+    b->fnext = st->pool;
+    st->pool = b;
+}
+
+/* ---- arenas ---------------------------------------------------------------- */
+
+static void arena_free(gp_state *st, gp_arena *a) {
+    if (!a) return;
+    if (st->vmm && a->gran) gm__be_va_release(st->d, a->base, a->va_size);
+    free(a->gran);
+    free(a);
+}
+
+static int arena_new(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
+    if (st->narenas == st->arenas_cap) {
+        uint32_t cap = st->arenas_cap ? st->arenas_cap * 2 : 4;
+        if (cap > UINT16_MAX) return GM_ENOHOSTMEM;
+        gp_arena **n = realloc(st->arenas, cap * sizeof *n);
+        if (!n) return GM_ENOHOSTMEM;
+        st->arenas = n;
+        st->arenas_cap = cap;
+    }
+    gp_arena *a = calloc(1, sizeof *a);
+    if (!a) return GM_ENOHOSTMEM;
+    a->stream = stream;
+    a->pool = (uint8_t)pool;
+    a->index = (int32_t)st->narenas;
+    if (st->vmm) {
+        int rc = gp_arena_init_va(st, a);
+        if (rc) {
+            free(a);
+            return rc;
+        }
+    }
+    st->arenas[st->narenas++] = a;
+    *out = a;
+    return GM_OK;
+}
+
+static inline int arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
+    gp_arena *l = st->last[pool];
+    if (l && l->stream == stream) {
+        *out = l;
+        return GM_OK;
+    }
+    for (uint32_t i = 0; i < st->narenas; i++) {
+        if (st->arenas[i]->stream == stream && st->arenas[i]->pool == pool) {
+            *out = st->last[pool] = st->arenas[i];
+            return GM_OK;
+        }
+    }
+    int rc = arena_new(st, stream, pool, out);
+    if (rc == GM_OK) st->last[pool] = *out;
+    return rc;
+}
+
+/* Wait for the work queued so far on the arena's stream: after this, memory
+ * freed in the arena may be unmapped or handed to another stream. */
+int gp_sync_arena(gp_state *st, gp_arena *a) {
+    if (!a->dirty) return GM_OK;
+    gm_event ev;
+    int rc = gm__be_event_record(st->d, a->stream, &ev);
+    if (rc) return rc;
+    rc = gm__be_event_sync(st->d, ev);
+    gm__be_event_destroy(st->d, ev);
+    if (rc) return rc;
+    a->dirty = false;
+    return GM_OK;
+}
+
+/* ---- size-class cache ------------------------------------------------------ */
+
+static void cached_stats(gp_state *st, gp_block *b, int sign) {
+    gm__stat_pool_add(st->d->stats.inactive_split, b->h.pool, sign);
+    gm__stat_pool_add(st->d->stats.inactive_split_bytes, b->h.pool, sign * (int64_t)b->h.size);
+}
+
+static void active_stats(gp_state *st, gp_block *b, int sign) {
+    gm__stat_pool_add(st->d->stats.active, b->h.pool, sign);
+    gm__stat_pool_add(st->d->stats.active_bytes, b->h.pool, sign * (int64_t)b->h.size);
+}
+
+static void block_release(gp_state *st, gp_arena *a, gp_block *b) {
+    if (st->vmm) gp_va_free(st, a, b);
+    else gp_plain_free(st, b);
+}
+
+/* Return every cached small block to its arena. Returns how many. */
+int gp_flush_quick(gp_state *st) {
+    int n = 0;
+    for (uint32_t k = 0; k < st->narenas; k++) {
+        gp_arena *a = st->arenas[k];
+        if (!a->ncached) continue;
+        for (unsigned u = 1; u <= GP_SMALL_UNITS; u++) {
+            while (a->quick[u]) {
+                gp_block *b = a->quick[u];
+                a->quick[u] = b->fnext;
+                b->fnext = NULL;
+                cached_stats(st, b, -1);
+                block_release(st, a, b);
+                n++;
+            }
+        }
+        a->ncached = 0;
+    }
+    return n;
+}
+
+/* ---- ops ------------------------------------------------------------------- */
+
+static int gp_create(gm__device *d, void **state) {
+    gp_state *st = calloc(1, sizeof *st);
+    if (!st) return GM_ENOHOSTMEM;
+    st->d = d;
+    st->chunk_free = -1;
+    for (int o = 0; o < GP_NORDERS; o++) st->idle[o] = st->loose[o] = -1;
+    uint64_t g = 0;
+    int rc = gm__be_granularity(d, &g);
+    if (rc == GM_OK && g && !(g & (g - 1))) {
+        st->vmm = true;
+        st->gran = g;
+        st->gshift = (unsigned)__builtin_ctzll(g);
+    } else if (rc == GM_OK || rc == GM_ENOTSUP) {
+        st->vmm = false; /* plain device allocations */
+        st->gran = 2 * GM__MIB;
+        st->gshift = 21;
+    } else {
+        free(st);
+        return rc;
+    }
+    *state = st;
+    return GM_OK;
+}
+
+static void gp_destroy(void *state) {
+    gp_state *st = state;
+    if (!st) return;
+    if (st->vmm) {
+        gp_release_all(st);
+    } else {
+        for (gp_block *b = st->plain; b; b = b->next) gm__be_free(st->d, b->h.ptr);
+    }
+    for (uint32_t i = 0; i < st->narenas; i++) arena_free(st, st->arenas[i]);
+    free(st->arenas);
+    free(st->chunks);
+    for (size_t i = 0; i < st->nslabs; i++) free(st->slabs[i]);
+    free(st->slabs);
+    free(st);
+}
+
+static int place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
+    return st->vmm ? gp_va_place(st, a, units, out) : gp_plain_malloc(st, a, units, out);
+}
+
+static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr **out) {
+    gp_state *st = state;
+    if (size > UINT64_MAX - GP_ALIGN) return GM_ENOMEM;
+    uint64_t units = (size + GP_ALIGN - 1) >> GP_ALIGN_SHIFT;
+    if (units == 0) units = 1;
+    int pool = units <= GP_SMALL_UNITS ? GM_POOL_SMALL : GM_POOL_LARGE;
+    gp_arena *a;
+    int rc = arena_of(st, stream, pool, &a);
+    if (rc) return rc;
+    gp_block *b;
+    if (units <= GP_SMALL_UNITS && (b = a->quick[units]) != NULL) {
+        a->quick[units] = b->fnext;
+        b->fnext = NULL;
+        a->ncached--;
+        cached_stats(st, b, -1);
+        b->state = GP_USED;
+    } else {
+        rc = place(st, a, units, &b);
+        if (rc == GM_ENOMEM) {
+            st->d->stats.num_alloc_retries++;
+            gp_flush_quick(st);
+            gm__device_process_events(st->d, true);
+            gp_flush_quick(st);
+            for (uint32_t k = 0; k < st->narenas; k++) gp_sync_arena(st, st->arenas[k]);
+            if (st->vmm) gp_release_unused(st);
+            rc = place(st, a, units, &b);
+        }
+        if (rc) return rc;
+        b->h.pool = (uint8_t)pool;
+    }
+    active_stats(st, b, +1);
+    *out = &b->h;
+    return GM_OK;
+}
+
+static void gp_free(void *state, gm__block_hdr *hdr) {
+    gp_state *st = state;
+    gp_block *b = (gp_block *)hdr;
+    gp_arena *a = st->arenas[b->arena];
+    active_stats(st, b, -1);
+    uint64_t units = b->h.size >> GP_ALIGN_SHIFT;
+    if (units <= GP_SMALL_UNITS) {
+        b->state = GP_CACHED;
+        b->fnext = a->quick[units];
+        a->quick[units] = b;
+        a->ncached++;
+        a->dirty = true;
+        cached_stats(st, b, +1);
+        return;
+    }
+    block_release(st, a, b);
+}
+
+static int gp_empty_cache(void *state) {
+    gp_state *st = state;
+    gp_flush_quick(st);
+    if (!st->vmm) return GM_OK;
+    return gp_release_unused(st);
+}
+
+const gm__policy_ops gm__policy_gpumem = {
+    .name = "gpumem",
+    .create = gp_create,
+    .destroy = gp_destroy,
+    .malloc = gp_malloc,
+    .free = gp_free,
+    .empty_cache = gp_empty_cache,
+    .check = gp_check,
+    .walk_segments = gp_walk,
+};

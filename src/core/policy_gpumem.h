@@ -1,0 +1,113 @@
+/* policy_gpumem.h — private structures of the `gpumem` policy, shared by
+ * policy_gpumem.c (ops, arenas, size-class caches), policy_gpumem_va.c
+ * (free-range index, physical chunks, mapping) and policy_gpumem_check.c
+ * (invariant check, segment walk, fallback without VMM).
+ *
+ * Model (see policy_gpumem.c for the full story): every stream owns two large
+ * virtual ranges (arenas, one per pool) where blocks are placed best-fit and coalesce; the
+ * physical memory behind it is a per-device pool of chunks (whole multiples of
+ * the VMM granule) that are mapped lazily, kept mapped while idle, and moved
+ * between places (and arenas) only when a placement needs them. */
+#ifndef GPUMEM_POLICY_GPUMEM_H
+#define GPUMEM_POLICY_GPUMEM_H
+
+#include "internal.h"
+
+#define GP_ALIGN_SHIFT 9 /* 512-byte units, like torch */
+#define GP_ALIGN ((uint64_t)1 << GP_ALIGN_SHIFT)
+#define GP_SMALL_UNITS 2048 /* <= 1 MiB: small pool, size-class cache */
+#define GP_NBINS 1152       /* see gp_bin_of */
+#define GP_NWORDS (GP_NBINS / 64)
+#define GP_NORDERS 48
+/* Largest physical chunk created at once (granules): bigger chunks mean fewer
+ * device calls on a cold start, smaller ones finer reuse. */
+#ifndef GP_MAX_CHUNK_GRANULES
+#define GP_MAX_CHUNK_GRANULES 512
+#endif
+
+enum { GP_FREE = 0, GP_USED = 1, GP_CACHED = 2 };
+enum { GP_LIST_NONE = 0, GP_LIST_IDLE = 1, GP_LIST_LOOSE = 2 };
+
+typedef struct gp_block {
+    gm__block_hdr h;              /* must be first: the front end sees this */
+    struct gp_block *prev, *next; /* address order inside the arena */
+    struct gp_block *fprev, *fnext; /* bin list, size-class list or pool */
+    uint32_t bin;
+    uint8_t state;      /* GP_FREE / GP_USED / GP_CACHED */
+    uint8_t split_cnt;  /* counted in inactive_split (free, not arena top) */
+    uint16_t arena;
+} gp_block;
+
+typedef struct gp_chunk {
+    gm_physmem h;
+    uint64_t n;       /* granules */
+    int64_t g0;       /* first granule in its arena when mapped */
+    int32_t arena;    /* -1: not mapped ("loose") */
+    uint32_t live;    /* used or cached blocks overlapping it */
+    int32_t lprev, lnext; /* idle / loose list, by order */
+    uint8_t list;     /* GP_LIST_* */
+    uint8_t inuse;    /* slot holds a chunk */
+    uint8_t pool;     /* pool its bytes count in: the arena it was last mapped in */
+} gp_chunk;
+
+typedef struct gp_arena {
+    gm_stream stream;
+    int32_t index;    /* in gp_state.arenas */
+    uint8_t pool;     /* GM_POOL_SMALL or GM_POOL_LARGE: blocks of one pool only */
+    uint64_t mapped_bytes;
+    gm_devptr base;
+    uint64_t va_size;
+    uint64_t ngran;
+    int32_t *gran;    /* chunk index per granule, -1 unmapped (VMM only) */
+    gp_block *head;   /* first block in address order (VMM only) */
+    gp_block *quick[GP_SMALL_UNITS + 1]; /* freed small blocks by units */
+    uint64_t ncached;
+    bool dirty;       /* a block was freed since the stream was last synced */
+    gp_block *bins[GP_NBINS];
+    uint64_t bitmap[GP_NWORDS];
+    uint64_t summary; /* bit w: bitmap[w] != 0 */
+} gp_arena;
+
+typedef struct gp_state {
+    gm__device *d;
+    bool vmm;
+    uint64_t gran;       /* granule bytes */
+    unsigned gshift;     /* log2(gran) */
+    gp_arena **arenas;
+    uint32_t narenas, arenas_cap;
+    gp_arena *last[GM_POOL_COUNT]; /* last arena used per pool: most programs use one stream */
+    gp_chunk *chunks;
+    int32_t nchunks, chunks_cap, chunk_free; /* chunk_free: recycled slot list via lnext */
+    int32_t idle[GP_NORDERS];  /* mapped chunks with no live block */
+    int32_t loose[GP_NORDERS]; /* chunks held but not mapped */
+    uint64_t held_bytes;       /* physical bytes held (chunks, or plain mallocs) */
+    gp_block *pool;            /* recycled block structs */
+    void **slabs;              /* host allocations of block structs */
+    size_t nslabs, slabs_cap;
+    gp_block *plain;           /* no VMM: every live or cached device allocation */
+} gp_state;
+
+/* policy_gpumem.c */
+gp_block *gp_block_new(gp_state *st);
+void gp_block_put(gp_state *st, gp_block *b);
+int gp_sync_arena(gp_state *st, gp_arena *a);
+int gp_flush_quick(gp_state *st);
+
+/* policy_gpumem_va.c */
+int gp_arena_init_va(gp_state *st, gp_arena *a);
+int gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
+void gp_va_free(gp_state *st, gp_arena *a, gp_block *b);
+int gp_release_unused(gp_state *st);
+void gp_release_all(gp_state *st);
+void gp_bin_insert(gp_arena *a, gp_block *b);
+void gp_bin_remove(gp_arena *a, gp_block *b);
+unsigned gp_bin_of(uint64_t units);
+unsigned gp_order(uint64_t n);
+
+/* policy_gpumem_check.c */
+int gp_check(void *state, char *err, size_t errlen);
+int gp_walk(void *state, gm__segment_cb cb, void *arg);
+int gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
+void gp_plain_free(gp_state *st, gp_block *b);
+
+#endif /* GPUMEM_POLICY_GPUMEM_H */

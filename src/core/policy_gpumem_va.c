@@ -1,0 +1,586 @@
+/* policy_gpumem_va.c — the virtual-range side of the `gpumem` policy: the
+ * segregated free-range index of an arena (best fit, ties to the lower
+ * address), splitting and coalescing, and the physical chunks behind the
+ * arena: which are mapped where, which are idle, and how a placement that
+ * touches unmapped granules gets memory (reuse a loose chunk, else move an
+ * idle one, else create one, releasing idle chunks first so that physical
+ * memory never exceeds the granules live blocks touch). */
+#include "policy_gpumem.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define GP_SCAN 16      /* entries looked at per bin when choosing best fit */
+#define GP_ALT_SCAN 128 /* ranges looked at to find one that needs no mapping */
+
+/* ---- bins: exact below 32 KiB, then 32 steps per power of two ---------- */
+
+unsigned gp_bin_of(uint64_t u) {
+    if (u < 64) return (unsigned)u;
+    unsigned fl = 63u - (unsigned)__builtin_clzll(u);
+    unsigned sl = (unsigned)(u >> (fl - 5)) & 31u;
+    unsigned b = 64u + (fl - 6u) * 32u + sl;
+    return b < GP_NBINS ? b : GP_NBINS - 1;
+}
+
+unsigned gp_order(uint64_t n) { return 63u - (unsigned)__builtin_clzll(n); }
+
+void gp_bin_insert(gp_arena *a, gp_block *b) {
+    unsigned bin = gp_bin_of(b->h.size >> GP_ALIGN_SHIFT);
+    b->bin = bin;
+    b->fprev = NULL;
+    b->fnext = a->bins[bin];
+    if (b->fnext) b->fnext->fprev = b;
+    a->bins[bin] = b;
+    a->bitmap[bin >> 6] |= (uint64_t)1 << (bin & 63);
+    a->summary |= (uint64_t)1 << (bin >> 6);
+}
+
+void gp_bin_remove(gp_arena *a, gp_block *b) {
+    if (b->fprev) b->fprev->fnext = b->fnext;
+    else a->bins[b->bin] = b->fnext;
+    if (b->fnext) b->fnext->fprev = b->fprev;
+    b->fprev = b->fnext = NULL;
+    if (!a->bins[b->bin]) {
+        a->bitmap[b->bin >> 6] &= ~((uint64_t)1 << (b->bin & 63));
+        if (!a->bitmap[b->bin >> 6]) a->summary &= ~((uint64_t)1 << (b->bin >> 6));
+    }
+}
+
+/* first non-empty bin >= bin, or -1 */
+static int next_bin(const gp_arena *a, unsigned bin) {
+    if (bin >= GP_NBINS) return -1;
+    unsigned w = bin >> 6;
+    uint64_t m = a->bitmap[w] & (~(uint64_t)0 << (bin & 63));
+    if (m) return (int)(w * 64 + (unsigned)__builtin_ctzll(m));
+    uint64_t s = (w + 1 < 64) ? a->summary & (~(uint64_t)0 << (w + 1)) : 0;
+    if (!s) return -1;
+    w = (unsigned)__builtin_ctzll(s);
+    return (int)(w * 64 + (unsigned)__builtin_ctzll(a->bitmap[w]));
+}
+
+static bool better(const gp_block *c, const gp_block *best) {
+    return !best || c->h.size < best->h.size ||
+           (c->h.size == best->h.size && c->h.ptr < best->h.ptr);
+}
+
+/* Best fit (bounded scan per bin): the smallest range >= bytes. */
+static gp_block *best_fit(gp_arena *a, uint64_t bytes) {
+    unsigned b0 = gp_bin_of(bytes >> GP_ALIGN_SHIFT);
+    gp_block *best = NULL;
+    int n = 0;
+    for (gp_block *c = a->bins[b0]; c && n < GP_SCAN; c = c->fnext, n++)
+        if (c->h.size >= bytes && better(c, best)) best = c;
+    if (best) return best;
+    int b = next_bin(a, b0 + 1);
+    if (b < 0) return NULL;
+    n = 0;
+    for (gp_block *c = a->bins[b]; c && n < GP_SCAN; c = c->fnext, n++)
+        if (better(c, best)) best = c;
+    return best;
+}
+
+/* ---- granules ------------------------------------------------------------ */
+
+/* Unmapped granules under [p, p+bytes) of arena a; stops counting at `stop`. */
+static uint64_t unmapped_in(const gp_state *st, const gp_arena *a, gm_devptr p,
+                            uint64_t bytes, uint64_t stop) {
+    uint64_t g = (p - a->base) >> st->gshift;
+    uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;
+    uint64_t miss = 0;
+    while (g <= ge) {
+        int32_t c = a->gran[g];
+        if (c < 0) {
+            if (++miss >= stop) return miss;
+            g++;
+        } else {
+            g = (uint64_t)(st->chunks[c].g0 + (int64_t)st->chunks[c].n);
+        }
+    }
+    return miss;
+}
+
+/* Add delta to the live count of every chunk under [p, p+bytes); chunks that
+ * become idle or stop being idle move between lists. */
+static void chunk_list_del(gp_state *st, int32_t i);
+static void chunk_list_add(gp_state *st, int32_t i, uint8_t list);
+
+static void touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int delta) {
+    uint64_t g = (p - a->base) >> st->gshift;
+    uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;
+    while (g <= ge) {
+        int32_t i = a->gran[g];
+        gp_chunk *c = &st->chunks[i];
+        if (delta > 0) {
+            if (c->live++ == 0) chunk_list_del(st, i);
+        } else if (--c->live == 0) {
+            chunk_list_add(st, i, GP_LIST_IDLE);
+        }
+        g = (uint64_t)(c->g0 + (int64_t)c->n);
+    }
+}
+
+/* ---- chunk lists ----------------------------------------------------------- */
+
+static int32_t *list_head(gp_state *st, uint8_t list, uint64_t n) {
+    unsigned o = gp_order(n);
+    return list == GP_LIST_IDLE ? &st->idle[o] : &st->loose[o];
+}
+
+static void chunk_list_add(gp_state *st, int32_t i, uint8_t list) {
+    gp_chunk *c = &st->chunks[i];
+    int32_t *h = list_head(st, list, c->n);
+    c->list = list;
+    c->lprev = -1;
+    c->lnext = *h;
+    if (*h >= 0) st->chunks[*h].lprev = i;
+    *h = i;
+}
+
+static void chunk_list_del(gp_state *st, int32_t i) {
+    gp_chunk *c = &st->chunks[i];
+    if (c->list == GP_LIST_NONE) return;
+    int32_t *h = list_head(st, c->list, c->n);
+    if (c->lprev >= 0) st->chunks[c->lprev].lnext = c->lnext;
+    else *h = c->lnext;
+    if (c->lnext >= 0) st->chunks[c->lnext].lprev = c->lprev;
+    c->list = GP_LIST_NONE;
+    c->lprev = c->lnext = -1;
+}
+
+static int32_t chunk_slot(gp_state *st) {
+    if (st->chunk_free >= 0) {
+        int32_t i = st->chunk_free;
+        st->chunk_free = st->chunks[i].lnext;
+        return i;
+    }
+    if (st->nchunks == st->chunks_cap) {
+        int32_t cap = st->chunks_cap ? st->chunks_cap * 2 : 64;
+        gp_chunk *n = realloc(st->chunks, (size_t)cap * sizeof *n);
+        if (!n) return -1;
+        st->chunks = n;
+        st->chunks_cap = cap;
+    }
+    return st->nchunks++;
+}
+
+static void reserved_add(gp_state *st, int pool, int64_t bytes, int nseg) {
+    gm__stat_pool_add(st->d->stats.reserved_bytes, pool, bytes);
+    gm__stat_pool_add(st->d->stats.segment, pool, nseg);
+    st->held_bytes += (uint64_t)bytes;
+}
+
+/* Unmap chunk i (idle) after the work that used it is done; it becomes loose. */
+static int chunk_unmap(gp_state *st, int32_t i) {
+    gp_chunk *c = &st->chunks[i];
+    gp_arena *a = st->arenas[c->arena];
+    int rc = gp_sync_arena(st, a);
+    if (rc) return rc;
+    rc = gm__be_unmap(st->d, a->base + ((uint64_t)c->g0 << st->gshift), c->n << st->gshift);
+    if (rc) return rc;
+    chunk_list_del(st, i);
+    a->mapped_bytes -= c->n << st->gshift;
+    for (uint64_t k = 0; k < c->n; k++) a->gran[c->g0 + (int64_t)k] = -1;
+    c->arena = -1;
+    c->g0 = -1;
+    chunk_list_add(st, i, GP_LIST_LOOSE);
+    return GM_OK;
+}
+
+/* Release chunk i (idle or loose) to the backend. */
+static int chunk_release(gp_state *st, int32_t i) {
+    gp_chunk *c = &st->chunks[i];
+    if (c->arena >= 0) {
+        int rc = chunk_unmap(st, i);
+        if (rc) return rc;
+    }
+    int rc = gm__be_phys_release(st->d, c->h);
+    if (rc) return rc;
+    chunk_list_del(st, i);
+    reserved_add(st, c->pool, -(int64_t)(c->n << st->gshift), -1);
+    c->inuse = 0;
+    c->lnext = st->chunk_free;
+    st->chunk_free = i;
+    return GM_OK;
+}
+
+static int chunk_map(gp_state *st, gp_arena *a, int32_t i, uint64_t g) {
+    gp_chunk *c = &st->chunks[i];
+    int rc = gm__be_map(st->d, a->base + (g << st->gshift), c->n << st->gshift, c->h);
+    if (rc) return rc;
+    chunk_list_del(st, i);
+    if (c->pool != a->pool) { /* its bytes now count in the other pool */
+        reserved_add(st, c->pool, -(int64_t)(c->n << st->gshift), -1);
+        reserved_add(st, a->pool, (int64_t)(c->n << st->gshift), 1);
+        c->pool = a->pool;
+    }
+    a->mapped_bytes += c->n << st->gshift;
+    c->arena = a->index;
+    c->g0 = (int64_t)g;
+    c->live = 0;
+    for (uint64_t k = 0; k < c->n; k++) a->gran[g + k] = i;
+    chunk_list_add(st, i, GP_LIST_IDLE); /* until the placement touches it */
+    return GM_OK;
+}
+
+static bool excluded(const gp_chunk *c, const gp_arena *a, uint64_t pg0, uint64_t pg1) {
+    return c->arena == a->index && (uint64_t)c->g0 <= pg1 &&
+           (uint64_t)c->g0 + c->n - 1 >= pg0;
+}
+
+/* The largest chunk of `list` with at most n granules, not under the placement. */
+static int32_t take_le(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a,
+                       uint64_t pg0, uint64_t pg1) {
+    for (int o = (int)gp_order(n); o >= 0; o--) {
+        int32_t best = -1;
+        int32_t h = list == GP_LIST_IDLE ? st->idle[o] : st->loose[o];
+        for (int32_t i = h; i >= 0; i = st->chunks[i].lnext) {
+            const gp_chunk *c = &st->chunks[i];
+            if (c->n <= n && !excluded(c, a, pg0, pg1) &&
+                (best < 0 || c->n > st->chunks[best].n))
+                best = i;
+        }
+        if (best >= 0) return best;
+    }
+    return -1;
+}
+
+static bool all_unmapped(const gp_arena *a, uint64_t s, uint64_t e) {
+    if (e > a->ngran) return false;
+    for (uint64_t g = s; g < e; g++)
+        if (a->gran[g] >= 0) return false;
+    return true;
+}
+
+/* The smallest chunk of `list` larger than the run [g, g+n) that can cover it
+ * by spilling into unmapped granules next to it (no memory is added: the
+ * chunk exists already). *at gets where to map it. */
+static int32_t take_over(gp_state *st, uint8_t list, const gp_arena *a, uint64_t g,
+                         uint64_t n, uint64_t pg0, uint64_t pg1, uint64_t *at) {
+    for (unsigned o = gp_order(n); o < GP_NORDERS; o++) {
+        int32_t best = -1;
+        uint64_t best_at = 0;
+        int32_t h = list == GP_LIST_IDLE ? st->idle[o] : st->loose[o];
+        for (int32_t i = h; i >= 0; i = st->chunks[i].lnext) {
+            const gp_chunk *c = &st->chunks[i];
+            if (c->n <= n || excluded(c, a, pg0, pg1)) continue;
+            if (best >= 0 && c->n >= st->chunks[best].n) continue;
+            uint64_t m = c->n;
+            if (all_unmapped(a, g + n, g + m)) {
+                best = i, best_at = g;
+            } else if (g + n >= m && all_unmapped(a, g + n - m, g)) {
+                best = i, best_at = g + n - m;
+            }
+        }
+        if (best >= 0) {
+            *at = best_at;
+            return best;
+        }
+    }
+    return -1;
+}
+
+static int32_t any_chunk(gp_state *st, uint8_t list, const gp_arena *a, uint64_t pg0,
+                         uint64_t pg1) {
+    for (int o = GP_NORDERS - 1; o >= 0; o--) {
+        int32_t h = list == GP_LIST_IDLE ? st->idle[o] : st->loose[o];
+        for (int32_t i = h; i >= 0; i = st->chunks[i].lnext)
+            if (!excluded(&st->chunks[i], a, pg0, pg1)) return i;
+    }
+    return -1;
+}
+
+/* New physical memory for n granules. First give back unused chunks worth at
+ * least as much, so physical memory held never exceeds what live blocks need. */
+static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
+                        uint64_t pg1, int32_t *out) {
+    uint64_t freed = 0;
+    while (freed < n) {
+        int32_t i = any_chunk(st, GP_LIST_LOOSE, a, pg0, pg1);
+        if (i < 0) i = any_chunk(st, GP_LIST_IDLE, a, pg0, pg1);
+        if (i < 0) break;
+        uint64_t m = st->chunks[i].n;
+        int rc = chunk_release(st, i);
+        if (rc) return rc;
+        freed += m;
+    }
+    uint64_t bytes = n << st->gshift;
+    gm__device *d = st->d;
+    if (d->fraction_set && st->held_bytes + bytes > d->allowed_memory_maximum)
+        return GM_ENOMEM;
+    int32_t i = chunk_slot(st);
+    if (i < 0) return GM_ENOHOSTMEM;
+    gp_chunk *c = &st->chunks[i];
+    int rc = gm__be_phys_create(d, bytes, &c->h);
+    if (rc) {
+        c->lnext = st->chunk_free;
+        st->chunk_free = i;
+        return rc;
+    }
+    c->n = n;
+    c->g0 = -1;
+    c->arena = -1;
+    c->live = 0;
+    c->inuse = 1;
+    c->pool = a->pool;
+    c->list = GP_LIST_NONE;
+    c->lprev = c->lnext = -1;
+    reserved_add(st, c->pool, (int64_t)bytes, 1);
+    chunk_list_add(st, i, GP_LIST_LOOSE);
+    *out = i;
+    return GM_OK;
+}
+
+/* Back the unmapped granules [g, g+n) of arena a, part of the placement
+ * [pg0, pg1]: loose chunks first, then idle ones moved here, then new ones. */
+static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64_t pg0,
+                       uint64_t pg1) {
+    while (n > 0) {
+        uint64_t at = g;
+        int32_t i = take_le(st, GP_LIST_LOOSE, n, a, pg0, pg1);
+        if (i < 0) i = take_le(st, GP_LIST_IDLE, n, a, pg0, pg1);
+        if (i < 0) i = take_over(st, GP_LIST_LOOSE, a, g, n, pg0, pg1, &at);
+        if (i < 0) i = take_over(st, GP_LIST_IDLE, a, g, n, pg0, pg1, &at);
+        if (i < 0) {
+            uint64_t want = n < GP_MAX_CHUNK_GRANULES ? n : GP_MAX_CHUNK_GRANULES;
+            int rc = chunk_create(st, want, a, pg0, pg1, &i);
+            if (rc) return rc;
+        }
+        if (st->chunks[i].arena >= 0) {
+            int rc = chunk_unmap(st, i);
+            if (rc) return rc;
+        }
+        int rc = chunk_map(st, a, i, at);
+        if (rc) { /* give it back rather than hold memory no segment shows */
+            chunk_release(st, i);
+            return rc;
+        }
+        uint64_t m = st->chunks[i].n;
+        if (at != g || m >= n) return GM_OK; /* spilled over: run covered */
+        g += m;
+        n -= m;
+    }
+    return GM_OK;
+}
+
+static int ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
+    uint64_t pg0 = (p - a->base) >> st->gshift;
+    uint64_t pg1 = (p - a->base + bytes - 1) >> st->gshift;
+    uint64_t g = pg0;
+    while (g <= pg1) {
+        int32_t c = a->gran[g];
+        if (c >= 0) {
+            g = (uint64_t)(st->chunks[c].g0 + (int64_t)st->chunks[c].n);
+            continue;
+        }
+        uint64_t e = g;
+        while (e <= pg1 && a->gran[e] < 0) e++;
+        int rc = acquire_run(st, a, g, e - g, pg0, pg1);
+        if (rc) return rc;
+        /* a spilled chunk may have covered more than the run */
+    }
+    return GM_OK;
+}
+
+/* ---- free ranges ------------------------------------------------------------ */
+
+static void free_insert(gp_state *st, gp_arena *a, gp_block *b) {
+    gp_bin_insert(a, b);
+    b->split_cnt = b->next != NULL; /* the arena's top range is not a split */
+    if (b->split_cnt) {
+        gm__stat_pool_add(st->d->stats.inactive_split, a->pool, 1);
+        gm__stat_pool_add(st->d->stats.inactive_split_bytes, a->pool, (int64_t)b->h.size);
+    }
+}
+
+static void free_remove(gp_state *st, gp_arena *a, gp_block *b) {
+    gp_bin_remove(a, b);
+    if (b->split_cnt) {
+        gm__stat_pool_add(st->d->stats.inactive_split, a->pool, -1);
+        gm__stat_pool_add(st->d->stats.inactive_split_bytes, a->pool, -(int64_t)b->h.size);
+    }
+    b->split_cnt = 0;
+}
+
+static void link_after(gp_block *pos, gp_block *b) {
+    b->prev = pos;
+    b->next = pos->next;
+    if (pos->next) pos->next->prev = b;
+    pos->next = b;
+}
+
+static void unlink_block(gp_arena *a, gp_block *b) {
+    if (b->prev) b->prev->next = b->next;
+    else a->head = b->next;
+    if (b->next) b->next->prev = b->prev;
+}
+
+int gp_arena_init_va(gp_state *st, gp_arena *a) {
+    uint64_t want = st->d->total_memory * 2;
+    if (want < GM__GIB) want = GM__GIB;
+    want = (want + st->gran - 1) & ~(st->gran - 1);
+    int rc = GM_ENOMEM;
+    for (int tries = 0; tries < 3 && want >= st->gran; tries++, want = (want / 2) & ~(st->gran - 1)) {
+        rc = gm__be_va_reserve(st->d, want, &a->base);
+        if (rc == GM_OK) break;
+    }
+    if (rc) return rc;
+    a->va_size = want;
+    a->ngran = want >> st->gshift;
+    a->gran = malloc(a->ngran * sizeof *a->gran);
+    gp_block *top = gp_block_new(st);
+    if (!a->gran || !top) {
+        free(a->gran);
+        a->gran = NULL;
+        if (top) gp_block_put(st, top);
+        gm__be_va_release(st->d, a->base, a->va_size);
+        return GM_ENOHOSTMEM;
+    }
+    memset(a->gran, 0xff, a->ngran * sizeof *a->gran);
+    top->h.ptr = a->base;
+    top->h.size = a->va_size;
+    top->h.stream = a->stream;
+    top->state = GP_FREE;
+    top->arena = (uint16_t)a->index;
+    top->prev = top->next = NULL;
+    a->head = top;
+    free_insert(st, a, top);
+    return GM_OK;
+}
+
+/* Where to put `bytes`: best fit, moved to a range that needs no mapping when
+ * the best fit would (lazily kept mappings then get reused, so a repeating
+ * workload settles into making no device calls). */
+static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at,
+                        bool *needs_map) {
+    gp_block *r = best_fit(a, bytes);
+    if (!r) return NULL;
+    gm_devptr lo = r->h.ptr, hi = r->h.ptr + r->h.size - bytes;
+    uint64_t mlo = unmapped_in(st, a, lo, bytes, UINT64_MAX);
+    *at = lo;
+    *needs_map = mlo > 0;
+    if (!mlo) return r;
+    if (hi != lo && unmapped_in(st, a, hi, bytes, mlo) < mlo) *at = hi;
+    int seen = 0;
+    for (int b = next_bin(a, gp_bin_of(bytes >> GP_ALIGN_SHIFT)); b >= 0 && seen < GP_ALT_SCAN;
+         b = next_bin(a, (unsigned)b + 1)) {
+        for (gp_block *c = a->bins[b]; c && seen < GP_ALT_SCAN; c = c->fnext, seen++) {
+            if (c->h.size < bytes || c == r) continue;
+            gm_devptr clo = c->h.ptr, chi = c->h.ptr + c->h.size - bytes;
+            if (!unmapped_in(st, a, clo, bytes, 1)) *at = clo;
+            else if (!unmapped_in(st, a, chi, bytes, 1)) *at = chi;
+            else continue;
+            *needs_map = false;
+            return c;
+        }
+    }
+    return r;
+}
+
+/* Split free range r so that [p, p+bytes) becomes a used block. */
+static int carve(gp_state *st, gp_arena *a, gp_block *r, gm_devptr p, uint64_t bytes,
+                 gp_block **out) {
+    uint64_t front = p - r->h.ptr, back = r->h.ptr + r->h.size - (p + bytes);
+    gp_block *b = NULL, *tail = NULL;
+    if (front && !(b = gp_block_new(st))) return GM_ENOHOSTMEM;
+    if (back && !(tail = gp_block_new(st))) {
+        if (b) gp_block_put(st, b);
+        return GM_ENOHOSTMEM;
+    }
+    free_remove(st, a, r);
+    uint64_t total = r->h.size;
+    if (front) {
+        r->h.size = front;
+        link_after(r, b);
+        free_insert(st, a, r);
+    } else {
+        b = r;
+    }
+    b->h.ptr = p;
+    b->h.size = bytes;
+    b->h.stream = a->stream;
+    b->state = GP_USED;
+    b->arena = (uint16_t)a->index;
+    if (back) {
+        tail->h.ptr = p + bytes;
+        tail->h.size = total - front - bytes;
+        tail->h.stream = a->stream;
+        tail->state = GP_FREE;
+        tail->arena = (uint16_t)a->index;
+        link_after(b, tail);
+        free_insert(st, a, tail);
+    }
+    touch(st, a, p, bytes, +1);
+    *out = b;
+    return GM_OK;
+}
+
+int gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
+    uint64_t bytes = units << GP_ALIGN_SHIFT;
+    if (bytes > a->va_size) return GM_ENOMEM;
+    for (int pass = 0;; pass++) {
+        gm_devptr at;
+        bool needs_map;
+        gp_block *r = choose(st, a, bytes, &at, &needs_map);
+        if (!r) return GM_ENOMEM; /* address range exhausted */
+        if (needs_map && pass == 0 && gp_flush_quick(st)) continue; /* cached blocks back first */
+        if (needs_map) {
+            int rc = ensure_mapped(st, a, at, bytes);
+            if (rc) return rc;
+        }
+        return carve(st, a, r, at, bytes, out);
+    }
+}
+
+void gp_va_free(gp_state *st, gp_arena *a, gp_block *b) {
+    touch(st, a, b->h.ptr, b->h.size, -1);
+    b->state = GP_FREE;
+    gp_block *p = b->prev, *n = b->next;
+    if (p && p->state == GP_FREE) {
+        free_remove(st, a, p);
+        p->h.size += b->h.size;
+        unlink_block(a, b);
+        gp_block_put(st, b);
+        b = p;
+    }
+    if (n && n->state == GP_FREE) {
+        free_remove(st, a, n);
+        b->h.size += n->h.size;
+        unlink_block(a, n);
+        gp_block_put(st, n);
+    }
+    free_insert(st, a, b);
+    a->dirty = true;
+}
+
+/* Give every idle or loose chunk back to the backend. */
+int gp_release_unused(gp_state *st) {
+    int first = GM_OK;
+    for (int o = 0; o < GP_NORDERS; o++) {
+        for (int pass = 0; pass < 2; pass++) {
+            int32_t *h = pass ? &st->idle[o] : &st->loose[o];
+            int32_t i = *h;
+            while (i >= 0) {
+                int32_t nx = st->chunks[i].lnext;
+                int rc = chunk_release(st, i);
+                if (rc && !first) first = rc;
+                i = nx;
+            }
+        }
+    }
+    return first;
+}
+
+/* Destroy: unmap and release every chunk, whatever uses it. */
+void gp_release_all(gp_state *st) {
+    for (int32_t i = 0; i < st->nchunks; i++) {
+        gp_chunk *c = &st->chunks[i];
+        if (!c->inuse) continue;
+        if (c->arena >= 0) {
+            gp_arena *a = st->arenas[c->arena];
+            gm__be_unmap(st->d, a->base + ((uint64_t)c->g0 << st->gshift), c->n << st->gshift);
+        }
+        gm__be_phys_release(st->d, c->h);
+        c->inuse = 0;
+    }
+}
