@@ -57,6 +57,16 @@ def _candidates(name, env):
     return out
 
 
+def _sanitized(path):
+    """True for an ASan build found by the fallback search: it cannot be loaded
+    into an unsanitized python (ASan must come first) and would abort it."""
+    try:
+        with open(path, "rb") as f:
+            return b"libasan.so" in f.read()
+    except OSError:
+        return True
+
+
 def find_library():
     """Path of libgpumem_torch.so, or raise FileNotFoundError listing where it looked."""
     cands = _candidates(LIB_NAME, "GPUMEM_LIB")
@@ -67,7 +77,7 @@ def find_library():
             return cands[0]
         raise FileNotFoundError("GPUMEM_LIB=%s: %s not found there" % (env, LIB_NAME))
     for p in cands:
-        if os.path.isfile(p):
+        if os.path.isfile(p) and not _sanitized(p):
             return p
     raise FileNotFoundError(
         "gpumem: %s not found; build it (cmake --build build) and set GPUMEM_LIB to its path. Looked in: %s"
