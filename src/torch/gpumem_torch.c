@@ -148,11 +148,12 @@ int gpumem_torch_alloc_raw(int64_t size, int device, uint64_t stream, uint64_t *
     gm_devptr p = 0;
     st = gm_malloc(a, device, (size_t)size, (gm_stream)stream, &p);
     if (st == GM_ENOMEM) {
+        /* the core's detail already says what was asked for and what is held */
+        const char *d = gm_last_error_detail();
+        if (*d) return fail(st, "gpumem: CUDA out of memory on device %d. %s", device, d);
         char want[32];
         fmt_bytes(want, sizeof want, (double)size);
-        const char *d = gm_last_error_detail();
-        return fail(st, "gpumem: CUDA out of memory. Tried to allocate %s on device %d. %s", want, device,
-                    *d ? d : "");
+        return fail(st, "gpumem: CUDA out of memory. Tried to allocate %s on device %d.", want, device);
     }
     if (st != GM_OK) return fail_lib(st, "allocation");
     t_err[0] = '\0';
