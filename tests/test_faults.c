@@ -275,5 +275,7 @@ int main(void) {
         cmocka_unit_test(faults_torch_expandable),
         cmocka_unit_test(faults_gpumem),
     };
+    const char *only = getenv("GM_TEST_FILTER"); /* e.g. "*gpumem*" */
+    if (only && *only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -90,7 +90,6 @@ static void check(run *r) {
 }
 
 static void setup(run *r, const prop_cfg *c, uint64_t seed) {
-    memset(r, 0, sizeof *r);
     r->cfg = c;
     r->seed = seed;
     r->op = "setup";
@@ -123,8 +122,8 @@ static void setup(run *r, const prop_cfg *c, uint64_t seed) {
 }
 
 static void teardown(run *r) {
-    gm_allocator_destroy(r->a);
-    gm_backend_destroy(r->be);
+    if (r->a) gm_allocator_destroy(r->a);
+    if (r->be) gm_backend_destroy(r->be);
     wl_model_free(&r->m);
 }
 
@@ -290,20 +289,36 @@ static void step(run *r) {
     check(r);
 }
 
+/* The run a failed assertion jumped out of: released before the next test
+ * so that LeakSanitizer reports only the library's leaks. */
+static run *g_failed_run;
+
+static void release_failed_run(void) {
+    if (!g_failed_run) return;
+    teardown(g_failed_run);
+    free(g_failed_run);
+    g_failed_run = NULL;
+}
+
 static void run_config(void **state) {
     const prop_cfg *c = *state;
+    release_failed_run();
     const char *only = getenv("GM_CONFIG");
     if (only && *only && strcmp(only, c->name) != 0) skip();
     int steps = (int)wl_env_u64("GM_STEPS", 1500);
     uint64_t seed0 = wl_env_u64("GM_SEED", 0);
     int nseeds = seed0 ? 1 : 3;
     for (int k = 0; k < nseeds; k++) {
-        run r;
-        setup(&r, c, seed0 ? seed0 : 1000 + (uint64_t)k * 7919);
-        for (r.step = 0; r.step < steps; r.step++) step(&r);
-        r.op = "final-drain";
-        drain(&r);
-        teardown(&r);
+        run *r = calloc(1, sizeof *r);
+        assert_non_null(r);
+        g_failed_run = r;
+        setup(r, c, seed0 ? seed0 : 1000 + (uint64_t)k * 7919);
+        for (r->step = 0; r->step < steps; r->step++) step(r);
+        r->op = "final-drain";
+        drain(r);
+        g_failed_run = NULL;
+        teardown(r);
+        free(r);
     }
 }
 
@@ -313,5 +328,7 @@ int main(void) {
         tests[i] = (struct CMUnitTest){CONFIGS[i].name, run_config, NULL, NULL,
                                        (void *)&CONFIGS[i]};
     }
-    return _cmocka_run_group_tests("property", tests, NCONFIGS, NULL, NULL);
+    int failed = _cmocka_run_group_tests("property", tests, NCONFIGS, NULL, NULL);
+    release_failed_run();
+    return failed;
 }

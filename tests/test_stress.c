@@ -163,8 +163,12 @@ static void snapshot_check(worker *w) {
                   p, s.reserved_bytes[p].current, s.allocated_bytes[p].current,
                   s.allocated_bytes[p].peak, s.requested_bytes[p].current);
     }
+}
+
+/* The policy's full recount, racing with the other threads' operations. */
+static void concurrent_check(worker *w) {
     char err[512] = "";
-    rc = gm_check(w->sh->a, 0, err, sizeof err);
+    int rc = gm_check(w->sh->a, 0, err, sizeof err);
     if (rc != GM_OK) failf(w->sh, "concurrent gm_check = %s: %s", gm_status_name(rc), err);
 }
 
@@ -182,6 +186,7 @@ static void *worker_main(void *arg) {
             int rc = gm_sim_complete_events(sh->be, 0, s);
             if (rc != GM_OK) failf(sh, "gm_sim_complete_events = %s", gm_status_name(rc));
         } else if ((u -= 0.02) < 0) snapshot_check(w);
+        else if ((u -= 0.002) < 0) concurrent_check(w);
         else if ((u -= 0.002) < 0) {
             int rc = gm_empty_cache(sh->a, 0);
             if (rc != GM_OK) failf(sh, "gm_empty_cache = %s", gm_status_name(rc));
@@ -256,5 +261,7 @@ int main(void) {
         cmocka_unit_test(stress_torch_expandable),
         cmocka_unit_test(stress_gpumem),
     };
+    const char *only = getenv("GM_TEST_FILTER"); /* e.g. "*gpumem*" */
+    if (only && *only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -216,7 +216,7 @@ static int check_segments(gm_allocator *a, const wl_model *m, const gm_stats *s,
         free(l.v);
         return fail(err, errlen, "gm_walk_segments = %s", gm_status_name(rc));
     }
-    qsort(l.v, l.n, sizeof *l.v, seg_cmp);
+    if (l.n > 1) qsort(l.v, l.n, sizeof *l.v, seg_cmp);
     int64_t count[GM_POOL_COUNT] = {0}, req[GM_POOL_COUNT] = {0};
     int64_t alloc_b[GM_POOL_COUNT] = {0}, mapped[GM_POOL_COUNT] = {0};
     int out = 0;
