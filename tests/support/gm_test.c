@@ -43,7 +43,11 @@ void gm_test_destroy(gm_backend *b, gm_allocator *a) {
 void gm_test_check_at(gm_allocator *a, const char *file, int line) {
     char err[512];
     int rc = gm_check(a, -1, err, sizeof err);
-    if (rc != GM_OK) fail_msg("%s:%d: gm_check: %s (%s)", file, line, err, gm_status_name(rc));
+    if (rc != GM_OK) {
+        char msg[800];
+        snprintf(msg, sizeof msg, "%s:%d: gm_check: %s (%s)", file, line, err, gm_status_name(rc));
+        fail_msg("%s", msg);
+    }
 }
 
 gm_stats gm_test_stats(gm_allocator *a) {
