@@ -39,6 +39,7 @@ typedef struct demo {
     uint32_t rng;
     gm_devptr w[LAYERS * PER_LAYER], opt[2 * LAYERS * PER_LAYER];
     bool have_opt;
+    gm_config cfg;
 } demo;
 
 static const double layer_shape[PER_LAYER] = {3.0 / 12, 1.0 / 12, 4.0 / 12, 4.0 / 12};
@@ -127,6 +128,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: gpumem demo [--duration SEC] [--device N] [--capacity SIZE] [--model SIZE]\n"
             "                   [--step-ms MS] [--steps N] [--oom-every N] [--label NAME] [--hold SEC]\n"
+            "                   [--config STR]\n"
             "  Synthetic training on the simulated device, published for gpumem smi/top/log/exporter.\n"
             "  --duration SEC  stop after SEC seconds (default: until interrupted)\n"
             "  --device N      simulated device index to use (default 0)\n"
@@ -134,7 +136,8 @@ static void usage(FILE *f) {
             "  --steps N       stop training after N steps; then print the published stats as\n"
             "                  one JSON line and hold them for --hold SEC (default 3600) or until killed\n"
             "  --oom-every N   every N steps ask for more than the device has (an OOM)\n"
-            "  --label NAME    the process name the monitors show\n");
+            "  --label NAME    the process name the monitors show\n"
+            "  --config STR    allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax (policy:gpumem, ...)\n");
 }
 
 static bool parse_args(int argc, char **argv, demo *d, double *duration, long *steps, double *hold,
@@ -157,6 +160,13 @@ static bool parse_args(int argc, char **argv, demo *d, double *duration, long *s
         else if (ok && !strcmp(a, "--oom-every")) ok = (d->oom_every = strtol(v, &end, 10)) > 0;
         else if (ok && !strcmp(a, "--hold")) ok = (*hold = strtod(v, &end)) >= 0;
         else if (ok && !strcmp(a, "--label")) *label = v;
+        else if (ok && !strcmp(a, "--config")) {
+            char err[256];
+            if (gm_config_parse(&d->cfg, v, err, sizeof err) != GM_OK) {
+                *code = cli_usage_error(argv[0], "--config: %s", err);
+                return false;
+            }
+        }
         else {
             *code = cli_usage_error(argv[0], "unknown or incomplete argument '%s' (see --help)", a);
             return false;
@@ -193,9 +203,9 @@ int cmd_demo(int argc, char **argv) {
     long steps = 0;
     const char *label = "gpumem-demo";
     int code = 0;
+    gm_config_init(&d.cfg);
     if (!parse_args(argc, argv, &d, &duration, &steps, &hold, &label, &code)) return code;
     d.act = d.weights / 8;
-    d.rng ^= (uint32_t)getpid();
 
     gm_sim_options so;
     gm_sim_options_init(&so);
@@ -203,7 +213,7 @@ int cmd_demo(int argc, char **argv) {
     so.capacity = d.capacity;
     gm_backend *b = NULL;
     int rc = gm_sim_create(&b, &so);
-    if (rc == GM_OK) rc = gm_allocator_create(&d.a, b, NULL);
+    if (rc == GM_OK) rc = gm_allocator_create(&d.a, b, &d.cfg);
     if (rc == GM_OK) rc = gm_allocator_publish(d.a, label);
     if (rc != GM_OK) {
         code = cli_error(argv[0], "cannot start: %s (%s)", gm_strerror(rc), gm_last_error_detail());

@@ -1,7 +1,319 @@
-/* cmd_top.c — placeholder until 'gpumem top' is written. */
+/* cmd_top.c — `gpumem top`: a live ncurses view of GPU memory. Per device a
+ * header (NVML total/reserved/used/free and the allocators' sums), a
+ * per-process table that can be sorted and filtered, and a history graph of
+ * the selected device's bytes over a selectable window with OOM markers.
+ * Sampling runs on its own thread (gm__sampler); the UI only redraws. */
+#define _GNU_SOURCE /* strcasestr */
 #include "cli.h"
 
-int cmd_top(int argc, char **argv) {
-    (void)argc;
-    return cli_error(argv[0], "not implemented yet");
+#include "monitor/monitor.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: gpumem top [--interval SEC] [--no-nvml]\n"
+               "  Live view; keys: q quit, s sort column, r reverse, f filter, d device,\n"
+               "  w graph window, p pause, h help. Default interval 0.5 s (0.1 s is fine).\n");
 }
+
+#ifndef GM_HAVE_CURSES
+int cmd_top(int argc, char **argv) {
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        usage(stdout);
+        return 0;
+    }
+    return cli_error(argv[0], "this gpumem was built without ncurses (install libncurses-dev and rebuild); "
+                              "try 'gpumem smi' or 'gpumem log'");
+}
+#else
+#include <curses.h>
+
+#define HIST_CAP 36000 /* an hour at 10 samples/s */
+
+typedef struct hist_point {
+    double t;            /* seconds, CLOCK_REALTIME */
+    int64_t allocated;   /* sum over the device's processes */
+    int64_t reserved;
+    int64_t nvml_used;   /* -1 when unknown */
+    bool oom;            /* a process's num_ooms grew since the previous sample */
+} hist_point;
+
+typedef struct history {
+    hist_point *p;
+    int start, n;
+    int64_t last_ooms;
+} history;
+
+enum { SORT_RESERVED, SORT_ALLOCATED, SORT_NVML, SORT_PEAK, SORT_PID, SORT_NAME, SORT_COUNT };
+static const char *sort_names[SORT_COUNT] = {"reserved", "allocated", "nvml-used", "peak", "pid", "name"};
+static const double windows[] = {30, 60, 300, 900, 3600};
+#define NWINDOWS (int)(sizeof windows / sizeof windows[0])
+
+typedef struct ui {
+    gm__mon_sample s;
+    uint64_t seq;
+    history hist[GM_MAX_DEVICES];
+    int sort, window, device;
+    bool reverse, paused, help, editing;
+    char filter[64], edit[64];
+    double interval;
+} ui;
+
+static void hist_add(history *h, const gm__mon_sample *s, int dev) {
+    if (!h->p && !(h->p = calloc(HIST_CAP, sizeof *h->p))) return;
+    hist_point pt = {.t = (double)s->time_ns / 1e9, .nvml_used = -1};
+    int64_t ooms = 0;
+    for (int i = 0; i < s->nrows; i++) {
+        const gm__mon_row *r = &s->rows[i];
+        if (r->device != dev || !r->have_alloc) continue;
+        pt.allocated += r->v.allocated;
+        pt.reserved += r->v.reserved;
+        ooms += r->v.num_ooms;
+    }
+    if (dev < s->ndevices && s->devs[dev].have_mem) pt.nvml_used = (int64_t)s->devs[dev].used;
+    pt.oom = h->n > 0 && ooms > h->last_ooms;
+    h->last_ooms = ooms;
+    int at = (h->start + h->n) % HIST_CAP;
+    h->p[at] = pt;
+    if (h->n < HIST_CAP) h->n++;
+    else h->start = (h->start + 1) % HIST_CAP;
+}
+
+static const char *fmt(bool have, long long v, char *buf) {
+    if (!have) return "-";
+    return cli_format_bytes(v < 0 ? 0 : (uint64_t)v, buf, 24);
+}
+
+static long long sort_key(const ui *u, const gm__mon_row *r) {
+    switch (u->sort) {
+    case SORT_RESERVED: return r->have_alloc ? r->v.reserved : -1;
+    case SORT_ALLOCATED: return r->have_alloc ? r->v.allocated : -1;
+    case SORT_NVML: return r->have_nvml_used ? (long long)r->nvml_used : -1;
+    case SORT_PEAK: return r->have_alloc ? r->v.peak_reserved : -1;
+    default: return r->pid;
+    }
+}
+
+static const ui *sort_ui;
+static int row_order(const void *a, const void *b) {
+    const gm__mon_row *x = a, *y = b;
+    int c;
+    if (sort_ui->sort == SORT_NAME) c = strcasecmp(x->label, y->label);
+    else {
+        long long kx = sort_key(sort_ui, x), ky = sort_key(sort_ui, y);
+        c = kx < ky ? 1 : kx > ky ? -1 : 0; /* big first */
+        if (sort_ui->sort == SORT_PID) c = -c;
+    }
+    if (!c) c = x->pid - y->pid;
+    return sort_ui->reverse ? -c : c;
+}
+
+static void printable(char *dst, const char *src, size_t len) {
+    size_t i = 0;
+    for (; src[i] && i + 1 < len; i++) dst[i] = (unsigned char)src[i] < 0x20 ? '?' : src[i];
+    dst[i] = '\0';
+}
+
+static int draw_devices(const ui *u, int y) {
+    char b1[24], b2[24], b3[24], b4[24], b5[24], b6[24];
+    for (int d = 0; d < u->s.ndevices && y < LINES - 8; d++, y++) {
+        const gm__mon_dev *v = &u->s.devs[d];
+        int64_t al = 0, re = 0;
+        for (int i = 0; i < u->s.nrows; i++)
+            if (u->s.rows[i].device == d && u->s.rows[i].have_alloc) {
+                al += u->s.rows[i].v.allocated;
+                re += u->s.rows[i].v.reserved;
+            }
+        if (d == u->device) attron(A_BOLD);
+        mvprintw(y, 0, "%cGPU %d %-.20s  total %s  reserved %s  used %s  free %s | allocators: alloc %s reserved %s",
+                 d == u->device ? '>' : ' ', d, v->have_info ? v->name : "", fmt(v->have_mem, (long long)v->total, b1),
+                 fmt(v->have_reserved, (long long)v->reserved, b2), fmt(v->have_mem, (long long)v->used, b3),
+                 fmt(v->have_mem, (long long)v->free, b4), fmt(true, al, b5), fmt(true, re, b6));
+        if (d == u->device) attroff(A_BOLD);
+    }
+    return y;
+}
+
+static int draw_table(ui *u, int y, int max_rows) {
+    char b1[24], b2[24], b3[24], b4[24], b5[24], name[33];
+    attron(A_REVERSE);
+    mvprintw(y++, 0, "%-4s %-8s %-24s %11s %11s %11s %11s %11s %5s %5s%*s", "GPU", "PID", "PROCESS", "NVML-USED",
+             "ALLOCATED", "RESERVED", "RES-UNALLOC", "PEAK-RES", "RETRY", "OOM", COLS > 110 ? COLS - 110 : 0, "");
+    attroff(A_REVERSE);
+    sort_ui = u;
+    gm__mon_row *rows = u->s.rows;
+    if (u->s.nrows > 1) qsort(rows, (size_t)u->s.nrows, sizeof *rows, row_order);
+    int shown = 0;
+    for (int i = 0; i < u->s.nrows && shown < max_rows; i++) {
+        const gm__mon_row *r = &rows[i];
+        if (u->filter[0] && !strcasestr(r->label, u->filter) && !strcasestr(r->comm, u->filter)) continue;
+        printable(name, r->label, sizeof name);
+        bool a = r->have_alloc;
+        mvprintw(y++, 0, "%-4d %-8d %-24.24s %11s %11s %11s %11s %11s %5lld %5lld", r->device, r->pid, name,
+                 fmt(r->have_nvml_used, (long long)r->nvml_used, b1), fmt(a, r->v.allocated, b2),
+                 fmt(a, r->v.reserved, b3), fmt(a, r->v.reserved - r->v.allocated, b4),
+                 fmt(a, r->v.peak_reserved, b5), a ? (long long)r->v.num_alloc_retries : 0,
+                 a ? (long long)r->v.num_ooms : 0);
+        shown++;
+    }
+    if (!shown) mvprintw(y++, 0, u->filter[0] ? "(no process matches the filter)" : "(no processes publish yet)");
+    return y;
+}
+
+/* Bucket the window into one column per character: the max of each. */
+static void draw_graph(const ui *u, int top, int height) {
+    const history *h = &u->hist[u->device];
+    int width = COLS - 12;
+    if (height < 3 || width < 10 || !h->p || !h->n) return;
+    double win = windows[u->window], end = h->p[(h->start + h->n - 1) % HIST_CAP].t, begin = end - win;
+    int64_t *al = calloc((size_t)width, sizeof *al), *re = calloc((size_t)width, sizeof *re);
+    bool *oom = calloc((size_t)width, sizeof *oom), *seen = calloc((size_t)width, sizeof *seen);
+    int64_t maxv = 1;
+    for (int i = 0; al && re && oom && seen && i < h->n; i++) {
+        const hist_point *p = &h->p[(h->start + i) % HIST_CAP];
+        if (p->t < begin) continue;
+        int c = (int)((p->t - begin) / win * (width - 1));
+        c = c < 0 ? 0 : c >= width ? width - 1 : c;
+        int64_t r = p->reserved > p->nvml_used ? p->reserved : p->nvml_used;
+        if (p->allocated > al[c]) al[c] = p->allocated;
+        if (r > re[c]) re[c] = r;
+        oom[c] |= p->oom;
+        seen[c] = true;
+        if (r > maxv) maxv = r;
+    }
+    char b1[24];
+    mvprintw(top, 0, "GPU %d, last %.0fs: '#' allocated, ':' reserved (or NVML used), X = OOM", u->device, win);
+    for (int row = 0; al && re && oom && seen && row < height - 1; row++) {
+        int y = top + 1 + row;
+        double level = (double)maxv * (height - 1 - row) / (height - 1);
+        if (row == 0) mvprintw(y, 0, "%10s", cli_format_bytes((uint64_t)maxv, b1, sizeof b1));
+        for (int c = 0; c < width; c++) {
+            char ch = ' ';
+            if (row == 0 && oom[c]) ch = 'X';
+            else if (seen[c] && (double)al[c] >= level) ch = '#';
+            else if (seen[c] && (double)re[c] >= level) ch = ':';
+            mvaddch(y, 11 + c, (chtype)ch);
+        }
+    }
+    free(al);
+    free(re);
+    free(oom);
+    free(seen);
+}
+
+static void draw(ui *u) {
+    erase();
+    attron(A_BOLD);
+    mvprintw(0, 0, "gpumem top  interval %.2gs  window %.0fs  sort %s%s  filter '%s'%s", u->interval,
+             windows[u->window], sort_names[u->sort], u->reverse ? " (reversed)" : "", u->filter,
+             u->paused ? "  [PAUSED]" : "");
+    attroff(A_BOLD);
+    int y = 1;
+    if (u->s.nvml_note[0]) mvprintw(y++, 0, "%.*s", COLS - 1, u->s.nvml_note);
+    y = draw_devices(u, y);
+    int graph_h = LINES / 3 > 4 ? LINES / 3 : 4;
+    y = draw_table(u, y + 1, LINES - y - graph_h - 4);
+    draw_graph(u, LINES - graph_h - 2, graph_h);
+    if (u->editing) mvprintw(LINES - 1, 0, "filter: %s_  (Enter apply, Esc cancel)", u->edit);
+    else if (u->help)
+        mvprintw(LINES - 1, 0, "q quit | s sort column | r reverse | f filter | d next GPU | w window | p pause | h help");
+    else mvprintw(LINES - 1, 0, "q quit  s sort  r reverse  f filter  d device  w window  p pause  h help");
+    refresh();
+}
+
+/* Returns false to quit. */
+static bool key(ui *u, int ch) {
+    if (u->editing) {
+        size_t n = strlen(u->edit);
+        if (ch == '\n' || ch == KEY_ENTER || ch == '\r') {
+            memcpy(u->filter, u->edit, sizeof u->filter);
+            u->editing = false;
+        } else if (ch == 27) u->editing = false;
+        else if ((ch == KEY_BACKSPACE || ch == 127 || ch == 8) && n) u->edit[n - 1] = '\0';
+        else if (ch >= 32 && ch < 127 && n + 1 < sizeof u->edit) {
+            u->edit[n] = (char)ch;
+            u->edit[n + 1] = '\0';
+        }
+        return true;
+    }
+    switch (ch) {
+    case 'q': case 'Q': return false;
+    case 's': u->sort = (u->sort + 1) % SORT_COUNT; break;
+    case 'r': u->reverse = !u->reverse; break;
+    case 'f': case '/': u->editing = true; u->edit[0] = '\0'; break;
+    case 'd': u->device = u->s.ndevices ? (u->device + 1) % u->s.ndevices : 0; break;
+    case 'w': u->window = (u->window + 1) % NWINDOWS; break;
+    case 'p': u->paused = !u->paused; break;
+    case 'h': case '?': u->help = !u->help; break;
+    default: break;
+    }
+    return true;
+}
+
+static void take_sample(ui *u, gm__sampler *smp) {
+    gm__mon_sample s;
+    uint64_t seq;
+    if (gm__sampler_latest(smp, &s, &seq, 0, 0) != 0) return;
+    if (seq == u->seq) {
+        gm__sample_free(&s);
+        return;
+    }
+    u->seq = seq;
+    for (int d = 0; d < s.ndevices && d < GM_MAX_DEVICES; d++) hist_add(&u->hist[d], &s, d);
+    if (u->paused) {
+        gm__sample_free(&s);
+        return;
+    }
+    gm__sample_free(&u->s);
+    u->s = s;
+    if (u->device >= u->s.ndevices) u->device = 0;
+}
+
+int cmd_top(int argc, char **argv) {
+    static ui u; /* large: keep it off the stack */
+    memset(&u, 0, sizeof u);
+    u.interval = 0.5;
+    u.window = 1;
+    bool nvml = true;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--interval") && i + 1 < argc) {
+            char *end;
+            u.interval = strtod(argv[++i], &end);
+            if (*end || !(u.interval >= 0.05 && u.interval <= 60))
+                return cli_usage_error(argv[0], "--interval must be seconds between 0.05 and 60, not '%s'", argv[i]);
+        } else if (!strcmp(argv[i], "--no-nvml")) nvml = false;
+        else return cli_usage_error(argv[0], "unknown or incomplete argument '%s' (see --help)", argv[i]);
+    }
+    gm__collector *c;
+    gm__sampler *smp;
+    if (gm__collector_create(&c, NULL, nvml) != 0) return cli_error(argv[0], "out of memory");
+    if (gm__sampler_start(&smp, c, u.interval) != 0) {
+        gm__collector_destroy(c);
+        return cli_error(argv[0], "cannot start the sampler thread");
+    }
+    initscr();
+    cbreak();
+    noecho();
+    keypad(stdscr, TRUE);
+    curs_set(0);
+    timeout(100); /* redraw at most 10 times a second, keys at once */
+    set_escdelay(25);
+    for (;;) {
+        take_sample(&u, smp);
+        draw(&u);
+        int ch = getch();
+        if (ch != ERR && !key(&u, ch)) break;
+    }
+    endwin();
+    gm__sampler_stop(smp);
+    gm__collector_destroy(c);
+    gm__sample_free(&u.s);
+    for (int d = 0; d < GM_MAX_DEVICES; d++) free(u.hist[d].p);
+    return 0;
+}
+#endif
