@@ -186,7 +186,8 @@ static int gp_create(gm__device *d, void **state) {
     if (!st) return GM_ENOHOSTMEM;
     st->d = d;
     st->chunk_free = -1;
-    for (int o = 0; o < GP_NORDERS; o++) st->idle[o] = st->loose[o] = -1;
+    for (int o = 0; o < GP_NORDERS; o++)
+        st->idle[o] = st->loose[o] = st->idle_tail[o] = st->loose_tail[o] = -1;
     uint64_t g = 0;
     int rc = gm__be_granularity(d, &g);
     if (rc == GM_OK && g && !(g & (g - 1))) {

@@ -22,7 +22,15 @@
 /* Largest physical chunk created at once (granules): bigger chunks mean fewer
  * device calls on a cold start, smaller ones finer reuse. */
 #ifndef GP_MAX_CHUNK_GRANULES
-#define GP_MAX_CHUNK_GRANULES 512
+#define GP_MAX_CHUNK_GRANULES 1
+#endif
+/* New memory instead of moving idle chunks while held stays within this
+ * (per mille) of the peak of live granules. */
+#ifndef GP_SLACK_PERMILLE
+#define GP_SLACK_PERMILLE 0
+#endif
+#ifndef GP_BIG_BYTES /* blocks from this size get their own chunk */
+#define GP_BIG_BYTES UINT64_MAX
 #endif
 
 enum { GP_FREE = 0, GP_USED = 1, GP_CACHED = 2 };
@@ -78,8 +86,11 @@ typedef struct gp_state {
     gp_arena *last[GM_POOL_COUNT]; /* last arena used per pool: most programs use one stream */
     gp_chunk *chunks;
     int32_t nchunks, chunks_cap, chunk_free; /* chunk_free: recycled slot list via lnext */
-    int32_t idle[GP_NORDERS];  /* mapped chunks with no live block */
-    int32_t loose[GP_NORDERS]; /* chunks held but not mapped */
+    /* by order of size, oldest first (the one idle longest moves first) */
+    int32_t idle[GP_NORDERS], idle_tail[GP_NORDERS];   /* mapped, no live block */
+    int32_t loose[GP_NORDERS], loose_tail[GP_NORDERS]; /* held but not mapped */
+    uint64_t live_gran, peak_live_gran; /* granules of chunks holding live blocks */
+    uint64_t nrecycled;        /* chunks moved or given back to make room */
     uint64_t held_bytes;       /* physical bytes held (chunks, or plain mallocs) */
     gp_block *pool;            /* recycled block structs */
     void **slabs;              /* host allocations of block structs */

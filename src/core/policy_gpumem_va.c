@@ -12,6 +12,7 @@
 
 #define GP_SCAN 16      /* entries looked at per bin when choosing best fit */
 #define GP_ALT_SCAN 128 /* ranges looked at to find one that needs no mapping */
+#define GP_COST_BUDGET 4096 /* granules looked at for that */
 
 /* ---- bins: exact below 32 KiB, then 32 steps per power of two ---------- */
 
@@ -82,24 +83,6 @@ static gp_block *best_fit(gp_arena *a, uint64_t bytes) {
 
 /* ---- granules ------------------------------------------------------------ */
 
-/* Unmapped granules under [p, p+bytes) of arena a; stops counting at `stop`. */
-static uint64_t unmapped_in(const gp_state *st, const gp_arena *a, gm_devptr p,
-                            uint64_t bytes, uint64_t stop) {
-    uint64_t g = (p - a->base) >> st->gshift;
-    uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;
-    uint64_t miss = 0;
-    while (g <= ge) {
-        int32_t c = a->gran[g];
-        if (c < 0) {
-            if (++miss >= stop) return miss;
-            g++;
-        } else {
-            g = (uint64_t)(st->chunks[c].g0 + (int64_t)st->chunks[c].n);
-        }
-    }
-    return miss;
-}
-
 /* Add delta to the live count of every chunk under [p, p+bytes); chunks that
  * become idle or stop being idle move between lists. */
 static void chunk_list_del(gp_state *st, int32_t i);
@@ -112,9 +95,14 @@ static void touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int de
         int32_t i = a->gran[g];
         gp_chunk *c = &st->chunks[i];
         if (delta > 0) {
-            if (c->live++ == 0) chunk_list_del(st, i);
+            if (c->live++ == 0) {
+                chunk_list_del(st, i);
+                st->live_gran += c->n;
+                if (st->live_gran > st->peak_live_gran) st->peak_live_gran = st->live_gran;
+            }
         } else if (--c->live == 0) {
             chunk_list_add(st, i, GP_LIST_IDLE);
+            st->live_gran -= c->n;
         }
         g = (uint64_t)(c->g0 + (int64_t)c->n);
     }
@@ -122,28 +110,31 @@ static void touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int de
 
 /* ---- chunk lists ----------------------------------------------------------- */
 
-static int32_t *list_head(gp_state *st, uint8_t list, uint64_t n) {
+static int32_t *list_head(gp_state *st, uint8_t list, uint64_t n, int32_t **tail) {
     unsigned o = gp_order(n);
+    *tail = list == GP_LIST_IDLE ? &st->idle_tail[o] : &st->loose_tail[o];
     return list == GP_LIST_IDLE ? &st->idle[o] : &st->loose[o];
 }
 
 static void chunk_list_add(gp_state *st, int32_t i, uint8_t list) {
     gp_chunk *c = &st->chunks[i];
-    int32_t *h = list_head(st, list, c->n);
+    int32_t *t, *h = list_head(st, list, c->n, &t);
     c->list = list;
-    c->lprev = -1;
-    c->lnext = *h;
-    if (*h >= 0) st->chunks[*h].lprev = i;
-    *h = i;
+    c->lnext = -1;
+    c->lprev = *t;
+    if (*t >= 0) st->chunks[*t].lnext = i;
+    else *h = i;
+    *t = i;
 }
 
 static void chunk_list_del(gp_state *st, int32_t i) {
     gp_chunk *c = &st->chunks[i];
     if (c->list == GP_LIST_NONE) return;
-    int32_t *h = list_head(st, c->list, c->n);
+    int32_t *t, *h = list_head(st, c->list, c->n, &t);
     if (c->lprev >= 0) st->chunks[c->lprev].lnext = c->lnext;
     else *h = c->lnext;
     if (c->lnext >= 0) st->chunks[c->lnext].lprev = c->lprev;
+    else *t = c->lprev;
     c->list = GP_LIST_NONE;
     c->lprev = c->lnext = -1;
 }
@@ -237,8 +228,10 @@ static int32_t take_le(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a
         for (int32_t i = h; i >= 0; i = st->chunks[i].lnext) {
             const gp_chunk *c = &st->chunks[i];
             if (c->n <= n && !excluded(c, a, pg0, pg1) &&
-                (best < 0 || c->n > st->chunks[best].n))
+                (best < 0 || c->n > st->chunks[best].n)) {
                 best = i;
+                if (c->n == n || c->n == ((uint64_t)2 << o) - 1) break; /* cannot do better */
+            }
         }
         if (best >= 0) return best;
     }
@@ -293,9 +286,9 @@ static int32_t any_chunk(gp_state *st, uint8_t list, const gp_arena *a, uint64_t
 /* New physical memory for n granules. First give back unused chunks worth at
  * least as much, so physical memory held never exceeds what live blocks need. */
 static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
-                        uint64_t pg1, int32_t *out) {
+                        uint64_t pg1, bool release_first, int32_t *out) {
     uint64_t freed = 0;
-    while (freed < n) {
+    while (release_first && freed < n) {
         int32_t i = any_chunk(st, GP_LIST_LOOSE, a, pg0, pg1);
         if (i < 0) i = any_chunk(st, GP_LIST_IDLE, a, pg0, pg1);
         if (i < 0) break;
@@ -303,6 +296,7 @@ static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
         int rc = chunk_release(st, i);
         if (rc) return rc;
         freed += m;
+        st->nrecycled++;
     }
     uint64_t bytes = n << st->gshift;
     gm__device *d = st->d;
@@ -334,21 +328,32 @@ static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
 /* Back the unmapped granules [g, g+n) of arena a, part of the placement
  * [pg0, pg1]: loose chunks first, then idle ones moved here, then new ones. */
 static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64_t pg0,
-                       uint64_t pg1) {
+                       uint64_t pg1, uint64_t cap) {
     while (n > 0) {
         uint64_t at = g;
         int32_t i = take_le(st, GP_LIST_LOOSE, n, a, pg0, pg1);
+        /* Within a small slack over the peak of live granules, new memory is
+         * cheaper than moving idle chunks around every step. */
+        uint64_t need = st->live_gran + (pg1 - pg0 + 1);
+        uint64_t base = st->peak_live_gran > need ? st->peak_live_gran : need;
+        uint64_t held = st->held_bytes >> st->gshift;
+        if (i < 0 && held + n <= base + base * GP_SLACK_PERMILLE / 1000) {
+            int rc = chunk_create(st, n < cap ? n : cap, a, pg0, pg1, false, &i);
+            if (rc && rc != GM_ENOMEM) return rc;
+            if (rc) i = -1;
+        }
         if (i < 0) i = take_le(st, GP_LIST_IDLE, n, a, pg0, pg1);
-        if (i < 0) i = take_over(st, GP_LIST_LOOSE, a, g, n, pg0, pg1, &at);
-        if (i < 0) i = take_over(st, GP_LIST_IDLE, a, g, n, pg0, pg1, &at);
+        if (i < 0 && cap > 1) i = take_over(st, GP_LIST_LOOSE, a, g, n, pg0, pg1, &at);
+        if (i < 0 && cap > 1) i = take_over(st, GP_LIST_IDLE, a, g, n, pg0, pg1, &at);
         if (i < 0) {
-            uint64_t want = n < GP_MAX_CHUNK_GRANULES ? n : GP_MAX_CHUNK_GRANULES;
-            int rc = chunk_create(st, want, a, pg0, pg1, &i);
+            uint64_t want = n < cap ? n : cap;
+            int rc = chunk_create(st, want, a, pg0, pg1, true, &i);
             if (rc) return rc;
         }
         if (st->chunks[i].arena >= 0) {
             int rc = chunk_unmap(st, i);
             if (rc) return rc;
+            st->nrecycled++;
         }
         int rc = chunk_map(st, a, i, at);
         if (rc) { /* give it back rather than hold memory no segment shows */
@@ -366,6 +371,9 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
 static int ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
     uint64_t pg0 = (p - a->base) >> st->gshift;
     uint64_t pg1 = (p - a->base + bytes - 1) >> st->gshift;
+    uint64_t off = p - a->base;
+    uint64_t ig0 = (off + st->gran - 1) >> st->gshift, ig1 = (off + bytes) >> st->gshift;
+    bool big = bytes >= GP_BIG_BYTES;
     uint64_t g = pg0;
     while (g <= pg1) {
         int32_t c = a->gran[g];
@@ -373,9 +381,13 @@ static int ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes)
             g = (uint64_t)(st->chunks[c].g0 + (int64_t)st->chunks[c].n);
             continue;
         }
+        /* a big block's interior granules (no other block can share them
+         * while it lives) get one chunk; anything else granule by granule,
+         * so that memory between blocks can move where it is needed */
+        bool inner = big && g >= ig0 && g < ig1;
         uint64_t e = g;
-        while (e <= pg1 && a->gran[e] < 0) e++;
-        int rc = acquire_run(st, a, g, e - g, pg0, pg1);
+        while (e <= pg1 && a->gran[e] < 0 && (inner ? e < ig1 : !(big && e >= ig0 && e < ig1))) e++;
+        int rc = acquire_run(st, a, g, e - g, pg0, pg1, inner ? GP_MAX_CHUNK_GRANULES : 1);
         if (rc) return rc;
         /* a spilled chunk may have covered more than the run */
     }
@@ -448,33 +460,71 @@ int gp_arena_init_va(gp_state *st, gp_arena *a) {
     return GM_OK;
 }
 
-/* Where to put `bytes`: best fit, moved to a range that needs no mapping when
- * the best fit would (lazily kept mappings then get reused, so a repeating
- * workload settles into making no device calls). */
+/* How much a placement at [p, p+bytes) costs: 0 = only mapped granules of
+ * chunks that hold live blocks already (or idle chunks it covers whole);
+ * n = n granules need mapping; GP_COST_PARTIAL more if it would leave an idle
+ * multi-granule chunk partly used: that chunk could then neither move to
+ * where memory is needed nor be given back, the main source of waste. */
+#define GP_COST_PARTIAL ((uint64_t)1 << 40)
+static uint64_t cost(const gp_state *st, const gp_arena *a, gm_devptr p, uint64_t bytes,
+                     uint64_t stop, int64_t *budget) {
+    uint64_t g = (p - a->base) >> st->gshift;
+    uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;
+    uint64_t miss = 0, part = 0;
+    while (g <= ge) {
+        if (--*budget < 0) return UINT64_MAX; /* looked long enough: not better */
+        int32_t i = a->gran[g];
+        if (i < 0) {
+            if (part + ++miss >= stop) return part + miss;
+            g++;
+            continue;
+        }
+        const gp_chunk *c = &st->chunks[i];
+        uint64_t ce = (uint64_t)(c->g0 + (int64_t)c->n);
+        if (!c->live && c->n > 1 && ((uint64_t)c->g0 < g || ce - 1 > ge)) {
+            part = GP_COST_PARTIAL;
+            if (part + miss >= stop) return part + miss;
+        }
+        g = ce;
+    }
+    return part + miss;
+}
+
+/* Where to put `bytes`: best fit, moved to a cheaper range (see cost) when
+ * the best fit needs mapping or would split an idle chunk: lazily kept
+ * mappings get reused, so a repeating workload settles into making no device
+ * calls, and idle chunks stay whole, so they can move where they are needed. */
 static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at,
                         bool *needs_map) {
     gp_block *r = best_fit(a, bytes);
     if (!r) return NULL;
     gm_devptr lo = r->h.ptr, hi = r->h.ptr + r->h.size - bytes;
-    uint64_t mlo = unmapped_in(st, a, lo, bytes, UINT64_MAX);
+    int64_t budget = INT64_MAX;
+    uint64_t best = cost(st, a, lo, bytes, UINT64_MAX, &budget);
     *at = lo;
-    *needs_map = mlo > 0;
-    if (!mlo) return r;
-    if (hi != lo && unmapped_in(st, a, hi, bytes, mlo) < mlo) *at = hi;
+    budget = GP_COST_BUDGET; /* granule steps spent looking for a cheaper place */
+    if (best && hi != lo) {
+        uint64_t ch = cost(st, a, hi, bytes, best, &budget);
+        if (ch < best) best = ch, *at = hi;
+    }
+    gp_block *pick = r;
     int seen = 0;
-    for (int b = next_bin(a, gp_bin_of(bytes >> GP_ALIGN_SHIFT)); b >= 0 && seen < GP_ALT_SCAN;
-         b = next_bin(a, (unsigned)b + 1)) {
-        for (gp_block *c = a->bins[b]; c && seen < GP_ALT_SCAN; c = c->fnext, seen++) {
+    for (int b = best ? next_bin(a, gp_bin_of(bytes >> GP_ALIGN_SHIFT)) : -1;
+         b >= 0 && seen < GP_ALT_SCAN && best && budget > 0; b = next_bin(a, (unsigned)b + 1)) {
+        for (gp_block *c = a->bins[b]; c && seen < GP_ALT_SCAN && best && budget > 0;
+             c = c->fnext, seen++) {
             if (c->h.size < bytes || c == r) continue;
             gm_devptr clo = c->h.ptr, chi = c->h.ptr + c->h.size - bytes;
-            if (!unmapped_in(st, a, clo, bytes, 1)) *at = clo;
-            else if (!unmapped_in(st, a, chi, bytes, 1)) *at = chi;
-            else continue;
-            *needs_map = false;
-            return c;
+            uint64_t k = cost(st, a, clo, bytes, best, &budget);
+            if (k < best) best = k, *at = clo, pick = c;
+            if (best && chi != clo) {
+                k = cost(st, a, chi, bytes, best, &budget);
+                if (k < best) best = k, *at = chi, pick = c;
+            }
         }
     }
-    return r;
+    *needs_map = best % GP_COST_PARTIAL != 0;
+    return pick;
 }
 
 /* Split free range r so that [p, p+bytes) becomes a used block. */

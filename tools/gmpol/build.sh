@@ -3,7 +3,7 @@
 # and backend sources (no sanitizers), into /tmp/gmpol. Run from the repo root.
 set -e
 mkdir -p /tmp/gmpol
-gcc -std=gnu11 -O2 -DNDEBUG -DGM_BUILDING_LIBRARY -Iinclude -Isrc -Isrc/core \
+gcc $GMPOL_CFLAGS -std=gnu11 -O2 -DNDEBUG -DGM_BUILDING_LIBRARY -Iinclude -Isrc -Isrc/core \
     tools/gmpol/replay.c src/core/*.c src/backend/*.c src/monitor/*.c \
     -o /tmp/gmpol/replay -lz -lpthread -ldl -lm $(pkg-config --libs libcjson 2>/dev/null) \
     $(pkg-config --exists libcjson && echo -DGM_HAVE_CJSON=1)

@@ -82,6 +82,26 @@ static int load(const char *path) {
     return 0;
 }
 
+/* granules touched by live blocks (2 MiB), for comparing with reserved */
+static uint32_t *tg_cnt; /* indexed by (addr - tg_base) >> 21 */
+static uint64_t tg_base, tg_n, tg_cur, tg_peak;
+static uint64_t *g_size;
+
+static void touch(gm_devptr p, uint64_t size, int d) {
+    if (!size) return;
+    if (!tg_cnt) {
+        tg_base = (p >> 21 << 21) - ((uint64_t)1 << 40);
+        tg_n = (uint64_t)1 << 22; /* 8 TiB window */
+        tg_cnt = calloc(tg_n, sizeof *tg_cnt);
+    }
+    uint64_t g0 = (p - tg_base) >> 21, g1 = (p + size - 1 - tg_base) >> 21;
+    for (uint64_t g = g0; g <= g1 && g < tg_n; g++) {
+        if (d > 0 && tg_cnt[g]++ == 0) tg_cur++;
+        if (d < 0 && --tg_cnt[g] == 0) tg_cur--;
+    }
+    if (tg_cur > tg_peak) tg_peak = tg_cur;
+}
+
 static double now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -128,6 +148,8 @@ int main(int argc, char **argv) {
     gm_allocator *al;
     if (gm_allocator_create(&al, be, &cfg)) return 1;
     gm_devptr *ptr = calloc(g_nalloc, sizeof *ptr);
+    g_size = calloc(g_nalloc, sizeof *g_size);
+    int touched = getenv("GMPOL_TOUCHED") != NULL;
     double *lat = malloc(g_nev * sizeof *lat);
     printf("%s policy=%s events=%zu\n", argv[1], policy, g_nev);
     printf("pass  peak_req        peak_res        ratio    ns/op   p50    p99    p999  create map unmap release malloc free\n");
@@ -143,7 +165,9 @@ int main(int argc, char **argv) {
             int rc;
             if (!e->free) {
                 rc = gm_malloc(al, 0, e->size, 0, &ptr[e->id]);
+                if (touched) touch(ptr[e->id], g_size[e->id] = (e->size + 511) / 512 * 512, 1);
             } else {
+                if (touched) touch(ptr[e->id], g_size[e->id], -1);
                 rc = gm_free(al, ptr[e->id]);
                 ptr[e->id] = 0;
             }
@@ -171,8 +195,14 @@ int main(int argc, char **argv) {
                (long long)(s1.num_unmap - s0.num_unmap), (long long)(s1.num_phys_release - s0.num_phys_release),
                (long long)(s1.num_device_alloc - s0.num_device_alloc),
                (long long)(s1.num_device_free - s0.num_device_free));
+        if (touched) printf("      peak touched granules %llu = %.5f of peak requested\n", (unsigned long long)tg_peak,
+                            (double)(tg_peak << 21) / (double)req);
+        tg_peak = tg_cur;
         for (size_t k = 0; k < g_nalloc; k++) /* leftovers, so the next pass starts alike */
-            if (ptr[k]) gm_free(al, ptr[k]), ptr[k] = 0;
+            if (ptr[k]) {
+                if (touched) touch(ptr[k], g_size[k], -1);
+                gm_free(al, ptr[k]), ptr[k] = 0;
+            }
     }
     if (gm_check(al, 0, err, sizeof err)) printf("final check: %s\n", err);
     gm_allocator_destroy(al);
