@@ -152,6 +152,7 @@ static int32_t chunk_slot(gp_state *st) {
         st->chunks = n;
         st->chunks_cap = cap;
     }
+    memset(&st->chunks[st->nchunks], 0, sizeof *st->chunks); /* inuse = 0 until created */
     return st->nchunks++;
 }
 
@@ -307,6 +308,7 @@ static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
     gp_chunk *c = &st->chunks[i];
     int rc = gm__be_phys_create(d, bytes, &c->h);
     if (rc) {
+        c->inuse = 0;
         c->lnext = st->chunk_free;
         st->chunk_free = i;
         return rc;

@@ -1,0 +1,332 @@
+/* test_policy_gpumem.c — unit tests of the `gpumem` policy on the sim
+ * backend: placement, no overlaps under random alloc/free (gm_check after
+ * every step), moving idle granules instead of creating memory, OOM ->
+ * reclaim -> retry, per-stream reuse, empty_cache, and the fallback for a
+ * backend without VMM. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpumem/backend.h"
+#include "gpumem/gpumem.h"
+
+#define MIB ((uint64_t)1 << 20)
+
+typedef struct env {
+    gm_backend *be;
+    gm_allocator *al;
+} env;
+
+static void setup_env(env *e, uint64_t capacity, bool manual_events) {
+    gm_sim_options o;
+    gm_sim_options_init(&o);
+    o.capacity = capacity;
+    o.events_manual = manual_events;
+    assert_int_equal(gm_sim_create(&e->be, &o), GM_OK);
+    gm_config cfg;
+    gm_config_init(&cfg);
+    char err[128];
+    assert_int_equal(gm_config_parse(&cfg, "policy:gpumem", err, sizeof err), GM_OK);
+    assert_int_equal(gm_allocator_create(&e->al, e->be, &cfg), GM_OK);
+}
+
+static void teardown_env(env *e) {
+    gm_allocator_destroy(e->al);
+    gm_backend_destroy(e->be);
+}
+
+static void check_ok(gm_allocator *al) {
+    char err[512] = "";
+    int rc = gm_check(al, 0, err, sizeof err);
+    if (rc != GM_OK) fail_msg("gm_check: %s", err);
+}
+
+static gm_stats stats(gm_allocator *al) {
+    gm_stats s;
+    memset(&s, 0, sizeof s);
+    s.size = sizeof s;
+    assert_int_equal(gm_get_stats(al, 0, &s), GM_OK);
+    return s;
+}
+
+static gm_devptr alloc(gm_allocator *al, uint64_t size, gm_stream stream) {
+    gm_devptr p = 0;
+    int rc = gm_malloc(al, 0, size, stream, &p);
+    if (rc != GM_OK) fail_msg("gm_malloc(%llu): %s %s", (unsigned long long)size, gm_status_name(rc),
+                              gm_last_error_detail());
+    assert_true(p != 0);
+    return p;
+}
+
+/* Blocks are 512-byte aligned, packed, and a freed block's place is reused
+ * by the next request of the same size on the same stream. */
+static void test_placement(void **state) {
+    (void)state;
+    env e;
+    setup_env(&e, 1024 * MIB, false);
+    gm_devptr a = alloc(e.al, 3 * MIB, 0);
+    gm_devptr b = alloc(e.al, 5 * MIB + 1, 0);
+    gm_devptr c = alloc(e.al, 700, 0);
+    assert_true(a % 512 == 0 && b % 512 == 0 && c % 512 == 0);
+    assert_true(b >= a + 3 * MIB || a >= b + 5 * MIB + 512);
+    gm_stats s = stats(e.al);
+    /* 8 MiB + 512 of large blocks touch 5 granules, the small one 1 more */
+    assert_int_equal(s.reserved_bytes[GM_POOL_ALL].current, 12 * MIB);
+    assert_int_equal(s.active[GM_POOL_LARGE].current, 2);
+    assert_int_equal(s.active[GM_POOL_SMALL].current, 1);
+    check_ok(e.al);
+    assert_int_equal(gm_free(e.al, b), GM_OK);
+    assert_int_equal(gm_free(e.al, c), GM_OK);
+    int64_t maps = stats(e.al).num_map;
+    assert_int_equal(alloc(e.al, 5 * MIB + 1, 0), b);
+    assert_int_equal(alloc(e.al, 700, 0), c);
+    assert_int_equal(stats(e.al).num_map, maps); /* reuse made no device call */
+    check_ok(e.al);
+    teardown_env(&e);
+}
+
+/* Random alloc/free over two streams with the full check after every step. */
+static void test_random_no_overlap(void **state) {
+    (void)state;
+    env e;
+    setup_env(&e, 512 * MIB, false);
+    enum { N = 64 };
+    gm_devptr live[N] = {0};
+    uint64_t size[N] = {0};
+    srand(12345);
+    for (int step = 0; step < 3000; step++) {
+        int k = rand() % N;
+        if (live[k]) {
+            assert_int_equal(gm_free(e.al, live[k]), GM_OK);
+            live[k] = 0;
+        } else {
+            uint64_t sz = (rand() % 4 == 0) ? (uint64_t)(rand() % (12 * MIB)) + 1
+                                            : (uint64_t)(rand() % (64 * 1024)) + 1;
+            int rc = gm_malloc(e.al, 0, sz, (gm_stream)(k & 1), &live[k]);
+            if (rc == GM_ENOMEM) live[k] = 0;
+            else assert_int_equal(rc, GM_OK);
+            size[k] = sz;
+        }
+        check_ok(e.al);
+        for (int i = 0; i < N; i++) /* the harness's own overlap check */
+            for (int j = i + 1; j < N && live[i]; j++)
+                if (live[j]) assert_true(live[i] + size[i] <= live[j] || live[j] + size[j] <= live[i]);
+    }
+    for (int i = 0; i < N; i++)
+        if (live[i]) assert_int_equal(gm_free(e.al, live[i]), GM_OK);
+    assert_int_equal(gm_empty_cache(e.al, 0), GM_OK);
+    assert_int_equal(stats(e.al).reserved_bytes[GM_POOL_ALL].current, 0);
+    check_ok(e.al);
+    teardown_env(&e);
+}
+
+/* A placement that needs unmapped granules takes idle mapped ones (unmap +
+ * map) before creating memory: physical memory = peak granules live. */
+static void test_granule_stealing(void **state) {
+    (void)state;
+    env e;
+    setup_env(&e, 1024 * MIB, false);
+    gm_devptr a = alloc(e.al, 20 * MIB, 0); /* granules 0-9 */
+    gm_devptr c = alloc(e.al, 20 * MIB, 0); /* granules 10-19 */
+    assert_int_equal(gm_free(e.al, a), GM_OK); /* 10 idle granules stay mapped */
+    gm_stats s0 = stats(e.al);
+    assert_int_equal(s0.reserved_bytes[GM_POOL_ALL].current, 40 * MIB);
+    gm_devptr d = alloc(e.al, 30 * MIB, 0); /* does not fit in a's hole */
+    gm_stats s1 = stats(e.al);
+    assert_true(d >= c + 20 * MIB);
+    assert_int_equal(s1.num_unmap - s0.num_unmap, 10);          /* a's granules moved */
+    assert_int_equal(s1.num_phys_create - s0.num_phys_create, 5); /* only the rest is new */
+    assert_int_equal(s1.reserved_bytes[GM_POOL_ALL].current, 50 * MIB);
+    check_ok(e.al);
+    /* the same step again makes no device call */
+    assert_int_equal(gm_free(e.al, d), GM_OK);
+    gm_devptr d2 = alloc(e.al, 30 * MIB, 0);
+    assert_int_equal(d2, d);
+    gm_stats s2 = stats(e.al);
+    assert_int_equal(s2.num_map, s1.num_map);
+    assert_int_equal(s2.num_phys_create, s1.num_phys_create);
+    assert_int_equal(gm_free(e.al, d2), GM_OK);
+    assert_int_equal(gm_free(e.al, c), GM_OK);
+    check_ok(e.al);
+    teardown_env(&e);
+}
+
+/* A block whose free waits for another stream's event is reclaimed by the
+ * OOM path (sync, free, retry); a request that cannot fit fails cleanly and
+ * the allocator keeps working. */
+static void test_oom_reclaim_retry(void **state) {
+    (void)state;
+    env e;
+    setup_env(&e, 64 * MIB, true);
+    gm_devptr x = alloc(e.al, 60 * MIB, 0);
+    assert_int_equal(gm_record_stream(e.al, x, 7), GM_OK);
+    assert_int_equal(gm_free(e.al, x), GM_OK); /* pending on stream 7's event */
+    gm_devptr y = alloc(e.al, 60 * MIB, 0);     /* needs the retry */
+    gm_stats s = stats(e.al);
+    assert_int_equal(s.num_alloc_retries, 1);
+    assert_true(s.reserved_bytes[GM_POOL_ALL].peak <= (int64_t)(64 * MIB));
+    check_ok(e.al);
+    gm_devptr z = 0;
+    assert_int_equal(gm_malloc(e.al, 0, 100 * MIB, 0, &z), GM_ENOMEM);
+    check_ok(e.al);
+    assert_int_equal(gm_free(e.al, y), GM_OK);
+    /* memory of another stream's arena moves over once it is idle */
+    gm_devptr w = alloc(e.al, 60 * MIB, 3);
+    assert_true(stats(e.al).reserved_bytes[GM_POOL_ALL].current <= (int64_t)(64 * MIB));
+    assert_int_equal(gm_free(e.al, w), GM_OK);
+    check_ok(e.al);
+    teardown_env(&e);
+}
+
+/* Freed blocks are reused at once on their stream, never on another one. */
+static void test_stream_reuse(void **state) {
+    (void)state;
+    env e;
+    setup_env(&e, 1024 * MIB, false);
+    uint64_t sizes[] = {1000, 256 * 1024, 4 * MIB, 33 * MIB};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        gm_devptr a = alloc(e.al, sizes[i], 1);
+        assert_int_equal(gm_free(e.al, a), GM_OK);
+        gm_devptr b = alloc(e.al, sizes[i], 2);
+        assert_true(b + sizes[i] <= a || a + sizes[i] <= b); /* not a's memory */
+        gm_devptr c = alloc(e.al, sizes[i], 1);
+        assert_int_equal(c, a); /* same stream: at once */
+        assert_int_equal(gm_free(e.al, b), GM_OK);
+        assert_int_equal(gm_free(e.al, c), GM_OK);
+        check_ok(e.al);
+    }
+    teardown_env(&e);
+}
+
+static int count_seg(const gm_segment_info *s, void *arg) {
+    uint64_t *m = arg;
+    m[0]++;
+    m[1] += s->mapped_size;
+    m[2] += s->allocated_size;
+    return 0;
+}
+
+/* empty_cache gives back everything not in use; segments show what is left. */
+static void test_empty_cache(void **state) {
+    (void)state;
+    env e;
+    setup_env(&e, 1024 * MIB, false);
+    gm_devptr keep = alloc(e.al, 3 * MIB, 0);
+    gm_devptr p[8];
+    for (int i = 0; i < 8; i++) p[i] = alloc(e.al, (uint64_t)(i + 1) * 700 * 1024, (gm_stream)(i % 2));
+    for (int i = 0; i < 8; i++) assert_int_equal(gm_free(e.al, p[i]), GM_OK);
+    assert_int_equal(gm_empty_cache(e.al, 0), GM_OK);
+    gm_stats s = stats(e.al);
+    assert_int_equal(s.reserved_bytes[GM_POOL_ALL].current, 4 * MIB); /* keep's 2 granules */
+    uint64_t freeb, total;
+    assert_int_equal(gm_mem_get_info(e.al, 0, &freeb, &total), GM_OK);
+    assert_int_equal(total - freeb, 4 * MIB);
+    uint64_t m[3] = {0};
+    assert_int_equal(gm_walk_segments(e.al, 0, count_seg, m), GM_OK);
+    assert_int_equal(m[1], 4 * MIB);
+    assert_int_equal(m[2], 3 * MIB);
+    check_ok(e.al);
+    assert_int_equal(gm_free(e.al, keep), GM_OK);
+    assert_int_equal(gm_empty_cache(e.al, 0), GM_OK);
+    assert_int_equal(stats(e.al).reserved_bytes[GM_POOL_ALL].current, 0);
+    check_ok(e.al);
+    teardown_env(&e);
+}
+
+/* ---- a backend without VMM: plain allocations from a bump pointer ------- */
+
+typedef struct plain_be {
+    uint64_t capacity, used, next;
+    uint64_t sizes[4096];
+    gm_devptr addrs[4096];
+    int n;
+} plain_be;
+
+static int pb_count(void *ctx, int *n) { (void)ctx; *n = 1; return GM_OK; }
+static int pb_info(void *ctx, int dev, uint64_t *f, uint64_t *t) {
+    plain_be *b = ctx;
+    (void)dev;
+    *f = b->capacity - b->used;
+    *t = b->capacity;
+    return GM_OK;
+}
+static int pb_malloc(void *ctx, int dev, uint64_t size, gm_devptr *out) {
+    plain_be *b = ctx;
+    (void)dev;
+    if (b->used + size > b->capacity || b->n == 4096) return GM_ENOMEM;
+    b->addrs[b->n] = b->next;
+    b->sizes[b->n++] = size;
+    *out = b->next;
+    b->next += (size + MIB - 1) / MIB * MIB;
+    b->used += size;
+    return GM_OK;
+}
+static int pb_free(void *ctx, int dev, gm_devptr p) {
+    plain_be *b = ctx;
+    (void)dev;
+    for (int i = 0; i < b->n; i++) {
+        if (b->addrs[i] != p) continue;
+        b->used -= b->sizes[i];
+        b->addrs[i] = b->addrs[--b->n];
+        b->sizes[i] = b->sizes[b->n];
+        return GM_OK;
+    }
+    return GM_EINVAL;
+}
+static int pb_rec(void *ctx, int dev, gm_stream s, gm_event *out) { (void)ctx, (void)dev, (void)s; *out = 1; return GM_OK; }
+static int pb_query(void *ctx, int dev, gm_event ev, bool *done) { (void)ctx, (void)dev, (void)ev; *done = true; return GM_OK; }
+static int pb_ev(void *ctx, int dev, gm_event ev) { (void)ctx, (void)dev, (void)ev; return GM_OK; }
+static void pb_destroy(void *ctx) { free(ctx); }
+
+static void test_fallback_without_vmm(void **state) {
+    (void)state;
+    gm_backend_ops ops = {
+        .version = GM_BACKEND_VERSION, .size = sizeof ops, .name = "plain",
+        .destroy = pb_destroy, .device_count = pb_count, .mem_info = pb_info,
+        .malloc = pb_malloc, .free = pb_free, .event_record = pb_rec,
+        .event_query = pb_query, .event_sync = pb_ev, .event_destroy = pb_ev,
+    };
+    plain_be *ctx = calloc(1, sizeof *ctx);
+    ctx->capacity = 256 * MIB;
+    ctx->next = 1 << 30;
+    env e;
+    assert_int_equal(gm_backend_create(&e.be, &ops, ctx), GM_OK);
+    gm_config cfg;
+    gm_config_init(&cfg);
+    assert_int_equal(gm_config_parse(&cfg, "policy:gpumem", NULL, 0), GM_OK);
+    assert_int_equal(gm_allocator_create(&e.al, e.be, &cfg), GM_OK);
+    gm_devptr a = alloc(e.al, 1000, 0);
+    gm_devptr b = alloc(e.al, 5 * MIB, 0);
+    check_ok(e.al);
+    assert_int_equal(gm_free(e.al, a), GM_OK);
+    assert_int_equal(alloc(e.al, 1000, 0), a); /* small: cached by size class */
+    gm_devptr big = 0;
+    assert_int_equal(gm_malloc(e.al, 0, 300 * MIB, 0, &big), GM_ENOMEM);
+    check_ok(e.al);
+    assert_int_equal(gm_free(e.al, a), GM_OK);
+    assert_int_equal(gm_free(e.al, b), GM_OK);
+    assert_int_equal(gm_empty_cache(e.al, 0), GM_OK);
+    assert_int_equal(stats(e.al).reserved_bytes[GM_POOL_ALL].current, 0);
+    assert_int_equal(ctx->used, 0);
+    check_ok(e.al);
+    teardown_env(&e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_random_no_overlap),
+        cmocka_unit_test(test_granule_stealing),
+        cmocka_unit_test(test_oom_reclaim_retry),
+        cmocka_unit_test(test_stream_reuse),
+        cmocka_unit_test(test_empty_cache),
+        cmocka_unit_test(test_fallback_without_vmm),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
