@@ -24,7 +24,7 @@ typedef struct tp_seg tp_seg;
 typedef struct tp_block {
     gm__block_hdr h;              /* ptr, size, stream, pool (+ front end's) */
     struct tp_block *prev, *next; /* address neighbours in the segment */
-    struct tp_block *left, *right; /* treap links while in a pool set */
+    struct tp_block *child[2];     /* treap links while in a pool set: left, right */
     uint32_t prio;                /* treap priority */
     uint8_t allocated;            /* handed out, policy free not yet called */
     uint8_t mapped;               /* backed by memory (false: unmapped VA) */

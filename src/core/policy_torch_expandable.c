@@ -84,6 +84,12 @@ static int grow_handles(tp_seg *s, uint64_t n) {
     return GM_OK;
 }
 
+/* Cleanup calls are tried twice: a passing fault must not leak a page. */
+static int release_handle(gm__device *d, gm_physmem h) {
+    int rc = gm__be_phys_release(d, h);
+    return rc < 0 ? gm__be_phys_release(d, h) : rc;
+}
+
 static void trim_handles(tp_seg *s) {
     while (s->nhandles && !s->handles[s->nhandles - 1].present) s->nhandles--;
 }
@@ -110,12 +116,13 @@ static int seg_map(tp_state *st, tp_seg *s, gm_devptr ptr, uint64_t size, uint64
             rc = gm__be_map(d, s->base + i * s->page, s->page, s->handles[i].h);
             if (rc < 0) break;
         }
-        if (rc < 0)
-            for (uint64_t j = begin; j < i; j++) (void)gm__be_unmap(d, s->base + j * s->page, s->page);
+        for (uint64_t j = begin; rc < 0 && j < i; j++)
+            if (gm__be_unmap(d, s->base + j * s->page, s->page) < 0)
+                (void)gm__be_unmap(d, s->base + j * s->page, s->page);
     }
     if (rc < 0) { /* give back what this call created */
         for (uint64_t j = begin; j < created; j++) {
-            (void)gm__be_phys_release(d, s->handles[j].h);
+            (void)release_handle(d, s->handles[j].h);
             s->handles[j].present = 0;
         }
         trim_handles(s);
@@ -206,7 +213,11 @@ static int seg_unmap_pages(tp_state *st, tp_seg *s, uint64_t begin, uint64_t end
     for (uint64_t i = begin; i < end; i++) {
         rc = gm__be_unmap(d, s->base + i * s->page, s->page);
         if (rc < 0) break;
-        (void)gm__be_phys_release(d, s->handles[i].h);
+        rc = release_handle(d, s->handles[i].h);
+        if (rc < 0) { /* keep the page: map it back so nothing leaks */
+            (void)gm__be_map(d, s->base + i * s->page, s->page, s->handles[i].h);
+            break;
+        }
         s->handles[i].present = 0;
         (*done)++;
     }
@@ -287,7 +298,7 @@ void tp_expandable_destroy(tp_state *st, tp_seg *s) {
     for (uint64_t i = 0; i < s->nhandles; i++) {
         if (!s->handles[i].present) continue;
         (void)gm__be_unmap(st->d, s->base + i * s->page, s->page);
-        (void)gm__be_phys_release(st->d, s->handles[i].h);
+        (void)release_handle(st->d, s->handles[i].h);
         s->handles[i].present = 0;
     }
     (void)gm__be_va_release(st->d, s->base, s->size);

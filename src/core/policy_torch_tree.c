@@ -19,34 +19,34 @@ void tp_set_init(tp_set *s, int by_addr) {
     s->by_addr = by_addr;
 }
 
-/* <0, 0, >0 like memcmp: order of block b against key (stream,size,ptr) */
-static inline int key_cmp(int by_addr, const tp_block *b, gm_stream stream, uint64_t size,
-                          gm_devptr ptr) {
-    if (b->h.stream != stream) return b->h.stream < stream ? -1 : 1;
-    if (!by_addr && b->h.size != size) return b->h.size < size ? -1 : 1;
-    if (b->h.ptr != ptr) return b->h.ptr < ptr ? -1 : 1;
-    return 0;
+/* Is block t ordered before key (stream, size, ptr)? by_addr sets ignore
+ * size. Written to compile to flag arithmetic: the descents below pick a
+ * child by index instead of branching, since which way a search goes is a
+ * coin flip the branch predictor cannot learn. */
+static inline int before_key(int by_addr, const tp_block *t, gm_stream stream, uint64_t size,
+                             gm_devptr ptr) {
+    uint64_t ts = by_addr ? 0 : t->h.size, ks = by_addr ? 0 : size;
+    gm_stream tst = t->h.stream;
+    /* bitwise, not logical, operators: no branches */
+    int same = (tst == stream) & (ts == ks);
+    return (tst < stream) | ((tst == stream) & (ts < ks)) | (same & (t->h.ptr < ptr));
 }
 
-static inline int blk_cmp(int by_addr, const tp_block *a, const tp_block *b) {
-    return key_cmp(by_addr, a, b->h.stream, b->h.size, b->h.ptr);
+static inline int before(int by_addr, const tp_block *t, const tp_block *b) {
+    return before_key(by_addr, t, b->h.stream, b->h.size, b->h.ptr);
 }
 
-/* split t into < key (l) and >= key (r) */
+/* split t into < key (*l) and >= key (*r) */
 static void split(int by_addr, tp_block *t, const tp_block *key, tp_block **l, tp_block **r) {
+    tp_block **side[2] = {r, l}; /* index: t < key */
     while (t) {
-        if (blk_cmp(by_addr, t, key) < 0) {
-            *l = t;
-            l = &t->right;
-            t = t->right;
-        } else {
-            *r = t;
-            r = &t->left;
-            t = t->left;
-        }
+        int lt = before(by_addr, t, key);
+        *side[lt] = t;
+        side[lt] = &t->child[lt];
+        t = t->child[lt];
     }
-    *l = NULL;
-    *r = NULL;
+    *side[0] = NULL;
+    *side[1] = NULL;
 }
 
 /* every key of a < every key of b */
@@ -55,12 +55,12 @@ static tp_block *merge(tp_block *a, tp_block *b) {
     while (a && b) {
         if (a->prio > b->prio) {
             *link = a;
-            link = &a->right;
-            a = a->right;
+            link = &a->child[1];
+            a = a->child[1];
         } else {
             *link = b;
-            link = &b->left;
-            b = b->left;
+            link = &b->child[0];
+            b = b->child[0];
         }
     }
     *link = a ? a : b;
@@ -78,12 +78,10 @@ static uint32_t next_prio(tp_state *st) {
 
 void tp_set_insert(tp_state *st, tp_set *s, tp_block *b) {
     b->prio = next_prio(st);
-    b->left = b->right = NULL;
     tp_block **link = &s->root;
     /* descend while the nodes outrank the new one, then split below it */
-    while (*link && (*link)->prio >= b->prio)
-        link = blk_cmp(s->by_addr, b, *link) < 0 ? &(*link)->left : &(*link)->right;
-    split(s->by_addr, *link, b, &b->left, &b->right);
+    while (*link && (*link)->prio >= b->prio) link = &(*link)->child[before(s->by_addr, *link, b)];
+    split(s->by_addr, *link, b, &b->child[0], &b->child[1]);
     *link = b;
     s->count++;
 }
@@ -92,29 +90,26 @@ void tp_set_erase(tp_set *s, tp_block *b) {
     tp_block **link = &s->root;
     while (*link != b) {
         if (!*link) return; /* not present: callers check in_set first */
-        link = blk_cmp(s->by_addr, b, *link) < 0 ? &(*link)->left : &(*link)->right;
+        link = &(*link)->child[before(s->by_addr, *link, b)];
     }
-    *link = merge(b->left, b->right);
-    b->left = b->right = NULL;
+    *link = merge(b->child[0], b->child[1]);
+    b->child[0] = b->child[1] = NULL;
     s->count--;
 }
 
 tp_block *tp_set_first(const tp_set *s) {
     tp_block *t = s->root;
     if (!t) return NULL;
-    while (t->left) t = t->left;
+    while (t->child[0]) t = t->child[0];
     return t;
 }
 
 tp_block *tp_set_lower_bound(const tp_set *s, gm_stream stream, uint64_t size, gm_devptr ptr) {
     tp_block *t = s->root, *best = NULL;
     while (t) {
-        if (key_cmp(s->by_addr, t, stream, size, ptr) >= 0) {
-            best = t;
-            t = t->left;
-        } else {
-            t = t->right;
-        }
+        int lt = before_key(s->by_addr, t, stream, size, ptr);
+        best = lt ? best : t;
+        t = t->child[lt];
     }
     return best;
 }
@@ -122,30 +117,25 @@ tp_block *tp_set_lower_bound(const tp_set *s, gm_stream stream, uint64_t size, g
 tp_block *tp_set_below(const tp_set *s, gm_stream stream, uint64_t size, gm_devptr ptr) {
     tp_block *t = s->root, *best = NULL;
     while (t) {
-        if (key_cmp(s->by_addr, t, stream, size, ptr) < 0) {
-            best = t;
-            t = t->right;
-        } else {
-            t = t->left;
-        }
+        int lt = before_key(s->by_addr, t, stream, size, ptr);
+        best = lt ? t : best;
+        t = t->child[lt];
     }
     return best;
 }
 
 tp_block *tp_set_next(const tp_set *s, const tp_block *b) {
-    if (b->right) {
-        tp_block *t = b->right;
-        while (t->left) t = t->left;
+    if (b->child[1]) {
+        tp_block *t = b->child[1];
+        while (t->child[0]) t = t->child[0];
         return t;
     }
+    /* smallest node after b: b is in the set, so descend towards it */
     tp_block *t = s->root, *best = NULL;
-    while (t) {
-        if (blk_cmp(s->by_addr, t, b) > 0) {
-            best = t;
-            t = t->left;
-        } else {
-            t = t->right;
-        }
+    while (t != b) {
+        int lt = before(s->by_addr, t, b);
+        best = lt ? best : t;
+        t = t->child[lt];
     }
     return best;
 }

@@ -20,7 +20,8 @@
 /* ---- stub backend ------------------------------------------------------- */
 
 static uint64_t g_capacity = 141 * GM__GIB, g_used;
-static int g_addr_mode; /* 0 low, 1 high, 2 trace */
+static int g_addr_mode; /* 0 low, 1 high, 2 trace, 3 hint+low, 4 hint+high */
+static char *g_hint_used;
 static gm_devptr *g_trace_segs;
 static uint64_t *g_trace_seg_sizes;
 static size_t g_ntrace_segs, g_next_trace_seg;
@@ -28,7 +29,7 @@ typedef struct { gm_devptr a; uint64_t n; } range;
 static range g_ranges[65536];
 static size_t g_nranges;
 static gm_devptr g_va_next = (gm_devptr)1 << 46;
-#define ARENA_LO ((gm_devptr)1 << 40)
+#define ARENA_LO ((gm_devptr)1 << 44)
 #define ARENA_HI (ARENA_LO + 256 * GM__GIB)
 
 int gm__set_error(int status, const char *fmt, ...) { (void)fmt; return status; }
@@ -48,12 +49,28 @@ int gm__be_malloc(gm__device *d, uint64_t size, gm_devptr *out) {
     if (g_used + size > g_capacity) return GM_ENOMEM;
     uint64_t n = (size + 2 * GM__MIB - 1) & ~(2 * GM__MIB - 1);
     gm_devptr a = 0;
+    if (g_addr_mode >= 3) { /* first unused trace address of this size that is free */
+        for (size_t k = 0; k < g_ntrace_segs; k++) {
+            if (g_hint_used[k] || g_trace_seg_sizes[k] != size) continue;
+            gm_devptr h = g_trace_segs[k];
+            int clash = 0;
+            for (size_t i = 0; i < g_nranges && !clash; i++)
+                clash = h < g_ranges[i].a + g_ranges[i].n && g_ranges[i].a < h + n;
+            if (clash) continue;
+            g_hint_used[k] = 1;
+            range_add(h, n);
+            g_used += size;
+            *out = h;
+            return 0;
+        }
+    }
     if (g_addr_mode == 2 && g_next_trace_seg < g_ntrace_segs &&
         g_trace_seg_sizes[g_next_trace_seg] == size) {
         a = g_trace_segs[g_next_trace_seg++];
-    } else if (g_addr_mode == 1) { /* highest gap */
+    } else if (g_addr_mode == 1 || g_addr_mode == 4) { /* highest gap */
         gm_devptr hi = ARENA_HI;
         for (size_t i = g_nranges; i-- > 0;) {
+            if (g_ranges[i].a >= hi) continue;
             if (hi - (g_ranges[i].a + g_ranges[i].n) >= n) break;
             hi = g_ranges[i].a;
         }
@@ -61,6 +78,7 @@ int gm__be_malloc(gm__device *d, uint64_t size, gm_devptr *out) {
     } else {
         gm_devptr lo = ARENA_LO;
         for (size_t i = 0; i < g_nranges; i++) {
+            if (g_ranges[i].a + g_ranges[i].n <= lo) continue;
             if (g_ranges[i].a - lo >= n) break;
             lo = g_ranges[i].a + g_ranges[i].n;
         }
@@ -161,7 +179,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--conf")) conf = argv[++i];
         else if (!strcmp(argv[i], "--addr")) {
             const char *m = argv[++i];
-            g_addr_mode = !strcmp(m, "high") ? 1 : !strcmp(m, "trace") ? 2 : 0;
+            g_addr_mode = !strcmp(m, "high") ? 1 : !strcmp(m, "trace") ? 2 : !strcmp(m, "hintlow") ? 3 : !strcmp(m, "hinthigh") ? 4 : 0;
         } else if (!strcmp(argv[i], "--repeat")) repeat = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--check")) check = 1;
     }
@@ -174,7 +192,8 @@ int main(int argc, char **argv) {
             g_trace_seg_sizes[g_ntrace_segs] = v[i].size;
             g_trace_segs[g_ntrace_segs++] = v[i].addr;
         }
-    g_mask = (1 << 21) - 1;
+    g_hint_used = calloc(n, 1);
+    g_mask = (1 << 16) - 1;
     g_map = calloc(g_mask + 1, sizeof(slot));
     gm_config cfg = {0};
     cfg.max_split_size = UINT64_MAX;
@@ -189,6 +208,7 @@ int main(int argc, char **argv) {
         d.total_memory = 143771 * GM__MIB;
         d.memory_fraction = 1.0;
         g_next_trace_seg = 0;
+        memset(g_hint_used, 0, n);
         void *st;
         gm__policy_torch.create(&d, &st);
         struct timespec t0, t1;
