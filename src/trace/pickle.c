@@ -1,0 +1,812 @@
+/* pickle.c — the safe pickle reader behind pickle.h.
+ *
+ * One pass over the opcodes with a value stack, a mark stack and a memo, as
+ * in CPython's _Unpickler, but every value is data: globals and constructors
+ * become opaque values. Gzip input is inflated in windows (a trace of 80 MB
+ * never sits in memory whole); need() guarantees that n bytes are readable
+ * before any opcode argument is touched, which is the whole bounds story.
+ * Every table counts against limits.max_memory. */
+#include "pickle.h"
+
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <zlib.h>
+
+#define HUGE_PAGE ((size_t)2 << 20)
+#define CHUNK_MAX ((size_t)32 << 20)
+
+/* ---- values ------------------------------------------------------------ */
+
+#define PV_TAG(v) ((v) & 7u)
+#define TAG_PTR 0u
+#define TAG_INT 1u
+#define TAG_SPECIAL 2u
+#define PV_NONE ((gm__pval)0x02)
+#define PV_FALSE ((gm__pval)0x0A)
+#define PV_TRUE ((gm__pval)0x12)
+#define SMALL_MIN (-((int64_t)1 << 60))
+#define SMALL_MAX (((int64_t)1 << 60) - 1)
+#define INTERN_MAX 64 /* intern str objects up to this many bytes */
+
+typedef struct pobj {
+    uint32_t type;
+    uint32_t hash; /* interned strings */
+    uint64_t len;  /* str/bytes: bytes; list/tuple/set: items; dict: pairs */
+    uint64_t cap;
+    union {
+        int64_t i;
+        double f;
+        char *s;
+        gm__pval *items;
+        const char *name;
+    } u;
+} pobj;
+
+static inline pobj *PO(gm__pval v) { return (pobj *)(uintptr_t)v; }
+static inline gm__pval PV(pobj *o) { return (gm__pval)(uintptr_t)o; }
+
+/* ---- the loader -------------------------------------------------------- */
+
+typedef struct chunk {
+    struct chunk *next;
+    size_t used, cap;
+    _Alignas(8) uint8_t data[];
+} chunk;
+
+struct gm__pickle {
+    gm__pickle_limits lim;
+    chunk *chunks;
+    uint64_t mem; /* bytes of arena chunks and tables */
+    gm__pval root;
+    uint64_t consumed;
+    /* tables (freed after loading) */
+    gm__pval *stack;
+    size_t sp, stack_cap;
+    size_t *marks;
+    size_t nmarks, marks_cap;
+    gm__pval *memo;
+    size_t memo_cap, memo_count;
+    pobj **intern;
+    size_t intern_cap, intern_count;
+};
+
+typedef struct reader {
+    const uint8_t *p, *end, *wbase;
+    uint64_t base; /* absolute offset of wbase[0] */
+    bool gz, zend;
+    z_stream z;
+    uint8_t *buf;
+    size_t bufcap;
+    gm__pickle *pk;
+} reader;
+
+static uint64_t roff(const reader *r, const uint8_t *at) { return r->base + (uint64_t)(at - r->wbase); }
+
+static int mem_charge(gm__pickle *p, uint64_t bytes) {
+    if (p->mem + bytes > p->lim.max_memory)
+        return gm__set_error(GM_ENOHOSTMEM, "pickle needs more than %llu bytes of memory (limit)",
+                             (unsigned long long)p->lim.max_memory);
+    p->mem += bytes;
+    return GM_OK;
+}
+
+static void *arena_alloc(gm__pickle *p, size_t n) {
+    n = (n + 7) & ~(size_t)7;
+    chunk *c = p->chunks;
+    if (!c || c->cap - c->used < n) {
+        /* chunks double up to 32 MiB: small pickles stay small, and big
+         * ones take few page faults (huge pages where the kernel allows) */
+        size_t cap = c ? c->cap * 2 : (1u << 20);
+        if (cap > CHUNK_MAX) cap = CHUNK_MAX;
+        if (cap < n + sizeof *c) cap = n + sizeof *c;
+        cap = (cap + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+        if (mem_charge(p, cap) != GM_OK) return NULL;
+        c = aligned_alloc(HUGE_PAGE, cap);
+        if (c) madvise(c, cap, MADV_HUGEPAGE);
+        cap -= sizeof *c;
+        if (!c) {
+            gm__set_error(GM_ENOHOSTMEM, "out of host memory reading pickle");
+            return NULL;
+        }
+        c->next = p->chunks;
+        c->used = 0;
+        c->cap = cap;
+        p->chunks = c;
+    }
+    void *r = c->data + c->used;
+    c->used += n;
+    return r;
+}
+
+/* Grow a malloc'd table to hold `need` elements, charging the memory. */
+static int table_grow(gm__pickle *p, void **arr, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return GM_OK;
+    size_t ncap = *cap ? *cap * 2 : 64;
+    while (ncap < need) ncap *= 2;
+    if (mem_charge(p, (uint64_t)(ncap - *cap) * elem) != GM_OK) return GM_ENOHOSTMEM;
+    void *n = realloc(*arr, ncap * elem);
+    if (!n) return gm__set_error(GM_ENOHOSTMEM, "out of host memory reading pickle");
+    *arr = n;
+    *cap = ncap;
+    return GM_OK;
+}
+
+void gm__pickle_limits_init(gm__pickle_limits *l) {
+    l->max_memory = 4 * GM__GIB;
+    l->max_string = 256 * GM__MIB;
+    l->max_input = 16 * GM__GIB;
+}
+
+/* ---- input window ------------------------------------------------------ */
+
+/* Slow path of need(): inflate more so that n bytes are readable. */
+static bool refill(reader *r, size_t n) {
+    if (!r->gz || r->zend) return false;
+    size_t have = (size_t)(r->end - r->p);
+    r->base += (uint64_t)(r->p - r->wbase);
+    if (have) memmove(r->buf, r->p, have);
+    size_t want = n > (256u << 10) ? n : (256u << 10);
+    if (want > r->bufcap) {
+        uint8_t *nb = realloc(r->buf, want);
+        if (!nb) return false;
+        r->buf = nb;
+        r->bufcap = want;
+    }
+    r->wbase = r->p = r->buf;
+    while (have < n && !r->zend) {
+        r->z.next_out = r->buf + have;
+        r->z.avail_out = (uInt)(r->bufcap - have);
+        int zr = inflate(&r->z, Z_NO_FLUSH);
+        have = r->bufcap - r->z.avail_out;
+        if (zr == Z_STREAM_END) {
+            /* concatenated gzip members continue the stream */
+            if (r->z.avail_in > 0 && inflateReset(&r->z) == Z_OK) continue;
+            r->zend = true;
+        } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
+            r->zend = true;
+        } else if (zr == Z_BUF_ERROR && r->z.avail_in == 0) {
+            r->zend = true; /* truncated gzip: report as truncated pickle */
+        }
+    }
+    r->end = r->buf + have;
+    if (r->base + have > r->pk->lim.max_input) return false;
+    return have >= n;
+}
+
+static inline bool need(reader *r, size_t n) {
+    return (size_t)(r->end - r->p) >= n || refill(r, n);
+}
+
+static inline uint64_t rd_le(const uint8_t *s, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | s[i];
+    return v;
+}
+
+/* ---- value constructors ------------------------------------------------ */
+
+static gm__pval mk_int(gm__pickle *p, int64_t i) {
+    if (i >= SMALL_MIN && i <= SMALL_MAX) return ((uint64_t)i << 3) | TAG_INT;
+    pobj *o = arena_alloc(p, sizeof *o);
+    if (!o) return 0;
+    o->type = GM__PT_INT;
+    o->u.i = i;
+    return PV(o);
+}
+
+static gm__pval mk_obj(gm__pickle *p, gm__ptype t) {
+    pobj *o = arena_alloc(p, sizeof *o);
+    if (!o) return 0;
+    memset(o, 0, sizeof *o);
+    o->type = t;
+    return PV(o);
+}
+
+static uint32_t hash_bytes(const uint8_t *s, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 16777619u;
+    return h;
+}
+
+static int intern_grow(gm__pickle *p) {
+    size_t ncap = p->intern_cap ? p->intern_cap * 2 : 1024;
+    if (mem_charge(p, ncap * sizeof(pobj *)) != GM_OK) return GM_ENOHOSTMEM;
+    pobj **t = calloc(ncap, sizeof *t);
+    if (!t) return GM_ENOHOSTMEM;
+    for (size_t i = 0; i < p->intern_cap; i++) {
+        pobj *o = p->intern[i];
+        if (!o) continue;
+        size_t j = o->hash & (ncap - 1);
+        while (t[j]) j = (j + 1) & (ncap - 1);
+        t[j] = o;
+    }
+    free(p->intern);
+    p->intern = t;
+    p->intern_cap = ncap;
+    return GM_OK;
+}
+
+static gm__pval mk_bytes(gm__pickle *p, gm__ptype t, const uint8_t *s, size_t n) {
+    uint32_t h = 0;
+    size_t slot = 0;
+    if (t == GM__PT_STR && n <= INTERN_MAX) {
+        if (p->intern_count * 2 >= p->intern_cap && intern_grow(p) != GM_OK) return 0;
+        h = hash_bytes(s, n);
+        slot = h & (p->intern_cap - 1);
+        for (pobj *o; (o = p->intern[slot]) != NULL; slot = (slot + 1) & (p->intern_cap - 1))
+            if (o->hash == h && o->len == n && memcmp(o->u.s, s, n) == 0) return PV(o);
+    }
+    pobj *o = arena_alloc(p, sizeof *o + n + 1);
+    if (!o) return 0;
+    o->type = t;
+    o->hash = h;
+    o->len = n;
+    o->cap = 0;
+    o->u.s = (char *)(o + 1);
+    if (n) memcpy(o->u.s, s, n);
+    o->u.s[n] = '\0';
+    if (t == GM__PT_STR && n <= INTERN_MAX) {
+        p->intern[slot] = o;
+        p->intern_count++;
+    }
+    return PV(o);
+}
+
+/* Append n values to a container's item array (arena, doubling). */
+static int cont_append(gm__pickle *p, pobj *o, const gm__pval *v, size_t n) {
+    size_t per = o->type == GM__PT_DICT ? 2 : 1;
+    size_t need_items = (size_t)(o->len * per) + n;
+    if (need_items > o->cap) {
+        size_t ncap = o->cap ? (size_t)o->cap * 2 : need_items;
+        if (ncap < need_items) ncap = need_items;
+        gm__pval *ni = arena_alloc(p, ncap * sizeof *ni);
+        if (!ni) return GM_ENOHOSTMEM;
+        if (o->len) memcpy(ni, o->u.items, (size_t)(o->len * per) * sizeof *ni);
+        o->u.items = ni;
+        o->cap = ncap;
+    }
+    memcpy(o->u.items + o->len * per, v, n * sizeof *v);
+    o->len += n / per;
+    return GM_OK;
+}
+
+static gm__pval mk_cont(gm__pickle *p, gm__ptype t, const gm__pval *v, size_t n) {
+    gm__pval c = mk_obj(p, t);
+    if (c && n && cont_append(p, PO(c), v, n) != GM_OK) return 0;
+    return c;
+}
+
+static gm__pval mk_opaque(gm__pickle *p, const char *name) {
+    gm__pval o = mk_obj(p, GM__PT_OPAQUE);
+    if (o) PO(o)->u.name = name ? name : "?";
+    return o;
+}
+
+/* ---- the opcode loop --------------------------------------------------- */
+
+static const char *op_name(uint8_t op) {
+    switch (op) {
+    case 0x80: return "PROTO"; case 0x95: return "FRAME"; case '.': return "STOP";
+    case '(': return "MARK"; case '0': return "POP"; case '1': return "POP_MARK";
+    case '2': return "DUP"; case '}': return "EMPTY_DICT"; case ']': return "EMPTY_LIST";
+    case ')': return "EMPTY_TUPLE"; case 0x8f: return "EMPTY_SET"; case 'N': return "NONE";
+    case 0x88: return "NEWTRUE"; case 0x89: return "NEWFALSE"; case 'K': return "BININT1";
+    case 'M': return "BININT2"; case 'J': return "BININT"; case 0x8a: return "LONG1";
+    case 0x8b: return "LONG4"; case 'G': return "BINFLOAT"; case 0x8c: return "SHORT_BINUNICODE";
+    case 'X': return "BINUNICODE"; case 0x8d: return "BINUNICODE8"; case 'C': return "SHORT_BINBYTES";
+    case 'B': return "BINBYTES"; case 0x8e: return "BINBYTES8"; case 0x96: return "BYTEARRAY8";
+    case 'U': return "SHORT_BINSTRING"; case 'T': return "BINSTRING"; case 0x94: return "MEMOIZE";
+    case 'q': return "BINPUT"; case 'r': return "LONG_BINPUT"; case 'h': return "BINGET";
+    case 'j': return "LONG_BINGET"; case 'u': return "SETITEMS"; case 's': return "SETITEM";
+    case 'a': return "APPEND"; case 'e': return "APPENDS"; case 0x90: return "ADDITEMS";
+    case 'l': return "LIST"; case 't': return "TUPLE"; case 'd': return "DICT";
+    case 0x91: return "FROZENSET"; case 0x85: return "TUPLE1"; case 0x86: return "TUPLE2";
+    case 0x87: return "TUPLE3"; case 'c': return "GLOBAL"; case 0x93: return "STACK_GLOBAL";
+    case 'R': return "REDUCE"; case 0x81: return "NEWOBJ"; case 0x92: return "NEWOBJ_EX";
+    case 'b': return "BUILD"; case 'P': return "PERSID"; case 'Q': return "BINPERSID";
+    case 0x82: return "EXT1"; case 0x83: return "EXT2"; case 0x84: return "EXT4";
+    case 0x97: return "NEXT_BUFFER"; case 0x98: return "READONLY_BUFFER";
+    case 'I': return "INT"; case 'L': return "LONG"; case 'F': return "FLOAT";
+    case 'S': return "STRING"; case 'V': return "UNICODE"; case 'p': return "PUT";
+    case 'g': return "GET"; case 'i': return "INST"; case 'o': return "OBJ";
+    }
+    return NULL;
+}
+
+static int op_err(const reader *r, uint64_t at, uint8_t op, const char *what) {
+    const char *n = op_name(op);
+    return gm__set_error(GM_EFORMAT, "malformed pickle at byte %llu (%s): %s",
+                         (unsigned long long)at, n ? n : "?", what);
+}
+
+static inline int push(gm__pickle *p, gm__pval v) {
+    if (!v) return GM_ENOHOSTMEM; /* the constructor set the detail */
+    if (p->sp == p->stack_cap &&
+        table_grow(p, (void **)&p->stack, &p->stack_cap, p->sp + 1, sizeof *p->stack) != GM_OK)
+        return GM_ENOHOSTMEM;
+    p->stack[p->sp++] = v;
+    return GM_OK;
+}
+
+static inline size_t stack_floor(const gm__pickle *p) {
+    return p->nmarks ? p->marks[p->nmarks - 1] : 0;
+}
+
+static gm__pval mk_long(gm__pickle *p, const uint8_t *b, size_t n) {
+    if (n == 0) return mk_int(p, 0);
+    if (n > 8) {
+        /* fits only if the extra bytes are pure sign extension */
+        uint8_t ext = (b[7] & 0x80) ? 0xFF : 0x00;
+        for (size_t i = 8; i < n; i++)
+            if (b[i] != ext) return mk_obj(p, GM__PT_BIGINT);
+        n = 8;
+    }
+    uint64_t v = rd_le(b, (int)n);
+    if (n < 8 && (b[n - 1] & 0x80)) v |= ~(uint64_t)0 << (8 * n);
+    return mk_int(p, (int64_t)v);
+}
+
+static gm__pval mk_float_be(gm__pickle *p, const uint8_t *b) {
+    uint64_t bits = 0;
+    for (int i = 0; i < 8; i++) bits = (bits << 8) | b[i];
+    gm__pval v = mk_obj(p, GM__PT_FLOAT);
+    if (v) memcpy(&PO(v)->u.f, &bits, sizeof bits);
+    return v;
+}
+
+static int memo_put(gm__pickle *p, reader *r, uint64_t at, uint8_t op, uint64_t idx) {
+    /* a real pickler numbers memo entries in order, so an index never
+     * exceeds the bytes read so far: this bounds the memo by the input */
+    if (idx > at) return op_err(r, at, op, "memo index larger than the input so far");
+    if (idx >= p->memo_cap) {
+        size_t old = p->memo_cap;
+        if (table_grow(p, (void **)&p->memo, &p->memo_cap, (size_t)idx + 1, sizeof *p->memo))
+            return GM_ENOHOSTMEM;
+        memset(p->memo + old, 0, (p->memo_cap - old) * sizeof *p->memo);
+    }
+    if (!p->memo[idx]) p->memo_count++;
+    p->memo[idx] = p->stack[p->sp - 1];
+    return GM_OK;
+}
+
+/* str/bytes opcodes: `lb` length bytes, then the data. */
+static int op_blob(gm__pickle *p, reader *r, uint64_t at, uint8_t op, int lb, gm__ptype t) {
+    if (!need(r, (size_t)lb)) return op_err(r, at, op, "truncated length");
+    uint64_t n = rd_le(r->p, lb);
+    if (op == 'T' && (n & 0x80000000u)) return op_err(r, at, op, "negative length");
+    if (n > p->lim.max_string) return op_err(r, at, op, "length exceeds the limit");
+    r->p += lb;
+    if (!need(r, (size_t)n)) return op_err(r, at, op, "truncated data");
+    int rc = push(p, mk_bytes(p, t, r->p, (size_t)n));
+    r->p += n;
+    return rc;
+}
+
+static int read_line(reader *r, size_t *len) {
+    for (size_t n = 0; n < 1024; n++) {
+        if (!need(r, n + 1)) return -1;
+        if (r->p[n] == '\n') {
+            *len = n;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int op_global(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
+    char name[2100];
+    size_t m, n;
+    if (read_line(r, &m) != 0) return op_err(r, at, op, "bad module line");
+    memcpy(name, r->p, m);
+    r->p += m + 1;
+    name[m] = '.';
+    if (read_line(r, &n) != 0) return op_err(r, at, op, "bad name line");
+    memcpy(name + m + 1, r->p, n);
+    r->p += n + 1;
+    gm__pval s = mk_bytes(p, GM__PT_STR, (const uint8_t *)name, m + 1 + n);
+    return s ? push(p, mk_opaque(p, PO(s)->u.s)) : GM_ENOHOSTMEM;
+}
+
+static int op_stack_global(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
+    size_t ml, nl;
+    const char *mod = gm__pv_str(p->stack[p->sp - 2], &ml);
+    const char *nm = gm__pv_str(p->stack[p->sp - 1], &nl);
+    if (!mod || !nm || ml + nl > 2048) return op_err(r, at, op, "module and name must be str");
+    char name[2100];
+    memcpy(name, mod, ml);
+    name[ml] = '.';
+    memcpy(name + ml + 1, nm, nl);
+    gm__pval s = mk_bytes(p, GM__PT_STR, (const uint8_t *)name, ml + 1 + nl);
+    p->sp -= 2;
+    return s ? push(p, mk_opaque(p, PO(s)->u.s)) : GM_ENOHOSTMEM;
+}
+
+/* SETITEM(S)/APPEND(S)/ADDITEMS into `target` (opaque targets swallow). */
+static int op_fill(gm__pickle *p, reader *r, uint64_t at, uint8_t op, gm__pval target,
+                   const gm__pval *v, size_t n, gm__ptype want) {
+    gm__ptype t = gm__pv_type(target);
+    if (t == GM__PT_OPAQUE) return GM_OK;
+    if (t != want) {
+        char msg[80];
+        snprintf(msg, sizeof msg, "target is a %s, not a %s", gm__pv_type_name(target),
+                 want == GM__PT_DICT ? "dict" : want == GM__PT_SET ? "set" : "list");
+        return op_err(r, at, op, msg);
+    }
+    if (want == GM__PT_DICT && (n & 1)) return op_err(r, at, op, "odd number of items");
+    return n ? cont_append(p, PO(target), v, n) : GM_OK;
+}
+
+/* Pop to the last MARK; *k is where the items start. */
+static int pop_mark(gm__pickle *p, reader *r, uint64_t at, uint8_t op, size_t *k) {
+    if (!p->nmarks) return op_err(r, at, op, "no MARK on the stack");
+    *k = p->marks[--p->nmarks];
+    return GM_OK;
+}
+
+static int op_marked(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
+    size_t k;
+    int rc = pop_mark(p, r, at, op, &k);
+    if (rc) return rc;
+    size_t n = p->sp - k;
+    gm__pval *items = p->stack + k;
+    gm__ptype want = op == 'u' ? GM__PT_DICT : op == 0x90 ? GM__PT_SET : GM__PT_LIST;
+    if (op == 'u' || op == 'e' || op == 0x90) {
+        if (k <= stack_floor(p)) return op_err(r, at, op, "no container below the MARK");
+        rc = op_fill(p, r, at, op, p->stack[k - 1], items, n, want);
+        p->sp = k;
+        return rc;
+    }
+    gm__ptype t = op == 't' ? GM__PT_TUPLE : op == 'd' ? GM__PT_DICT
+                : op == 0x91 ? GM__PT_SET : GM__PT_LIST;
+    if (t == GM__PT_DICT && (n & 1)) return op_err(r, at, op, "odd number of items");
+    gm__pval c = mk_cont(p, t, items, n);
+    p->sp = k;
+    return push(p, c);
+}
+
+/* Number of values an opcode pops from above the current MARK. */
+static int op_arity(uint8_t op) {
+    switch (op) {
+    case '.': case '2': case 0x94: case 'q': case 'r': case 0x85: return 1;
+    case 's': case 0x87: case 0x92: return 3;
+    case 'a': case 0x86: case 0x93: case 'R': case 0x81: case 'b': return 2;
+    }
+    return 0;
+}
+
+static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
+    const uint8_t *a;
+    switch (op) {
+    case 0x80:
+        if (!need(r, 1)) return op_err(r, at, op, "truncated");
+        if (*r->p > 5) return op_err(r, at, op, "unsupported protocol (above 5)");
+        r->p++;
+        return GM_OK;
+    case 0x95:
+        if (!need(r, 8)) return op_err(r, at, op, "truncated");
+        r->p += 8;
+        return GM_OK;
+    case '(':
+        if (table_grow(p, (void **)&p->marks, &p->marks_cap, p->nmarks + 1, sizeof *p->marks))
+            return GM_ENOHOSTMEM;
+        p->marks[p->nmarks++] = p->sp;
+        return GM_OK;
+    case '0':
+        if (p->sp > stack_floor(p)) p->sp--;
+        else if (p->nmarks) p->nmarks--;
+        else return op_err(r, at, op, "stack underflow");
+        return GM_OK;
+    case '1': {
+        size_t k;
+        int rc = pop_mark(p, r, at, op, &k);
+        if (!rc) p->sp = k;
+        return rc;
+    }
+    case '2': return push(p, p->stack[p->sp - 1]);
+    case '}': return push(p, mk_obj(p, GM__PT_DICT));
+    case ']': return push(p, mk_obj(p, GM__PT_LIST));
+    case ')': return push(p, mk_obj(p, GM__PT_TUPLE));
+    case 0x8f: return push(p, mk_obj(p, GM__PT_SET));
+    case 'N': return push(p, PV_NONE);
+    case 0x88: return push(p, PV_TRUE);
+    case 0x89: return push(p, PV_FALSE);
+    case 'K': case 'M': case 'J': {
+        int n = op == 'K' ? 1 : op == 'M' ? 2 : 4;
+        if (!need(r, (size_t)n)) return op_err(r, at, op, "truncated");
+        uint64_t v = rd_le(r->p, n);
+        r->p += n;
+        return push(p, mk_int(p, op == 'J' ? (int64_t)(int32_t)(uint32_t)v : (int64_t)v));
+    }
+    case 0x8a: case 0x8b: {
+        int lb = op == 0x8a ? 1 : 4;
+        if (!need(r, (size_t)lb)) return op_err(r, at, op, "truncated length");
+        uint64_t n = rd_le(r->p, lb);
+        if (op == 0x8b && (n & 0x80000000u)) return op_err(r, at, op, "negative length");
+        if (n > p->lim.max_string) return op_err(r, at, op, "length exceeds the limit");
+        r->p += lb;
+        if (!need(r, (size_t)n)) return op_err(r, at, op, "truncated data");
+        a = r->p;
+        r->p += n;
+        return push(p, mk_long(p, a, (size_t)n));
+    }
+    case 'G':
+        if (!need(r, 8)) return op_err(r, at, op, "truncated");
+        a = r->p;
+        r->p += 8;
+        return push(p, mk_float_be(p, a));
+    case 0x8c: return op_blob(p, r, at, op, 1, GM__PT_STR);
+    case 'X': return op_blob(p, r, at, op, 4, GM__PT_STR);
+    case 0x8d: return op_blob(p, r, at, op, 8, GM__PT_STR);
+    case 'C': case 'U': return op_blob(p, r, at, op, 1, GM__PT_BYTES);
+    case 'B': case 'T': return op_blob(p, r, at, op, 4, GM__PT_BYTES);
+    case 0x8e: case 0x96: return op_blob(p, r, at, op, 8, GM__PT_BYTES);
+    case 0x94: return memo_put(p, r, at, op, p->memo_count);
+    case 'q': case 'r': case 'h': case 'j': {
+        int n = (op == 'q' || op == 'h') ? 1 : 4;
+        if (!need(r, (size_t)n)) return op_err(r, at, op, "truncated");
+        uint64_t idx = rd_le(r->p, n);
+        r->p += n;
+        if (op == 'q' || op == 'r') return memo_put(p, r, at, op, idx);
+        if (idx >= p->memo_cap || !p->memo[idx]) return op_err(r, at, op, "memo key not found");
+        return push(p, p->memo[idx]);
+    }
+    case 'u': case 'e': case 0x90: case 'l': case 't': case 'd': case 0x91:
+        return op_marked(p, r, at, op);
+    case 's':
+        p->sp -= 2;
+        return op_fill(p, r, at, op, p->stack[p->sp - 1], p->stack + p->sp, 2, GM__PT_DICT);
+    case 'a':
+        p->sp -= 1;
+        return op_fill(p, r, at, op, p->stack[p->sp - 1], p->stack + p->sp, 1, GM__PT_LIST);
+    case 0x85: case 0x86: case 0x87: {
+        size_t n = (size_t)(op - 0x84);
+        gm__pval c = mk_cont(p, GM__PT_TUPLE, p->stack + p->sp - n, n);
+        p->sp -= n;
+        return push(p, c);
+    }
+    case 'c': return op_global(p, r, at, op);
+    case 0x93: return op_stack_global(p, r, at, op);
+    case 'R': case 0x81: case 0x92: {
+        /* never call anything: the result is an opaque stand-in */
+        p->sp -= op == 0x92 ? 2 : 1;
+        const char *nm = gm__pv_opaque_name(p->stack[p->sp - 1]);
+        gm__pval o = mk_opaque(p, nm);
+        if (!o) return GM_ENOHOSTMEM;
+        p->stack[p->sp - 1] = o;
+        return GM_OK;
+    }
+    case 'b': p->sp--; return GM_OK; /* the state is ignored; the object stays opaque */
+    }
+    const char *n = op_name(op);
+    char msg[96];
+    if (n) snprintf(msg, sizeof msg, "opcode not supported by this safe reader");
+    else snprintf(msg, sizeof msg, "unknown opcode 0x%02x", op);
+    return op_err(r, at, op, msg);
+}
+
+static int run_ops(gm__pickle *p, reader *r) {
+    for (;;) {
+        if (!need(r, 1)) {
+            if (r->base + (uint64_t)(r->end - r->wbase) > p->lim.max_input)
+                return gm__set_error(GM_EFORMAT, "pickle larger than the input limit");
+            return gm__set_error(GM_EFORMAT, "truncated pickle at byte %llu: no STOP opcode",
+                                 (unsigned long long)roff(r, r->p));
+        }
+        uint64_t at = roff(r, r->p);
+        uint8_t op = *r->p++;
+        int arity = op_arity(op);
+        if (arity && p->sp - stack_floor(p) < (size_t)arity)
+            return op_err(r, at, op, "stack underflow");
+        if (op == '.') {
+            p->root = p->stack[p->sp - 1];
+            p->consumed = roff(r, r->p);
+            return GM_OK;
+        }
+        int rc = run_one(p, r, at, op);
+        if (rc) return rc;
+    }
+}
+
+/* ---- public entry points ----------------------------------------------- */
+
+static void pickle_free_tables(gm__pickle *p) {
+    free(p->stack);
+    free(p->marks);
+    free(p->memo);
+    free(p->intern);
+    p->stack = NULL;
+    p->marks = NULL;
+    p->memo = NULL;
+    p->intern = NULL;
+}
+
+void gm__pickle_free(gm__pickle *p) {
+    if (!p) return;
+    pickle_free_tables(p);
+    for (chunk *c = p->chunks, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    free(p);
+}
+
+int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limits,
+                    gm__pickle **out) {
+    *out = NULL;
+    if (!data && len) return gm__set_error(GM_EINVAL, "no input");
+    gm__pickle *p = calloc(1, sizeof *p);
+    if (!p) return GM_ENOHOSTMEM;
+    if (limits) p->lim = *limits;
+    else gm__pickle_limits_init(&p->lim);
+    reader r = {0};
+    r.pk = p;
+    const uint8_t *d = data;
+    if (len >= 2 && d[0] == 0x1f && d[1] == 0x8b) {
+        r.gz = true;
+        if (inflateInit2(&r.z, 16 + MAX_WBITS) != Z_OK) {
+            free(p);
+            return gm__set_error(GM_ENOHOSTMEM, "zlib initialisation failed");
+        }
+        r.z.next_in = (Bytef *)(uintptr_t)d;
+        r.z.avail_in = (uInt)len; /* inputs are < 4 GiB: checked by callers */
+        r.p = r.end = r.wbase = r.buf;
+    } else {
+        r.p = r.wbase = d;
+        r.end = d + len;
+    }
+    int rc = len > UINT32_MAX && r.gz ? gm__set_error(GM_EINVAL, "compressed input over 4 GiB")
+                                      : run_ops(p, &r);
+    if (r.gz) inflateEnd(&r.z);
+    free(r.buf);
+    pickle_free_tables(p);
+    if (rc != GM_OK) {
+        gm__pickle_free(p);
+        return rc;
+    }
+    *out = p;
+    return GM_OK;
+}
+
+int gm__pickle_load_file(const char *path, const gm__pickle_limits *limits, gm__pickle **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return gm__set_error(GM_EIO, "cannot open %s", path);
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            cap = cap ? cap * 2 : (1u << 20);
+            if (cap > (size_t)UINT32_MAX + 1) {
+                free(buf);
+                fclose(f);
+                return gm__set_error(GM_EINVAL, "%s: file too large", path);
+            }
+            uint8_t *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return gm__set_error(GM_ENOHOSTMEM, "out of host memory reading %s", path);
+            }
+            buf = nb;
+        }
+        size_t n = fread(buf + len, 1, cap - len, f);
+        len += n;
+        if (n == 0) break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        return gm__set_error(GM_EIO, "error reading %s", path);
+    }
+    int rc = gm__pickle_load(buf, len, limits, out);
+    free(buf);
+    return rc;
+}
+
+gm__pval gm__pickle_root(const gm__pickle *p) { return p ? p->root : 0; }
+uint64_t gm__pickle_input_bytes(const gm__pickle *p) { return p ? p->consumed : 0; }
+uint64_t gm__pickle_memory_bytes(const gm__pickle *p) { return p ? p->mem : 0; }
+
+/* ---- accessors --------------------------------------------------------- */
+
+gm__ptype gm__pv_type(gm__pval v) {
+    switch (PV_TAG(v)) {
+    case TAG_PTR: return v ? (gm__ptype)PO(v)->type : GM__PT_ABSENT;
+    case TAG_INT: return GM__PT_INT;
+    case TAG_SPECIAL: return v == PV_NONE ? GM__PT_NONE : GM__PT_BOOL;
+    }
+    return GM__PT_ABSENT;
+}
+
+const char *gm__pv_type_name(gm__pval v) {
+    static const char *names[] = {"absent", "None", "bool", "int", "int", "float", "str",
+                                  "bytes", "list", "tuple", "dict", "set", "object"};
+    return names[gm__pv_type(v)];
+}
+
+bool gm__pv_int(gm__pval v, int64_t *out) {
+    if (PV_TAG(v) == TAG_INT) {
+        *out = (int64_t)v >> 3;
+        return true;
+    }
+    if (v == PV_TRUE || v == PV_FALSE) {
+        *out = v == PV_TRUE;
+        return true;
+    }
+    if (PV_TAG(v) == TAG_PTR && v && PO(v)->type == GM__PT_INT) {
+        *out = PO(v)->u.i;
+        return true;
+    }
+    return false;
+}
+
+bool gm__pv_float(gm__pval v, double *out) {
+    int64_t i;
+    if (gm__pv_int(v, &i)) {
+        *out = (double)i;
+        return true;
+    }
+    if (gm__pv_type(v) != GM__PT_FLOAT) return false;
+    *out = PO(v)->u.f;
+    return true;
+}
+
+bool gm__pv_bool(gm__pval v, bool *out) {
+    if (v != PV_TRUE && v != PV_FALSE) return false;
+    *out = v == PV_TRUE;
+    return true;
+}
+
+static const char *pv_chars(gm__pval v, gm__ptype t, size_t *len) {
+    if (gm__pv_type(v) != t) return NULL;
+    if (len) *len = (size_t)PO(v)->len;
+    return PO(v)->u.s;
+}
+const char *gm__pv_str(gm__pval v, size_t *len) { return pv_chars(v, GM__PT_STR, len); }
+const char *gm__pv_bytes(gm__pval v, size_t *len) { return pv_chars(v, GM__PT_BYTES, len); }
+
+const char *gm__pv_opaque_name(gm__pval v) {
+    return gm__pv_type(v) == GM__PT_OPAQUE ? PO(v)->u.name : NULL;
+}
+
+size_t gm__pv_len(gm__pval v) {
+    switch (gm__pv_type(v)) {
+    case GM__PT_STR: case GM__PT_BYTES: case GM__PT_LIST: case GM__PT_TUPLE:
+    case GM__PT_DICT: case GM__PT_SET:
+        return (size_t)PO(v)->len;
+    default: return 0;
+    }
+}
+
+gm__pval gm__pv_item(gm__pval v, size_t i) {
+    gm__ptype t = gm__pv_type(v);
+    if ((t != GM__PT_LIST && t != GM__PT_TUPLE && t != GM__PT_SET) || i >= PO(v)->len) return 0;
+    return PO(v)->u.items[i];
+}
+
+gm__pval gm__pv_dict_key(gm__pval v, size_t i) {
+    if (gm__pv_type(v) != GM__PT_DICT || i >= PO(v)->len) return 0;
+    return PO(v)->u.items[2 * i];
+}
+
+gm__pval gm__pv_dict_val(gm__pval v, size_t i) {
+    if (gm__pv_type(v) != GM__PT_DICT || i >= PO(v)->len) return 0;
+    return PO(v)->u.items[2 * i + 1];
+}
+
+gm__pval gm__pv_dict_get(gm__pval v, const char *key) {
+    if (gm__pv_type(v) != GM__PT_DICT) return 0;
+    size_t kl = strlen(key);
+    for (size_t i = PO(v)->len; i-- > 0;) {
+        gm__pval k = PO(v)->u.items[2 * i];
+        size_t n;
+        const char *s = gm__pv_str(k, &n);
+        if (s && n == kl && memcmp(s, key, n) == 0) return PO(v)->u.items[2 * i + 1];
+    }
+    return 0;
+}

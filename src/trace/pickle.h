@@ -1,0 +1,81 @@
+/* pickle.h — a safe reader for the subset of Python's pickle format that
+ * PyTorch memory snapshots use (protocols 2 to 5), plain or gzip-compressed.
+ *
+ * Nothing is ever executed: GLOBAL / STACK_GLOBAL / REDUCE / BUILD / NEWOBJ
+ * produce an opaque value that remembers the global's name. Every length is
+ * checked against the input and against limits, so malformed or truncated
+ * input gives GM_EFORMAT with the byte offset (of the uncompressed stream) in
+ * gm_last_error_detail(), never a crash or an out-of-bounds read.
+ *
+ * Values are 8-byte tagged words (gm__pval): small ints, None/True/False are
+ * immediate; everything else points into the loader's arena, so a whole
+ * snapshot is freed at once. Short strings are interned: equal short strings
+ * are the same object, which lets readers compare keys by pointer. */
+#ifndef GPUMEM_TRACE_PICKLE_H
+#define GPUMEM_TRACE_PICKLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef uint64_t gm__pval;
+
+typedef enum gm__ptype {
+    GM__PT_ABSENT = 0, /* the value 0: "no such key / index" */
+    GM__PT_NONE,
+    GM__PT_BOOL,
+    GM__PT_INT,    /* fits in int64 */
+    GM__PT_BIGINT, /* does not fit in int64: no numeric value offered */
+    GM__PT_FLOAT,
+    GM__PT_STR,
+    GM__PT_BYTES,
+    GM__PT_LIST,
+    GM__PT_TUPLE,
+    GM__PT_DICT,
+    GM__PT_SET,
+    GM__PT_OPAQUE, /* result of GLOBAL/REDUCE/NEWOBJ/BUILD: never executed */
+} gm__ptype;
+
+typedef struct gm__pickle gm__pickle;
+
+typedef struct gm__pickle_limits {
+    uint64_t max_memory;     /* arena + tables; default 4 GiB */
+    uint64_t max_string;     /* one str/bytes; default 256 MiB */
+    uint64_t max_input;      /* uncompressed bytes; default 16 GiB */
+} gm__pickle_limits;
+
+void gm__pickle_limits_init(gm__pickle_limits *l);
+
+/* Load one pickle from memory; gzip is detected by its magic bytes.
+ * limits == NULL: defaults. On error returns GM_EFORMAT (malformed),
+ * GM_ENOHOSTMEM (a limit or malloc) and sets gm_last_error_detail(). */
+int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limits,
+                    gm__pickle **out);
+/* Read a whole file and load it. GM_EIO when it cannot be read. */
+int gm__pickle_load_file(const char *path, const gm__pickle_limits *limits, gm__pickle **out);
+void gm__pickle_free(gm__pickle *p);
+gm__pval gm__pickle_root(const gm__pickle *p);
+/* Uncompressed bytes consumed and arena bytes used (for reports/bench). */
+uint64_t gm__pickle_input_bytes(const gm__pickle *p);
+uint64_t gm__pickle_memory_bytes(const gm__pickle *p);
+
+/* ---- accessors: all accept any value (wrong type -> false/NULL/0) ------ */
+gm__ptype gm__pv_type(gm__pval v);
+const char *gm__pv_type_name(gm__pval v);
+bool gm__pv_int(gm__pval v, int64_t *out);    /* INT and BOOL */
+bool gm__pv_float(gm__pval v, double *out);   /* FLOAT, INT, BOOL */
+bool gm__pv_bool(gm__pval v, bool *out);      /* BOOL only */
+/* STR/BYTES: pointer to the bytes (NUL-terminated) and length. */
+const char *gm__pv_str(gm__pval v, size_t *len);
+const char *gm__pv_bytes(gm__pval v, size_t *len);
+/* OPAQUE: "module.name" of the global involved (or "?"). */
+const char *gm__pv_opaque_name(gm__pval v);
+/* LIST/TUPLE/SET: items; DICT: pairs; STR/BYTES: bytes. */
+size_t gm__pv_len(gm__pval v);
+gm__pval gm__pv_item(gm__pval v, size_t i);      /* LIST/TUPLE/SET */
+gm__pval gm__pv_dict_key(gm__pval v, size_t i);  /* DICT pair i */
+gm__pval gm__pv_dict_val(gm__pval v, size_t i);
+/* DICT lookup by str key (last one wins, like Python); 0 if absent. */
+gm__pval gm__pv_dict_get(gm__pval v, const char *key);
+
+#endif /* GPUMEM_TRACE_PICKLE_H */

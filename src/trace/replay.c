@@ -1,0 +1,274 @@
+/* replay.c — replays a trace's allocation stream through an allocator on
+ * the sim backend, to predict what a policy and configuration would reserve.
+ *
+ * Compilation resolves every free to the alloc it frees once (trace
+ * addresses -> slot numbers), so a run is a tight loop over a flat array
+ * and `tune` can run many configurations over one compiled program. The
+ * trace starts from an empty allocator, so alloc + free_completed in order
+ * is exactly the input torch's allocator saw (free_requested only marks when
+ * the tensor died; memory becomes reusable at free_completed). */
+#include "trace.h"
+
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define OP_FREE 0x80000000u
+
+typedef struct rop {
+    uint64_t size;
+    uint64_t stream;
+    uint32_t slot;
+    uint32_t ev; /* event index within the device; OP_FREE bit for frees */
+} rop;
+
+struct gm_replay_prog {
+    rop *ops;
+    size_t nops;
+    uint32_t nslots;
+    uint64_t events, unknown_frees, double_allocs;
+    int64_t trace_peak_requested;
+};
+
+/* addr -> slot, linear probing with backward-shift deletion */
+typedef struct amap {
+    uint64_t *key;
+    uint32_t *val; /* UINT32_MAX = empty */
+    size_t cap, count;
+} amap;
+
+static size_t amap_h(uint64_t k, size_t cap) {
+    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+}
+
+static int amap_grow(amap *m) {
+    size_t ncap = m->cap ? m->cap * 2 : 1024;
+    uint64_t *nk = malloc(ncap * sizeof *nk);
+    uint32_t *nv = malloc(ncap * sizeof *nv);
+    if (!nk || !nv) {
+        free(nk);
+        free(nv);
+        return GM_ENOHOSTMEM;
+    }
+    memset(nv, 0xFF, ncap * sizeof *nv);
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->val[i] == UINT32_MAX) continue;
+        size_t j = amap_h(m->key[i], ncap);
+        while (nv[j] != UINT32_MAX) j = (j + 1) & (ncap - 1);
+        nk[j] = m->key[i];
+        nv[j] = m->val[i];
+    }
+    free(m->key);
+    free(m->val);
+    m->key = nk;
+    m->val = nv;
+    m->cap = ncap;
+    return GM_OK;
+}
+
+static size_t amap_find(const amap *m, uint64_t k) {
+    size_t j = amap_h(k, m->cap);
+    while (m->val[j] != UINT32_MAX && m->key[j] != k) j = (j + 1) & (m->cap - 1);
+    return j;
+}
+
+static void amap_del(amap *m, size_t j) {
+    size_t mask = m->cap - 1;
+    for (size_t i = (j + 1) & mask; m->val[i] != UINT32_MAX; i = (i + 1) & mask) {
+        size_t h = amap_h(m->key[i], m->cap);
+        /* move i into the hole j if its home is not in (j, i] */
+        if (((i - h) & mask) >= ((i - j) & mask)) {
+            m->key[j] = m->key[i];
+            m->val[j] = m->val[i];
+            j = i;
+        }
+    }
+    m->val[j] = UINT32_MAX;
+    m->count--;
+}
+
+static int compile_events(gm_replay_prog *p, const gm_trace_event *ev, size_t n, int free_action) {
+    amap m = {0};
+    int rc = amap_grow(&m);
+    uint64_t *sizes = NULL; /* requested bytes per slot, for the trace's own peak */
+    size_t sizes_cap = 0;
+    int64_t cur = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const gm_trace_event *e = &ev[i];
+        if (e->action == GM_TA_ALLOC) {
+            if (m.count * 2 >= m.cap && (rc = amap_grow(&m))) break;
+            if (p->nslots == UINT32_MAX - 1 || i >= OP_FREE) {
+                rc = gm__set_error(GM_EINVAL, "trace too long to replay");
+                break;
+            }
+            size_t j = amap_find(&m, e->addr);
+            if (m.val[j] != UINT32_MAX) {
+                p->double_allocs++; /* the old one is never freed */
+            } else {
+                m.count++;
+            }
+            m.key[j] = e->addr;
+            m.val[j] = p->nslots;
+            if (p->nslots >= sizes_cap) {
+                sizes_cap = sizes_cap ? sizes_cap * 2 : 1024;
+                uint64_t *ns = realloc(sizes, sizes_cap * sizeof *ns);
+                if (!ns) {
+                    rc = GM_ENOHOSTMEM;
+                    break;
+                }
+                sizes = ns;
+            }
+            sizes[p->nslots] = e->size;
+            cur += (int64_t)e->size;
+            if (cur > p->trace_peak_requested) p->trace_peak_requested = cur;
+            p->ops[p->nops++] = (rop){e->size, e->stream, p->nslots++, (uint32_t)i};
+        } else if (e->action == free_action) {
+            size_t j = amap_find(&m, e->addr);
+            if (m.val[j] == UINT32_MAX) {
+                p->unknown_frees++;
+                continue;
+            }
+            uint32_t slot = m.val[j];
+            amap_del(&m, j);
+            cur -= (int64_t)sizes[slot];
+            p->ops[p->nops++] = (rop){sizes[slot], e->stream, slot, (uint32_t)i | OP_FREE};
+        }
+    }
+    free(sizes);
+    free(m.key);
+    free(m.val);
+    return rc;
+}
+
+int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out) {
+    *out = NULL;
+    if (device < 0 || device >= t->ndevices)
+        return gm__set_error(GM_EDEVICE, "the trace has no device %d (it has %d)", device,
+                             t->ndevices);
+    const gm_trace_event *ev = t->events + t->dev_off[device];
+    size_t n = t->dev_off[device + 1] - t->dev_off[device];
+    gm_replay_prog *p = calloc(1, sizeof *p);
+    if (!p || !(p->ops = malloc((n ? n : 1) * sizeof *p->ops))) {
+        free(p);
+        return gm__set_error(GM_ENOHOSTMEM, "out of host memory compiling a replay");
+    }
+    p->events = n;
+    /* old snapshots record no free_completed: then free_requested is the free */
+    int free_action = GM_TA_FREE_COMPLETED;
+    bool any_completed = false, any_requested = false;
+    for (size_t i = 0; i < n; i++) {
+        any_completed |= ev[i].action == GM_TA_FREE_COMPLETED;
+        any_requested |= ev[i].action == GM_TA_FREE_REQUESTED;
+    }
+    if (!any_completed && any_requested) free_action = GM_TA_FREE_REQUESTED;
+    int rc = compile_events(p, ev, n, free_action);
+    if (rc) {
+        gm_replay_prog_free(p);
+        return rc == GM_ENOHOSTMEM ? gm__set_error(rc, "out of host memory compiling a replay") : rc;
+    }
+    *out = p;
+    return GM_OK;
+}
+
+void gm_replay_prog_free(gm_replay_prog *p) {
+    if (!p) return;
+    free(p->ops);
+    free(p);
+}
+
+size_t gm_replay_prog_ops(const gm_replay_prog *p) { return p->nops; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void fill_stats(gm_replay_result *r, const gm_stats *s) {
+    r->peak_requested = s->requested_bytes[GM_POOL_ALL].peak;
+    r->peak_allocated = s->allocated_bytes[GM_POOL_ALL].peak;
+    r->peak_reserved = s->reserved_bytes[GM_POOL_ALL].peak;
+    r->segments = s->segment[GM_POOL_ALL].allocated;
+    r->num_alloc_retries = s->num_alloc_retries;
+    r->num_ooms = s->num_ooms;
+    r->num_device_alloc = s->num_device_alloc;
+    r->num_device_free = s->num_device_free;
+    r->num_va_reserve = s->num_va_reserve;
+    r->num_va_release = s->num_va_release;
+    r->num_phys_create = s->num_phys_create;
+    r->num_phys_release = s->num_phys_release;
+    r->num_map = s->num_map;
+    r->num_unmap = s->num_unmap;
+}
+
+static void run_ops(const gm_replay_prog *p, gm_allocator *a, gm_devptr *ptrs, gm_replay_result *r) {
+    for (size_t i = 0; i < p->nops; i++) {
+        const rop *o = &p->ops[i];
+        int rc;
+        if (o->ev & OP_FREE) {
+            gm_devptr ptr = ptrs[o->slot];
+            if (!ptr) continue; /* a 0-byte allocation */
+            rc = gm_free(a, ptr);
+            r->frees++;
+        } else {
+            rc = gm_malloc(a, 0, o->size, o->stream, &ptrs[o->slot]);
+            r->allocs++;
+            if (rc == GM_ENOMEM) {
+                r->oom = true;
+                r->oom_event = o->ev;
+                r->oom_size = o->size;
+                snprintf(r->oom_detail, sizeof r->oom_detail, "%s", gm_last_error_detail());
+                return;
+            }
+        }
+        if (rc) {
+            r->error = rc;
+            snprintf(r->error_detail, sizeof r->error_detail, "event %u: %s: %s",
+                     o->ev & ~OP_FREE, gm_strerror(rc), gm_last_error_detail());
+            return;
+        }
+    }
+}
+
+int gm_replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity,
+                  gm_replay_result *r) {
+    memset(r, 0, sizeof *r);
+    r->events = p->events;
+    r->unknown_frees = p->unknown_frees;
+    r->double_allocs = p->double_allocs;
+    r->trace_peak_requested = p->trace_peak_requested;
+    gm_sim_options so;
+    gm_sim_options_init(&so);
+    if (capacity) so.capacity = capacity;
+    gm_backend *be = NULL;
+    gm_allocator *a = NULL;
+    int rc = gm_sim_create(&be, &so);
+    if (!rc) rc = gm_allocator_create(&a, be, cfg);
+    if (!rc && cfg && cfg->per_process_memory_fraction < 1.0)
+        rc = gm_set_memory_fraction(a, 0, cfg->per_process_memory_fraction);
+    gm_devptr *ptrs = rc ? NULL : calloc(p->nslots ? p->nslots : 1, sizeof *ptrs);
+    if (!rc && !ptrs) rc = gm__set_error(GM_ENOHOSTMEM, "out of host memory for a replay");
+    if (rc) {
+        int keep = rc;
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", gm_last_error_detail());
+        if (a) gm_allocator_destroy(a);
+        if (be) gm_backend_destroy(be);
+        return gm__set_error(keep, "cannot set up the replay: %s%s%s", gm_strerror(keep),
+                             *msg ? ": " : "", msg);
+    }
+    double t0 = now_s();
+    run_ops(p, a, ptrs, r);
+    r->seconds = now_s() - t0;
+    gm_stats st;
+    memset(&st, 0, sizeof st);
+    st.size = sizeof st;
+    if (gm_get_stats(a, 0, &st) == GM_OK) fill_stats(r, &st);
+    free(ptrs);
+    gm_allocator_destroy(a);
+    gm_backend_destroy(be);
+    return GM_OK;
+}

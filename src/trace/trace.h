@@ -1,0 +1,144 @@
+/* trace.h — allocation traces: PyTorch memory snapshots and gpumem's own
+ * trace format (docs/trace-format.md) read into one compact in-memory form,
+ * and the replay engine that drives an allocator policy on the sim backend.
+ *
+ * Shared by the CLI (replay, tune, convert), the tests and the benchmarks.
+ * Named gm_trace_* / gm_replay_* because they are meant to become public
+ * (include/gpumem/trace.h) once the shape has settled. */
+#ifndef GPUMEM_TRACE_TRACE_H
+#define GPUMEM_TRACE_TRACE_H
+
+#include "gpumem/gpumem.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Actions of torch's TraceEntry, in its order. */
+#define GM_TRACE_ACTIONS(X)                                                    \
+    X(ALLOC, "alloc") X(FREE_REQUESTED, "free_requested")                      \
+    X(FREE_COMPLETED, "free_completed") X(SEGMENT_ALLOC, "segment_alloc")      \
+    X(SEGMENT_FREE, "segment_free") X(SEGMENT_MAP, "segment_map")              \
+    X(SEGMENT_UNMAP, "segment_unmap") X(SNAPSHOT, "snapshot") X(OOM, "oom")
+
+typedef enum gm_trace_action {
+#define GM__TA_ENUM(n, s) GM_TA_##n,
+    GM_TRACE_ACTIONS(GM__TA_ENUM)
+#undef GM__TA_ENUM
+    GM_TA_COUNT
+} gm_trace_action;
+
+const char *gm_trace_action_name(int action); /* "alloc", ... */
+
+typedef struct gm_trace_event {
+    uint64_t addr;
+    uint64_t size;   /* alloc: requested bytes; segment_*: bytes; oom: bytes asked */
+    uint64_t stream;
+    int64_t time_us;
+    uint32_t stack;  /* 0 = no frames, else 1 + index into the stack table */
+    uint8_t action;  /* gm_trace_action */
+    uint8_t device;
+} gm_trace_event;
+
+typedef struct gm_trace_frame {
+    uint32_t name, filename; /* indexes into strings */
+    int32_t line;
+} gm_trace_frame;
+
+/* A segment of the snapshot's final state (torch: snapshot["segments"]). */
+typedef struct gm_trace_segment {
+    uint64_t address, total_size, allocated_size, requested_size, stream;
+    uint32_t nblocks;
+    uint8_t device;
+    bool large, expandable;
+} gm_trace_segment;
+
+typedef struct gm_trace {
+    /* events of device d are events[dev_off[d] .. dev_off[d+1]) */
+    gm_trace_event *events;
+    size_t nevents;
+    int ndevices;
+    size_t *dev_off;
+    char **strings;
+    uint32_t nstrings;
+    gm_trace_frame *frames;
+    uint32_t nframes;
+    /* stack s (0-based) is frames stack_frames[stack_off[s] .. stack_off[s+1]) */
+    uint32_t *stack_frames;
+    uint32_t *stack_off;
+    uint32_t nstacks;
+    gm_trace_segment *segments;
+    size_t nsegments;
+    char *alloc_conf;     /* PYTORCH_CUDA_ALLOC_CONF at recording time, or NULL */
+    bool has_settings;    /* allocator_settings were present */
+    const char *format;   /* "pytorch-snapshot" or "gmt" */
+    uint64_t skipped;     /* events dropped: unknown action or bad fields */
+} gm_trace;
+
+/* Read a trace file of either format (detected by magic: gmt, gzip, or a
+ * bare pickle). GM_EFORMAT / GM_EIO / GM_ENOHOSTMEM with the detail in
+ * gm_last_error_detail(). */
+int gm_trace_load_file(const char *path, gm_trace **out);
+int gm_trace_load_mem(const void *data, size_t len, gm_trace **out);
+/* The snapshot reader alone (input: a PyTorch snapshot pickle, maybe gzip). */
+int gm_trace_from_snapshot(const void *data, size_t len, gm_trace **out);
+void gm_trace_free(gm_trace *t);
+
+/* gpumem trace format (.gmt): see docs/trace-format.md. */
+#define GM_TRACE_MAGIC "GMTRACE\0"
+#define GM_TRACE_VERSION 1
+int gm_trace_write_gmt(const gm_trace *t, const char *path);
+/* Encode into a malloc'd buffer (for tests/fuzzing). */
+int gm_trace_encode_gmt(const gm_trace *t, uint8_t **out, size_t *outlen);
+int gm_trace_decode_gmt(const void *data, size_t len, gm_trace **out);
+
+/* Builders shared by the readers (trace_build.c). */
+typedef struct gm__trace_builder gm__trace_builder;
+gm__trace_builder *gm__tb_new(void);
+void gm__tb_discard(gm__trace_builder *b);
+int gm__tb_string(gm__trace_builder *b, const char *s, size_t n, uint32_t *id);
+int gm__tb_frame(gm__trace_builder *b, uint32_t name, uint32_t file, int32_t line, uint32_t *id);
+int gm__tb_stack(gm__trace_builder *b, const uint32_t *frames, uint32_t n, uint32_t *id1);
+int gm__tb_event(gm__trace_builder *b, const gm_trace_event *e);
+int gm__tb_segment(gm__trace_builder *b, const gm_trace_segment *s);
+int gm__tb_conf(gm__trace_builder *b, const char *conf);
+/* Sort events by device (stable) and hand over; the builder is consumed. */
+int gm__tb_finish(gm__trace_builder *b, const char *format, gm_trace **out);
+
+/* ---- replay ------------------------------------------------------------ */
+
+/* The alloc/free stream of one device, resolved once and replayable many
+ * times (tune runs many configurations over one program). */
+typedef struct gm_replay_prog gm_replay_prog;
+
+int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out);
+void gm_replay_prog_free(gm_replay_prog *p);
+size_t gm_replay_prog_ops(const gm_replay_prog *p);
+
+typedef struct gm_replay_result {
+    int64_t peak_requested, peak_allocated, peak_reserved;
+    int64_t trace_peak_requested; /* computed from the trace alone */
+    int64_t segments;             /* segment.all.allocated */
+    int64_t num_alloc_retries, num_ooms;
+    int64_t num_device_alloc, num_device_free, num_va_reserve, num_va_release;
+    int64_t num_phys_create, num_phys_release, num_map, num_unmap;
+    uint64_t allocs, frees;          /* replayed */
+    uint64_t unknown_frees;          /* free_completed of an address never allocated */
+    uint64_t double_allocs;          /* alloc of an address still live in the trace */
+    uint64_t events;                 /* trace events of the device */
+    bool oom;
+    size_t oom_event;                /* index of the failing event within the device's events */
+    uint64_t oom_size;               /* bytes it asked for */
+    char oom_detail[512];            /* gm_last_error_detail() at the OOM */
+    int error;                       /* a non-OOM failure (GM_*), 0 if none */
+    char error_detail[256];
+    double seconds;                  /* wall time of the replay loop */
+} gm_replay_result;
+
+/* Replay on a fresh sim device of `capacity` bytes (0 = 141 GiB) with cfg
+ * (NULL = torch defaults). Returns GM_OK even on OOM (see r->oom); errors
+ * only when the allocator or backend cannot be created. */
+int gm_replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity,
+                  gm_replay_result *r);
+
+#endif /* GPUMEM_TRACE_TRACE_H */

@@ -1,0 +1,306 @@
+/* trace_build.c — builds a gm_trace from pieces: interned strings, frames
+ * and stacks (so a million events with the same Python stack cost one stack),
+ * the event array and the final segments. Both readers (PyTorch snapshot and
+ * .gmt) use it, so a trace looks the same whichever file it came from. */
+#include "trace.h"
+
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *gm_trace_action_name(int action) {
+    static const char *names[] = {
+#define GM__TA_NAME(n, s) s,
+        GM_TRACE_ACTIONS(GM__TA_NAME)
+#undef GM__TA_NAME
+    };
+    return action >= 0 && action < GM_TA_COUNT ? names[action] : "?";
+}
+
+/* Open addressing set of ids keyed by a 64-bit hash; equality by callback. */
+typedef struct htab {
+    uint64_t *hash;
+    uint32_t *id; /* UINT32_MAX = empty */
+    size_t cap, count;
+} htab;
+
+typedef bool (*eq_fn)(const void *ctx, uint32_t id, const void *key);
+
+static int ht_grow(htab *h) {
+    size_t ncap = h->cap ? h->cap * 2 : 256;
+    uint64_t *nh = malloc(ncap * sizeof *nh);
+    uint32_t *ni = malloc(ncap * sizeof *ni);
+    if (!nh || !ni) {
+        free(nh);
+        free(ni);
+        return GM_ENOHOSTMEM;
+    }
+    memset(ni, 0xFF, ncap * sizeof *ni);
+    for (size_t i = 0; i < h->cap; i++) {
+        if (h->id[i] == UINT32_MAX) continue;
+        size_t j = h->hash[i] & (ncap - 1);
+        while (ni[j] != UINT32_MAX) j = (j + 1) & (ncap - 1);
+        nh[j] = h->hash[i];
+        ni[j] = h->id[i];
+    }
+    free(h->hash);
+    free(h->id);
+    h->hash = nh;
+    h->id = ni;
+    h->cap = ncap;
+    return GM_OK;
+}
+
+/* Find key; if absent, *slot is where to insert. Returns id or UINT32_MAX. */
+static uint32_t ht_find(htab *h, uint64_t hash, eq_fn eq, const void *ctx, const void *key,
+                        size_t *slot) {
+    size_t j = hash & (h->cap - 1);
+    for (; h->id[j] != UINT32_MAX; j = (j + 1) & (h->cap - 1))
+        if (h->hash[j] == hash && eq(ctx, h->id[j], key)) return h->id[j];
+    *slot = j;
+    return UINT32_MAX;
+}
+
+static void ht_free(htab *h) {
+    free(h->hash);
+    free(h->id);
+}
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdull;
+}
+
+static uint64_t hash_mem(const void *p, size_t n) {
+    const uint8_t *s = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Grow a vector of `elem`-sized items to hold one more. */
+static int vec_reserve(void **arr, size_t *cap, size_t n, size_t elem) {
+    if (n < *cap) return GM_OK;
+    size_t ncap = *cap ? *cap * 2 : 64;
+    void *na = realloc(*arr, ncap * elem);
+    if (!na) return gm__set_error(GM_ENOHOSTMEM, "out of host memory building a trace");
+    *arr = na;
+    *cap = ncap;
+    return GM_OK;
+}
+
+struct gm__trace_builder {
+    gm_trace *t;
+    size_t ev_cap, str_cap, fr_cap, sf_cap, so_cap, seg_cap, nstack_frames;
+    htab strs, frames, stacks;
+};
+
+gm__trace_builder *gm__tb_new(void) {
+    gm__trace_builder *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    b->t = calloc(1, sizeof *b->t);
+    if (!b->t || ht_grow(&b->strs) || ht_grow(&b->frames) || ht_grow(&b->stacks)) {
+        gm__tb_discard(b);
+        return NULL;
+    }
+    return b;
+}
+
+void gm__tb_discard(gm__trace_builder *b) {
+    if (!b) return;
+    gm_trace_free(b->t);
+    ht_free(&b->strs);
+    ht_free(&b->frames);
+    ht_free(&b->stacks);
+    free(b);
+}
+
+typedef struct skey { const char *s; size_t n; } skey;
+static bool str_eq(const void *ctx, uint32_t id, const void *key) {
+    const gm_trace *t = ctx;
+    const skey *k = key;
+    return strlen(t->strings[id]) == k->n && memcmp(t->strings[id], k->s, k->n) == 0;
+}
+
+int gm__tb_string(gm__trace_builder *b, const char *s, size_t n, uint32_t *id) {
+    gm_trace *t = b->t;
+    if (memchr(s, '\0', n)) n = strlen(s); /* strings are C strings: cut at NUL */
+    if (b->strs.count * 2 >= b->strs.cap && ht_grow(&b->strs)) return GM_ENOHOSTMEM;
+    skey k = {s, n};
+    uint64_t h = hash_mem(s, n);
+    size_t slot;
+    uint32_t found = ht_find(&b->strs, h, str_eq, t, &k, &slot);
+    if (found != UINT32_MAX) {
+        *id = found;
+        return GM_OK;
+    }
+    if (vec_reserve((void **)&t->strings, &b->str_cap, t->nstrings, sizeof *t->strings))
+        return GM_ENOHOSTMEM;
+    char *c = malloc(n + 1);
+    if (!c) return GM_ENOHOSTMEM;
+    memcpy(c, s, n);
+    c[n] = '\0';
+    t->strings[t->nstrings] = c;
+    b->strs.hash[slot] = h;
+    b->strs.id[slot] = t->nstrings;
+    b->strs.count++;
+    *id = t->nstrings++;
+    return GM_OK;
+}
+
+static bool frame_eq(const void *ctx, uint32_t id, const void *key) {
+    const gm_trace_frame *a = &((const gm_trace *)ctx)->frames[id], *k = key;
+    return a->name == k->name && a->filename == k->filename && a->line == k->line;
+}
+
+int gm__tb_frame(gm__trace_builder *b, uint32_t name, uint32_t file, int32_t line, uint32_t *id) {
+    gm_trace *t = b->t;
+    if (name >= t->nstrings || file >= t->nstrings)
+        return gm__set_error(GM_EFORMAT, "frame names string %u of %u", name > file ? name : file,
+                             t->nstrings);
+    if (b->frames.count * 2 >= b->frames.cap && ht_grow(&b->frames)) return GM_ENOHOSTMEM;
+    gm_trace_frame k = {name, file, line};
+    uint64_t h = mix(mix(mix(0, name), file), (uint32_t)line);
+    size_t slot;
+    uint32_t found = ht_find(&b->frames, h, frame_eq, t, &k, &slot);
+    if (found != UINT32_MAX) {
+        *id = found;
+        return GM_OK;
+    }
+    if (vec_reserve((void **)&t->frames, &b->fr_cap, t->nframes, sizeof *t->frames))
+        return GM_ENOHOSTMEM;
+    t->frames[t->nframes] = k;
+    b->frames.hash[slot] = h;
+    b->frames.id[slot] = t->nframes;
+    b->frames.count++;
+    *id = t->nframes++;
+    return GM_OK;
+}
+
+typedef struct stkey { const uint32_t *f; uint32_t n; } stkey;
+static bool stack_eq(const void *ctx, uint32_t id, const void *key) {
+    const gm_trace *t = ctx;
+    const stkey *k = key;
+    uint32_t n = t->stack_off[id + 1] - t->stack_off[id];
+    return n == k->n && memcmp(t->stack_frames + t->stack_off[id], k->f, n * sizeof *k->f) == 0;
+}
+
+int gm__tb_stack(gm__trace_builder *b, const uint32_t *frames, uint32_t n, uint32_t *id1) {
+    gm_trace *t = b->t;
+    if (n == 0) {
+        *id1 = 0;
+        return GM_OK;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (frames[i] >= t->nframes)
+            return gm__set_error(GM_EFORMAT, "stack names frame %u of %u", frames[i], t->nframes);
+    if (b->stacks.count * 2 >= b->stacks.cap && ht_grow(&b->stacks)) return GM_ENOHOSTMEM;
+    if (!t->stack_off) {
+        if (vec_reserve((void **)&t->stack_off, &b->so_cap, 0, sizeof *t->stack_off))
+            return GM_ENOHOSTMEM;
+        t->stack_off[0] = 0;
+    }
+    uint64_t h = hash_mem(frames, n * sizeof *frames);
+    stkey k = {frames, n};
+    size_t slot;
+    uint32_t found = ht_find(&b->stacks, h, stack_eq, t, &k, &slot);
+    if (found != UINT32_MAX) {
+        *id1 = found + 1;
+        return GM_OK;
+    }
+    if (b->nstack_frames + n > UINT32_MAX) return gm__set_error(GM_EFORMAT, "too many stack frames");
+    while (b->sf_cap < b->nstack_frames + n)
+        if (vec_reserve((void **)&t->stack_frames, &b->sf_cap, b->sf_cap, sizeof *t->stack_frames))
+            return GM_ENOHOSTMEM;
+    if (vec_reserve((void **)&t->stack_off, &b->so_cap, t->nstacks + 1, sizeof *t->stack_off))
+        return GM_ENOHOSTMEM;
+    memcpy(t->stack_frames + b->nstack_frames, frames, n * sizeof *frames);
+    b->nstack_frames += n;
+    t->stack_off[t->nstacks + 1] = (uint32_t)b->nstack_frames;
+    b->stacks.hash[slot] = h;
+    b->stacks.id[slot] = t->nstacks;
+    b->stacks.count++;
+    *id1 = ++t->nstacks;
+    return GM_OK;
+}
+
+int gm__tb_event(gm__trace_builder *b, const gm_trace_event *e) {
+    gm_trace *t = b->t;
+    if (e->stack > t->nstacks)
+        return gm__set_error(GM_EFORMAT, "event names stack %u of %u", e->stack, t->nstacks);
+    if (e->action >= GM_TA_COUNT) return gm__set_error(GM_EFORMAT, "bad event action %u", e->action);
+    if (vec_reserve((void **)&t->events, &b->ev_cap, t->nevents, sizeof *t->events))
+        return GM_ENOHOSTMEM;
+    t->events[t->nevents++] = *e;
+    if (e->device + 1 > t->ndevices) t->ndevices = e->device + 1;
+    return GM_OK;
+}
+
+int gm__tb_segment(gm__trace_builder *b, const gm_trace_segment *s) {
+    gm_trace *t = b->t;
+    if (vec_reserve((void **)&t->segments, &b->seg_cap, t->nsegments, sizeof *t->segments))
+        return GM_ENOHOSTMEM;
+    t->segments[t->nsegments++] = *s;
+    return GM_OK;
+}
+
+int gm__tb_conf(gm__trace_builder *b, const char *conf) {
+    free(b->t->alloc_conf);
+    b->t->alloc_conf = conf ? strdup(conf) : NULL;
+    b->t->has_settings = true;
+    return conf && !b->t->alloc_conf ? GM_ENOHOSTMEM : GM_OK;
+}
+
+int gm__tb_finish(gm__trace_builder *b, const char *format, gm_trace **out) {
+    gm_trace *t = b->t;
+    *out = NULL;
+    int nd = t->ndevices ? t->ndevices : 1;
+    t->dev_off = calloc((size_t)nd + 1, sizeof *t->dev_off);
+    if (!t->dev_off) {
+        gm__tb_discard(b);
+        return gm__set_error(GM_ENOHOSTMEM, "out of host memory building a trace");
+    }
+    bool sorted = true;
+    for (size_t i = 0; i < t->nevents; i++) {
+        t->dev_off[t->events[i].device + 1]++;
+        if (i && t->events[i].device < t->events[i - 1].device) sorted = false;
+    }
+    for (int d = 0; d < nd; d++) t->dev_off[d + 1] += t->dev_off[d];
+    if (!sorted) { /* stable counting sort by device */
+        gm_trace_event *s = malloc(t->nevents * sizeof *s);
+        size_t *pos = malloc((size_t)nd * sizeof *pos);
+        if (!s || !pos) {
+            free(s);
+            free(pos);
+            gm__tb_discard(b);
+            return gm__set_error(GM_ENOHOSTMEM, "out of host memory building a trace");
+        }
+        memcpy(pos, t->dev_off, (size_t)nd * sizeof *pos);
+        for (size_t i = 0; i < t->nevents; i++) s[pos[t->events[i].device]++] = t->events[i];
+        free(t->events);
+        free(pos);
+        t->events = s;
+    }
+    t->ndevices = nd;
+    t->format = format;
+    if (!t->stack_off) t->nstacks = 0;
+    *out = t;
+    b->t = NULL;
+    gm__tb_discard(b);
+    return GM_OK;
+}
+
+void gm_trace_free(gm_trace *t) {
+    if (!t) return;
+    for (uint32_t i = 0; i < t->nstrings; i++) free(t->strings[i]);
+    free(t->strings);
+    free(t->events);
+    free(t->dev_off);
+    free(t->frames);
+    free(t->stack_frames);
+    free(t->stack_off);
+    free(t->segments);
+    free(t->alloc_conf);
+    free(t);
+}
