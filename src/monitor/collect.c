@@ -46,8 +46,8 @@ int gm__sample_copy(gm__mon_sample *dst, const gm__mon_sample *src) {
         gm__sample_free(dst);
         return GM_ENOHOSTMEM;
     }
-    memcpy(dst->devs, src->devs, (size_t)src->ndevices * sizeof *dst->devs);
-    memcpy(dst->rows, src->rows, (size_t)src->nrows * sizeof *dst->rows);
+    if (src->ndevices) memcpy(dst->devs, src->devs, (size_t)src->ndevices * sizeof *dst->devs);
+    if (src->nrows) memcpy(dst->rows, src->rows, (size_t)src->nrows * sizeof *dst->rows);
     return GM_OK;
 }
 
