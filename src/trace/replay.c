@@ -180,6 +180,7 @@ void gm_replay_prog_free(gm_replay_prog *p) {
 }
 
 size_t gm_replay_prog_ops(const gm_replay_prog *p) { return p->nops; }
+int64_t gm_replay_prog_peak_requested(const gm_replay_prog *p) { return p->trace_peak_requested; }
 
 static double now_s(void) {
     struct timespec ts;

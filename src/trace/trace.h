@@ -114,6 +114,8 @@ typedef struct gm_replay_prog gm_replay_prog;
 int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out);
 void gm_replay_prog_free(gm_replay_prog *p);
 size_t gm_replay_prog_ops(const gm_replay_prog *p);
+/* Peak of live requested bytes in the trace itself (no allocator involved). */
+int64_t gm_replay_prog_peak_requested(const gm_replay_prog *p);
 
 typedef struct gm_replay_result {
     int64_t peak_requested, peak_allocated, peak_reserved;
