@@ -189,7 +189,7 @@ int gp_walk(void *state, gm__segment_cb cb, void *arg) {
         for (const gp_block *b = st->plain; b; b = b->next) {
             si.address = b->h.ptr;
             si.total_size = si.mapped_size = b->h.size;
-            si.allocated_size = b->state == GP_USED ? b->h.size : 0;
+            si.allocated_size = b->state == GP_USED && b->h.live ? b->h.size : 0;
             si.stream = b->h.stream;
             si.pool = b->h.pool;
             int rc = cb(&si, arg);
@@ -200,8 +200,8 @@ int gp_walk(void *state, gm__segment_cb cb, void *arg) {
     for (uint32_t k = 0; k < st->narenas; k++) {
         const gp_arena *a = st->arenas[k];
         uint64_t used = 0;
-        for (const gp_block *b = a->head; b; b = b->next)
-            if (b->state == GP_USED) used += b->h.size;
+        for (const gp_block *b = a->head; b; b = b->next) /* not freed by the caller */
+            if (b->state == GP_USED && b->h.live) used += b->h.size;
         si.address = a->base;
         si.total_size = a->va_size;
         si.mapped_size = a->mapped_bytes;

@@ -180,14 +180,22 @@ static int chunk_unmap(gp_state *st, int32_t i) {
 }
 
 /* Release chunk i (idle or loose) to the backend. */
+static int chunk_map(gp_state *st, gp_arena *a, int32_t i, uint64_t g);
+
 static int chunk_release(gp_state *st, int32_t i) {
     gp_chunk *c = &st->chunks[i];
-    if (c->arena >= 0) {
+    int32_t arena = c->arena;
+    int64_t g0 = c->g0;
+    if (arena >= 0) {
         int rc = chunk_unmap(st, i);
         if (rc) return rc;
     }
     int rc = gm__be_phys_release(st->d, c->h);
-    if (rc) return rc;
+    if (rc) {
+        /* keep it where it was, so every byte held stays in some segment */
+        if (arena >= 0) chunk_map(st, st->arenas[arena], i, (uint64_t)g0);
+        return rc;
+    }
     chunk_list_del(st, i);
     reserved_add(st, c->pool, -(int64_t)(c->n << st->gshift), -1);
     c->inuse = 0;
@@ -433,12 +441,8 @@ int gp_arena_init_va(gp_state *st, gp_arena *a) {
     uint64_t want = st->d->total_memory * 2;
     if (want < GM__GIB) want = GM__GIB;
     want = (want + st->gran - 1) & ~(st->gran - 1);
-    int rc = GM_ENOMEM;
-    for (int tries = 0; tries < 3 && want >= st->gran; tries++, want = (want / 2) & ~(st->gran - 1)) {
-        rc = gm__be_va_reserve(st->d, want, &a->base);
-        if (rc == GM_OK) break;
-    }
-    if (rc) return rc;
+    int rc = gm__be_va_reserve(st->d, want, &a->base);
+    if (rc) return rc; /* the next request for this stream tries again */
     a->va_size = want;
     a->ngran = want >> st->gshift;
     a->gran = malloc(a->ngran * sizeof *a->gran);
