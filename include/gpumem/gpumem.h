@@ -173,6 +173,12 @@ GM_API int gm_sim_create(gm_backend **out, const gm_sim_options *opts);
  * of `device` (stream == UINT64_MAX: every stream). */
 GM_API int gm_sim_complete_events(gm_backend *b, int device, gm_stream stream);
 
+/* Sim only: the next malloc of exactly `size` bytes on `device` gets
+ * `addr` if that range is free (hints are taken oldest first, each once).
+ * Replay feeds a trace's segment addresses so best-fit ties, which break
+ * by address, go as they went on the real device. */
+GM_API int gm_sim_add_address_hint(gm_backend *b, int device, uint64_t size, gm_devptr addr);
+
 /* The CUDA driver backend (libcuda.so.1 via dlopen). GM_ENODRIVER without it. */
 GM_API int gm_cuda_create(gm_backend **out);
 

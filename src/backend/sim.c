@@ -55,10 +55,21 @@ typedef struct slots {
     size_t nfree;
 } slots;
 
+/* An address the next malloc of exactly `size` bytes should get (replay
+ * uses the trace's segment addresses: torch's best fit breaks ties by
+ * address, so predictions depend on where segments sit). */
+typedef struct sim_hint {
+    uint64_t size;
+    gm_devptr addr;
+    bool used;
+} sim_hint;
+
 typedef struct sim_dev {
     uint64_t used; /* bytes of capacity consumed */
     range_set mallocs, reservations;
     slots phys, events;
+    sim_hint *hints;
+    size_t nhints, caphints, hint_next; /* hints before hint_next are all used */
 } sim_dev;
 
 typedef struct sim {
@@ -115,6 +126,24 @@ static int rs_place(range_set *rs, uint64_t base, uint64_t limit, uint64_t size,
     rs->v[i] = (sim_range){.start = cand, .size = size};
     rs->n++;
     *out = cand;
+    return GM_OK;
+}
+
+/* Insert [start, start + size) if it overlaps nothing; GM_EINVAL if it does. */
+static int rs_insert_at(range_set *rs, uint64_t start, uint64_t size) {
+    size_t i = rs_upper(rs, start);
+    if (i > 0 && rs->v[i - 1].start + rs->v[i - 1].size > start) return GM_EINVAL;
+    if (i < rs->n && rs->v[i].start < start + size) return GM_EINVAL;
+    if (rs->n == rs->cap) {
+        size_t nc = rs->cap ? rs->cap * 2 : 16;
+        sim_range *nv = realloc(rs->v, nc * sizeof *nv);
+        if (!nv) return GM_ENOHOSTMEM;
+        rs->v = nv;
+        rs->cap = nc;
+    }
+    memmove(&rs->v[i + 1], &rs->v[i], (rs->n - i) * sizeof *rs->v);
+    rs->v[i] = (sim_range){.start = start, .size = size};
+    rs->n++;
     return GM_OK;
 }
 
@@ -197,6 +226,7 @@ static void sim_destroy(void *ctx) {
     for (int i = 0; i < s->opt.device_count; i++) {
         sim_dev *d = &s->devs[i];
         rs_free(&d->mallocs);
+        free(d->hints);
         rs_free(&d->reservations);
         free(d->phys.v);
         free(d->phys.free_idx);
@@ -220,12 +250,29 @@ static int sim_mem_info(void *ctx, int dev, uint64_t *free_bytes, uint64_t *tota
     SIM_LEAVE()
 }
 
+/* The oldest unused hint for exactly `size` bytes whose range is free. */
+static bool take_hint(sim_dev *d, uint64_t size, uint64_t sz, gm_devptr *out) {
+    for (size_t k = d->hint_next; k < d->nhints; k++) {
+        sim_hint *h = &d->hints[k];
+        if (h->used || h->size != size) continue;
+        if (rs_insert_at(&d->mallocs, h->addr, sz) != GM_OK) continue;
+        h->used = true;
+        while (d->hint_next < d->nhints && d->hints[d->hint_next].used) d->hint_next++;
+        *out = h->addr;
+        return true;
+    }
+    return false;
+}
+
 static int sim_malloc(void *ctx, int dev, uint64_t size, gm_devptr *out) {
     SIM_ENTER(ctx, dev)
     uint64_t sz = round_up(size, SIM_MALLOC_ALIGN);
     if (size == 0 || sz < size) rc = GM_EINVAL;
     else if (sz > s->opt.capacity - d->used) rc = GM_ENOMEM;
-    else {
+    else if (take_hint(d, size, sz, out)) {
+        d->used += sz;
+        rc = GM_OK;
+    } else {
         rc = rs_place(&d->mallocs, SIM_MALLOC_BASE + (uint64_t)dev * SIM_MALLOC_STRIDE,
                       SIM_MALLOC_STRIDE, sz, SIM_MALLOC_ALIGN, out);
         if (rc == GM_OK) d->used += sz;
@@ -493,5 +540,27 @@ int gm_sim_complete_events(gm_backend *b, int device, gm_stream stream) {
         sim_event *e = slot_at(&d->events, i);
         if (e->used && (stream == UINT64_MAX || e->stream == stream)) e->done = true;
     }
+    SIM_LEAVE()
+}
+
+int gm_sim_add_address_hint(gm_backend *b, int device, uint64_t size, gm_devptr addr) {
+    const gm_backend_ops *ops;
+    void *ctx = b ? gm__backend_ctx(b, &ops) : NULL;
+    if (!ctx || ops->destroy != sim_destroy)
+        return gm__set_error(GM_EINVAL, "gm_sim_add_address_hint: not a sim backend");
+    if (size == 0 || addr == 0 || addr % SIM_MALLOC_ALIGN || addr + size < addr)
+        return gm__set_error(GM_EINVAL, "gm_sim_add_address_hint: bad range 0x%llx+%llu",
+                             (unsigned long long)addr, (unsigned long long)size);
+    SIM_ENTER(ctx, device)
+    if (d->nhints == d->caphints) {
+        size_t nc = d->caphints ? d->caphints * 2 : 64;
+        sim_hint *nv = realloc(d->hints, nc * sizeof *nv);
+        if (!nv) rc = GM_ENOHOSTMEM;
+        else {
+            d->hints = nv;
+            d->caphints = nc;
+        }
+    }
+    if (rc == GM_OK) d->hints[d->nhints++] = (sim_hint){.size = size, .addr = addr};
     SIM_LEAVE()
 }
