@@ -412,7 +412,7 @@ static int op_global(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
 }
 
 static int op_stack_global(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
-    size_t ml, nl;
+    size_t ml = 0, nl = 0;
     const char *mod = gm__pv_str(p->stack[p->sp - 2], &ml);
     const char *nm = gm__pv_str(p->stack[p->sp - 1], &nl);
     if (!mod || !nm || ml + nl > 2048) return op_err(r, at, op, "module and name must be str");
@@ -448,7 +448,7 @@ static int pop_mark(gm__pickle *p, reader *r, uint64_t at, uint8_t op, size_t *k
 }
 
 static int op_marked(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
-    size_t k;
+    size_t k = 0;
     int rc = pop_mark(p, r, at, op, &k);
     if (rc) return rc;
     size_t n = p->sp - k;

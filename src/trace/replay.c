@@ -31,6 +31,11 @@ struct gm_replay_prog {
     uint32_t nslots;
     uint64_t events, unknown_frees, double_allocs;
     int64_t trace_peak_requested;
+    /* segment_alloc (size, addr) in order: the sim places a new segment of
+     * that size where the real one was, so best-fit ties between blocks of
+     * equal size break by address as they did on the device */
+    uint64_t *hint_size, *hint_addr;
+    size_t nhints;
 };
 
 /* addr -> slot, linear probing with backward-shift deletion */
@@ -143,6 +148,21 @@ static int compile_events(gm_replay_prog *p, const gm_trace_event *ev, size_t n,
     return rc;
 }
 
+static int collect_hints(gm_replay_prog *p, const gm_trace_event *ev, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ev[i].action == GM_TA_SEGMENT_ALLOC;
+    if (!k) return GM_OK;
+    p->hint_size = malloc(k * sizeof *p->hint_size);
+    p->hint_addr = malloc(k * sizeof *p->hint_addr);
+    if (!p->hint_size || !p->hint_addr) return GM_ENOHOSTMEM;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].action == GM_TA_SEGMENT_ALLOC) {
+            p->hint_size[p->nhints] = ev[i].size;
+            p->hint_addr[p->nhints++] = ev[i].addr;
+        }
+    return GM_OK;
+}
+
 int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out) {
     *out = NULL;
     if (device < 0 || device >= t->ndevices)
@@ -164,7 +184,8 @@ int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out) {
         any_requested |= ev[i].action == GM_TA_FREE_REQUESTED;
     }
     if (!any_completed && any_requested) free_action = GM_TA_FREE_REQUESTED;
-    int rc = compile_events(p, ev, n, free_action);
+    int rc = collect_hints(p, ev, n);
+    if (!rc) rc = compile_events(p, ev, n, free_action);
     if (rc) {
         gm_replay_prog_free(p);
         return rc == GM_ENOHOSTMEM ? gm__set_error(rc, "out of host memory compiling a replay") : rc;
@@ -176,6 +197,8 @@ int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out) {
 void gm_replay_prog_free(gm_replay_prog *p) {
     if (!p) return;
     free(p->ops);
+    free(p->hint_size);
+    free(p->hint_addr);
     free(p);
 }
 
@@ -247,6 +270,8 @@ int gm_replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capaci
     gm_backend *be = NULL;
     gm_allocator *a = NULL;
     int rc = gm_sim_create(&be, &so);
+    for (size_t i = 0; !rc && i < p->nhints; i++)
+        rc = gm_sim_add_address_hint(be, 0, p->hint_size[i], p->hint_addr[i]);
     if (!rc) rc = gm_allocator_create(&a, be, cfg);
     if (!rc && cfg && cfg->per_process_memory_fraction < 1.0)
         rc = gm_set_memory_fraction(a, 0, cfg->per_process_memory_fraction);

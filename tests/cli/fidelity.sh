@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# fidelity.sh — replay every run of a baselines file (default
+# $GPUMEM_SHARED/traces/baselines.json; or $1, e.g. examples/baselines.json)
+# with the torch policy and its PYTORCH_CUDA_ALLOC_CONF, and check the
+# predicted peaks against what the native allocator measured:
+#   peak_reserved within 0.1% (0.5% with expandable_segments),
+#   peak_allocated and peak_requested within 0.1%;
+# and that the gpumem policy keeps peak reserved / peak requested <= 1.01
+# and never above torch's default, on every trace.
+set -u
+: "${GPUMEM:?GPUMEM must name the gpumem binary}"
+BASE=${1:-${GPUMEM_SHARED:-/nonexistent}/traces/baselines.json}
+if [ ! -f "$BASE" ]; then echo "skip: no baselines file ($BASE)"; exit 77; fi
+DIR=$(dirname "$BASE")
+exec python3 - "$GPUMEM" "$BASE" "$DIR" <<'PY'
+import json, subprocess, sys
+gpumem, base, d = sys.argv[1:4]
+runs = json.load(open(base))["runs"]
+fails, default_reserved = [], {}
+def replay(trace, conf, policy):
+    p = subprocess.run([gpumem, "replay", f"{d}/{trace}", "--policy", policy, "--conf", conf,
+                        "--json"], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"replay {trace} '{conf}' failed ({p.returncode}): {p.stderr.strip()}")
+    return json.loads(p.stdout)
+for run in runs:
+    trace, conf = run["trace"], run["PYTORCH_CUDA_ALLOC_CONF"]
+    r = replay(trace, conf, "torch")
+    tol_res = 0.005 if "expandable_segments:True" in conf else 0.001
+    for key, tol in (("peak_reserved", tol_res), ("peak_allocated", 0.001), ("peak_requested", 0.001)):
+        want, got = run[key], r[key]
+        err = abs(got - want) / want
+        ok = err <= tol
+        print(f"{'ok ' if ok else 'BAD'} {trace:36s} {conf or '(default)':55s} {key:15s} "
+              f"measured {want:>14d} predicted {got:>14d} err {err*100:7.4f}% (tol {tol*100:.1f}%)")
+        if not ok: fails.append(f"{trace} '{conf}' {key}: {err*100:.4f}% > {tol*100:.1f}%")
+    if conf == "":
+        default_reserved[trace] = r["peak_reserved"]
+for trace in sorted({r["trace"] for r in runs}):
+    g = replay(trace, "", "gpumem")
+    ratio = g["peak_reserved"] / g["peak_requested"]
+    ok = ratio <= 1.01 and (trace not in default_reserved or g["peak_reserved"] <= default_reserved[trace])
+    print(f"{'ok ' if ok else 'BAD'} {trace:36s} policy:gpumem ratio {ratio:.4f} reserved "
+          f"{g['peak_reserved']} torch default {default_reserved.get(trace)} "
+          f"map {g['device_calls']['map']} unmap {g['device_calls']['unmap']}")
+    if not ok: fails.append(f"{trace} gpumem policy ratio {ratio:.4f} (or above torch default)")
+if fails:
+    print("\nFAILED:\n  " + "\n  ".join(fails))
+    sys.exit(1)
+print(f"\nall {len(runs)} runs within tolerance")
+PY

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# replay_cli.sh — 'gpumem replay': JSON output parses and holds the required
+# fields; a bad --conf exits 2 naming the key; a malformed or missing trace
+# gives a clear error (exit 1); a small capacity predicts an OOM with the
+# event index; unknown-address frees are counted, not fatal.
+set -u
+: "${GPUMEM:?}"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+# a tiny snapshot written by Python's pickle (no torch needed)
+python3 - "$T" <<'PY' || exit 77
+import gzip, pickle, sys
+ev = lambda a, addr, size: {"action": a, "addr": addr, "size": size, "stream": 0, "time_us": 1}
+tr = [ev("segment_alloc", 1 << 30, 2 << 20), ev("alloc", 1 << 30, 1000), ev("alloc", (1 << 30) + 1024, 3000),
+      ev("free_requested", 1 << 30, 1000), ev("free_completed", 1 << 30, 1000),
+      ev("free_completed", 12345, 77),  # unknown address
+      ev("alloc", 5 << 30, 64 << 20)]
+snap = {"segments": [], "device_traces": [tr], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}}
+gzip.open(sys.argv[1] + "/s.pickle.gz", "wb").write(pickle.dumps(snap, protocol=4))
+open(sys.argv[1] + "/s.pickle", "wb").write(pickle.dumps(snap, protocol=2))
+PY
+out=$("$GPUMEM" replay "$T/s.pickle.gz" --json) || fail "replay exit $?"
+echo "$out" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+for k in ("peak_requested", "peak_allocated", "peak_reserved"): assert isinstance(j[k], int), k
+assert j["oom"] is False and isinstance(j["device_calls"], dict)
+assert j["peak_requested"] == 3000 + (64 << 20), j["peak_requested"]
+assert j["unknown_frees"] == 1, j
+' || fail "json check: $out"
+"$GPUMEM" replay "$T/s.pickle" --policy gpumem --json | python3 -c 'import json,sys; assert json.load(sys.stdin)["policy"]=="gpumem"' || fail "plain pickle / gpumem policy"
+"$GPUMEM" replay "$T/s.pickle.gz" --conf "max_split_size_mb:64,bogus_key:1" 2>"$T/err" && fail "bad conf accepted"
+[ $? -eq 2 ] || fail "bad conf exit code"
+grep -q bogus_key "$T/err" || fail "bad conf message does not name the key: $(cat "$T/err")"
+head -c 40 "$T/s.pickle" >"$T/trunc.pickle"
+"$GPUMEM" replay "$T/trunc.pickle" 2>"$T/err"; rc=$?
+[ $rc -eq 1 ] || fail "truncated trace exit $rc"
+grep -q "byte" "$T/err" || fail "truncated trace message: $(cat "$T/err")"
+"$GPUMEM" replay "$T/missing.gz" 2>/dev/null && fail "missing file accepted"
+out=$("$GPUMEM" replay "$T/s.pickle.gz" --capacity 32MiB --json) || fail "oom replay exit"
+echo "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["oom"] is True and j["oom_event"]==6, j' || fail "oom: $out"
+"$GPUMEM" replay "$T/s.pickle.gz" --capacity 32MiB | grep -q "OOM *YES" || fail "text OOM line"
+echo ok
