@@ -14,12 +14,16 @@
 
 struct gm__collector {
     gm__nvml *nvml; /* NULL without NVML */
+    gm__shm_cache *cache;
     char note[192];
 };
 
 int gm__collector_create(gm__collector **out, const gm__nvml_fns *fns, bool try_nvml) {
     gm__collector *c = calloc(1, sizeof *c);
-    if (!c) return GM_ENOHOSTMEM;
+    if (!c || !(c->cache = gm__shm_cache_create())) {
+        free(c);
+        return GM_ENOHOSTMEM;
+    }
     if (try_nvml) gm__nvml_open(&c->nvml, fns, c->note, sizeof c->note);
     else snprintf(c->note, sizeof c->note, "NVML not used: showing allocator data only");
     *out = c;
@@ -29,6 +33,7 @@ int gm__collector_create(gm__collector **out, const gm__nvml_fns *fns, bool try_
 void gm__collector_destroy(gm__collector *c) {
     if (!c) return;
     gm__nvml_close(c->nvml);
+    gm__shm_cache_destroy(c->cache);
     free(c);
 }
 
@@ -110,9 +115,9 @@ static int ensure_device(gm__mon_sample *s, int index) {
     return GM_OK;
 }
 
-static int collect_producers(gm__mon_sample *s, int *cap) {
+static int collect_producers(gm__collector *c, gm__mon_sample *s, int *cap) {
     gm__scan_result scan;
-    int rc = gm__shm_scan(&scan, true);
+    int rc = gm__shm_scan_cached(c->cache, &scan, true);
     if (rc != GM_OK) return rc;
     s->nproducers = scan.nprocs;
     s->cleaned = scan.cleaned;
@@ -181,7 +186,7 @@ int gm__collector_sample(gm__collector *c, gm__mon_sample *s) {
     s->nvml = c->nvml != NULL;
     int cap = 0, rc = collect_devices(c, s);
     int nvml_devs = s->ndevices;
-    if (rc == GM_OK) rc = collect_producers(s, &cap);
+    if (rc == GM_OK) rc = collect_producers(c, s, &cap);
     if (rc == GM_OK && c->nvml) rc = collect_nvml_procs(c, s, &cap, nvml_devs);
     if (rc != GM_OK) {
         gm__sample_free(s);

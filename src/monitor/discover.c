@@ -82,15 +82,44 @@ static int read_mapped(gm__mon_proc *p, const char *m, size_t size, int name_pid
         h->ndevices > GM__SHM_DEVICES ||
         GM__SHM_HEADER_SIZE + (uint64_t)h->ndevices * h->record_size > size)
         return SEG_SKIP;
-    if (!alive(h->pid, h->start_time)) return SEG_STALE;
     copy_header(p, h);
     copy_records(p, m, h->record_size);
-    /* the producer may have died while we copied: its numbers are then not current */
-    if (!alive(h->pid, h->start_time)) return SEG_STALE;
+    /* checked after the copy: a producer that died while we copied is gone */
+    if (!alive(p->pid, p->start_time)) return SEG_STALE;
     return SEG_OK;
 }
 
-static int read_segment(const char *name, int pid, gm__mon_proc *p) {
+/* A mapping kept between scans: a monitor sampling every 100 ms must not map
+ * and unmap every segment each time (munmap costs a TLB shootdown). */
+typedef struct cache_entry {
+    char name[256];
+    ino_t ino;
+    size_t size;
+    void *map;
+    bool seen;
+} cache_entry;
+
+struct gm__shm_cache {
+    cache_entry *e;
+    int n, cap;
+};
+
+gm__shm_cache *gm__shm_cache_create(void) { return calloc(1, sizeof(gm__shm_cache)); }
+
+static void drop_entry(gm__shm_cache *c, int i) {
+    munmap(c->e[i].map, c->e[i].size);
+    c->e[i] = c->e[--c->n];
+}
+
+void gm__shm_cache_destroy(gm__shm_cache *c) {
+    if (!c) return;
+    while (c->n) drop_entry(c, c->n - 1);
+    free(c->e);
+    free(c);
+}
+
+/* Map `name`: GM_OK with *map and *size, SEG_SKIP/SEG_STALE as an int > 0. */
+static int map_segment(const char *name, int pid, void **map, size_t *size, ino_t *ino) {
     char path[300];
     snprintf(path, sizeof path, "/%s", name);
     int fd = shm_open(path, O_RDONLY | O_CLOEXEC, 0);
@@ -104,10 +133,55 @@ static int read_segment(const char *name, int pid, gm__mon_proc *p) {
     void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (m == MAP_FAILED) return SEG_SKIP;
+    *map = m;
+    *size = (size_t)st.st_size;
+    *ino = st.st_ino;
+    return GM_OK;
+}
+
+static cache_entry *cache_get(gm__shm_cache *c, const char *name, ino_t ino, int pid, int *why) {
+    for (int i = 0; i < c->n; i++) {
+        if (strcmp(c->e[i].name, name)) continue;
+        if (c->e[i].ino == ino) return &c->e[i];
+        drop_entry(c, i); /* same name, new file: a new producer */
+        break;
+    }
+    if (c->n == c->cap) {
+        int ncap = c->cap ? 2 * c->cap : 16;
+        cache_entry *ne = realloc(c->e, (size_t)ncap * sizeof *ne);
+        if (!ne) {
+            *why = SEG_SKIP;
+            return NULL;
+        }
+        c->e = ne;
+        c->cap = ncap;
+    }
+    cache_entry *e = &c->e[c->n];
+    memset(e, 0, sizeof *e);
+    if ((*why = map_segment(name, pid, &e->map, &e->size, &e->ino)) != GM_OK) return NULL;
+    snprintf(e->name, sizeof e->name, "%s", name);
+    c->n++;
+    return e;
+}
+
+static int read_segment(gm__shm_cache *c, const char *name, ino_t ino, int pid, gm__mon_proc *p) {
     memset(p, 0, sizeof *p);
     snprintf(p->shm_name, sizeof p->shm_name, "%s", name);
-    int r = read_mapped(p, m, (size_t)st.st_size, pid);
-    munmap(m, (size_t)st.st_size);
+    if (c) {
+        int why;
+        cache_entry *e = cache_get(c, name, ino, pid, &why);
+        if (!e) return why;
+        e->seen = true;
+        int r = read_mapped(p, e->map, e->size, pid);
+        if (r == SEG_STALE) drop_entry(c, (int)(e - c->e));
+        return r;
+    }
+    void *m;
+    size_t size;
+    int r = map_segment(name, pid, &m, &size, &ino);
+    if (r != GM_OK) return r;
+    r = read_mapped(p, m, size, pid);
+    munmap(m, size);
     return r;
 }
 
@@ -121,19 +195,20 @@ static int push(gm__scan_result *out, int *cap) {
     return GM_OK;
 }
 
-int gm__shm_scan(gm__scan_result *out, bool clean) {
+int gm__shm_scan_cached(gm__shm_cache *c, gm__scan_result *out, bool clean) {
     memset(out, 0, sizeof *out);
     char prefix[80];
     gm__shm_prefix(prefix, sizeof prefix);
     DIR *dir = opendir(SHM_DIR);
     if (!dir) return GM_OK; /* no /dev/shm: nobody can publish either */
+    for (int i = 0; c && i < c->n; i++) c->e[i].seen = false;
     int cap = 0, rc = GM_OK;
     struct dirent *e;
     while ((e = readdir(dir)) != NULL) {
         int pid = name_pid(e->d_name, prefix);
         if (pid < 0) continue;
         if ((rc = push(out, &cap)) != GM_OK) break;
-        int r = read_segment(e->d_name, pid, &out->procs[out->nprocs]);
+        int r = read_segment(c, e->d_name, e->d_ino, pid, &out->procs[out->nprocs]);
         if (r == SEG_OK) out->nprocs++;
         else if (r == SEG_STALE) {
             if (clean) unlink_name(e->d_name);
@@ -141,9 +216,13 @@ int gm__shm_scan(gm__scan_result *out, bool clean) {
         } else out->skipped++;
     }
     closedir(dir);
+    for (int i = c ? c->n - 1 : -1; i >= 0; i--)
+        if (!c->e[i].seen) drop_entry(c, i); /* unlinked by its producer */
     if (rc != GM_OK) gm__scan_result_free(out);
     return rc;
 }
+
+int gm__shm_scan(gm__scan_result *out, bool clean) { return gm__shm_scan_cached(NULL, out, clean); }
 
 void gm__scan_result_free(gm__scan_result *r) {
     free(r->procs);

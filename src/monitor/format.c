@@ -35,20 +35,38 @@ void gm__sbuf_printf(gm__sbuf *b, const char *fmt, ...) {
     }
 }
 
+/* Append n bytes: the escapes' fast path, no format parsing. */
+static void sbuf_put(gm__sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->cap - b->len <= n) {
+        size_t ncap = (b->cap ? b->cap * 2 : 4096) + n;
+        char *np = realloc(b->p, ncap);
+        if (!np) {
+            b->oom = true;
+            return;
+        }
+        b->p = np;
+        b->cap = ncap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
 void gm__sbuf_free(gm__sbuf *b) {
     free(b->p);
     memset(b, 0, sizeof *b);
 }
 
 static void json_str(gm__sbuf *b, const char *s) {
-    gm__sbuf_printf(b, "\"");
+    sbuf_put(b, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"' || *p == '\\') gm__sbuf_printf(b, "\\%c", *p);
-        else if (*p == '\n') gm__sbuf_printf(b, "\\n");
+        else if (*p == '\n') sbuf_put(b, "\\n", 2);
         else if (*p < 0x20) gm__sbuf_printf(b, "\\u%04x", *p);
-        else gm__sbuf_printf(b, "%c", *p);
+        else sbuf_put(b, (const char *)p, 1);
     }
-    gm__sbuf_printf(b, "\"");
+    sbuf_put(b, "\"", 1);
 }
 
 static void json_opt_str(gm__sbuf *b, const char *key, bool have, const char *s) {
@@ -271,11 +289,13 @@ void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
 /* ---- Prometheus text format 0.0.4 ---------------------------------------- */
 
 void gm__prom_escape(gm__sbuf *b, const char *s) {
-    for (; *s; s++) {
-        if (*s == '\\') gm__sbuf_printf(b, "\\\\");
-        else if (*s == '"') gm__sbuf_printf(b, "\\\"");
-        else if (*s == '\n') gm__sbuf_printf(b, "\\n");
-        else gm__sbuf_printf(b, "%c", *s);
+    for (;;) {
+        size_t run = strcspn(s, "\\\"\n");
+        sbuf_put(b, s, run);
+        s += run;
+        if (!*s) return;
+        sbuf_put(b, *s == '\\' ? "\\\\" : *s == '"' ? "\\\"" : "\\n", 2);
+        s++;
     }
 }
 

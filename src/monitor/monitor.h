@@ -113,6 +113,12 @@ typedef struct gm__scan_result {
  * different process start time) are unlinked when `clean` is set, and never
  * reported. */
 int gm__shm_scan(gm__scan_result *out, bool clean);
+/* The same, keeping segments mapped between scans (what a sampling monitor
+ * wants: no mmap/munmap per segment and sample). */
+typedef struct gm__shm_cache gm__shm_cache;
+gm__shm_cache *gm__shm_cache_create(void);
+void gm__shm_cache_destroy(gm__shm_cache *c);
+int gm__shm_scan_cached(gm__shm_cache *c, gm__scan_result *out, bool clean);
 void gm__scan_result_free(gm__scan_result *r);
 
 /* ---- NVML (nvml.c) ------------------------------------------------------ */
