@@ -11,7 +11,12 @@ sock="$tmp/tmux.sock"
 pids=()
 cleanup() {
     tmux -S "$sock" kill-server 2>/dev/null || true
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
+    done
+    "$GPUMEM" smi --no-nvml --format csv >/dev/null 2>&1 || true
     rm -rf "$tmp"
 }
 trap cleanup EXIT

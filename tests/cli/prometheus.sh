@@ -13,7 +13,15 @@ done
 export GPUMEM_SHM_TAG="prom$$"
 tmp=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+cleanup() { # TERM lets producers unpublish; KILL what is left; sweep our stale segments
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
+    done
+    "$GPUMEM" smi --no-nvml --format csv >/dev/null 2>&1 || true
+    rm -rf "$tmp"
+}
 trap cleanup EXIT
 wait_for() { # seconds, command...: poll until the command succeeds
     local n=$(( $1 * 10 )); shift
