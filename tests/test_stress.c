@@ -8,7 +8,7 @@
  * workload.h must hold with allocation.current == the live count, and
  * freeing everything + empty_cache must return every byte to the device.
  *
- * GM_STRESS_OPS=<ops per thread> (default 6000), GM_SEED=<seed> to vary. */
+ * GM_STRESS_OPS=<ops per thread> (default 12000), GM_SEED=<seed> to vary. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -201,7 +201,7 @@ static void stress(const char *conf) {
     memset(&sh, 0, sizeof sh);
     pthread_mutex_init(&sh.lock, NULL);
     wl_model_init(&sh.live);
-    sh.ops = (int)wl_env_u64("GM_STRESS_OPS", 6000);
+    sh.ops = (int)wl_env_u64("GM_STRESS_OPS", 12000);
     sh.seed = wl_env_u64("GM_SEED", 42);
     sh.live.torch_pools = strstr(conf, "policy:torch") != NULL;
 
