@@ -19,18 +19,26 @@
 #define GP_NBINS 1152       /* see gp_bin_of */
 #define GP_NWORDS (GP_NBINS / 64)
 #define GP_NORDERS 48
-/* Largest physical chunk created at once (granules): bigger chunks mean fewer
- * device calls on a cold start, smaller ones finer reuse. */
+/* Tuning knobs (compile time; measured trade-offs in the report of
+ * tools/gmpol and at the top of policy_gpumem.c):
+ *  GP_MAX_CHUNK_GRANULES  largest chunk created for a big block's interior;
+ *  GP_BIG_BYTES           blocks from this size get interior chunks (default:
+ *                         none, every chunk is one granule: lowest memory, most
+ *                         device calls on a cold start);
+ *  GP_SLACK_PERMILLE      new memory instead of moving idle chunks while held
+ *                         stays within this over the peak of live granules;
+ *  GP_TARGET_PERMILLE     ... or within this over the peak of requested bytes. */
 #ifndef GP_MAX_CHUNK_GRANULES
-#define GP_MAX_CHUNK_GRANULES 1
+#define GP_MAX_CHUNK_GRANULES 1024
 #endif
-/* New memory instead of moving idle chunks while held stays within this
- * (per mille) of the peak of live granules. */
+#ifndef GP_BIG_BYTES
+#define GP_BIG_BYTES UINT64_MAX
+#endif
 #ifndef GP_SLACK_PERMILLE
 #define GP_SLACK_PERMILLE 0
 #endif
-#ifndef GP_BIG_BYTES /* blocks from this size get their own chunk */
-#define GP_BIG_BYTES UINT64_MAX
+#ifndef GP_TARGET_PERMILLE
+#define GP_TARGET_PERMILLE 0
 #endif
 
 enum { GP_FREE = 0, GP_USED = 1, GP_CACHED = 2 };
@@ -90,7 +98,6 @@ typedef struct gp_state {
     int32_t idle[GP_NORDERS], idle_tail[GP_NORDERS];   /* mapped, no live block */
     int32_t loose[GP_NORDERS], loose_tail[GP_NORDERS]; /* held but not mapped */
     uint64_t live_gran, peak_live_gran; /* granules of chunks holding live blocks */
-    uint64_t nrecycled;        /* chunks moved or given back to make room */
     uint64_t held_bytes;       /* physical bytes held (chunks, or plain mallocs) */
     gp_block *pool;            /* recycled block structs */
     void **slabs;              /* host allocations of block structs */

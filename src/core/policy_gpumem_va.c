@@ -305,7 +305,6 @@ static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
         int rc = chunk_release(st, i);
         if (rc) return rc;
         freed += m;
-        st->nrecycled++;
     }
     uint64_t bytes = n << st->gshift;
     gm__device *d = st->d;
@@ -342,12 +341,18 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
     while (n > 0) {
         uint64_t at = g;
         int32_t i = take_le(st, GP_LIST_LOOSE, n, a, pg0, pg1);
-        /* Within a small slack over the peak of live granules, new memory is
-         * cheaper than moving idle chunks around every step. */
+        /* Below a budget, new memory is cheaper than moving idle chunks
+         * around every step: the budget is a small slack over the peak of
+         * live granules, or GP_TARGET_PERMILLE over the peak of bytes
+         * requested (the ratio the policy aims for), whichever is larger. */
         uint64_t need = st->live_gran + (pg1 - pg0 + 1);
         uint64_t base = st->peak_live_gran > need ? st->peak_live_gran : need;
+        uint64_t budget = base + base * GP_SLACK_PERMILLE / 1000;
+        uint64_t req = (uint64_t)st->d->stats.requested_bytes[GM_POOL_ALL].peak;
+        uint64_t target = (req + req / 1000 * GP_TARGET_PERMILLE) >> st->gshift;
+        if (target > budget) budget = target;
         uint64_t held = st->held_bytes >> st->gshift;
-        if (i < 0 && held + n <= base + base * GP_SLACK_PERMILLE / 1000) {
+        if (i < 0 && held + n <= budget) {
             int rc = chunk_create(st, n < cap ? n : cap, a, pg0, pg1, false, &i);
             if (rc && rc != GM_ENOMEM) return rc;
             if (rc) i = -1;
@@ -363,7 +368,6 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
         if (st->chunks[i].arena >= 0) {
             int rc = chunk_unmap(st, i);
             if (rc) return rc;
-            st->nrecycled++;
         }
         int rc = chunk_map(st, a, i, at);
         if (rc) { /* give it back rather than hold memory no segment shows */
