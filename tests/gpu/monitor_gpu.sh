@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# monitor_gpu.sh — on the GPU machine: build gpumem, start two training
+# processes (one on libgpumem with GPUMEM_PUBLISH=1, one on PyTorch's own
+# allocator with gpumem.publish_native), hold them steady, and check that
+#  - `gpumem smi --format json` agrees with nvidia-smi's
+#    memory.total/reserved/used/free for every GPU, and
+#  - each training process shows its allocator numbers, equal to what the
+#    process itself reports, with NVML used and "outside the allocator".
+# Also prints the smi table, one exporter scrape (promtool if present) and a
+# few log lines. Exit 0 = all checks passed.
+#
+#   tests/gpu/monitor_gpu.sh            (OUT=/tmp/gpumem-monitor by default)
+set -u
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-/tmp/gpumem-monitor}
+BUILD=${GPUMEM_BUILD:-$SRC/build-gpu-monitor}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$SRC/python${PYTHONPATH:+:$PYTHONPATH}"
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    sleep 1
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+}
+trap cleanup EXIT
+
+echo "== build ($BUILD)"
+cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPUMEM_TESTS=OFF >"$OUT/cmake.log" 2>&1 &&
+    cmake --build "$BUILD" -j"$(nproc)" >"$OUT/build.log" 2>&1 || { echo "build failed"; tail -30 "$OUT/build.log"; exit 1; }
+GPUMEM="$BUILD/gpumem"
+export GPUMEM_LIB="$BUILD"   # holds libgpumem_torch.so
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
+
+# the training job: an MLP with AdamW; after a few steps it records what its
+# allocator says, then holds its memory still so every view can be compared
+cat >"$OUT/train.py" <<'PY'
+import json, os, sys, time
+mode, out = sys.argv[1], sys.argv[2]
+if mode == "gpumem":
+    import gpumem.torch as gt
+    gt.install("policy:torch")
+import torch
+if mode == "native":
+    import gpumem.publish_native as pn
+    pub = pn.start(label="native-train", interval=0.2)
+dev = torch.device("cuda:0")
+model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).to(dev)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+for step in range(20):
+    x = torch.randn(256, 4096, device=dev)
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+torch.cuda.synchronize()
+if mode == "gpumem":
+    s = gt.memory_stats(0)
+else:
+    s = torch.cuda.memory_stats(0)
+    pub.publish_once()
+keys = ["allocated_bytes.all.current", "reserved_bytes.all.current", "reserved_bytes.all.peak", "num_ooms"]
+json.dump({"pid": os.getpid(), **{k: int(s.get(k, -1)) for k in keys}}, open(out + ".tmp", "w"))
+os.rename(out + ".tmp", out)
+time.sleep(120)
+PY
+GPUMEM_PUBLISH=1 GPUMEM_PUBLISH_LABEL=gpumem-train python3 "$OUT/train.py" gpumem "$OUT/gpumem.json" >"$OUT/train_gpumem.log" 2>&1 &
+pids+=($!)
+python3 "$OUT/train.py" native "$OUT/native.json" >"$OUT/train_native.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 600); do [ -s "$OUT/gpumem.json" ] && [ -s "$OUT/native.json" ] && break; sleep 0.2; done
+for f in gpumem native; do
+    [ -s "$OUT/$f.json" ] || { echo "training ($f) did not reach its hold point:"; tail -20 "$OUT/train_$f.log"; exit 1; }
+done
+sleep 1  # let the native publisher's thread settle
+
+echo "== gpumem smi"
+"$GPUMEM" smi | tee "$OUT/smi.txt"
+"$GPUMEM" smi --format json >"$OUT/smi.json"
+nvidia-smi --query-gpu=memory.total,memory.reserved,memory.used,memory.free --format=csv,noheader,nounits >"$OUT/nvidia-smi.csv"
+echo "== nvidia-smi (MiB): total, reserved, used, free"; cat "$OUT/nvidia-smi.csv"
+
+echo "== exporter scrape"
+"$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.5 >"$OUT/exporter.out" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do grep -q serving "$OUT/exporter.out" && break; sleep 0.1; done
+url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$OUT/exporter.out")
+curl -fsS "$url" >"$OUT/metrics.txt" && grep -E '^gpumem_(device|process)' "$OUT/metrics.txt" | head -40
+command -v promtool >/dev/null && { promtool check metrics <"$OUT/metrics.txt" && echo "promtool: ok"; }
+echo "== log (3 samples)"
+"$GPUMEM" log --count 3 --interval 0.5 --format csv | tee "$OUT/log.csv"
+
+echo "== checks"
+python3 - "$OUT" <<'PY'
+import csv, json, sys
+out = sys.argv[1]
+MiB = 1 << 20
+smi = json.load(open(f"{out}/smi.json"))
+fails = []
+def check(ok, msg):
+    print(("ok   " if ok else "FAIL ") + msg)
+    if not ok:
+        fails.append(msg)
+check(smi["nvml"]["available"], "NVML loaded (%s)" % (smi["nvml"]["memory_info"],))
+rows = [r for r in csv.reader(open(f"{out}/nvidia-smi.csv"))]
+check(len(rows) == len(smi["devices"]), "GPU count: nvidia-smi %d, gpumem %d" % (len(rows), len(smi["devices"])))
+for i, (r, d) in enumerate(zip(rows, smi["devices"])):
+    nv = dict(zip(("total", "reserved", "used", "free"), (int(v.strip()) if v.strip().isdigit() else None for v in r)))
+    for k in ("total", "reserved", "used", "free"):
+        g = d[k]
+        if nv[k] is None or g is None:
+            check(nv[k] is None and g is None, f"gpu{i} {k}: nvidia-smi {nv[k]} MiB, gpumem {g}")
+            continue
+        # nvidia-smi rounds to MiB; used/free may move by a little between the two reads
+        tol = 1 if k in ("total", "reserved") else 64
+        check(abs(g // MiB - nv[k]) <= tol, f"gpu{i} {k}: nvidia-smi {nv[k]} MiB, gpumem {g / MiB:.1f} MiB")
+    if None not in (d["total"], d["reserved"], d["used"], d["free"]):
+        check(d["total"] == d["reserved"] + d["used"] + d["free"], f"gpu{i} total == reserved + used + free")
+for mode, label, source in (("gpumem", "gpumem-train", "gpumem"), ("native", "native-train", "torch")):
+    own = json.load(open(f"{out}/{mode}.json"))
+    rs = [p for p in smi["processes"] if p["pid"] == own["pid"] and p["gpu"] == 0]
+    check(len(rs) == 1, f"{mode}: pid {own['pid']} shown on gpu0")
+    if not rs:
+        continue
+    p = rs[0]
+    print(f"     {mode}: {json.dumps(p)}")
+    check(p["label"] == label and p["source"] == source, f"{mode}: label {p['label']!r} source {p['source']}")
+    check(p["allocated"] == own["allocated_bytes.all.current"],
+          f"{mode}: allocated {p['allocated']} == process's own {own['allocated_bytes.all.current']}")
+    check(p["reserved"] == own["reserved_bytes.all.current"],
+          f"{mode}: reserved {p['reserved']} == process's own {own['reserved_bytes.all.current']}")
+    check(p["nvml_used"] is not None and p["nvml_used"] >= p["reserved"],
+          f"{mode}: NVML used {p['nvml_used']} >= reserved {p['reserved']}")
+    if p["outside_allocator"] is not None:
+        print(f"     {mode}: outside the allocator {p['outside_allocator'] / MiB:.0f} MiB (context, cuBLAS, ...)")
+print("RESULT:", "PASS" if not fails else "FAIL (%d)" % len(fails))
+sys.exit(1 if fails else 0)
+PY
