@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# monitor_exporter.sh — `gpumem exporter` without a Prometheus server: the
+# scrape carries the producer's exact values with HELP/TYPE lines, unknown
+# paths get 404, a bad --listen is refused, and a producer killed with
+# SIGKILL disappears from the scrapes instead of leaving frozen numbers.
+set -euo pipefail
+GPUMEM=${GPUMEM:-gpumem}
+for t in curl python3; do command -v $t >/dev/null || { echo "skip: $t not installed"; exit 77; }; done
+# without libmicrohttpd the command says so whatever the arguments (and starts nothing)
+if "$GPUMEM" exporter --listen nowhere 2>&1 | grep -q "built without"; then
+    echo "skip: built without libmicrohttpd"; exit 77
+fi
+export GPUMEM_SHM_TAG="exp$$"
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
+    done
+    "$GPUMEM" smi --no-nvml --format csv >/dev/null 2>&1 || true
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+wait_for() { local n=$(( $1 * 10 )); shift; for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done; return 1; }
+
+if "$GPUMEM" exporter --listen nowhere 2>/dev/null; then echo "FAIL: bad --listen accepted"; exit 1; fi
+
+"$GPUMEM" demo --steps 2 --step-ms 0 --hold 120 --model 16MiB --label held >"$tmp/held.json" 2>/dev/null &
+pids+=($!); held=$!
+"$GPUMEM" demo --step-ms 0 --model 16MiB --label victim >/dev/null 2>&1 &
+pids+=($!); victim=$!
+wait_for 30 test -s "$tmp/held.json" || { echo "FAIL: producer did not start"; exit 1; }
+
+"$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.1 --no-nvml >"$tmp/exporter.out" 2>&1 &
+pids+=($!)
+wait_for 20 grep -q serving "$tmp/exporter.out" || { echo "FAIL: exporter did not start"; cat "$tmp/exporter.out"; exit 1; }
+url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
+base=${url%/metrics}
+scrape_has() { curl -fsS "$url" | grep -q "$1"; }
+wait_for 20 scrape_has "pid=\"$victim\"" || { echo "FAIL: victim never scraped"; curl -sS "$url"; exit 1; }
+
+code=$(curl -s -o /dev/null -w '%{http_code}' "$base/nope")
+[ "$code" = 404 ] || { echo "FAIL: /nope answered $code"; exit 1; }
+
+curl -fsS "$url" >"$tmp/m1.txt"
+python3 - "$tmp" "$held" <<'PY'
+import json, re, sys
+tmp, pid = sys.argv[1], sys.argv[2]
+w = json.loads(open(f"{tmp}/held.json").readline())
+text = open(f"{tmp}/m1.txt").read()
+fams = {"gpumem_process_allocator_allocated_bytes": "allocated", "gpumem_process_allocator_reserved_bytes": "reserved",
+        "gpumem_process_allocator_peak_reserved_bytes": "peak_reserved", "gpumem_process_allocator_requested_bytes": "requested",
+        "gpumem_process_allocator_ooms_total": "num_ooms", "gpumem_process_allocator_retries_total": "num_alloc_retries"}
+for fam, key in fams.items():
+    assert f"# HELP {fam} " in text and f"# TYPE {fam} " in text, fam
+    m = re.search(r'^%s\{gpu="0",uuid="",pid="%s",comm="held"\} (\d+)$' % (fam, pid), text, re.M)
+    assert m, f"no {fam} series for pid {pid}"
+    assert int(m.group(1)) == w[key], (fam, m.group(1), w[key])
+assert "gpumem_nvml_available 0" in text
+print("ok: exporter series equal the producer's stats")
+PY
+
+kill -9 "$victim"; wait "$victim" 2>/dev/null || true
+no_victim() { ! curl -fsS "$url" | grep -q "pid=\"$victim\""; }
+wait_for 20 no_victim || { echo "FAIL: killed producer still exported"; exit 1; }
+scrape_has "pid=\"$held\"" || { echo "FAIL: live producer lost"; exit 1; }
+echo PASS
