@@ -52,6 +52,20 @@ static const prop_cfg CONFIGS[] = {
 
 enum { NSTREAMS = 4 }; /* streams 0..3; record_stream targets 1..4 */
 
+/* A freed block the GPU may still be using: until the streams in `mask`
+ * (recorded with record_stream) have completed work queued after the free,
+ * its range must not be handed out again; and until its allocation stream
+ * has, not to another stream either. Completion = gm_sim_complete_events
+ * after the free, or the allocator waiting itself (an EVENT_SYNC call, or a
+ * device FREE, which synchronizes like cudaFree). */
+typedef struct pend {
+    gm_devptr ptr;
+    uint64_t size;
+    gm_stream stream;
+    uint32_t mask;
+    bool own;
+} pend;
+
 typedef struct run {
     const prop_cfg *cfg;
     uint64_t seed;
@@ -64,6 +78,8 @@ typedef struct run {
     wl_rng r;
     wl_mix mix;
     uint64_t limit; /* bytes the allocator may reserve */
+    pend *pending;  /* freed blocks the streams may still be using */
+    size_t npending, cap_pending;
     char err[1024];
 } run;
 
@@ -124,7 +140,54 @@ static void setup(run *r, const prop_cfg *c, uint64_t seed) {
     check(r);
 }
 
+static uint64_t sync_calls(run *r) {
+    return gm_backend_call_count(r->be, 0, GM_BCALL_EVENT_SYNC) +
+           gm_backend_call_count(r->be, 0, GM_BCALL_FREE);
+}
+
+static void pend_add(run *r, const wl_block *b) {
+    if (r->npending == r->cap_pending) {
+        size_t nc = r->cap_pending ? r->cap_pending * 2 : 64;
+        pend *np = realloc(r->pending, nc * sizeof *np);
+        assert_non_null(np);
+        r->pending = np;
+        r->cap_pending = nc;
+    }
+    r->pending[r->npending++] = (pend){b->ptr, b->size, b->stream, b->recorded, true};
+}
+
+/* Work queued on `s` (UINT64_MAX: every stream) so far has completed. */
+static void pend_complete(run *r, gm_stream s) {
+    size_t j = 0;
+    for (size_t i = 0; i < r->npending; i++) {
+        pend *e = &r->pending[i];
+        if (s == UINT64_MAX) continue;
+        if (s < 32) e->mask &= ~(1u << s);
+        if (s == e->stream) e->own = false;
+        if (e->mask || e->own) r->pending[j++] = *e;
+    }
+    r->npending = j;
+}
+
+/* A block just handed out on `stream` must not overlap memory in use. */
+static void pend_check(run *r, gm_devptr p, uint64_t size, gm_stream stream, uint64_t syncs0) {
+    if (sync_calls(r) != syncs0) pend_complete(r, UINT64_MAX); /* the allocator waited */
+    for (size_t i = 0; i < r->npending; i++) {
+        const pend *e = &r->pending[i];
+        if (p >= e->ptr + e->size || e->ptr >= p + size) continue;
+        if (e->mask)
+            RUN_FAIL(r, "0x%" PRIx64 "+%" PRIu64 " on stream %" PRIu64 " reuses 0x%" PRIx64
+                     " freed with work pending on recorded streams (mask 0x%x)",
+                     p, size, stream, e->ptr, e->mask);
+        if (e->own && stream != e->stream)
+            RUN_FAIL(r, "0x%" PRIx64 "+%" PRIu64 " on stream %" PRIu64 " reuses 0x%" PRIx64
+                     " freed on stream %" PRIu64 " before that stream's work completed",
+                     p, size, stream, e->ptr, e->stream);
+    }
+}
+
 static void teardown(run *r) {
+    free(r->pending);
     if (r->a) gm_allocator_destroy(r->a);
     if (r->be) gm_backend_destroy(r->be);
     wl_model_free(&r->m);
@@ -135,6 +198,7 @@ static void teardown(run *r) {
 static void complete_all(run *r) {
     int rc = gm_sim_complete_events(r->be, 0, UINT64_MAX);
     if (rc != GM_OK) RUN_FAIL(r, "gm_sim_complete_events = %s", gm_status_name(rc));
+    pend_complete(r, UINT64_MAX);
 }
 
 static void expect_stat(run *r, const char *what, int64_t got, int64_t want) {
@@ -150,10 +214,21 @@ static gm_stats stats(run *r) {
     return s;
 }
 
+/* Free every live block, remembering what the streams may still use. */
+static void free_all(run *r) {
+    while (r->m.n > 0) {
+        wl_block b;
+        wl_model_remove_at(&r->m, r->m.n - 1, &b);
+        int rc = gm_free(r->a, b.ptr);
+        if (rc != GM_OK) RUN_FAIL(r, "free(0x%" PRIx64 ") = %s", b.ptr, gm_status_name(rc));
+        pend_add(r, &b);
+    }
+}
+
 /* Free everything: allocated must drop to 0; then empty_cache must return
  * every byte to the device. */
 static void drain(run *r) {
-    if (wl_free_all(r->a, &r->m, r->err, sizeof r->err)) RUN_FAIL(r, "%s", r->err);
+    free_all(r);
     check(r);
     gm_stats s = stats(r);
     expect_stat(r, "allocated_bytes.all.current after freeing all",
@@ -180,14 +255,16 @@ static void on_oom(run *r, uint64_t size, gm_stream stream) {
     if (size > r->limit / 2 || !wl_chance(&r->r, 0.5)) return;
     r->op = "oom-recover";
     trace(r, "oom recovery: free %zu blocks, retry %" PRIu64, r->m.n, size);
-    if (wl_free_all(r->a, &r->m, r->err, sizeof r->err)) RUN_FAIL(r, "%s", r->err);
+    free_all(r);
     complete_all(r);
     check(r);
     gm_devptr p = 0;
+    uint64_t syncs0 = sync_calls(r);
     int rc = gm_malloc(r->a, 0, size, stream, &p);
     if (rc != GM_OK)
         RUN_FAIL(r, "malloc(%" PRIu64 ") after freeing everything = %s (limit %" PRIu64 "): %s",
                  size, gm_status_name(rc), r->limit, gm_last_error_detail());
+    pend_check(r, p, size, stream, syncs0);
     if (wl_model_add(&r->m, p, size, stream, r->err, sizeof r->err)) RUN_FAIL(r, "%s", r->err);
 }
 
@@ -195,6 +272,7 @@ static void op_malloc(run *r) {
     uint64_t size = wl_chance(&r->r, 0.01) ? 0 : wl_size(&r->r, &r->mix);
     gm_stream stream = wl_chance(&r->r, 0.6) ? 0 : wl_range(&r->r, 1, NSTREAMS - 1);
     gm_devptr p = 0xdead;
+    uint64_t syncs0 = sync_calls(r);
     int rc = gm_malloc(r->a, 0, size, stream, &p);
     trace(r, "malloc(%" PRIu64 ", stream %" PRIu64 ") = %s 0x%" PRIx64, size, stream,
           gm_status_name(rc), p);
@@ -207,6 +285,7 @@ static void op_malloc(run *r) {
         if (p != 0) RUN_FAIL(r, "malloc(0) gave 0x%" PRIx64 ", expected 0", p);
         return;
     }
+    pend_check(r, p, size, stream, syncs0);
     if (wl_model_add(&r->m, p, size, stream, r->err, sizeof r->err)) RUN_FAIL(r, "%s", r->err);
 }
 
@@ -217,6 +296,7 @@ static void op_free(run *r) {
     int rc = gm_free(r->a, b.ptr);
     trace(r, "free(0x%" PRIx64 ") = %s", b.ptr, gm_status_name(rc));
     if (rc != GM_OK) RUN_FAIL(r, "free(0x%" PRIx64 ") = %s", b.ptr, gm_status_name(rc));
+    pend_add(r, &b);
     if (wl_chance(&r->r, 0.05)) {
         /* the pointer was not handed out again yet: a second free is a
          * double free, reported, changing nothing (checked after the step) */
@@ -235,6 +315,7 @@ static void op_record_stream(run *r) {
     int rc = gm_record_stream(r->a, b->ptr, s);
     trace(r, "record_stream(0x%" PRIx64 ", %" PRIu64 ") = %s", b->ptr, s, gm_status_name(rc));
     if (rc != GM_OK) RUN_FAIL(r, "record_stream = %s", gm_status_name(rc));
+    if (s != b->stream) b->recorded |= 1u << s; /* own stream: nothing to wait for */
 }
 
 static void op_bad_pointer(run *r) {
@@ -251,6 +332,7 @@ static void step(run *r) {
     double live = (double)r->m.n / (double)r->cfg->target_live;
     double p_malloc = live < 1.0 ? 0.55 : 0.30;
     double u = wl_unit(&r->r);
+    uint64_t syncs0 = sync_calls(r);
     int rc;
     if ((u -= p_malloc) < 0) {
         r->op = "malloc";
@@ -267,6 +349,7 @@ static void step(run *r) {
         trace(r, "complete_events(%" PRIu64 ")", s);
         rc = gm_sim_complete_events(r->be, 0, s);
         if (rc != GM_OK) RUN_FAIL(r, "gm_sim_complete_events = %s", gm_status_name(rc));
+        pend_complete(r, s);
     } else if ((u -= 0.01) < 0) {
         r->op = "empty_cache";
         trace(r, "empty_cache");
@@ -289,6 +372,7 @@ static void step(run *r) {
         r->op = "free";
         op_free(r);
     }
+    if (sync_calls(r) != syncs0) pend_complete(r, UINT64_MAX); /* the allocator waited */
     check(r);
 }
 

@@ -95,7 +95,7 @@ static void do_malloc(worker *w) {
     pthread_mutex_lock(&sh->lock);
     int bad = wl_model_add(&sh->live, p, size, s, err, sizeof err);
     bool handoff = !bad && sh->qn < QUEUE_MAX && wl_chance(&w->r, 0.35);
-    if (handoff) sh->queue[sh->qn++] = (wl_block){p, size, s};
+    if (handoff) sh->queue[sh->qn++] = (wl_block){p, size, s, 0};
     pthread_mutex_unlock(&sh->lock);
     if (bad) {
         failf(sh, "thread %d: %s", w->id, err);
@@ -107,7 +107,7 @@ static void do_malloc(worker *w) {
         release(w, w->local[k]);
         w->local[k] = w->local[--w->nlocal];
     }
-    w->local[w->nlocal++] = (wl_block){p, size, s};
+    w->local[w->nlocal++] = (wl_block){p, size, s, 0};
 }
 
 static void free_local(worker *w) {

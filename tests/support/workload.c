@@ -140,7 +140,7 @@ int wl_model_add(wl_model *m, gm_devptr ptr, uint64_t size, gm_stream stream, ch
         m->cap = nc;
     }
     memmove(&m->live[i + 1], &m->live[i], (m->n - i) * sizeof *m->live);
-    m->live[i] = (wl_block){ptr, size, stream};
+    m->live[i] = (wl_block){ptr, size, stream, 0};
     m->n++;
     m->requested += size;
     return 0;

@@ -62,6 +62,7 @@ typedef struct wl_block {
     gm_devptr ptr;
     uint64_t size; /* requested bytes */
     gm_stream stream;
+    uint32_t recorded; /* test_property: bit s set after record_stream(ptr, s) */
 } wl_block;
 
 typedef struct wl_model {
