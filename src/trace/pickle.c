@@ -100,13 +100,14 @@ static void *arena_alloc(gm__pickle *p, size_t n) {
     if (!c || c->cap - c->used < n) {
         /* chunks double up to 32 MiB: small pickles stay small, and big
          * ones take few page faults (huge pages where the kernel allows) */
-        size_t cap = c ? c->cap * 2 : (1u << 20);
+        size_t cap = c ? (c->cap + sizeof *c) * 2 : ((size_t)64 << 10);
         if (cap > CHUNK_MAX) cap = CHUNK_MAX;
         if (cap < n + sizeof *c) cap = n + sizeof *c;
-        cap = (cap + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+        bool huge = cap >= 2 * HUGE_PAGE;
+        if (huge) cap = (cap + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
         if (mem_charge(p, cap) != GM_OK) return NULL;
-        c = aligned_alloc(HUGE_PAGE, cap);
-        if (c) madvise(c, cap, MADV_HUGEPAGE);
+        c = huge ? aligned_alloc(HUGE_PAGE, cap) : malloc(cap);
+        if (c && huge) madvise(c, cap, MADV_HUGEPAGE);
         cap -= sizeof *c;
         if (!c) {
             gm__set_error(GM_ENOHOSTMEM, "out of host memory reading pickle");
@@ -501,7 +502,7 @@ static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
         else return op_err(r, at, op, "stack underflow");
         return GM_OK;
     case '1': {
-        size_t k;
+        size_t k = 0;
         int rc = pop_mark(p, r, at, op, &k);
         if (!rc) p->sp = k;
         return rc;

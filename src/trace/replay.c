@@ -168,7 +168,7 @@ int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out) {
     if (device < 0 || device >= t->ndevices)
         return gm__set_error(GM_EDEVICE, "the trace has no device %d (it has %d)", device,
                              t->ndevices);
-    const gm_trace_event *ev = t->events + t->dev_off[device];
+    const gm_trace_event *ev = t->events ? t->events + t->dev_off[device] : NULL;
     size_t n = t->dev_off[device + 1] - t->dev_off[device];
     gm_replay_prog *p = calloc(1, sizeof *p);
     if (!p || !(p->ops = malloc((n ? n : 1) * sizeof *p->ops))) {
