@@ -156,9 +156,10 @@ int gm_allocator_publish(gm_allocator *a, const char *label) {
         return rc;
     }
     fill_header(p->hdr, label);
-    /* every device lock orders this store before the next update */
+    /* the front end reads a->publisher under each device lock; the release
+     * store makes the mapped, filled segment visible with the pointer */
     pthread_mutex_lock(&a->devices_lock);
-    a->publisher = p;
+    __atomic_store_n(&a->publisher, p, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&a->devices_lock);
     publish_existing(a, p);
     return GM_OK;
