@@ -10,7 +10,16 @@
 // torch, no CUDA). Without -DWITH_TORCH only the gpumem rows are measured.
 // Input: event files from bench/trace_to_events.py.
 //
-//   gpu_replay_bench [--reps N] EVENTS.bin...      prints one "RESULT {json}" line per row
+//   gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc LIST] [--timeout S] EVENTS.bin...
+//
+// prints one "RESULT {json}" line per row, and a "PROGRESS ..." line (flushed)
+// before each phase, so a hang shows where it happened. --alloc picks the
+// allocators, comma separated: torch-native, gpumem-torch, gpumem-gpumem
+// (default: all built in). --backend sim replays on the simulated device (a
+// CPU check of the exact code path the GPU run takes; timings mean little).
+// --timeout S: after S seconds print where the replay is (trace, allocator,
+// pass, event index) and a native stack, then exit 124: a hang loses one
+// run, not the whole benchmark, and leaves a trail to debug it.
 #include "gpumem/gpumem.h"
 
 #ifdef WITH_TORCH
@@ -20,6 +29,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <execinfo.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -60,6 +73,48 @@ static bool load(const char *path, Trace &t) {
     return ok;
 }
 
+// ---- where the replay is, for the watchdog (written outside timed calls) ----
+static volatile uint64_t g_event_index;
+static volatile const char *g_phase = "start";
+static char g_phase_buf[4][256];
+static volatile int g_phase_slot;
+
+static void progress(const char *trace, const char *alloc, const char *what) {
+    int k = (g_phase_slot + 1) & 3;
+    snprintf(g_phase_buf[k], sizeof g_phase_buf[k], "%s %s %s", trace, alloc, what);
+    g_phase = g_phase_buf[k];
+    g_phase_slot = k;
+    g_event_index = 0;
+    printf("PROGRESS %s\n", g_phase_buf[k]);
+    fflush(stdout);
+}
+
+static void write_str(const char *s) {
+    ssize_t r = write(2, s, strlen(s));
+    (void)r;
+}
+
+// SIGALRM: report the phase and event, dump this thread's stack, exit 124.
+static void on_alarm(int) {
+    char num[32];
+    int n = 0;
+    uint64_t v = g_event_index;
+    char tmp[32];
+    do tmp[n++] = (char)('0' + v % 10); while ((v /= 10) && n < 30);
+    for (int i = 0; i < n; i++) num[i] = tmp[n - 1 - i];
+    num[n] = 0;
+    write_str("\nWATCHDOG timeout in phase: ");
+    write_str((const char *)g_phase);
+    write_str(", at event index ");
+    write_str(num);
+    write_str("\nWATCHDOG native stack:\n");
+    void *frames[64];
+    int nf = backtrace(frames, 64);
+    backtrace_symbols_fd(frames, nf, 2);
+    write_str("WATCHDOG end\n");
+    _exit(124);
+}
+
 static inline uint64_t now_ns() {
     return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch())
@@ -79,7 +134,9 @@ template <class A, class F> static Row pass(const Trace &t, A alloc, F release) 
     std::vector<uint32_t> ns;
     ns.reserve(t.ev.size());
     Row r;
+    uint64_t idx = 0;
     for (const Ev &e : t.ev) {
+        g_event_index = idx++;
         if (e.slot >= t.slots) continue;
         if (e.op == 0) {
             uint64_t t0 = now_ns();
@@ -142,6 +199,7 @@ static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const cha
     };
     auto fr = [a](uint64_t p) { gm_free(a, p); };
     for (int which = 0; which < 2; which++) {
+        progress(t.name.c_str(), label, which ? "warm" : "cold");
         gm_reset_peak_stats(a, 0);
         Row r = pass(t, al, fr);
         gm_stats s;
@@ -153,16 +211,20 @@ static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const cha
         if (r.fails) fprintf(stderr, "%s %s: %" PRIu64 " allocations failed: %s\n", t.name.c_str(), label,
                              r.fails, gm_last_error_detail());
     }
+    progress(t.name.c_str(), label, "check");
     char cerr[512] = "";
-    if (gm_check(a, 0, cerr, sizeof cerr) != GM_OK) fprintf(stderr, "%s %s: gm_check: %s\n", t.name.c_str(), label, cerr);
+    int bad = gm_check(a, 0, cerr, sizeof cerr) != GM_OK;
+    if (bad) fprintf(stderr, "%s %s: gm_check FAILED: %s\n", t.name.c_str(), label, cerr);
+    progress(t.name.c_str(), label, "destroy");
     gm_allocator_destroy(a);
-    return 0;
+    return bad;
 }
 
 #ifdef WITH_TORCH
 namespace cca = c10::cuda::CUDACachingAllocator;
 
 static void run_torch(const Trace &t) {
+    progress(t.name.c_str(), "torch-native", "empty_cache");
     cca::emptyCache();
     auto al = [](uint64_t size) -> uint64_t {
         try {
@@ -173,6 +235,7 @@ static void run_torch(const Trace &t) {
     };
     auto fr = [](uint64_t p) { cca::raw_delete((void *)(uintptr_t)p); };
     for (int which = 0; which < 2; which++) {
+        progress(t.name.c_str(), "torch-native", which ? "warm" : "cold");
         cca::resetPeakStats(0);
         Row r = pass(t, al, fr);
         auto s = cca::getDeviceStats(0);
@@ -183,21 +246,51 @@ static void run_torch(const Trace &t) {
 }
 #endif
 
+static bool wanted(const std::string &list, const char *name) {
+    if (list.empty()) return true;
+    std::string l = "," + list + ",";
+    return l.find("," + std::string(name) + ",") != std::string::npos;
+}
+
+static int make_backend(const char *kind, gm_backend **b) {
+    if (!strcmp(kind, "sim")) {
+        gm_sim_options o;
+        gm_sim_options_init(&o);
+        return gm_sim_create(b, &o);
+    }
+    return gm_cuda_create(b);
+}
+
 int main(int argc, char **argv) {
-    int reps = 1;
+    int reps = 1, timeout = 0;
+    const char *backend = "cuda";
+    std::string allocs;
     std::vector<const char *> files;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
+        else if (!strcmp(argv[i], "--alloc") && i + 1 < argc) allocs = argv[++i];
+        else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) timeout = atoi(argv[++i]);
         else files.push_back(argv[i]);
     }
-    if (files.empty()) {
-        fprintf(stderr, "usage: gpu_replay_bench [--reps N] EVENTS.bin...\n");
+    if (files.empty() || (strcmp(backend, "cuda") && strcmp(backend, "sim"))) {
+        fprintf(stderr, "usage: gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc torch-native,"
+                        "gpumem-torch,gpumem-gpumem] [--timeout S] EVENTS.bin...\n");
         return 2;
     }
+#ifdef PR_SET_PTRACER
+    prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); // let gdb attach for a stack (best effort)
+#endif
+    if (timeout > 0) {
+        signal(SIGALRM, on_alarm);
+        alarm((unsigned)timeout);
+    }
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    progress("-", backend, "backend create");
     gm_backend *b = nullptr;
-    int st = gm_cuda_create(&b);
+    int st = make_backend(backend, &b);
     if (st != GM_OK) {
-        fprintf(stderr, "gm_cuda_create: %s: %s\n", gm_status_name(st), gm_last_error_detail());
+        fprintf(stderr, "creating the %s backend: %s: %s\n", backend, gm_status_name(st), gm_last_error_detail());
         return 1;
     }
     uint64_t fr = 0, tot = 0;
@@ -211,22 +304,27 @@ int main(int argc, char **argv) {
             gm_allocator_destroy(a);
         }
     }
-    fprintf(stderr, "device 0: %.1f GiB free of %.1f GiB\n", fr / 1073741824.0, tot / 1073741824.0);
+    fprintf(stderr, "device 0 (%s): %.1f GiB free of %.1f GiB\n", backend, fr / 1073741824.0, tot / 1073741824.0);
+    bool native = wanted(allocs, "torch-native") && !strcmp(backend, "cuda");
 #ifdef WITH_TORCH
-    cca::init(c10::cuda::device_count());
-    try {
-        cca::raw_delete(cca::raw_alloc_with_stream(1 << 20, nullptr));
-    } catch (const std::exception &e) {
-        fprintf(stderr, "torch caching allocator unusable: %s\n", e.what());
-        return 1;
+    if (native) {
+        progress("-", "torch-native", "init");
+        cca::init(c10::cuda::device_count());
+        try {
+            cca::raw_delete(cca::raw_alloc_with_stream(1 << 20, nullptr));
+        } catch (const std::exception &e) {
+            fprintf(stderr, "torch caching allocator unusable: %s\n", e.what());
+            return 1;
+        }
+        cca::emptyCache();
     }
-    cca::emptyCache();
 #else
-    fprintf(stderr, "built without torch: torch-native rows are missing\n");
+    if (native) fprintf(stderr, "built without torch: torch-native rows are missing\n");
 #endif
     int rc = 0;
     for (const char *f : files) {
         Trace t;
+        progress(f, "-", "load");
         if (!load(f, t)) {
             rc = 1;
             continue;
@@ -234,12 +332,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s: %zu events, %" PRIu64 " slots\n", t.name.c_str(), t.ev.size(), t.slots);
         for (int r = 0; r < reps; r++) {
 #ifdef WITH_TORCH
-            run_torch(t);
+            if (native) run_torch(t);
 #endif
-            rc |= run_gpumem(b, t, "policy:torch", "gpumem-torch");
-            rc |= run_gpumem(b, t, "policy:gpumem", "gpumem-gpumem");
+            if (wanted(allocs, "gpumem-torch")) rc |= run_gpumem(b, t, "policy:torch", "gpumem-torch");
+            if (wanted(allocs, "gpumem-gpumem")) rc |= run_gpumem(b, t, "policy:gpumem", "gpumem-gpumem");
         }
     }
+    progress("-", backend, "backend destroy");
     gm_backend_destroy(b);
+    printf("DONE rc %d\n", rc);
     return rc;
 }

@@ -92,6 +92,7 @@ static int dev_setup_locked(cuda_ctx *c, int dev, cuda_dev *d) {
 }
 
 static int dev_get(cuda_ctx *c, int dev, cuda_dev **out) {
+    *out = NULL; /* set on every path: callers read it only on GM_OK, but gcc -O2 cannot tell */
     if (dev < 0 || dev >= c->ndev)
         return gm__set_error(GM_EDEVICE, "cuda backend: device %d does not exist (%d visible)", dev, c->ndev);
     cuda_dev *d = &c->devs[dev];
@@ -113,10 +114,11 @@ typedef struct ctx_guard {
 /* Make dev's primary context current for the duration of one call. */
 static int enter(cuda_ctx *c, int dev, cuda_dev **dout, ctx_guard *g) {
     cuda_dev *d;
-    int st = dev_get(c, dev, &d);
-    if (st != GM_OK) return st;
+    *dout = NULL; /* outputs set on every path (see dev_get) */
     g->prev = NULL;
     g->switched = false;
+    int st = dev_get(c, dev, &d);
+    if (st != GM_OK) return st;
     CUresult r = c->drv.cuCtxGetCurrent(&g->prev);
     if (r != GM__CUDA_SUCCESS) g->prev = NULL; /* treat as "none current" */
     if (g->prev != d->ctx) {
@@ -353,7 +355,7 @@ static int cu_event_record(void *ctx, int dev, gm_stream stream, gm_event *out) 
     ctx_guard g;
     int st = enter(c, dev, &d, &g);
     if (st != GM_OK) return st;
-    CUevent ev;
+    CUevent ev = NULL;
     st = event_take(c, dev, d, &ev);
     if (st == GM_OK) {
         CUresult r = c->drv.cuEventRecord(ev, (CUstream)(uintptr_t)stream);

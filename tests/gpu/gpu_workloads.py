@@ -10,6 +10,7 @@ and the device's peak used memory (total - free, sampled after forward and
 after each step: the nvidia-smi view of the process).
 """
 import argparse
+import faulthandler
 import json
 import os
 import statistics
@@ -64,6 +65,10 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    # a hang shows where it is: every thread's Python stack, then exit 124
+    faulthandler.enable()
+    if float(os.environ.get("GPUMEM_STEP_TIMEOUT", "0")) > 0:
+        faulthandler.dump_traceback_later(float(os.environ["GPUMEM_STEP_TIMEOUT"]), exit=True)
 
     import torch  # noqa: PLC0415
     gt = None
@@ -109,6 +114,7 @@ def main():
         times.append(time.perf_counter() - t0)
         sample()
         losses.append(float(loss.item()))
+        print("STEP %d loss %.6f ms %.2f" % (step, losses[-1], 1000 * times[-1]), flush=True)
 
     if gt is not None:
         st = gt.memory_stats()

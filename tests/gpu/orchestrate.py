@@ -1,25 +1,40 @@
 """Run the GPU tests and benchmarks after run_gpu.sh has built everything;
-log each step under OUT and print one results table at the end.
+log each step under LOGS and print one results table at the end.
 
-    python3 orchestrate.py --build BUILD --out OUT [--traces DIR] [--budget SECONDS]
+    python3 orchestrate.py --build BUILD --out OUT --logs LOGS [--traces DIR] [--budget SECONDS]
 
-Every step runs in its own process with a timeout, so one hang or crash
-costs only that step. Steps are skipped (marked) when the time budget runs out.
+Every risky step runs in its own process with its own timeout, so a hang or
+crash costs one step (one test, one bench cell), not the run. On a timeout
+the step leaves a trail: test processes dump every thread's Python stack
+(faulthandler), the replay bench prints its phase, event index and native
+stack (its --timeout watchdog), and if gdb is installed orchestrate attaches
+it for every thread's native stack before killing the process.
+
+Order, most important first: GPU suites for both policies (short per-test
+timeouts), replay bench for policy gpumem and torch-native on every trace,
+GPT-2 small gpumem vs native, ResNet-50 losses, the torch-policy replay
+cells, then the rest if time is left. Steps that would not fit in the budget
+are marked SKIP. OUT gets results.json only; logs go to LOGS (run_gpu.sh
+tars them into OUT/logs.tgz).
 """
 import argparse
 import glob
 import json
 import os
 import shutil
-import statistics
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 T0 = time.time()
 ROWS = []  # (section, name, result, detail)
+SUITE_TEST_TIMEOUT = int(os.environ.get("GPUMEM_TEST_TIMEOUT", "25"))  # s per GPU test (slowest ~5 s on the H200)
+BENCH_CELL_TIMEOUT = 40  # s per (trace, allocator) replay process
+SUITE = os.environ.get("GPUMEM_GPU_SUITE", "tests/gpu/test_gpumem_gpu.py")  # replaceable to test orchestrate
 
 
 def row(section, name, result, detail=""):
@@ -27,20 +42,65 @@ def row(section, name, result, detail=""):
     print("[%5.0fs] %-8s %-42s %-5s %s" % (time.time() - T0, section, name, result, detail), flush=True)
 
 
-def run(name, cmd, out, timeout, env=None):
-    """Run cmd, logging to OUT/name.log; returns (rc, text). rc 124 on timeout."""
-    log = os.path.join(out, name + ".log")
+def gdb_stack(pid):
+    """Every thread's native stack of pid, via gdb if present (best effort)."""
+    if not shutil.which("gdb"):
+        return "[orchestrate] no gdb on this machine: no native stack\n"
+    try:
+        p = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "set pagination off",
+                            "-ex", "thread apply all bt 40"], capture_output=True, text=True, timeout=25,
+                           errors="replace")
+        out = "\n".join(l for l in (p.stdout + p.stderr).splitlines()
+                        if l.startswith(("#", "Thread", "warning: process", "ptrace", "Could not attach")))
+        return "[orchestrate] gdb native stacks of pid %d:\n%s\n" % (pid, out[-20000:])
+    except Exception as e:  # noqa: BLE001
+        return "[orchestrate] gdb failed: %r\n" % (e,)
+
+
+def run(a, name, cmd, timeout, env=None, stack_at=None, stall=None):
+    """Run cmd in its own process group, log to LOGS/name.log; returns (rc, text).
+    rc 124 when orchestrate killed it at `timeout`; at `stack_at` seconds (default
+    timeout - 6), or after `stall` seconds without an output line, a
+    still-running process gets one gdb stack dump first."""
+    log = os.path.join(a.logs, name + ".log")
     e = dict(os.environ)
     e.update(env or {})
+    timeout = max(5, min(timeout, int(left(a.budget)) - 5))
+    stack_at = stack_at if stack_at is not None else max(1, timeout - 6)
     t = time.time()
-    try:
-        p = subprocess.run(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           timeout=timeout, text=True, errors="replace")
-        rc, text = p.returncode, p.stdout
-    except subprocess.TimeoutExpired as x:
-        rc = 124
-        text = (x.stdout.decode("utf-8", "replace") if isinstance(x.stdout, bytes) else (x.stdout or ""))
-        text += "\n[orchestrate] TIMEOUT after %ds\n" % timeout
+    lines = []
+    last = [time.time()]
+    p = subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         errors="replace", start_new_session=True)
+
+    def reader():
+        for line in p.stdout:
+            lines.append(line)
+            last[0] = time.time()
+
+    th = threading.Thread(target=reader, daemon=True)
+    th.start()
+    rc, dumped, extra = None, False, ""
+    while rc is None:
+        try:
+            rc = p.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            el = time.time() - t
+            if (el >= stack_at or (stall and time.time() - last[0] >= stall)) and not dumped:
+                dumped = True
+                extra += "\n[orchestrate] still running after %.0fs; last line: %s\n" % (
+                    el, lines[-1].strip() if lines else "(none)")
+                extra += gdb_stack(p.pid)
+            if time.time() - t >= timeout:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                p.wait()
+                rc = 124
+                extra += "[orchestrate] TIMEOUT after %ds: killed\n" % timeout
+    th.join(5)
+    text = "".join(lines) + extra
     with open(log, "w") as f:
         f.write("$ %s\n(%.1fs, rc %d)\n%s" % (" ".join(cmd), time.time() - t, rc, text))
     return rc, text
@@ -55,8 +115,13 @@ def tail(text, n=3):
     return " | ".join(lines[-n:])[-300:]
 
 
-def have_pytest():
-    return subprocess.run([sys.executable, "-c", "import pytest"], capture_output=True).returncode == 0
+def where(text):
+    """The most telling lines of a hang: watchdog/faulthandler frames in our code."""
+    keep = [l.strip() for l in text.splitlines()
+            if l.startswith(("WATCHDOG timeout", "PROGRESS", "Timeout ("))
+            or ("File " in l and ("tests/gpu" in l or "gpumem" in l))
+            or ("gm_" in l and l.startswith("#")) or "tp_" in l]
+    return " | ".join(keep[-4:])[-300:]
 
 
 def gpu_count():
@@ -68,43 +133,66 @@ def gpu_count():
 
 
 def step_cpu_tests(a):
-    rc, text = run("python_cpu_tests", [sys.executable, "-m", "unittest", "discover", "-s", "python/tests", "-v"],
-                   a.out, 60)
+    rc, text = run(a, "python_cpu_tests", [sys.executable, "-m", "unittest", "discover", "-s", "python/tests", "-v"],
+                   30)
     row("python", "package CPU tests (sim backend)", "PASS" if rc == 0 else "FAIL", tail(text, 2))
 
 
-def step_gpu_suite(a, conf):
-    name = "gpu_suite_" + conf.replace(":", "_")
-    if have_pytest():
-        cmd = [sys.executable, "-m", "pytest", "-v", "-rs", "tests/gpu/test_gpumem_gpu.py"]
-    else:
-        cmd = [sys.executable, "tests/gpu/test_gpumem_gpu.py"]
-    rc, text = run(name, cmd, a.out, 180, env={"GPUMEM_CONF": conf})
-    for l in text.splitlines():  # one row per test
-        l = l.strip()
-        for tag in ("PASSED", "FAILED", "SKIPPED", "ERROR"):
-            if "::test_" in l and tag in l:
-                test = l.split("::")[1].split()[0]
-                row("gpu " + conf.split(":")[1], test, tag[:4])
-        for tag in ("PASS", "FAIL", "SKIP"):
-            if l.startswith(tag + " test_"):
-                row("gpu " + conf.split(":")[1], l.split()[1], tag, " ".join(l.split()[2:])[:80])
-    row("gpu " + conf.split(":")[1], "suite exit", "PASS" if rc == 0 else "FAIL", "rc %d" % rc + ("" if rc == 0 else ": " + tail(text, 2)))
+def step_gpu_suite(a, conf, cap):
+    """The in-process suite, one process per run; after a test hangs or crashes
+    the suite restarts after it, so every other test still runs."""
+    pol = conf.split(":")[1]
+    after, part, t0 = None, 0, time.time()
+    while True:
+        cmd = [sys.executable, SUITE, "--timeout", str(SUITE_TEST_TIMEOUT)]
+        if after:
+            cmd += ["--after", after]
+        budget = int(cap - (time.time() - t0))
+        if budget < 20:
+            row("gpu " + pol, "rest of suite", "SKIP", "suite time cap %ds spent" % cap)
+            return
+        rc, text = run(a, "gpu_suite_%s_%d" % (pol, part), cmd, budget, env={"GPUMEM_CONF": conf},
+                       stall=max(2, SUITE_TEST_TIMEOUT - 5))
+        part += 1
+        started, finished = None, True
+        for l in text.splitlines():
+            w = l.split()
+            if len(w) >= 2 and w[0] == "START":
+                started, finished = w[1], False
+            elif len(w) >= 2 and w[0] in ("PASS", "FAIL", "SKIP") and w[1].startswith("test_"):
+                finished = True
+                row("gpu " + pol, w[1], w[0], " ".join(w[2:])[:100])
+        if finished or not started:
+            if rc != 0 and not started:
+                row("gpu " + pol, "suite", "FAIL", "rc %d: %s" % (rc, tail(text, 3)))
+            return
+        hung = rc == 124 or "Timeout (" in text
+        row("gpu " + pol, started, "FAIL", ("HANG >%ds: " % SUITE_TEST_TIMEOUT if hung else "CRASH rc %d: " % rc)
+            + (where(text) or tail(text, 3)))
+        after = started
 
 
-def workload(a, model, alloc, conf, steps):
+def workload(a, model, alloc, conf, steps, timeout):
     tag = "%s_%s%s" % (model, alloc, "_" + conf.split(":")[1] if conf else "")
-    res = os.path.join(a.out, tag + ".json")
+    if left(a.budget) < timeout * 0.6:
+        row("model", tag, "SKIP", "time budget")
+        return None
+    res = os.path.join(a.logs, tag + ".json")
     cmd = [sys.executable, "tests/gpu/gpu_workloads.py", "--model", model, "--alloc", alloc, "--steps", str(steps),
            "--out", res]
     if conf:
         cmd += ["--conf", conf]
-    rc, text = run("workload_" + tag, cmd, a.out, 150)
+    rc, text = run(a, "workload_" + tag, cmd, timeout, env={"GPUMEM_STEP_TIMEOUT": str(timeout - 4)},
+                   stack_at=timeout - 8)
     if rc != 0 or not os.path.exists(res):
-        row("model", tag, "FAIL", "rc %d: %s" % (rc, tail(text, 2)))
+        hung = rc == 124 or "Timeout (" in text
+        row("model", tag, "FAIL", "rc %d: %s" % (rc, (where(text) if hung else "") or tail(text, 2)))
         return None
     with open(res) as f:
-        return json.load(f)
+        r = json.load(f)
+    row("model", tag, "PASS", "step %.2f ms, device peak used %.2f GiB" % (r["step_ms_median"],
+                                                                          r["device_peak_used"] / 2**30))
+    return r
 
 
 def compare(model, ref, got, rtol):
@@ -119,27 +207,21 @@ def compare(model, ref, got, rtol):
         "%d/%d exact, max rel diff %.2e (tol %.0e); gpumem invariants %s" % (exact, n, worst, rtol, got["invariants"]))
 
 
-def step_models(a, results):
-    gpt_steps = 20
-    ref = workload(a, "gpt2", "native", None, gpt_steps)
-    results["gpt2_native"] = ref
-    for conf in ("policy:gpumem", "policy:torch"):
-        if left(a.budget) < 90:
-            row("model", "gpt2 " + conf, "SKIP", "time budget")
-            continue
-        got = workload(a, "gpt2", "gpumem", conf, gpt_steps if conf == "policy:gpumem" else 6)
-        results["gpt2_" + conf] = got
-        compare("gpt2", ref, got, 1e-5)
-    if left(a.budget) < 150:
-        row("model", "resnet50", "SKIP", "time budget")
-        return
-    ref = workload(a, "resnet50", "native", None, 4)
-    for conf in ("policy:gpumem", "policy:torch"):
-        if left(a.budget) < 60:
-            row("model", "resnet50 " + conf, "SKIP", "time budget")
-            continue
-        # adaptive_avg_pool2d's backward has no deterministic kernel: looser tolerance
-        compare("resnet50", ref, workload(a, "resnet50", "gpumem", conf, 4), 1e-3)
+def step_gpt2(a, results, conf, steps=20):
+    if "gpt2_native" not in results:
+        results["gpt2_native"] = workload(a, "gpt2", "native", None, steps, 110)
+    got = workload(a, "gpt2", "gpumem", conf, steps, 110)
+    results["gpt2_" + conf] = got
+    compare("gpt2", results["gpt2_native"], got, 1e-5)
+
+
+def step_resnet(a, results, conf):
+    if "resnet50_native" not in results:
+        results["resnet50_native"] = workload(a, "resnet50", "native", None, 4, 90)
+    # adaptive_avg_pool2d's backward has no deterministic kernel: looser tolerance
+    got = workload(a, "resnet50", "gpumem", conf, 4, 90)
+    results["resnet50_" + conf] = got
+    compare("resnet50", results["resnet50_native"], got, 1e-3)
 
 
 def step_multi_gpu(a):
@@ -147,39 +229,63 @@ def step_multi_gpu(a):
     if n < 2:
         row("multi", "2-GPU NCCL all-reduce + DDP", "SKIP", "%d GPU(s)" % n)
         return
-    rc, text = run("multi_gpu", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                 "tests/gpu/multi_gpu.py"], a.out, 150,
+    rc, text = run(a, "multi_gpu", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                    "--nproc_per_node=2", "tests/gpu/multi_gpu.py"], 120,
                    env={"NCCL_NVLS_ENABLE": "0", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "GPUMEM_CONF": "policy:gpumem"})
     oks = [l for l in text.splitlines() if " OK {" in l]
     row("multi", "2-GPU NCCL all-reduce + DDP", "PASS" if rc == 0 and len(oks) == 2 else "FAIL",
         ("; ".join(l.split(" OK ")[1] for l in oks) if oks else tail(text, 3))[:300])
 
 
-def step_replay(a, results):
-    bench = os.path.join(a.build, "gpu_replay_bench")
-    if not os.path.exists(bench):
-        row("replay", "gpu_replay_bench", "FAIL", "not built (see build_ext.log)")
-        return
+def convert_traces(a):
+    """Event files for the bench (once); [] when there is nothing to replay."""
     traces = sorted(glob.glob(os.path.join(a.traces, "*.pickle.gz"))) if a.traces else []
     if not traces:
-        row("replay", "traces", "SKIP", "no *.pickle.gz in %r" % a.traces)
-        return
+        row("replay", "traces", "FAIL", "no *.pickle.gz in %r" % a.traces)
+        return []
     evdir = os.path.join(a.build, "events")
     os.makedirs(evdir, exist_ok=True)
     files = []
     for t in traces:
         dst = os.path.join(evdir, os.path.basename(t).replace(".pickle.gz", ".bin"))
-        rc, text = run("convert_" + os.path.basename(dst), [sys.executable, "bench/trace_to_events.py", t, dst],
-                       a.out, 120)
+        if os.path.exists(dst) and os.path.getmtime(dst) >= os.path.getmtime(t):
+            files.append(dst)
+            continue
+        rc, text = run(a, "convert_" + os.path.basename(dst), [sys.executable, "bench/trace_to_events.py", t, dst], 60)
         if rc == 0:
             files.append(dst)
         else:
             row("replay", "convert " + os.path.basename(t), "FAIL", tail(text, 1))
-    rc, text = run("replay_bench", [bench] + files, a.out, max(60, min(300, int(left(a.budget)) - 30)))
-    res = [json.loads(l[len("RESULT "):]) for l in text.splitlines() if l.startswith("RESULT {")]
-    results["replay"] = res
-    if rc != 0:
-        row("replay", "gpu_replay_bench exit", "FAIL", "rc %d: %s" % (rc, tail(text, 2)))
+    return files
+
+
+def step_replay(a, results, allocs):
+    """One process per (trace, allocator): a hang loses that cell only."""
+    bench = os.path.join(a.build, "gpu_replay_bench")
+    if not os.path.exists(bench):
+        row("replay", "gpu_replay_bench", "FAIL", "not built (see build_ext.log)")
+        return
+    if "events" not in results:
+        results["events"] = convert_traces(a)
+    for f in results["events"]:
+        for al in allocs:
+            tag = "%s %s" % (os.path.basename(f)[:-4], al)
+            if left(a.budget) < 15:
+                row("replay", tag, "SKIP", "time budget")
+                continue
+            rc, text = run(a, "replay_%s_%s" % (os.path.basename(f)[:-4], al),
+                           [bench, "--alloc", al, "--timeout", str(BENCH_CELL_TIMEOUT - 4), f],
+                           BENCH_CELL_TIMEOUT, stack_at=BENCH_CELL_TIMEOUT - 8)
+            res = [json.loads(l[len("RESULT "):]) for l in text.splitlines() if l.startswith("RESULT {")]
+            results.setdefault("replay", []).extend(res)
+            if rc != 0 or len(res) != 2:
+                hung = rc == 124 or "WATCHDOG" in text
+                row("replay", tag, "FAIL", ("HANG: " + (where(text) or tail(text, 3))) if hung
+                    else "rc %d: %s" % (rc, tail(text, 3)))
+            else:
+                w = res[1]
+                row("replay", tag, "PASS", "warm median %d ns, p99 %d ns, ratio %.4f" % (
+                    w["ns_median"], w["ns_p99"], res[0]["peak_reserved"] / max(1, res[0]["peak_requested"])))
 
 
 def print_tables(a, results):
@@ -226,8 +332,8 @@ def print_tables(a, results):
             print("  gpumem step time vs native: %+.2f%% (target <= +1%%); device peak used: %+.2f GiB" % (
                 100 * (gm["step_ms_median"] / nat["step_ms_median"] - 1),
                 (gm["device_peak_used"] - nat["device_peak_used"]) / 2**30))
-    print("\n%d PASS, %d FAIL, %d SKIP; %.0f s; logs in %s" % (
-        npass, nfail, sum(1 for r in ROWS if r[2] == "SKIP"), time.time() - T0, a.out))
+    print("\n%d PASS, %d FAIL, %d SKIP; %.0f s; logs in %s (OUT/logs.tgz)" % (
+        npass, nfail, sum(1 for r in ROWS if r[2] == "SKIP"), time.time() - T0, a.logs))
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump({"rows": ROWS, "results": results}, f, indent=1)
     return nfail
@@ -237,25 +343,38 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--logs", default=None)
     ap.add_argument("--traces", default=None)
     ap.add_argument("--budget", type=float, default=420)
+    ap.add_argument("--only", default=None, help="comma-separated step names (debugging)")
     a = ap.parse_args()
+    a.logs = a.logs or a.out
     os.makedirs(a.out, exist_ok=True)
+    os.makedirs(a.logs, exist_ok=True)
     results = {}
     steps = [("cpu", lambda: step_cpu_tests(a)),
-             ("suite-gpumem", lambda: step_gpu_suite(a, "policy:gpumem")),
-             ("suite-torch", lambda: step_gpu_suite(a, "policy:torch")),
-             ("replay", lambda: step_replay(a, results)),
-             ("models", lambda: step_models(a, results)),
-             ("multi", lambda: step_multi_gpu(a))]
+             ("suite-gpumem", lambda: step_gpu_suite(a, "policy:gpumem", 75)),
+             ("suite-torch", lambda: step_gpu_suite(a, "policy:torch", 75)),
+             ("replay-gpumem-native", lambda: step_replay(a, results, ["gpumem-gpumem", "torch-native"])),
+             ("gpt2-gpumem", lambda: step_gpt2(a, results, "policy:gpumem")),
+             ("resnet50-gpumem", lambda: step_resnet(a, results, "policy:gpumem")),
+             ("replay-torch", lambda: step_replay(a, results, ["gpumem-torch"])),
+             ("multi", lambda: step_multi_gpu(a)),
+             ("gpt2-torch", lambda: step_gpt2(a, results, "policy:torch", 6)),
+             ("resnet50-torch", lambda: step_resnet(a, results, "policy:torch"))]
+    only = set(a.only.split(",")) if a.only else None
     for name, fn in steps:
-        if left(a.budget) < 30:
+        if only and name not in only:
+            continue
+        if left(a.budget) < 20:
             row("budget", name, "SKIP", "time budget spent")
             continue
+        print("[%5.0fs] == step %s (%.0fs left)" % (time.time() - T0, name, left(a.budget)), flush=True)
         try:
             fn()
         except Exception as e:  # noqa: BLE001 (a broken step must not hide the others)
             row(name, "orchestrator error", "FAIL", repr(e)[:200])
+    results.pop("events", None)
     sys.exit(1 if print_tables(a, results) else 0)
 
 

@@ -3,7 +3,14 @@ with $GPUMEM_CONF). Run with pytest, or directly: python3 test_gpumem_gpu.py
 (a tiny runner below, for machines without pytest). Needs one CUDA GPU.
 
 Cross-process checks (losses equal to the native allocator's, multi-GPU) are
-in test_gpu_processes.py: they need fresh processes."""
+run by orchestrate.py (gpu_workloads.py, multi_gpu.py): they need fresh processes.
+
+Direct runs take --timeout S (per test: faulthandler dumps every thread's
+Python stack and exits 124 when one test runs longer) and --after NAME (run
+only the tests after NAME in the order below: orchestrate.py restarts the
+suite there after a hang). Each test prints "START name" before it runs."""
+import ctypes
+import faulthandler
 import os
 import sys
 import threading
@@ -215,11 +222,32 @@ def test_invariants_hold_at_the_end():
     assert gt.check() == ""
 
 
+def _allow_debugger():
+    """Let gdb attach from a non-parent process (Yama ptrace_scope 1), so
+    orchestrate.py can take a native stack of a hung test; best effort."""
+    try:
+        ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)  # PR_SET_PTRACER_ANY
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def _main():
+    import argparse  # noqa: PLC0415
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--timeout", type=float, default=0, help="per-test limit in seconds (0: none)")
+    ap.add_argument("--after", default=None, help="run only the tests after this one")
+    a = ap.parse_args()
+    faulthandler.enable()
+    _allow_debugger()
     names = sorted(n for n in globals() if n.startswith("test_"))
     order = [n for n in names if n != "test_invariants_hold_at_the_end"] + ["test_invariants_hold_at_the_end"]
+    if a.after:
+        order = order[order.index(a.after) + 1:] if a.after in order else order
     failed = 0
     for n in order:
+        print("START", n, flush=True)
+        if a.timeout > 0:
+            faulthandler.dump_traceback_later(a.timeout, exit=True)
         try:
             globals()[n]()
             print("PASS", n, flush=True)
@@ -229,7 +257,11 @@ def _main():
             failed += 1
             print("FAIL", n, flush=True)
             traceback.print_exc()
-    print("%d failed of %d" % (failed, len(order)))
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            sys.stdout.flush()
+            sys.stderr.flush()
+    print("%d failed of %d" % (failed, len(order)), flush=True)
     sys.exit(1 if failed else 0)
 
 
