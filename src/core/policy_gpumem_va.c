@@ -500,6 +500,31 @@ static uint64_t cost(const gp_state *st, const gp_arena *a, gm_devptr p, uint64_
     return part + miss;
 }
 
+/* A place for `bytes` inside free range r over mapped granules only (a run
+ * of them in the middle of the range), or false. */
+static bool mapped_window(const gp_state *st, const gp_arena *a, const gp_block *r,
+                          uint64_t bytes, int64_t *budget, gm_devptr *at) {
+    gm_devptr end = r->h.ptr + r->h.size;
+    uint64_t g = (r->h.ptr - a->base) >> st->gshift;
+    uint64_t ge = (end - 1 - a->base) >> st->gshift;
+    gm_devptr run = 0; /* start of the current mapped run, 0 = none */
+    for (; g <= ge; g++) {
+        if (--*budget < 0) return false;
+        if (a->gran[g] < 0) {
+            run = 0;
+            continue;
+        }
+        gm_devptr gs = a->base + (g << st->gshift);
+        if (!run) run = gs > r->h.ptr ? gs : r->h.ptr;
+        gm_devptr ge_va = gs + st->gran < end ? gs + st->gran : end;
+        if (ge_va - run >= bytes) {
+            *at = run;
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Where to put `bytes`: best fit, moved to a cheaper range (see cost) when
  * the best fit needs mapping or would split an idle chunk: lazily kept
  * mappings get reused, so a repeating workload settles into making no device
@@ -531,6 +556,10 @@ static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at
                 k = cost(st, a, chi, bytes, best, &budget);
                 if (k < best) best = k, *at = chi, pick = c;
             }
+            gm_devptr w; /* a mapped stretch in the middle of the range */
+            if (best && c->h.size >= bytes + st->gran && mapped_window(st, a, c, bytes, &budget, &w) &&
+                cost(st, a, w, bytes, best, &budget) < best)
+                best = 0, *at = w, pick = c;
         }
     }
     *needs_map = best % GP_COST_PARTIAL != 0;
