@@ -105,7 +105,6 @@ class NativePublisher:
         self._stop = threading.Event()
         self._thread = None
         self._seq = [0] * DEVICES
-        self._updates = [0] * DEVICES
         self._lock = threading.Lock()
         pid = os.getpid()
         self.path = "/dev/shm/%s%d.torch" % (_prefix(), pid)
@@ -147,9 +146,8 @@ class NativePublisher:
 
     def _write(self, device, stats):
         off = HEADER_SIZE + device * RECORD_SIZE
-        self._updates[device] += 1
         values = [int(stats.get(_TORCH_KEYS[f], 0)) for f in _FIELDS[:-2]]
-        values += [self._updates[device], time.time_ns()]
+        values += [values[_FIELDS.index("num_allocs")] + values[_FIELDS.index("num_frees")], time.time_ns()]
         seq = self._seq[device]
         _SEQ.pack_into(self._map, off, seq + 1, 1)
         _VALUES.pack_into(self._map, off + 8, *values)

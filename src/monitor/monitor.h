@@ -51,7 +51,9 @@ typedef struct gm__shm_header {
     char pad[32];          /* 480 */
 } gm__shm_header;
 
-/* The published numbers of one device. Field order is the layout. */
+/* The published numbers of one device. Field order is the layout.
+ * updates = num_allocs + num_frees; update_ns (CLOCK_REALTIME) is refreshed
+ * when updates % GM__SHM_TIME_EVERY is 0 or 1, and on the first update. */
 #define GM__SHM_FIELDS(X)                                                      \
     X(allocated) X(reserved) X(requested) X(active) X(peak_allocated)          \
     X(peak_reserved) X(peak_requested) X(peak_active) X(num_ooms)              \

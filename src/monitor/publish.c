@@ -197,13 +197,18 @@ void gm__publisher_update(gm__publisher *p, int device, const gm_stats *s) {
     PUT(peak_active, s->active_bytes[GM_POOL_ALL].peak);
     PUT(num_ooms, s->num_ooms);
     PUT(num_alloc_retries, s->num_alloc_retries);
-    PUT(num_allocs, s->allocation[GM_POOL_ALL].allocated);
-    PUT(num_frees, s->allocation[GM_POOL_ALL].freed);
-    int64_t updates = r->v.updates + 1;
+    int64_t allocs = s->allocation[GM_POOL_ALL].allocated, frees = s->allocation[GM_POOL_ALL].freed;
+    PUT(num_allocs, allocs);
+    PUT(num_frees, frees);
+    /* `updates` counts allocator operations from the stats themselves: no
+     * read-modify-write of the shared page on this path */
+    int64_t updates = allocs + frees;
     PUT(updates, updates);
-    if ((updates & (GM__SHM_TIME_EVERY - 1)) == 1) PUT(update_ns, coarse_ns());
+    if (!r->used) {
+        PUT(update_ns, coarse_ns());
+        __atomic_store_n(&r->used, 1, __ATOMIC_RELAXED);
+    } else if ((updates & (GM__SHM_TIME_EVERY - 1)) <= 1) PUT(update_ns, coarse_ns());
 #undef PUT
-    if (!r->used) __atomic_store_n(&r->used, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&r->seq, seq + 2, __ATOMIC_RELEASE);
 }
 

@@ -89,6 +89,9 @@ command -v promtool >/dev/null && { promtool check metrics <"$OUT/metrics.txt" &
 echo "== log (3 samples)"
 "$GPUMEM" log --count 3 --interval 0.5 --format csv | tee "$OUT/log.csv"
 
+echo "== bench_publish (publishing cost per allocator op, collector CPU) on a quiet host"
+"$BUILD/bench/bench_publish" | tee "$OUT/bench_publish.txt"
+
 echo "== checks"
 python3 - "$OUT" <<'PY'
 import csv, json, sys
