@@ -453,7 +453,7 @@ static int op_marked(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
     int rc = pop_mark(p, r, at, op, &k);
     if (rc) return rc;
     size_t n = p->sp - k;
-    gm__pval *items = p->stack + k;
+    gm__pval *items = p->stack ? p->stack + k : NULL; /* MARK on a never-used stack */
     gm__ptype want = op == 'u' ? GM__PT_DICT : op == 0x90 ? GM__PT_SET : GM__PT_LIST;
     if (op == 'u' || op == 'e' || op == 0x90) {
         if (k <= stack_floor(p)) return op_err(r, at, op, "no container below the MARK");
