@@ -318,6 +318,17 @@ static void op_record_stream(run *r) {
     if (s != b->stream) b->recorded |= 1u << s; /* own stream: nothing to wait for */
 }
 
+/* A device the backend does not have: reported, nothing changes. */
+static void op_bad_device(run *r) {
+    gm_devptr p = 0xdead;
+    int dev = wl_chance(&r->r, 0.5) ? 1 : -1;
+    int rc = gm_malloc(r->a, dev, 4096, 0, &p);
+    trace(r, "malloc(device %d) = %s", dev, gm_status_name(rc));
+    if (rc != GM_EDEVICE && rc != GM_EINVAL)
+        RUN_FAIL(r, "malloc on device %d of a 1-device sim = %s, expected GM_EDEVICE", dev,
+                 gm_status_name(rc));
+}
+
 static void op_bad_pointer(run *r) {
     /* never a live block start: the model's ptr + 1 or a far address */
     gm_devptr p = r->m.n ? r->m.live[wl_below(&r->r, r->m.n)].ptr + 1 : 0x10;
@@ -364,6 +375,10 @@ static void step(run *r) {
     } else if ((u -= 0.01) < 0) {
         r->op = "bad_free";
         op_bad_pointer(r);
+        if (wl_chance(&r->r, 0.3)) {
+            r->op = "bad_device";
+            op_bad_device(r);
+        }
     } else if ((u -= 0.003) < 0) {
         r->op = "drain";
         trace(r, "drain");
