@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# scripts/install-deps.sh — install what gpumem's build and tests need on
+# Debian/Ubuntu (run as root, or it uses sudo). Safe to run again.
+set -euo pipefail
+pkgs=(cmake make gcc g++ clang pkg-config zlib1g-dev libcmocka-dev libcjson-dev
+      libncurses-dev libmicrohttpd-dev tmux prometheus python3 python3-pytest
+      curl procps ca-certificates)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && { echo "install-deps: everything is installed"; exit 0; }
+sudo=""
+[ "$(id -u)" = 0 ] || sudo=sudo
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: installed ${missing[*]}"
