@@ -54,7 +54,7 @@
 
 /* ---- block structs: recycled, so a warm malloc/free never calls malloc ---- */
 
-gp_block *gp_block_new(gp_state *st) {
+gp_block *gm__gp_block_new(gp_state *st) {
     if (!st->pool) {
         if (st->nslabs == st->slabs_cap) {
             size_t cap = st->slabs_cap ? st->slabs_cap * 2 : 16;
@@ -77,7 +77,7 @@ gp_block *gp_block_new(gp_state *st) {
     return b;
 }
 
-void gp_block_put(gp_state *st, gp_block *b) {
+void gm__gp_block_put(gp_state *st, gp_block *b) {
     b->fnext = st->pool;
     st->pool = b;
 }
@@ -106,7 +106,7 @@ static int arena_new(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
     a->pool = (uint8_t)pool;
     a->index = (int32_t)st->narenas;
     if (st->vmm) {
-        int rc = gp_arena_init_va(st, a);
+        int rc = gm__gp_arena_init_va(st, a);
         if (rc) {
             free(a);
             return rc;
@@ -136,7 +136,7 @@ static inline int arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **
 
 /* Wait for the work queued so far on the arena's stream: after this, memory
  * freed in the arena may be unmapped or handed to another stream. */
-int gp_sync_arena(gp_state *st, gp_arena *a) {
+int gm__gp_sync_arena(gp_state *st, gp_arena *a) {
     if (!a->dirty) return GM_OK;
     gm_event ev;
     int rc = gm__be_event_record(st->d, a->stream, &ev);
@@ -161,12 +161,12 @@ static void active_stats(gp_state *st, gp_block *b, int sign) {
 }
 
 static void block_release(gp_state *st, gp_arena *a, gp_block *b) {
-    if (st->vmm) gp_va_free(st, a, b);
-    else gp_plain_free(st, b);
+    if (st->vmm) gm__gp_va_free(st, a, b);
+    else gm__gp_plain_free(st, b);
 }
 
 /* Return every cached small block to its arena. Returns how many. */
-int gp_flush_quick(gp_state *st) {
+int gm__gp_flush_quick(gp_state *st) {
     int n = 0;
     for (uint32_t k = 0; k < st->narenas; k++) {
         gp_arena *a = st->arenas[k];
@@ -217,7 +217,7 @@ static void gp_destroy(void *state) {
     gp_state *st = state;
     if (!st) return;
     if (st->vmm) {
-        gp_release_all(st);
+        gm__gp_release_all(st);
     } else {
         for (gp_block *b = st->plain; b; b = b->next) gm__be_free(st->d, b->h.ptr);
     }
@@ -230,7 +230,7 @@ static void gp_destroy(void *state) {
 }
 
 static int place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
-    return st->vmm ? gp_va_place(st, a, units, out) : gp_plain_malloc(st, a, units, out);
+    return st->vmm ? gm__gp_va_place(st, a, units, out) : gm__gp_plain_malloc(st, a, units, out);
 }
 
 static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr **out) {
@@ -253,11 +253,11 @@ static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
         rc = place(st, a, units, &b);
         if (rc == GM_ENOMEM) {
             st->d->stats.num_alloc_retries++;
-            gp_flush_quick(st);
+            gm__gp_flush_quick(st);
             gm__device_process_events(st->d, true);
-            gp_flush_quick(st);
-            for (uint32_t k = 0; k < st->narenas; k++) gp_sync_arena(st, st->arenas[k]);
-            if (st->vmm) gp_release_unused(st);
+            gm__gp_flush_quick(st);
+            for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
+            if (st->vmm) gm__gp_release_unused(st);
             rc = place(st, a, units, &b);
         }
         if (rc) return rc;
@@ -288,9 +288,9 @@ static void gp_free(void *state, gm__block_hdr *hdr) {
 
 static int gp_empty_cache(void *state) {
     gp_state *st = state;
-    gp_flush_quick(st);
+    gm__gp_flush_quick(st);
     if (!st->vmm) return GM_OK;
-    return gp_release_unused(st);
+    return gm__gp_release_unused(st);
 }
 
 const gm__policy_ops gm__policy_gpumem = {
@@ -300,6 +300,6 @@ const gm__policy_ops gm__policy_gpumem = {
     .malloc = gp_malloc,
     .free = gp_free,
     .empty_cache = gp_empty_cache,
-    .check = gp_check,
-    .walk_segments = gp_walk,
+    .check = gm__gp_check,
+    .walk_segments = gm__gp_walk,
 };

@@ -16,7 +16,7 @@
 #define GP_ALIGN_SHIFT 9 /* 512-byte units, like torch */
 #define GP_ALIGN ((uint64_t)1 << GP_ALIGN_SHIFT)
 #define GP_SMALL_UNITS 2048 /* <= 1 MiB: small pool, size-class cache */
-#define GP_NBINS 1152       /* see gp_bin_of */
+#define GP_NBINS 1152       /* see gm__gp_bin_of */
 #define GP_NWORDS (GP_NBINS / 64)
 #define GP_NORDERS 48
 /* Tuning knobs (compile time; measured trade-offs in the report of
@@ -106,26 +106,26 @@ typedef struct gp_state {
 } gp_state;
 
 /* policy_gpumem.c */
-gp_block *gp_block_new(gp_state *st);
-void gp_block_put(gp_state *st, gp_block *b);
-int gp_sync_arena(gp_state *st, gp_arena *a);
-int gp_flush_quick(gp_state *st);
+gp_block *gm__gp_block_new(gp_state *st);
+void gm__gp_block_put(gp_state *st, gp_block *b);
+int gm__gp_sync_arena(gp_state *st, gp_arena *a);
+int gm__gp_flush_quick(gp_state *st);
 
 /* policy_gpumem_va.c */
-int gp_arena_init_va(gp_state *st, gp_arena *a);
-int gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
-void gp_va_free(gp_state *st, gp_arena *a, gp_block *b);
-int gp_release_unused(gp_state *st);
-void gp_release_all(gp_state *st);
-void gp_bin_insert(gp_arena *a, gp_block *b);
-void gp_bin_remove(gp_arena *a, gp_block *b);
-unsigned gp_bin_of(uint64_t units);
-unsigned gp_order(uint64_t n);
+int gm__gp_arena_init_va(gp_state *st, gp_arena *a);
+int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
+void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b);
+int gm__gp_release_unused(gp_state *st);
+void gm__gp_release_all(gp_state *st);
+void gm__gp_bin_insert(gp_arena *a, gp_block *b);
+void gm__gp_bin_remove(gp_arena *a, gp_block *b);
+unsigned gm__gp_bin_of(uint64_t units);
+unsigned gm__gp_order(uint64_t n);
 
 /* policy_gpumem_check.c */
-int gp_check(void *state, char *err, size_t errlen);
-int gp_walk(void *state, gm__segment_cb cb, void *arg);
-int gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
-void gp_plain_free(gp_state *st, gp_block *b);
+int gm__gp_check(void *state, char *err, size_t errlen);
+int gm__gp_walk(void *state, gm__segment_cb cb, void *arg);
+int gm__gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
+void gm__gp_plain_free(gp_state *st, gp_block *b);
 
 #endif /* GPUMEM_POLICY_GPUMEM_H */

@@ -44,7 +44,7 @@ static int check_arena(gp_state *st, gp_arena *a, uint32_t *live, gp_count *cnt,
         if (b->state == GP_FREE) {
             nfree++;
             if (prev && prev->state == GP_FREE) return fail(err, errlen, "arena %d: adjacent free ranges at 0x%llx not coalesced", a->index, (unsigned long long)b->h.ptr);
-            if (b->bin != gp_bin_of(b->h.size >> GP_ALIGN_SHIFT)) return fail(err, errlen, "free range 0x%llx in wrong bin", (unsigned long long)b->h.ptr);
+            if (b->bin != gm__gp_bin_of(b->h.size >> GP_ALIGN_SHIFT)) return fail(err, errlen, "free range 0x%llx in wrong bin", (unsigned long long)b->h.ptr);
             if (b->split_cnt != (b->next != NULL)) return fail(err, errlen, "free range 0x%llx split count wrong", (unsigned long long)b->h.ptr);
             if (b->split_cnt) {
                 count_add(cnt->split, a->pool, 1);
@@ -116,7 +116,7 @@ static int check_chunks(gp_state *st, const uint32_t *live, char *err, size_t er
     for (int pass = 0; pass < 2; pass++)
         for (int o = 0; o < GP_NORDERS; o++)
             for (int32_t i = pass ? st->idle[o] : st->loose[o]; i >= 0; i = st->chunks[i].lnext)
-                if (!st->chunks[i].inuse || gp_order(st->chunks[i].n) != (unsigned)o)
+                if (!st->chunks[i].inuse || gm__gp_order(st->chunks[i].n) != (unsigned)o)
                     return fail(err, errlen, "chunk %d listed under the wrong order", i);
     const gm_stats *s = &st->d->stats;
     if (held != st->held_bytes || (int64_t)held != s->reserved_bytes[GM_POOL_ALL].current)
@@ -164,7 +164,7 @@ static int check_stats(gp_state *st, const gp_count *c, char *err, size_t errlen
     return GM_OK;
 }
 
-int gp_check(void *state, char *err, size_t errlen) {
+int gm__gp_check(void *state, char *err, size_t errlen) {
     gp_state *st = state;
     gp_count cnt = {0};
     uint32_t *live = calloc((size_t)st->nchunks + 1, sizeof *live);
@@ -182,7 +182,7 @@ int gp_check(void *state, char *err, size_t errlen) {
 
 /* ---- segment walk: one segment per arena (or plain allocation) ---------- */
 
-int gp_walk(void *state, gm__segment_cb cb, void *arg) {
+int gm__gp_walk(void *state, gm__segment_cb cb, void *arg) {
     gp_state *st = state;
     gm_segment_info si = {.size_of = sizeof si, .pool = GM_POOL_LARGE};
     if (!st->vmm) {
@@ -217,17 +217,17 @@ int gp_walk(void *state, gm__segment_cb cb, void *arg) {
 
 /* ---- no VMM: plain device allocations ------------------------------------ */
 
-int gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
+int gm__gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
     uint64_t bytes = units << GP_ALIGN_SHIFT;
     int pool = units <= GP_SMALL_UNITS ? GM_POOL_SMALL : GM_POOL_LARGE;
     if (pool == GM_POOL_LARGE) bytes = (bytes + 2 * GM__MIB - 1) & ~(2 * GM__MIB - 1);
     gm__device *d = st->d;
     if (d->fraction_set && st->held_bytes + bytes > d->allowed_memory_maximum) return GM_ENOMEM;
-    gp_block *b = gp_block_new(st);
+    gp_block *b = gm__gp_block_new(st);
     if (!b) return GM_ENOHOSTMEM;
     int rc = gm__be_malloc(d, bytes, &b->h.ptr);
     if (rc) {
-        gp_block_put(st, b);
+        gm__gp_block_put(st, b);
         return rc;
     }
     b->h.size = bytes;
@@ -245,7 +245,7 @@ int gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
     return GM_OK;
 }
 
-void gp_plain_free(gp_state *st, gp_block *b) {
+void gm__gp_plain_free(gp_state *st, gp_block *b) {
     if (b->prev) b->prev->next = b->next;
     else st->plain = b->next;
     if (b->next) b->next->prev = b->prev;
@@ -253,5 +253,5 @@ void gp_plain_free(gp_state *st, gp_block *b) {
     st->held_bytes -= b->h.size;
     gm__stat_pool_add(st->d->stats.reserved_bytes, b->h.pool, -(int64_t)b->h.size);
     gm__stat_pool_add(st->d->stats.segment, b->h.pool, -1);
-    gp_block_put(st, b);
+    gm__gp_block_put(st, b);
 }

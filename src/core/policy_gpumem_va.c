@@ -16,7 +16,7 @@
 
 /* ---- bins: exact below 32 KiB, then 32 steps per power of two ---------- */
 
-unsigned gp_bin_of(uint64_t u) {
+unsigned gm__gp_bin_of(uint64_t u) {
     if (u < 64) return (unsigned)u;
     unsigned fl = 63u - (unsigned)__builtin_clzll(u);
     unsigned sl = (unsigned)(u >> (fl - 5)) & 31u;
@@ -24,10 +24,10 @@ unsigned gp_bin_of(uint64_t u) {
     return b < GP_NBINS ? b : GP_NBINS - 1;
 }
 
-unsigned gp_order(uint64_t n) { return 63u - (unsigned)__builtin_clzll(n); }
+unsigned gm__gp_order(uint64_t n) { return 63u - (unsigned)__builtin_clzll(n); }
 
-void gp_bin_insert(gp_arena *a, gp_block *b) {
-    unsigned bin = gp_bin_of(b->h.size >> GP_ALIGN_SHIFT);
+void gm__gp_bin_insert(gp_arena *a, gp_block *b) {
+    unsigned bin = gm__gp_bin_of(b->h.size >> GP_ALIGN_SHIFT);
     b->bin = bin;
     b->fprev = NULL;
     b->fnext = a->bins[bin];
@@ -37,7 +37,7 @@ void gp_bin_insert(gp_arena *a, gp_block *b) {
     a->summary |= (uint64_t)1 << (bin >> 6);
 }
 
-void gp_bin_remove(gp_arena *a, gp_block *b) {
+void gm__gp_bin_remove(gp_arena *a, gp_block *b) {
     if (b->fprev) b->fprev->fnext = b->fnext;
     else a->bins[b->bin] = b->fnext;
     if (b->fnext) b->fnext->fprev = b->fprev;
@@ -67,7 +67,7 @@ static bool better(const gp_block *c, const gp_block *best) {
 
 /* Best fit (bounded scan per bin): the smallest range >= bytes. */
 static gp_block *best_fit(gp_arena *a, uint64_t bytes) {
-    unsigned b0 = gp_bin_of(bytes >> GP_ALIGN_SHIFT);
+    unsigned b0 = gm__gp_bin_of(bytes >> GP_ALIGN_SHIFT);
     gp_block *best = NULL;
     int n = 0;
     for (gp_block *c = a->bins[b0]; c && n < GP_SCAN; c = c->fnext, n++)
@@ -111,7 +111,7 @@ static void touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int de
 /* ---- chunk lists ----------------------------------------------------------- */
 
 static int32_t *list_head(gp_state *st, uint8_t list, uint64_t n, int32_t **tail) {
-    unsigned o = gp_order(n);
+    unsigned o = gm__gp_order(n);
     *tail = list == GP_LIST_IDLE ? &st->idle_tail[o] : &st->loose_tail[o];
     return list == GP_LIST_IDLE ? &st->idle[o] : &st->loose[o];
 }
@@ -166,7 +166,7 @@ static void reserved_add(gp_state *st, int pool, int64_t bytes, int nseg) {
 static int chunk_unmap(gp_state *st, int32_t i) {
     gp_chunk *c = &st->chunks[i];
     gp_arena *a = st->arenas[c->arena];
-    int rc = gp_sync_arena(st, a);
+    int rc = gm__gp_sync_arena(st, a);
     if (rc) return rc;
     rc = gm__be_unmap(st->d, a->base + ((uint64_t)c->g0 << st->gshift), c->n << st->gshift);
     if (rc) return rc;
@@ -231,7 +231,7 @@ static bool excluded(const gp_chunk *c, const gp_arena *a, uint64_t pg0, uint64_
 /* The largest chunk of `list` with at most n granules, not under the placement. */
 static int32_t take_le(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a,
                        uint64_t pg0, uint64_t pg1) {
-    for (int o = (int)gp_order(n); o >= 0; o--) {
+    for (int o = (int)gm__gp_order(n); o >= 0; o--) {
         int32_t best = -1;
         int32_t h = list == GP_LIST_IDLE ? st->idle[o] : st->loose[o];
         for (int32_t i = h; i >= 0; i = st->chunks[i].lnext) {
@@ -259,7 +259,7 @@ static bool all_unmapped(const gp_arena *a, uint64_t s, uint64_t e) {
  * chunk exists already). *at gets where to map it. */
 static int32_t take_over(gp_state *st, uint8_t list, const gp_arena *a, uint64_t g,
                          uint64_t n, uint64_t pg0, uint64_t pg1, uint64_t *at) {
-    for (unsigned o = gp_order(n); o < GP_NORDERS; o++) {
+    for (unsigned o = gm__gp_order(n); o < GP_NORDERS; o++) {
         int32_t best = -1;
         uint64_t best_at = 0;
         int32_t h = list == GP_LIST_IDLE ? st->idle[o] : st->loose[o];
@@ -411,7 +411,7 @@ static int ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes)
 /* ---- free ranges ------------------------------------------------------------ */
 
 static void free_insert(gp_state *st, gp_arena *a, gp_block *b) {
-    gp_bin_insert(a, b);
+    gm__gp_bin_insert(a, b);
     b->split_cnt = b->next != NULL; /* the arena's top range is not a split */
     if (b->split_cnt) {
         gm__stat_pool_add(st->d->stats.inactive_split, a->pool, 1);
@@ -420,7 +420,7 @@ static void free_insert(gp_state *st, gp_arena *a, gp_block *b) {
 }
 
 static void free_remove(gp_state *st, gp_arena *a, gp_block *b) {
-    gp_bin_remove(a, b);
+    gm__gp_bin_remove(a, b);
     if (b->split_cnt) {
         gm__stat_pool_add(st->d->stats.inactive_split, a->pool, -1);
         gm__stat_pool_add(st->d->stats.inactive_split_bytes, a->pool, -(int64_t)b->h.size);
@@ -441,7 +441,7 @@ static void unlink_block(gp_arena *a, gp_block *b) {
     if (b->next) b->next->prev = b->prev;
 }
 
-int gp_arena_init_va(gp_state *st, gp_arena *a) {
+int gm__gp_arena_init_va(gp_state *st, gp_arena *a) {
     uint64_t want = st->d->total_memory * 2;
     if (want < GM__GIB) want = GM__GIB;
     want = (want + st->gran - 1) & ~(st->gran - 1);
@@ -450,11 +450,11 @@ int gp_arena_init_va(gp_state *st, gp_arena *a) {
     a->va_size = want;
     a->ngran = want >> st->gshift;
     a->gran = malloc(a->ngran * sizeof *a->gran);
-    gp_block *top = gp_block_new(st);
+    gp_block *top = gm__gp_block_new(st);
     if (!a->gran || !top) {
         free(a->gran);
         a->gran = NULL;
-        if (top) gp_block_put(st, top);
+        if (top) gm__gp_block_put(st, top);
         gm__be_va_release(st->d, a->base, a->va_size);
         return GM_ENOHOSTMEM;
     }
@@ -544,7 +544,7 @@ static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at
     }
     gp_block *pick = r;
     int seen = 0;
-    for (int b = best ? next_bin(a, gp_bin_of(bytes >> GP_ALIGN_SHIFT)) : -1;
+    for (int b = best ? next_bin(a, gm__gp_bin_of(bytes >> GP_ALIGN_SHIFT)) : -1;
          b >= 0 && seen < GP_ALT_SCAN && best && budget > 0; b = next_bin(a, (unsigned)b + 1)) {
         for (gp_block *c = a->bins[b]; c && seen < GP_ALT_SCAN && best && budget > 0;
              c = c->fnext, seen++) {
@@ -571,9 +571,9 @@ static int carve(gp_state *st, gp_arena *a, gp_block *r, gm_devptr p, uint64_t b
                  gp_block **out) {
     uint64_t front = p - r->h.ptr, back = r->h.ptr + r->h.size - (p + bytes);
     gp_block *b = NULL, *tail = NULL;
-    if (front && !(b = gp_block_new(st))) return GM_ENOHOSTMEM;
-    if (back && !(tail = gp_block_new(st))) {
-        if (b) gp_block_put(st, b);
+    if (front && !(b = gm__gp_block_new(st))) return GM_ENOHOSTMEM;
+    if (back && !(tail = gm__gp_block_new(st))) {
+        if (b) gm__gp_block_put(st, b);
         return GM_ENOHOSTMEM;
     }
     free_remove(st, a, r);
@@ -604,7 +604,7 @@ static int carve(gp_state *st, gp_arena *a, gp_block *r, gm_devptr p, uint64_t b
     return GM_OK;
 }
 
-int gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
+int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
     uint64_t bytes = units << GP_ALIGN_SHIFT;
     if (bytes > a->va_size) return GM_ENOMEM;
     for (int pass = 0;; pass++) {
@@ -612,7 +612,7 @@ int gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
         bool needs_map;
         gp_block *r = choose(st, a, bytes, &at, &needs_map);
         if (!r) return GM_ENOMEM; /* address range exhausted */
-        if (needs_map && pass == 0 && gp_flush_quick(st)) continue; /* cached blocks back first */
+        if (needs_map && pass == 0 && gm__gp_flush_quick(st)) continue; /* cached blocks back first */
         if (needs_map) {
             int rc = ensure_mapped(st, a, at, bytes);
             if (rc) return rc;
@@ -621,7 +621,7 @@ int gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
     }
 }
 
-void gp_va_free(gp_state *st, gp_arena *a, gp_block *b) {
+void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b) {
     touch(st, a, b->h.ptr, b->h.size, -1);
     b->state = GP_FREE;
     gp_block *p = b->prev, *n = b->next;
@@ -629,21 +629,21 @@ void gp_va_free(gp_state *st, gp_arena *a, gp_block *b) {
         free_remove(st, a, p);
         p->h.size += b->h.size;
         unlink_block(a, b);
-        gp_block_put(st, b);
+        gm__gp_block_put(st, b);
         b = p;
     }
     if (n && n->state == GP_FREE) {
         free_remove(st, a, n);
         b->h.size += n->h.size;
         unlink_block(a, n);
-        gp_block_put(st, n);
+        gm__gp_block_put(st, n);
     }
     free_insert(st, a, b);
     a->dirty = true;
 }
 
 /* Give every idle or loose chunk back to the backend. */
-int gp_release_unused(gp_state *st) {
+int gm__gp_release_unused(gp_state *st) {
     int first = GM_OK;
     for (int o = 0; o < GP_NORDERS; o++) {
         for (int pass = 0; pass < 2; pass++) {
@@ -661,7 +661,7 @@ int gp_release_unused(gp_state *st) {
 }
 
 /* Destroy: unmap and release every chunk, whatever uses it. */
-void gp_release_all(gp_state *st) {
+void gm__gp_release_all(gp_state *st) {
     for (int32_t i = 0; i < st->nchunks; i++) {
         gp_chunk *c = &st->chunks[i];
         if (!c->inuse) continue;
