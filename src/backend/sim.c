@@ -103,6 +103,21 @@ static sim_range *rs_find(range_set *rs, uint64_t addr, size_t *idx) {
     return r;
 }
 
+/* Insert [start, start + size) at index i of the sorted set. */
+static int rs_insert_index(range_set *rs, size_t i, uint64_t start, uint64_t size) {
+    if (rs->n == rs->cap) {
+        size_t nc = rs->cap ? rs->cap * 2 : 16;
+        sim_range *nv = realloc(rs->v, nc * sizeof *nv);
+        if (!nv) return GM_ENOHOSTMEM;
+        rs->v = nv;
+        rs->cap = nc;
+    }
+    memmove(&rs->v[i + 1], &rs->v[i], (rs->n - i) * sizeof *rs->v);
+    rs->v[i] = (sim_range){.start = start, .size = size};
+    rs->n++;
+    return GM_OK;
+}
+
 /* Place `size` bytes first-fit at the lowest `align`-aligned free address in
  * [base, base + limit); insert and return its index, or -1. */
 static int rs_place(range_set *rs, uint64_t base, uint64_t limit, uint64_t size, uint64_t align,
@@ -115,18 +130,9 @@ static int rs_place(range_set *rs, uint64_t base, uint64_t limit, uint64_t size,
         if (end > cand) cand = end;
     }
     if (cand - base > limit || limit - (cand - base) < size) return GM_ENOMEM;
-    if (rs->n == rs->cap) {
-        size_t nc = rs->cap ? rs->cap * 2 : 16;
-        sim_range *nv = realloc(rs->v, nc * sizeof *nv);
-        if (!nv) return GM_ENOHOSTMEM;
-        rs->v = nv;
-        rs->cap = nc;
-    }
-    memmove(&rs->v[i + 1], &rs->v[i], (rs->n - i) * sizeof *rs->v);
-    rs->v[i] = (sim_range){.start = cand, .size = size};
-    rs->n++;
-    *out = cand;
-    return GM_OK;
+    int rc = rs_insert_index(rs, i, cand, size);
+    if (rc == GM_OK) *out = cand;
+    return rc;
 }
 
 /* Insert [start, start + size) if it overlaps nothing; GM_EINVAL if it does. */
@@ -134,17 +140,7 @@ static int rs_insert_at(range_set *rs, uint64_t start, uint64_t size) {
     size_t i = rs_upper(rs, start);
     if (i > 0 && rs->v[i - 1].start + rs->v[i - 1].size > start) return GM_EINVAL;
     if (i < rs->n && rs->v[i].start < start + size) return GM_EINVAL;
-    if (rs->n == rs->cap) {
-        size_t nc = rs->cap ? rs->cap * 2 : 16;
-        sim_range *nv = realloc(rs->v, nc * sizeof *nv);
-        if (!nv) return GM_ENOHOSTMEM;
-        rs->v = nv;
-        rs->cap = nc;
-    }
-    memmove(&rs->v[i + 1], &rs->v[i], (rs->n - i) * sizeof *rs->v);
-    rs->v[i] = (sim_range){.start = start, .size = size};
-    rs->n++;
-    return GM_OK;
+    return rs_insert_index(rs, i, start, size);
 }
 
 static void rs_remove(range_set *rs, size_t i) {
