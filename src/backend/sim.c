@@ -355,7 +355,7 @@ static sim_range *find_span(sim *s, sim_dev *d, gm_devptr va, uint64_t size) {
 
 static int sim_map(void *ctx, int dev, gm_devptr va, uint64_t size, gm_physmem h) {
     SIM_ENTER(ctx, dev)
-    size_t idx;
+    size_t idx = 0;
     uint64_t g = s->opt.granularity;
     sim_phys *p = phys_get(d, h, &idx);
     sim_range *r = find_span(s, d, va, size);
