@@ -106,6 +106,10 @@ static void trace(run *r, const char *fmt, ...) {
 
 static void check(run *r) {
     if (wl_check(r->a, &r->m, WL_CHECK_ALL, r->err, sizeof r->err)) RUN_FAIL(r, "%s", r->err);
+    /* the device's capacity, or the memory fraction, is a hard limit */
+    int64_t resv = r->m.prev.reserved_bytes[GM_POOL_ALL].current;
+    if (resv > (int64_t)r->limit)
+        RUN_FAIL(r, "reserved %" PRId64 " > limit %" PRIu64, resv, r->limit);
 }
 
 static void setup(run *r, const prop_cfg *c, uint64_t seed) {
@@ -318,6 +322,20 @@ static void op_record_stream(run *r) {
     if (s != b->stream) b->recorded |= 1u << s; /* own stream: nothing to wait for */
 }
 
+/* More than the allocator may ever reserve: GM_ENOMEM whatever the policy,
+ * with the allocator consistent afterwards (checked after the step). */
+static void op_oversize(run *r) {
+    uint64_t size = r->limit + wl_range(&r->r, 1, 64 * WL_MIB);
+    gm_devptr p = 0xdead;
+    int rc = gm_malloc(r->a, 0, size, 0, &p);
+    trace(r, "malloc(%" PRIu64 ", oversize) = %s", size, gm_status_name(rc));
+    if (rc != GM_ENOMEM)
+        RUN_FAIL(r, "malloc(%" PRIu64 ") over the limit %" PRIu64 " = %s, expected GM_ENOMEM",
+                 size, r->limit, gm_status_name(rc));
+    r->m.ooms++;
+    if (gm_last_error_detail()[0] == '\0') RUN_FAIL(r, "GM_ENOMEM without an explanation");
+}
+
 /* A device the backend does not have: reported, nothing changes. */
 static void op_bad_device(run *r) {
     gm_devptr p = 0xdead;
@@ -379,6 +397,10 @@ static void step(run *r) {
             r->op = "bad_device";
             op_bad_device(r);
         }
+        if (r->limit <= 2 * WL_GIB && wl_chance(&r->r, 0.3)) {
+            r->op = "oversize";
+            op_oversize(r);
+        }
     } else if ((u -= 0.003) < 0) {
         r->op = "drain";
         trace(r, "drain");
@@ -433,7 +455,7 @@ static void run_config(void **state) {
     print_message("%s: %d seeds x %d steps, up to %zu live blocks, %" PRId64
                   " OOMs, peak reserved %.1f MiB\n",
                   c->name, nseeds, steps, max_live, ooms, (double)peak_reserved / (double)WL_MIB);
-    /* the small devices exist to exercise OOM: a run without one tested nothing */
+    /* the small devices exist to exercise OOM (op_oversize guarantees some) */
     if (!seed0 && c->capacity <= 2 * WL_GIB && steps >= 1000) assert_true(ooms > 0);
 }
 
