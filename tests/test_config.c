@@ -8,6 +8,7 @@
 
 #include "gm_test.h"
 
+#include <math.h>
 #include <string.h>
 
 #define MIB GM_TEST_MIB
@@ -174,10 +175,37 @@ static void test_format(void **state) {
     assert_int_equal(small[5], 'x');
 }
 
+/* gpumem_slack: a fraction >= 0 or inf; anything else names the key */
+static void test_gpumem_slack(void **state) {
+    gm_config c = parse_ok("policy:gpumem,gpumem_slack:0");
+    assert_true(c.gpumem_slack == 0.0);
+    c = parse_ok("gpumem_slack:0.05");
+    assert_true(c.gpumem_slack == 0.05);
+    c = parse_ok("gpumem_slack:inf");
+    assert_true(isinf(c.gpumem_slack) && c.gpumem_slack > 0);
+    c = parse_ok("gpumem_slack:3");
+    assert_true(c.gpumem_slack == 3.0);
+    parse_bad("gpumem_slack:-0.1", "gpumem_slack");
+    parse_bad("gpumem_slack:x", "x");
+    parse_bad("gpumem_slack:nan", "nan");
+    parse_bad("gpumem_slack:-inf", "-inf");
+    parse_bad("gpumem_slack:", "gpumem_slack");
+    /* round trips, whatever the default is */
+    roundtrip("gpumem_slack:0", NULL);
+    roundtrip("gpumem_slack:0.02,policy:gpumem", NULL);
+    roundtrip("gpumem_slack:inf", NULL);
+    gm_config d;
+    gm_config_init(&d);
+    c = parse_ok(isinf(d.gpumem_slack) ? "gpumem_slack:0.01" : "gpumem_slack:inf");
+    char buf[128];
+    assert_int_equal(gm_config_format(&c, buf, sizeof buf), GM_OK);
+    assert_non_null(strstr(buf, "gpumem_slack:"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults), cmocka_unit_test(test_every_key), cmocka_unit_test(test_roundup_list),
-        cmocka_unit_test(test_bad),      cmocka_unit_test(test_atomic),    cmocka_unit_test(test_format),
+        cmocka_unit_test(test_bad),      cmocka_unit_test(test_atomic),    cmocka_unit_test(test_format), cmocka_unit_test(test_gpumem_slack),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

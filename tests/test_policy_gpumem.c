@@ -23,7 +23,7 @@ typedef struct env {
     gm_allocator *al;
 } env;
 
-static void setup_env(env *e, uint64_t capacity, bool manual_events) {
+static void setup_env_conf(env *e, uint64_t capacity, bool manual_events, const char *conf) {
     gm_sim_options o;
     gm_sim_options_init(&o);
     o.capacity = capacity;
@@ -32,8 +32,13 @@ static void setup_env(env *e, uint64_t capacity, bool manual_events) {
     gm_config cfg;
     gm_config_init(&cfg);
     char err[128];
-    assert_int_equal(gm_config_parse(&cfg, "policy:gpumem", err, sizeof err), GM_OK);
+    assert_int_equal(gm_config_parse(&cfg, conf, err, sizeof err), GM_OK);
     assert_int_equal(gm_allocator_create(&e->al, e->be, &cfg), GM_OK);
+}
+
+/* the policy with its default gpumem_slack */
+static void setup_env(env *e, uint64_t capacity, bool manual_events) {
+    setup_env_conf(e, capacity, manual_events, "policy:gpumem");
 }
 
 static void teardown_env(env *e) {
@@ -126,12 +131,13 @@ static void test_random_no_overlap(void **state) {
     teardown_env(&e);
 }
 
-/* A placement that needs unmapped granules takes idle mapped ones (unmap +
- * map) before creating memory: physical memory = peak granules live. */
+/* With gpumem_slack:0 a placement that needs unmapped granules takes idle
+ * mapped ones (unmap + map) before creating memory: physical memory = peak
+ * granules live. */
 static void test_granule_stealing(void **state) {
     (void)state;
     env e;
-    setup_env(&e, 1024 * MIB, false);
+    setup_env_conf(&e, 1024 * MIB, false, "policy:gpumem,gpumem_slack:0");
     gm_devptr a = alloc(e.al, 20 * MIB, 0); /* granules 0-9 */
     gm_devptr c = alloc(e.al, 20 * MIB, 0); /* granules 10-19 */
     assert_int_equal(gm_free(e.al, a), GM_OK); /* 10 idle granules stay mapped */
@@ -155,6 +161,51 @@ static void test_granule_stealing(void **state) {
     assert_int_equal(gm_free(e.al, c), GM_OK);
     check_ok(e.al);
     teardown_env(&e);
+}
+
+/* With gpumem_slack:inf (the default) idle memory stays where it is and new
+ * memory is created, unless the device is full: then idle granules move. */
+static void test_slack_inf_moves_only_under_pressure(void **state) {
+    (void)state;
+    for (int full = 0; full < 2; full++) {
+        env e;
+        setup_env_conf(&e, full ? 60 * MIB : 1024 * MIB, false, "policy:gpumem,gpumem_slack:inf");
+        gm_devptr a = alloc(e.al, 20 * MIB, 0);
+        gm_devptr c = alloc(e.al, 20 * MIB, 0);
+        assert_int_equal(gm_free(e.al, a), GM_OK);
+        gm_stats s0 = stats(e.al);
+        gm_devptr d = alloc(e.al, 30 * MIB, 0); /* does not fit in a's hole */
+        gm_stats s1 = stats(e.al);
+        assert_true(d >= c + 20 * MIB);
+        if (full) { /* 70 MiB would not fit in 60: the device fills up, then a's granules move */
+            assert_int_equal(s1.num_phys_create - s0.num_phys_create, 10);
+            assert_int_equal(s1.num_unmap - s0.num_unmap, 5);
+            assert_int_equal(s1.reserved_bytes[GM_POOL_ALL].current, 60 * MIB);
+        } else {
+            assert_int_equal(s1.num_unmap - s0.num_unmap, 0);
+            assert_int_equal(s1.num_phys_create - s0.num_phys_create, 15);
+            assert_int_equal(s1.reserved_bytes[GM_POOL_ALL].current, 70 * MIB);
+        }
+        check_ok(e.al);
+        /* a's hole is reused without a call; the step again makes none */
+        if (!full) { /* (the full device has no room for it) */
+            gm_devptr a2 = alloc(e.al, 20 * MIB, 0);
+            assert_int_equal(a2, a);
+            assert_int_equal(gm_free(e.al, a2), GM_OK);
+        }
+        assert_int_equal(gm_free(e.al, d), GM_OK);
+        gm_stats s2 = stats(e.al);
+        gm_devptr d2 = alloc(e.al, 30 * MIB, 0);
+        assert_int_equal(d2, d);
+        gm_stats s3 = stats(e.al);
+        assert_int_equal(s3.num_map, s2.num_map);
+        assert_int_equal(s3.num_unmap, s2.num_unmap);
+        assert_int_equal(s3.num_phys_create, s2.num_phys_create);
+        assert_int_equal(gm_free(e.al, d2), GM_OK);
+        assert_int_equal(gm_free(e.al, c), GM_OK);
+        check_ok(e.al);
+        teardown_env(&e);
+    }
 }
 
 /* A block whose free waits for another stream's event is reclaimed by the
@@ -323,6 +374,7 @@ int main(void) {
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_random_no_overlap),
         cmocka_unit_test(test_granule_stealing),
+        cmocka_unit_test(test_slack_inf_moves_only_under_pressure),
         cmocka_unit_test(test_oom_reclaim_retry),
         cmocka_unit_test(test_stream_reuse),
         cmocka_unit_test(test_empty_cache),

@@ -99,6 +99,11 @@ typedef struct gm_config {
     bool graph_capture_record_stream_reuse;
     double per_process_memory_fraction; /* 1.0 = whole device (default) */
     char backend[32];                   /* "native" (default) or "cudaMallocAsync" */
+    /* gpumem policy only: gpumem_slack:<fraction>|inf. Memory the policy may
+     * hold over the peak of live granules before it moves idle memory
+     * instead of creating more: 0 = least memory (moves every step), inf =
+     * moves only under memory pressure (no device calls once warm). */
+    double gpumem_slack;
 } gm_config;
 
 /* Fill with torch's defaults (policy torch). */

@@ -2,6 +2,10 @@
  * allocator settings (torch policy) and under gpumem's own policy, and ranks
  * them by predicted peak reserved memory, with the exact line to use and a
  * flag on settings that would run out of memory at the given capacity.
+ * gpumem's policy runs at three gpumem_slack values, with the device calls of
+ * each (a cold pass): less slack = less memory, but idle memory moves
+ * (unmap + map) in every later step too; the default (inf) moves it only
+ * under memory pressure, so a warm step makes no device calls.
  *
  * The trace is parsed and compiled once; the grid runs on two threads (each
  * run has its own sim device and allocator, so they share only the
@@ -86,7 +90,14 @@ static void build_grid(grid *g, int64_t peak_requested, uint64_t capacity) {
         add(g, buf);
     }
     add(g, "expandable_segments:True,roundup_power2_divisions:4");
-    add(g, "policy:gpumem");
+    add(g, "policy:gpumem"); /* default slack: inf */
+    add(g, "policy:gpumem,gpumem_slack:0.02");
+    add(g, "policy:gpumem,gpumem_slack:0");
+}
+
+/* device calls of the (cold) replay: allocations, VMM creates, maps, unmaps */
+static long long device_calls(const gm_replay_result *r) {
+    return (long long)(r->num_device_alloc + r->num_phys_create + r->num_map + r->num_unmap);
 }
 
 static int cmp_jobs(const void *a, const void *b) {
@@ -130,12 +141,12 @@ static void print_json(const char *path, const grid *g, double seconds) {
         json_str(j->conf);
         printf(",\"peak_reserved\":%lld,\"peak_allocated\":%lld,\"peak_requested\":%lld,"
                "\"ratio\":%.6f,\"segments\":%lld,\"num_alloc_retries\":%lld,\"oom\":%s,"
-               "\"failed\":%s,\"line\":",
+               "\"failed\":%s,\"device_calls\":%lld,\"line\":",
                (long long)j->r.peak_reserved, (long long)j->r.peak_allocated,
                (long long)j->r.peak_requested,
                j->r.peak_requested ? (double)j->r.peak_reserved / (double)j->r.peak_requested : 0.0,
                (long long)j->r.segments, (long long)j->r.num_alloc_retries,
-               j->r.oom ? "true" : "false", (j->rc || j->r.error) ? "true" : "false");
+               j->r.oom ? "true" : "false", (j->rc || j->r.error) ? "true" : "false", device_calls(&j->r));
         json_str(line);
         printf("}");
     }
@@ -146,16 +157,16 @@ static void print_table(const char *path, const grid *g, double seconds) {
     char cap[32], pk[32];
     printf("trace %s, capacity %s: %d settings replayed in %.2f s\n\n", path,
            cli_format_bytes(g->capacity, cap, sizeof cap), g->n, seconds);
-    printf("%4s  %-13s %-7s %-8s %s\n", "rank", "peak reserved", "ratio", "", "setting");
+    printf("%4s  %-13s %-7s %-6s %-8s %s\n", "rank", "peak reserved", "ratio", "calls", "", "setting");
     for (int i = 0; i < g->n; i++) {
         const job *j = &g->jobs[i];
         char line[320];
         line_for(j, line, sizeof line);
         const char *flag = j->rc || j->r.error ? "FAILED" : j->r.oom ? "OOM" : "";
-        printf("%4d  %-13s %-7.4f %-8s %s\n", i + 1,
+        printf("%4d  %-13s %-7.4f %-6lld %-8s %s\n", i + 1,
                cli_format_bytes((uint64_t)j->r.peak_reserved, pk, sizeof pk),
                j->r.peak_requested ? (double)j->r.peak_reserved / (double)j->r.peak_requested : 0.0,
-               flag, line);
+               device_calls(&j->r), flag, line);
         if (j->rc) printf("      (%s)\n", j->err);
     }
     if (g->n && !g->jobs[0].r.oom && !g->jobs[0].rc) {
@@ -165,7 +176,10 @@ static void print_table(const char *path, const grid *g, double seconds) {
     } else {
         printf("\nevery setting runs out of memory at this capacity\n");
     }
-    printf("(OOM: would run out of memory at %s; ratio = peak reserved / peak requested)\n", cap);
+    printf("(OOM: would run out of memory at %s; ratio = peak reserved / peak requested;\n"
+           " calls = device calls of this first pass: mallocs, or VMM creates + maps + unmaps.\n"
+           " gpumem_slack below inf trades memory for calls in every later step too:\n"
+           " see bench/gpumem_policy_tradeoff.md)\n", cap);
 }
 
 int cmd_tune(int argc, char **argv) {

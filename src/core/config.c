@@ -6,7 +6,10 @@
  * tokens, spaces are dropped) and parsed into a copy of the config, which
  * replaces the caller's only when the whole string is valid. The one error
  * message names the key and the value. gm_config_format writes the non-default
- * keys back in a canonical order that gm_config_parse reads again. */
+ * keys back in a canonical order that gm_config_parse reads again.
+ * gpumem's own keys: `policy:torch|gpumem` and `gpumem_slack:<x>|inf` (how
+ * much memory the gpumem policy may hold over its need before it moves idle
+ * memory instead of creating more; see policy_gpumem.c). */
 #include "frontend.h"
 
 #include <errno.h>
@@ -20,6 +23,8 @@
 #define MIN_SPLIT_MB 20            /* kLargeBuffer / 1 MiB: torch's lower bound */
 #define MAX_REGISTER_THREADS 128   /* torch's pinned_max_register_threads() */
 #define MAX_TOKENS 256
+/* gpumem_slack default: chosen by measurement, bench/gpumem_policy_tradeoff.md */
+#define GPUMEM_SLACK_DEFAULT INFINITY
 
 void gm_config_init(gm_config *cfg) {
     if (!cfg) return;
@@ -32,6 +37,7 @@ void gm_config_init(gm_config *cfg) {
     cfg->pinned_num_register_threads = 1;
     cfg->per_process_memory_fraction = 1.0;
     snprintf(cfg->backend, sizeof cfg->backend, "native");
+    cfg->gpumem_slack = GPUMEM_SLACK_DEFAULT;
 }
 
 /* ---- tokenizer ---------------------------------------------------------- */
@@ -240,6 +246,11 @@ static int parse_key(parser *ps, const char *key, gm_config *c) {
         if (strcmp(v, "native") && strcmp(v, "cudaMallocAsync"))
             return fail(ps, "%s: bad value '%s' (expected native or cudaMallocAsync)", key, v);
         snprintf(c->backend, sizeof c->backend, "%s", v);
+    } else if (!strcmp(key, "gpumem_slack")) {
+        if (!strcmp(v, "inf")) d = INFINITY;
+        else if (!parse_double(v, &d) || !(d >= 0.0))
+            return fail(ps, "%s: bad value '%s' (expected a number >= 0, or inf)", key, v);
+        c->gpumem_slack = d;
     } else if (!strcmp(key, "policy")) {
         if (!strcmp(v, "torch")) c->policy = GM_POLICY_TORCH;
         else if (!strcmp(v, "gpumem")) c->policy = GM_POLICY_GPUMEM;
@@ -256,6 +267,7 @@ static const char *const known_keys[] = {
     "release_lock_on_hipmalloc", "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
     "pinned_num_register_threads", "pinned_use_background_threads", "pinned_reserve_segment_size_mb",
     "graph_capture_record_stream_reuse", "per_process_memory_fraction", "backend", "policy",
+    "gpumem_slack",
 };
 
 static bool known(const char *key) {
@@ -297,6 +309,7 @@ int gm__config_check(const gm_config *c, char *err, size_t errlen) {
     else if (!(c->per_process_memory_fraction >= 0.0 && c->per_process_memory_fraction <= 1.0))
         bad = "per_process_memory_fraction";
     else if (strcmp(c->backend, "native") && strcmp(c->backend, "cudaMallocAsync")) bad = "backend";
+    else if (!(c->gpumem_slack >= 0.0)) bad = "gpumem_slack"; /* NaN too; +inf is valid */
     for (int i = 0; !bad && i < GM_ROUNDUP_INTERVALS; i++)
         if (c->roundup_power2_divisions[i] && !is_pow2(c->roundup_power2_divisions[i]))
             bad = "roundup_power2_divisions";
@@ -385,6 +398,11 @@ int gm_config_format(const gm_config *cfg, char *buf, size_t len) {
         sep(&o), put(&o, "graph_capture_record_stream_reuse:True");
     if (cfg->per_process_memory_fraction != def.per_process_memory_fraction)
         sep(&o), put(&o, "per_process_memory_fraction:"), put_double(&o, cfg->per_process_memory_fraction);
+    if (cfg->gpumem_slack != def.gpumem_slack) {
+        sep(&o), put(&o, "gpumem_slack:");
+        if (isinf(cfg->gpumem_slack)) put(&o, "inf");
+        else put_double(&o, cfg->gpumem_slack);
+    }
     if (o.overflow) {
         if (len) buf[len - 1] = '\0';
         return gm__set_error(GM_ENOSPACE, "gm_config_format: buffer of %zu bytes too small (%zu needed)", len,

@@ -193,6 +193,7 @@ static int gp_create(gm__device *d, void **state) {
     if (!st) return GM_ENOHOSTMEM;
     st->d = d;
     st->chunk_free = -1;
+    st->slack = d->cfg ? d->cfg->gpumem_slack : 0.0;
     for (int o = 0; o < GP_NORDERS; o++)
         st->idle[o] = st->loose[o] = st->idle_tail[o] = st->loose_tail[o] = -1;
     uint64_t g = 0;

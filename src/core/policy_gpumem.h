@@ -25,17 +25,15 @@
  *  GP_BIG_BYTES           blocks from this size get interior chunks (default:
  *                         none, every chunk is one granule: lowest memory, most
  *                         device calls on a cold start);
- *  GP_SLACK_PERMILLE      new memory instead of moving idle chunks while held
- *                         stays within this over the peak of live granules;
- *  GP_TARGET_PERMILLE     ... or within this over the peak of requested bytes. */
+ *  GP_TARGET_PERMILLE     new memory instead of moving idle chunks while held
+ *                         stays within this over the peak of requested bytes
+ *                         (the runtime knob is gpumem_slack, over the peak of
+ *                         live granules: gp_state.slack). */
 #ifndef GP_MAX_CHUNK_GRANULES
 #define GP_MAX_CHUNK_GRANULES 1024
 #endif
 #ifndef GP_BIG_BYTES
 #define GP_BIG_BYTES UINT64_MAX
-#endif
-#ifndef GP_SLACK_PERMILLE
-#define GP_SLACK_PERMILLE 0
 #endif
 #ifndef GP_TARGET_PERMILLE
 #define GP_TARGET_PERMILLE 0
@@ -99,6 +97,7 @@ typedef struct gp_state {
     int32_t loose[GP_NORDERS], loose_tail[GP_NORDERS]; /* held but not mapped */
     uint64_t live_gran, peak_live_gran; /* granules of chunks holding live blocks */
     uint64_t held_bytes;       /* physical bytes held (chunks, or plain mallocs) */
+    double slack;              /* cfg gpumem_slack: may hold (1 + slack) x peak live granules */
     gp_block *pool;            /* recycled block structs */
     void **slabs;              /* host allocations of block structs */
     size_t nslabs, slabs_cap;

@@ -10,9 +10,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifndef GP_SCAN
 #define GP_SCAN 16      /* entries looked at per bin when choosing best fit */
+#endif
+#ifndef GP_ALT_SCAN
 #define GP_ALT_SCAN 128 /* ranges looked at to find one that needs no mapping */
+#endif
+#ifndef GP_COST_BUDGET
 #define GP_COST_BUDGET 4096 /* granules looked at for that */
+#endif
 
 /* ---- bins: exact below 32 KiB, then 32 steps per power of two ---------- */
 
@@ -334,6 +340,15 @@ static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
     return GM_OK;
 }
 
+/* base granules plus the configured slack (gpumem_slack), saturating: with
+ * slack inf the policy creates memory rather than move idle chunks, and moves
+ * them only when creating fails (device full, memory fraction reached). */
+static uint64_t slack_budget(const gp_state *st, uint64_t base) {
+    double extra = (double)base * st->slack;
+    if (!(extra < 1e18)) return UINT64_MAX; /* inf, or too large to matter */
+    return base + (uint64_t)extra;
+}
+
 /* Back the unmapped granules [g, g+n) of arena a, part of the placement
  * [pg0, pg1]: loose chunks first, then idle ones moved here, then new ones. */
 static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64_t pg0,
@@ -347,7 +362,7 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
          * requested (the ratio the policy aims for), whichever is larger. */
         uint64_t need = st->live_gran + (pg1 - pg0 + 1);
         uint64_t base = st->peak_live_gran > need ? st->peak_live_gran : need;
-        uint64_t budget = base + base * GP_SLACK_PERMILLE / 1000;
+        uint64_t budget = slack_budget(st, base);
         uint64_t req = (uint64_t)st->d->stats.requested_bytes[GM_POOL_ALL].peak;
         uint64_t target = (req + req / 1000 * GP_TARGET_PERMILLE) >> st->gshift;
         if (target > budget) budget = target;
