@@ -1,6 +1,7 @@
 /* test_faults.c — the fault-injection sweep. For every backend call kind
- * (and GM_BCALL_ANY), for each policy (torch with and without expandable
- * segments, gpumem), the failure point n = 1, 2, 3, ... is walked through a
+ * (and GM_BCALL_ANY), for each policy (torch plain, with expandable
+ * segments, with garbage collection + max_split + power-2 rounding; gpumem),
+ * the failure point n = 1, 2, 3, ... is walked through a
  * fixed workload until a run completes with no fault triggered. After every
  * injected failure the API call must return a clean error (the injected one,
  * or GM_ENOMEM / GM_EBACKEND), the allocator must pass every invariant of
@@ -8,7 +9,10 @@
  * everything + empty_cache must leave reserved 0 and the sim 0 bytes used.
  * Leaks are ASan's job (tests run under ASan in CI).
  *
- * GM_TRACE=1 prints each failure point and the error it produced. */
+ * A broken invariant is reported with its call kind, failure point and
+ * script step, and the sweep goes on with the next kind.
+ * GM_TRACE=1 prints each failure point and the error it produced;
+ * GM_TEST_FILTER='*gpumem*' runs one policy. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -202,7 +206,15 @@ static void release_run(frun *r) {
 /* RUN_FIRED when the fault fired (the sweep goes on to nth + 1), RUN_CLEAN
  * when the workload made fewer than nth calls of the kind, RUN_FAILED (with
  * g_fail_msg) when an invariant broke. */
-static int fault_run(const char *conf, int kind, int status, uint64_t nth, int *errors) {
+/* The policy under test: a config string, and a memory fraction to set
+ * after creation (0: none; torch's garbage collection needs one). */
+typedef struct fconf {
+    const char *conf;
+    double fraction;
+} fconf;
+
+static int fault_run(const fconf *fc, int kind, int status, uint64_t nth, int *errors) {
+    const char *conf = fc->conf;
     frun *const r = calloc(1, sizeof *r);
     assert_non_null(r);
     r->conf = conf;
@@ -242,6 +254,15 @@ static int fault_run(const char *conf, int kind, int status, uint64_t nth, int *
         rc = gm_allocator_create(&r->a, r->be, &cfg);
         if (rc != GM_OK) FR_FAIL(r, -1, "gm_allocator_create retry = %s", gm_status_name(rc));
     }
+    if (fc->fraction > 0) { /* creates the device: mem_info may fail */
+        rc = gm_set_memory_fraction(r->a, 0, fc->fraction);
+        if (rc != GM_OK) {
+            if (!clean_error(r, rc)) FR_FAIL(r, -1, "gm_set_memory_fraction = %s", gm_status_name(rc));
+            r->errors++;
+            rc = gm_set_memory_fraction(r->a, 0, fc->fraction);
+            if (rc != GM_OK) FR_FAIL(r, -1, "gm_set_memory_fraction retry = %s", gm_status_name(rc));
+        }
+    }
     for (int i = 0; i < (int)NSCRIPT; i++) run_step(r, i);
     bool fired = calls(r->be, kind) - before >= nth;
     finish(r);
@@ -258,11 +279,11 @@ typedef struct sweep_result {
     bool failed;     /* an invariant broke (message printed) */
 } sweep_result;
 
-static sweep_result sweep(const char *conf, int kind, int status) {
+static sweep_result sweep(const fconf *fc, int kind, int status) {
     sweep_result res = {0, 0, false};
     for (uint64_t n = 1; n <= 5000; n++) {
         int errors = 0;
-        int out = fault_run(conf, kind, status, n, &errors);
+        int out = fault_run(fc, kind, status, n, &errors);
         if (out == RUN_FAILED) {
             print_error("FAILED: %s\n", g_fail_msg);
             res.failed = true;
@@ -272,12 +293,13 @@ static sweep_result sweep(const char *conf, int kind, int status) {
         res.points++;
         res.errors += errors > 0;
     }
-    print_error("FAILED: %s: sweep of %d did not end after 5000 failure points\n", conf, kind);
+    print_error("FAILED: %s: sweep of %d did not end after 5000 failure points\n", fc->conf, kind);
     res.failed = true;
     return res;
 }
 
-static void sweep_all(const char *conf) {
+static void sweep_all(const char *conf, double fraction) {
+    const fconf fc = {conf, fraction};
     sweep_result any = {0, 0, false};
     uint64_t total = 0;
     int nfailed = 0;
@@ -286,11 +308,11 @@ static void sweep_all(const char *conf) {
     for (int k = 0; k <= GM_BCALL_COUNT; k++) {
         int kind = k == GM_BCALL_COUNT ? GM_BCALL_ANY : k;
         const char *name = kind == GM_BCALL_ANY ? "ANY" : gm_bcall_name(kind);
-        sweep_result r = sweep(conf, kind, GM_EBACKEND);
+        sweep_result r = sweep(&fc, kind, GM_EBACKEND);
         /* a full device looks different from a broken one: the allocator
          * is expected to free its cache and retry on GM_ENOMEM */
         if (kind == GM_BCALL_MALLOC || kind == GM_BCALL_PHYS_CREATE || kind == GM_BCALL_ANY) {
-            sweep_result o = sweep(conf, kind, GM_ENOMEM);
+            sweep_result o = sweep(&fc, kind, GM_ENOMEM);
             r.points += o.points;
             r.errors += o.errors;
             r.failed |= o.failed;
@@ -309,16 +331,23 @@ static void sweep_all(const char *conf) {
     assert_true(total >= any.points / 2);
 }
 
-static void faults_torch(void **state) { sweep_all("policy:torch"); }
+static void faults_torch(void **state) { sweep_all("policy:torch", 0); }
 static void faults_torch_expandable(void **state) {
-    sweep_all("policy:torch,expandable_segments:True");
+    sweep_all("policy:torch,expandable_segments:True", 0);
 }
-static void faults_gpumem(void **state) { sweep_all("policy:gpumem"); }
+/* the other torch paths: garbage collection, oversize blocks, rounding */
+static void faults_torch_gc_split(void **state) {
+    sweep_all("policy:torch,garbage_collection_threshold:0.5,max_split_size_mb:24,"
+              "roundup_power2_divisions:4",
+              0.99);
+}
+static void faults_gpumem(void **state) { sweep_all("policy:gpumem", 0); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(faults_torch),
         cmocka_unit_test(faults_torch_expandable),
+        cmocka_unit_test(faults_torch_gc_split),
         cmocka_unit_test(faults_gpumem),
     };
     const char *only = getenv("GM_TEST_FILTER"); /* e.g. "*gpumem*" */
