@@ -23,7 +23,14 @@
  *    creates memory only when no chunk is idle: physical memory held is the
  *    peak of granules touched by live blocks (1.002-1.009 x peak requested
  *    on the H200 traces).
- *  - The price is device calls: memory between live blocks moves to where
+ *  - gpumem_slack (config) decides when idle chunks move: memory may grow to
+ *    (1 + slack) x the peak of live granules before they do. The default,
+ *    inf, moves them only when creating fails or passes the memory fraction,
+ *    so a repeating workload makes no device call after its first step (held
+ *    memory = granules ever touched); slack 0 gives the least memory (held =
+ *    peak live granules) but moves memory in every step.
+ *    bench/gpumem_policy_tradeoff.md has the measured trade-off.
+ *  - The price of moving is device calls: memory between live blocks moves to where
  *    it is needed, one granule per call, on a cold start and in later steps
  *    whenever the live set moves to other granules. GP_BIG_BYTES /
  *    GP_MAX_CHUNK_GRANULES (policy_gpumem.h) give big blocks one chunk for
