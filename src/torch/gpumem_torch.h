@@ -44,6 +44,22 @@ GPUMEM_TORCH_API const char *gpumem_torch_last_error(void);
 /* Frees that failed inside gpumem_free (which must not throw). */
 GPUMEM_TORCH_API uint64_t gpumem_torch_failed_frees(void);
 
+/* GPUMEM_PROFILE=1 in the environment (read when the library loads) or
+ * profile_enable(1): count alloc_raw/free_raw calls (the pluggable entry
+ * points) and the CLOCK_MONOTONIC time spent inside them. profile() copies up
+ * to n of the GPUMEM_TORCH_PROFILE_FIELDS counters into out and returns that
+ * number: alloc calls, alloc ns, alloc max ns, alloc calls >= 10 us, then the
+ * same four for free. Off: one branch per call, nothing counted.
+ * profile_enable returns the previous setting. */
+#define GPUMEM_TORCH_PROFILE_FIELDS 8
+GPUMEM_TORCH_API int gpumem_torch_profile_enable(int on);
+GPUMEM_TORCH_API void gpumem_torch_profile_reset(void);
+GPUMEM_TORCH_API int gpumem_torch_profile(uint64_t *out, int n);
+/* Device (backend) calls made so far for device, one counter per gm_bcall
+ * kind (MALLOC, FREE, MEM_INFO, VA_RESERVE, ..., EVENT_DESTROY, see
+ * gpumem/backend.h): copies up to n, returns GM_BCALL_COUNT or an error. */
+GPUMEM_TORCH_API int gpumem_torch_backend_calls(int device, uint64_t *out, int n);
+
 /* A function that throws torch's c10::OutOfMemoryError with msg (built
  * against torch's headers, see src/torch/ext/); NULL: std::runtime_error. */
 typedef void (*gpumem_oom_thrower)(const char *msg);
