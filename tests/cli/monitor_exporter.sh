@@ -11,19 +11,7 @@ if "$GPUMEM" exporter --listen nowhere 2>&1 | grep -q "built without"; then
     echo "skip: built without libmicrohttpd"; exit 77
 fi
 export GPUMEM_SHM_TAG="exp$$"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
-    done
-    "$GPUMEM" smi --no-nvml --format csv >/dev/null 2>&1 || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-wait_for() { local n=$(( $1 * 10 )); shift; for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done; return 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
 
 if "$GPUMEM" exporter --listen nowhere 2>/dev/null; then echo "FAIL: bad --listen accepted"; exit 1; fi
 

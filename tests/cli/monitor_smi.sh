@@ -6,18 +6,7 @@ set -euo pipefail
 GPUMEM=${GPUMEM:-gpumem}
 command -v python3 >/dev/null || { echo "skip: python3 needed to parse the output"; exit 77; }
 export GPUMEM_SHM_TAG="smi$$"   # our own namespace of segments
-tmp=$(mktemp -d)
-pids=()
-cleanup() { # TERM lets producers unpublish; KILL what is left; sweep our stale segments
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
-    done
-    "$GPUMEM" smi --no-nvml --format csv >/dev/null 2>&1 || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
 
 # two producers on different devices; --steps then --hold freezes their numbers
 "$GPUMEM" demo --steps 2 --step-ms 0 --hold 120 --device 0 --model 64MiB --label trainer-a >"$tmp/a.json" 2>/dev/null &

@@ -6,31 +6,16 @@ GPUMEM=${GPUMEM:-gpumem}
 command -v tmux >/dev/null || { echo "skip: tmux not installed"; exit 77; }
 "$GPUMEM" top --help >/dev/null
 export GPUMEM_SHM_TAG="top$$"
-tmp=$(mktemp -d)
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, stop_producers, wait_for
 sock="$tmp/tmux.sock"
-pids=()
-cleanup() {
-    tmux -S "$sock" kill-server 2>/dev/null || true
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
-    done
-    "$GPUMEM" smi --no-nvml --format csv >/dev/null 2>&1 || true
-    rm -rf "$tmp"
-}
+cleanup() { tmux -S "$sock" kill-server 2>/dev/null || true; stop_producers; }
 trap cleanup EXIT
 screen() { tmux -S "$sock" capture-pane -p -t top; }
-wait_screen() { # seconds, grep -E pattern: poll the screen (bounded)
-    local n=$(( $1 * 10 ))
-    for _ in $(seq "$n"); do screen | grep -qE -- "$2" && return 0; sleep 0.1; done
-    echo "FAIL: screen never showed /$2/"; screen; return 1
-}
-wait_not_screen() {
-    local n=$(( $1 * 10 ))
-    for _ in $(seq "$n"); do screen | grep -qE -- "$2" || return 0; sleep 0.1; done
-    echo "FAIL: screen still shows /$2/"; screen; return 1
-}
+screen_has() { screen | grep -qE -- "$1"; }
+screen_lacks() { ! screen_has "$1"; }
+# seconds, grep -E pattern: poll the screen (bounded) until it shows / no longer shows the pattern
+wait_screen() { wait_for "$1" screen_has "$2" || { echo "FAIL: screen never showed /$2/"; screen; return 1; }; }
+wait_not_screen() { wait_for "$1" screen_lacks "$2" || { echo "FAIL: screen still shows /$2/"; screen; return 1; }; }
 
 "$GPUMEM" demo --step-ms 50 --model 16MiB --label alpha-trainer >/dev/null 2>&1 &
 pids+=($!)

@@ -11,23 +11,7 @@ for t in prometheus promtool python3 curl; do
 done
 "$GPUMEM" exporter --help >/dev/null 2>&1 || true
 export GPUMEM_SHM_TAG="prom$$"
-tmp=$(mktemp -d)
-pids=()
-cleanup() { # TERM lets producers unpublish; KILL what is left; sweep our stale segments
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
-    done
-    "$GPUMEM" smi --no-nvml --format csv >/dev/null 2>&1 || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-wait_for() { # seconds, command...: poll until the command succeeds
-    local n=$(( $1 * 10 )); shift
-    for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
-    return 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 label=$'job "q" back\\slash\nnewline'

@@ -1,0 +1,35 @@
+# tests/cli/lib/producers.sh — sourced (never run) by the monitor CLI tests
+# that start producers (`gpumem demo`) in the background: their temporary
+# folder, the list of their pids, the cleanup that stops them and sweeps the
+# segments they leave, and a bounded poll. It lives below tests/cli/ so that
+# CTest's glob of tests/cli/*.sh does not run it as a test of its own.
+#
+# Use, after `export GPUMEM_SHM_TAG=...` (each test its own namespace):
+#     source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"
+# It sets tmp and pids and traps EXIT with stop_producers; add each
+# background pid with `pids+=($!)`. A test with more to undo traps its own
+# function, which calls stop_producers last.
+
+tmp=$(mktemp -d)
+pids=()
+
+# TERM lets producers unpublish; KILL what is left; sweep our stale segments
+# (any view scans and removes the segments of dead producers).
+stop_producers() {
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
+    done
+    "$GPUMEM" smi --no-nvml --format csv >/dev/null 2>&1 || true
+    rm -rf "$tmp"
+}
+trap stop_producers EXIT
+
+# wait_for SECONDS COMMAND...: poll every 0.1 s until the command succeeds
+# (its output discarded); 1 when it never did, so tests never hang.
+wait_for() {
+    local n=$(( $1 * 10 )); shift
+    for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    return 1
+}
