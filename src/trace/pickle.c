@@ -6,7 +6,7 @@
  * never sits in memory whole); need() guarantees that n bytes are readable
  * before any opcode argument is touched, which is the whole bounds story.
  * Every table counts against limits.max_memory. */
-#include "pickle.h"
+#include "pickle_value.h"
 
 #include "internal.h"
 
@@ -19,35 +19,7 @@
 #define HUGE_PAGE ((size_t)2 << 20)
 #define CHUNK_MAX ((size_t)32 << 20)
 
-/* ---- values ------------------------------------------------------------ */
-
-#define PV_TAG(v) ((v) & 7u)
-#define TAG_PTR 0u
-#define TAG_INT 1u
-#define TAG_SPECIAL 2u
-#define PV_NONE ((gm__pval)0x02)
-#define PV_FALSE ((gm__pval)0x0A)
-#define PV_TRUE ((gm__pval)0x12)
-#define SMALL_MIN (-((int64_t)1 << 60))
-#define SMALL_MAX (((int64_t)1 << 60) - 1)
 #define INTERN_MAX 64 /* intern str objects up to this many bytes */
-
-typedef struct pobj {
-    uint32_t type;
-    uint32_t hash; /* interned strings */
-    uint64_t len;  /* str/bytes: bytes; list/tuple/set: items; dict: pairs */
-    uint64_t cap;
-    union {
-        int64_t i;
-        double f;
-        char *s;
-        gm__pval *items;
-        const char *name;
-    } u;
-} pobj;
-
-static inline pobj *PO(gm__pval v) { return (pobj *)(uintptr_t)v; }
-static inline gm__pval PV(pobj *o) { return (gm__pval)(uintptr_t)o; }
 
 /* ---- the loader -------------------------------------------------------- */
 
@@ -712,102 +684,3 @@ int gm__pickle_load_file(const char *path, const gm__pickle_limits *limits, gm__
 gm__pval gm__pickle_root(const gm__pickle *p) { return p ? p->root : 0; }
 uint64_t gm__pickle_input_bytes(const gm__pickle *p) { return p ? p->consumed : 0; }
 uint64_t gm__pickle_memory_bytes(const gm__pickle *p) { return p ? p->mem : 0; }
-
-/* ---- accessors --------------------------------------------------------- */
-
-gm__ptype gm__pv_type(gm__pval v) {
-    switch (PV_TAG(v)) {
-    case TAG_PTR: return v ? (gm__ptype)PO(v)->type : GM__PT_ABSENT;
-    case TAG_INT: return GM__PT_INT;
-    case TAG_SPECIAL: return v == PV_NONE ? GM__PT_NONE : GM__PT_BOOL;
-    }
-    return GM__PT_ABSENT;
-}
-
-const char *gm__pv_type_name(gm__pval v) {
-    static const char *names[] = {"absent", "None", "bool", "int", "int", "float", "str",
-                                  "bytes", "list", "tuple", "dict", "set", "object"};
-    return names[gm__pv_type(v)];
-}
-
-bool gm__pv_int(gm__pval v, int64_t *out) {
-    if (PV_TAG(v) == TAG_INT) {
-        *out = (int64_t)v >> 3;
-        return true;
-    }
-    if (v == PV_TRUE || v == PV_FALSE) {
-        *out = v == PV_TRUE;
-        return true;
-    }
-    if (PV_TAG(v) == TAG_PTR && v && PO(v)->type == GM__PT_INT) {
-        *out = PO(v)->u.i;
-        return true;
-    }
-    return false;
-}
-
-bool gm__pv_float(gm__pval v, double *out) {
-    int64_t i;
-    if (gm__pv_int(v, &i)) {
-        *out = (double)i;
-        return true;
-    }
-    if (gm__pv_type(v) != GM__PT_FLOAT) return false;
-    *out = PO(v)->u.f;
-    return true;
-}
-
-bool gm__pv_bool(gm__pval v, bool *out) {
-    if (v != PV_TRUE && v != PV_FALSE) return false;
-    *out = v == PV_TRUE;
-    return true;
-}
-
-static const char *pv_chars(gm__pval v, gm__ptype t, size_t *len) {
-    if (gm__pv_type(v) != t) return NULL;
-    if (len) *len = (size_t)PO(v)->len;
-    return PO(v)->u.s;
-}
-const char *gm__pv_str(gm__pval v, size_t *len) { return pv_chars(v, GM__PT_STR, len); }
-const char *gm__pv_bytes(gm__pval v, size_t *len) { return pv_chars(v, GM__PT_BYTES, len); }
-
-const char *gm__pv_opaque_name(gm__pval v) {
-    return gm__pv_type(v) == GM__PT_OPAQUE ? PO(v)->u.name : NULL;
-}
-
-size_t gm__pv_len(gm__pval v) {
-    switch (gm__pv_type(v)) {
-    case GM__PT_STR: case GM__PT_BYTES: case GM__PT_LIST: case GM__PT_TUPLE:
-    case GM__PT_DICT: case GM__PT_SET:
-        return (size_t)PO(v)->len;
-    default: return 0;
-    }
-}
-
-gm__pval gm__pv_item(gm__pval v, size_t i) {
-    gm__ptype t = gm__pv_type(v);
-    if ((t != GM__PT_LIST && t != GM__PT_TUPLE && t != GM__PT_SET) || i >= PO(v)->len) return 0;
-    return PO(v)->u.items[i];
-}
-
-gm__pval gm__pv_dict_key(gm__pval v, size_t i) {
-    if (gm__pv_type(v) != GM__PT_DICT || i >= PO(v)->len) return 0;
-    return PO(v)->u.items[2 * i];
-}
-
-gm__pval gm__pv_dict_val(gm__pval v, size_t i) {
-    if (gm__pv_type(v) != GM__PT_DICT || i >= PO(v)->len) return 0;
-    return PO(v)->u.items[2 * i + 1];
-}
-
-gm__pval gm__pv_dict_get(gm__pval v, const char *key) {
-    if (gm__pv_type(v) != GM__PT_DICT) return 0;
-    size_t kl = strlen(key);
-    for (size_t i = PO(v)->len; i-- > 0;) {
-        gm__pval k = PO(v)->u.items[2 * i];
-        size_t n;
-        const char *s = gm__pv_str(k, &n);
-        if (s && n == kl && memcmp(s, key, n) == 0) return PO(v)->u.items[2 * i + 1];
-    }
-    return 0;
-}
