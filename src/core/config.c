@@ -320,93 +320,71 @@ int gm__config_check(const gm_config *c, char *err, size_t errlen) {
 
 /* ---- format -------------------------------------------------------------- */
 
-typedef struct out {
-    char *buf;
-    size_t len, pos;
-    bool overflow;
-} out;
-
-static void put(out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(out *o, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    size_t room = o->pos < o->len ? o->len - o->pos : 0;
-    int n = vsnprintf(room ? o->buf + o->pos : NULL, room, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= room) o->overflow = true;
-    o->pos += n > 0 ? (size_t)n : 0;
-}
-
 /* the shortest %g that reads back as the same double */
-static void put_double(out *o, double v) {
+static void put_double(gm__putbuf *o, double v) {
     char b[40];
     for (int prec = 1; prec <= 17; prec++) {
         snprintf(b, sizeof b, "%.*g", prec, v);
         if (strtod(b, NULL) == v) break;
     }
-    put(o, "%s", b);
+    gm__put(o, "%s", b);
 }
 
-static void sep(out *o) {
-    if (o->pos) put(o, ",");
+static void sep(gm__putbuf *o) {
+    if (o->pos) gm__put(o, ",");
 }
 
-static void format_roundup(out *o, const uint32_t *d) {
+static void format_roundup(gm__putbuf *o, const uint32_t *d) {
     bool uniform = true;
     for (int i = 1; i < GM_ROUNDUP_INTERVALS; i++) uniform &= d[i] == d[0];
     sep(o);
     if (uniform) {
-        put(o, "roundup_power2_divisions:%u", d[0]);
+        gm__put(o, "roundup_power2_divisions:%u", d[0]);
         return;
     }
     /* the first entry also fills the intervals below it */
     int start = 0;
     while (start + 1 < GM_ROUNDUP_INTERVALS && d[start + 1] == d[0]) start++;
-    put(o, "roundup_power2_divisions:[");
+    gm__put(o, "roundup_power2_divisions:[");
     for (int i = start; i < GM_ROUNDUP_INTERVALS; i++)
-        put(o, "%s%llu:%u", i == start ? "" : ",", 1ull << i, d[i]);
-    put(o, "]");
+        gm__put(o, "%s%llu:%u", i == start ? "" : ",", 1ull << i, d[i]);
+    gm__put(o, "]");
 }
 
 int gm_config_format(const gm_config *cfg, char *buf, size_t len) {
     if (!cfg || (!buf && len)) return GM_EINVAL;
     gm_config def;
     gm_config_init(&def);
-    out o = {buf, len, 0, false};
+    gm__putbuf o = {buf, len, 0, false};
     if (len) buf[0] = '\0';
-    if (cfg->policy != def.policy) put(&o, "policy:%s", cfg->policy == GM_POLICY_GPUMEM ? "gpumem" : "torch");
-    if (strcmp(cfg->backend, def.backend)) sep(&o), put(&o, "backend:%s", cfg->backend);
+    if (cfg->policy != def.policy) gm__put(&o, "policy:%s", cfg->policy == GM_POLICY_GPUMEM ? "gpumem" : "torch");
+    if (strcmp(cfg->backend, def.backend)) sep(&o), gm__put(&o, "backend:%s", cfg->backend);
     if (cfg->max_split_size != def.max_split_size)
-        sep(&o), put(&o, "max_split_size_mb:%llu", (unsigned long long)(cfg->max_split_size / MB));
+        sep(&o), gm__put(&o, "max_split_size_mb:%llu", (unsigned long long)(cfg->max_split_size / MB));
     if (cfg->max_non_split_rounding != def.max_non_split_rounding)
-        sep(&o), put(&o, "max_non_split_rounding_mb:%llu", (unsigned long long)(cfg->max_non_split_rounding / MB));
+        sep(&o), gm__put(&o, "max_non_split_rounding_mb:%llu", (unsigned long long)(cfg->max_non_split_rounding / MB));
     if (cfg->garbage_collection_threshold != def.garbage_collection_threshold)
-        sep(&o), put(&o, "garbage_collection_threshold:"), put_double(&o, cfg->garbage_collection_threshold);
+        sep(&o), gm__put(&o, "garbage_collection_threshold:"), put_double(&o, cfg->garbage_collection_threshold);
     if (memcmp(cfg->roundup_power2_divisions, def.roundup_power2_divisions, sizeof def.roundup_power2_divisions))
         format_roundup(&o, cfg->roundup_power2_divisions);
 #define GM__FMT_BOOL(field, key)                                               \
-    if (cfg->field != def.field) sep(&o), put(&o, key ":%s", cfg->field ? "True" : "False");
+    if (cfg->field != def.field) sep(&o), gm__put(&o, key ":%s", cfg->field ? "True" : "False");
     GM__FMT_BOOL(expandable_segments, "expandable_segments")
     GM__FMT_BOOL(release_lock_on_cudamalloc, "release_lock_on_cudamalloc")
     GM__FMT_BOOL(pinned_use_cuda_host_register, "pinned_use_cuda_host_register")
 #undef GM__FMT_BOOL
     if (cfg->pinned_num_register_threads != def.pinned_num_register_threads)
-        sep(&o), put(&o, "pinned_num_register_threads:%u", cfg->pinned_num_register_threads);
+        sep(&o), gm__put(&o, "pinned_num_register_threads:%u", cfg->pinned_num_register_threads);
     if (cfg->pinned_use_background_threads)
-        sep(&o), put(&o, "pinned_use_background_threads:True");
+        sep(&o), gm__put(&o, "pinned_use_background_threads:True");
     if (cfg->graph_capture_record_stream_reuse)
-        sep(&o), put(&o, "graph_capture_record_stream_reuse:True");
+        sep(&o), gm__put(&o, "graph_capture_record_stream_reuse:True");
     if (cfg->per_process_memory_fraction != def.per_process_memory_fraction)
-        sep(&o), put(&o, "per_process_memory_fraction:"), put_double(&o, cfg->per_process_memory_fraction);
+        sep(&o), gm__put(&o, "per_process_memory_fraction:"), put_double(&o, cfg->per_process_memory_fraction);
     if (cfg->gpumem_slack != def.gpumem_slack) {
-        sep(&o), put(&o, "gpumem_slack:");
-        if (isinf(cfg->gpumem_slack)) put(&o, "inf");
+        sep(&o), gm__put(&o, "gpumem_slack:");
+        if (isinf(cfg->gpumem_slack)) gm__put(&o, "inf");
         else put_double(&o, cfg->gpumem_slack);
     }
-    if (o.overflow) {
-        if (len) buf[len - 1] = '\0';
-        return gm__set_error(GM_ENOSPACE, "gm_config_format: buffer of %zu bytes too small (%zu needed)", len,
-                             o.pos + 1);
-    }
-    return GM_OK;
+    return gm__put_finish(&o, "gm_config_format");
 }

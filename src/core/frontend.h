@@ -1,6 +1,7 @@
 /* frontend.h — private to the allocator front end (allocator.c, ptrmap.c,
- * events.c, stats.c): the pointer map, the per-device front-end state and
- * the blocks waiting for stream events. Not for policies. */
+ * events.c, stats.c, config.c): the pointer map, the per-device front-end
+ * state, the blocks waiting for stream events and the text writer. Not for
+ * policies. */
 #ifndef GPUMEM_FRONTEND_H
 #define GPUMEM_FRONTEND_H
 
@@ -62,6 +63,18 @@ int gm__events_reserve_pending(gm__fe_dev *fe);
 int gm__events_record(gm__device *d, gm__block_hdr *b);
 /* Drop every pending block at destroy: wait for and destroy its events. */
 void gm__events_drain(gm__device *d);
+
+/* putbuf.c: text into a caller's buffer of len bytes (config.c, stats.c).
+ * gm__put writes what fits and counts on past the end; gm__put_finish then
+ * gives GM_OK, or GM_ENOSPACE naming `what` and the size needed, with the
+ * text truncated and NUL-terminated. */
+typedef struct gm__putbuf {
+    char *buf;
+    size_t len, pos;
+    bool overflow;
+} gm__putbuf;
+void gm__put(gm__putbuf *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int gm__put_finish(gm__putbuf *o, const char *what);
 
 /* config.c: GM_OK, or GM_ECONFIG naming the first field out of range. */
 int gm__config_check(const gm_config *cfg, char *err, size_t errlen);

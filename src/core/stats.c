@@ -6,45 +6,21 @@
  * small. */
 #include "frontend.h"
 
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
-
-typedef struct sbuf {
-    char *buf;
-    size_t len, pos;
-    bool overflow;
-} sbuf;
-
-static void put(sbuf *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(sbuf *o, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    size_t room = o->pos < o->len ? o->len - o->pos : 0;
-    int n = vsnprintf(room ? o->buf + o->pos : NULL, room, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= room) o->overflow = true;
-    if (n > 0) o->pos += (size_t)n;
-}
-
-static int finish(sbuf *o, const char *what) {
-    if (!o->overflow) return GM_OK;
-    if (o->len) o->buf[o->len - 1] = '\0';
-    return gm__set_error(GM_ENOSPACE, "%s: buffer of %zu bytes too small (%zu needed)", what, o->len, o->pos + 1);
-}
 
 /* ---- JSON ------------------------------------------------------------------ */
 
 int gm_stats_to_json(const gm_stats *s, char *buf, size_t len) {
     if (!s || (!buf && len)) return gm__set_error(GM_EINVAL, "gm_stats_to_json: NULL argument");
     static const char *const pools[] = GM_POOL_NAMES;
-    sbuf o = {buf, len, 0, false};
+    gm__putbuf o = {buf, len, 0, false};
     if (len) buf[0] = '\0';
     const char *comma = "";
-    put(&o, "{");
+    gm__put(&o, "{");
 #define GM__J_STAT(name, st)                                                   \
-    put(&o, "%s\"%s.current\":%lld,\"%s.peak\":%lld,\"%s.allocated\":%lld,\"%s.freed\":%lld", comma, name, \
+    gm__put(&o, "%s\"%s.current\":%lld,\"%s.peak\":%lld,\"%s.allocated\":%lld,\"%s.freed\":%lld", comma, name, \
         (long long)(st).current, name, (long long)(st).peak, name, (long long)(st).allocated, name,          \
         (long long)(st).freed);                                                \
     comma = ",";
@@ -56,7 +32,7 @@ int gm_stats_to_json(const gm_stats *s, char *buf, size_t len) {
     }
 #define GM__J_SINGLE(n) GM__J_STAT(#n, s->n)
 #define GM__J_COUNTER(n)                                                       \
-    put(&o, "%s\"%s\":%lld", comma, #n, (long long)s->n);                      \
+    gm__put(&o, "%s\"%s\":%lld", comma, #n, (long long)s->n);                      \
     comma = ",";
     GM_STAT_ARRAYS(GM__J_ARRAY)
     GM_STAT_SINGLES(GM__J_SINGLE)
@@ -65,14 +41,14 @@ int gm_stats_to_json(const gm_stats *s, char *buf, size_t len) {
 #undef GM__J_ARRAY
 #undef GM__J_SINGLE
 #undef GM__J_COUNTER
-    put(&o, "}");
-    return finish(&o, "gm_stats_to_json");
+    gm__put(&o, "}");
+    return gm__put_finish(&o, "gm_stats_to_json");
 }
 
 /* ---- memory_summary ------------------------------------------------------- */
 
 /* torch's _format_size: scale by the row's "all" value (pref) */
-static void fmt_size(sbuf *o, int64_t sz, double pref) {
+static void fmt_size(gm__putbuf *o, int64_t sz, double pref) {
     static const char *const prefixes[] = {"B  ", "KiB", "MiB", "GiB", "TiB", "PiB"};
     int k = 0;
     for (int i = 1; i < 6; i++) {
@@ -81,11 +57,11 @@ static void fmt_size(sbuf *o, int64_t sz, double pref) {
         sz = sz >= 0 ? sz / 1024 : -((-sz + 1023) / 1024); /* Python's // */
         pref /= 1024;
     }
-    put(o, "%6lld %s", (long long)sz, prefixes[k]);
+    gm__put(o, "%6lld %s", (long long)sz, prefixes[k]);
 }
 
 /* torch's _format_count */
-static void fmt_count(sbuf *o, int64_t cnt, double pref) {
+static void fmt_count(gm__putbuf *o, int64_t cnt, double pref) {
     static const char *const prefixes[] = {" ", "K", "M"};
     int k = 0;
     for (int i = 1; i < 3; i++) {
@@ -94,38 +70,38 @@ static void fmt_count(sbuf *o, int64_t cnt, double pref) {
         cnt = cnt >= 0 ? cnt / 1000 : -((-cnt + 999) / 1000);
         pref /= 1000;
     }
-    put(o, "%7lld %s ", (long long)cnt, prefixes[k]);
+    gm__put(o, "%7lld %s ", (long long)cnt, prefixes[k]);
 }
 
-typedef void (*fmt_fn)(sbuf *, int64_t, double);
+typedef void (*fmt_fn)(gm__putbuf *, int64_t, double);
 
-static void line_start(sbuf *o) { put(o, "|"); }
-static void line_end(sbuf *o) { put(o, "|\n"); }
+static void line_start(gm__putbuf *o) { gm__put(o, "|"); }
+static void line_end(gm__putbuf *o) { gm__put(o, "|\n"); }
 
-static void rule(sbuf *o, char c) {
+static void rule(gm__putbuf *o, char c) {
     char r[76];
     memset(r, c, 75);
     r[75] = '\0';
-    put(o, "|%s|\n", r);
+    gm__put(o, "|%s|\n", r);
 }
 
-static void row(sbuf *o, const char *name, const gm_stat *st, const gm_stat *pref, fmt_fn f) {
+static void row(gm__putbuf *o, const char *name, const gm_stat *st, const gm_stat *pref, fmt_fn f) {
     line_start(o);
-    put(o, " %-21s | ", name);
+    gm__put(o, " %-21s | ", name);
     f(o, st->current, (double)pref->current);
-    put(o, " | ");
+    gm__put(o, " | ");
     f(o, st->peak, (double)pref->peak);
-    put(o, " | ");
+    gm__put(o, " | ");
     f(o, st->allocated, (double)pref->allocated);
-    put(o, " | ");
+    gm__put(o, " | ");
     f(o, st->freed, (double)pref->freed);
-    put(o, " ");
+    gm__put(o, " ");
     line_end(o);
 }
 
 int gm__format_summary(const gm_stats *s, int device, bool abbreviated, char *buf, size_t len) {
     if (!s || (!buf && len)) return gm__set_error(GM_EINVAL, "gm_memory_summary: NULL argument");
-    sbuf o = {buf, len, 0, false};
+    gm__putbuf o = {buf, len, 0, false};
     if (len) buf[0] = '\0';
     static const struct {
         size_t off;
@@ -143,12 +119,12 @@ int gm__format_summary(const gm_stats *s, int device, bool abbreviated, char *bu
         {offsetof(gm_stats, inactive_split), "Non-releasable allocs", fmt_count},
     };
     rule(&o, '=');
-    put(&o, "| %16s PyTorch CUDA memory summary, device ID %-17d |\n", "", device);
+    gm__put(&o, "| %16s PyTorch CUDA memory summary, device ID %-17d |\n", "", device);
     rule(&o, '-');
-    put(&o, "|  %9s CUDA OOMs: %-12lld | %6s cudaMalloc retries: %-8lld  |\n", "", (long long)s->num_ooms, "",
+    gm__put(&o, "|  %9s CUDA OOMs: %-12lld | %6s cudaMalloc retries: %-8lld  |\n", "", (long long)s->num_ooms, "",
         (long long)s->num_alloc_retries);
     rule(&o, '=');
-    put(&o, "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |\n");
+    gm__put(&o, "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |\n");
     for (size_t m = 0; m < sizeof metrics / sizeof *metrics; m++) {
         const gm_stat *arr = (const gm_stat *)((const char *)s + metrics[m].off);
         rule(&o, '-');
@@ -163,5 +139,5 @@ int gm__format_summary(const gm_stats *s, int device, bool abbreviated, char *bu
     rule(&o, '-');
     row(&o, "Oversize GPU segments", &s->oversize_segments, &s->oversize_segments, fmt_count);
     rule(&o, '=');
-    return finish(&o, "gm_memory_summary");
+    return gm__put_finish(&o, "gm_memory_summary");
 }
