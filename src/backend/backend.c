@@ -116,27 +116,22 @@ static int enter(gm_backend *b, int dev, int kind) {
     return rc;
 }
 
-#define GM__BE_CALL(d, kind, op, ...)                                          \
+/* Count the call as `kind` (which may inject a failure), then call the
+ * backend's op on d's device; on success run `on_ok` (a statement). */
+#define GM__BE_CALL_THEN(d, kind, on_ok, op, ...)                              \
     do {                                                                       \
         gm_backend *b_ = (d)->backend;                                         \
         int rc_ = enter(b_, (d)->index, GM_BCALL_##kind);                      \
         if (rc_ != GM_OK) return rc_;                                          \
         if (!b_->ops.op) return GM_ENOTSUP;                                    \
         rc_ = b_->ops.op(b_->ctx, (d)->index, __VA_ARGS__);                    \
+        if (rc_ == GM_OK) on_ok;                                               \
         return rc_;                                                            \
     } while (0)
 
+#define GM__BE_CALL(d, kind, op, ...) GM__BE_CALL_THEN(d, kind, (void)0, op, __VA_ARGS__)
 /* Like GM__BE_CALL, bumping a d->stats counter when the call succeeds. */
-#define GM__BE_CALL_STAT(d, kind, stat, op, ...)                               \
-    do {                                                                       \
-        gm_backend *b_ = (d)->backend;                                         \
-        int rc_ = enter(b_, (d)->index, GM_BCALL_##kind);                      \
-        if (rc_ != GM_OK) return rc_;                                          \
-        if (!b_->ops.op) return GM_ENOTSUP;                                    \
-        rc_ = b_->ops.op(b_->ctx, (d)->index, __VA_ARGS__);                    \
-        if (rc_ == GM_OK) (d)->stats.stat++;                                   \
-        return rc_;                                                            \
-    } while (0)
+#define GM__BE_CALL_STAT(d, kind, stat, op, ...) GM__BE_CALL_THEN(d, kind, (d)->stats.stat++, op, __VA_ARGS__)
 
 int gm__be_mem_info(gm__device *d, uint64_t *free_bytes, uint64_t *total_bytes) {
     GM__BE_CALL(d, MEM_INFO, mem_info, free_bytes, total_bytes);
