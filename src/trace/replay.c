@@ -9,6 +9,7 @@
  * the tensor died; memory becomes reusable at free_completed). */
 #include "trace.h"
 
+#include "idmap.h"
 #include "internal.h"
 
 #include <stdio.h>
@@ -38,85 +39,27 @@ struct gm_replay_prog {
     size_t nhints;
 };
 
-/* addr -> slot, linear probing with backward-shift deletion */
-typedef struct amap {
-    uint64_t *key;
-    uint32_t *val; /* UINT32_MAX = empty */
-    size_t cap, count;
-} amap;
-
-static size_t amap_h(uint64_t k, size_t cap) {
-    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
-}
-
-static int amap_grow(amap *m) {
-    size_t ncap = m->cap ? m->cap * 2 : 1024;
-    uint64_t *nk = malloc(ncap * sizeof *nk);
-    uint32_t *nv = malloc(ncap * sizeof *nv);
-    if (!nk || !nv) {
-        free(nk);
-        free(nv);
-        return GM_ENOHOSTMEM;
-    }
-    memset(nv, 0xFF, ncap * sizeof *nv);
-    for (size_t i = 0; i < m->cap; i++) {
-        if (m->val[i] == UINT32_MAX) continue;
-        size_t j = amap_h(m->key[i], ncap);
-        while (nv[j] != UINT32_MAX) j = (j + 1) & (ncap - 1);
-        nk[j] = m->key[i];
-        nv[j] = m->val[i];
-    }
-    free(m->key);
-    free(m->val);
-    m->key = nk;
-    m->val = nv;
-    m->cap = ncap;
-    return GM_OK;
-}
-
-static size_t amap_find(const amap *m, uint64_t k) {
-    size_t j = amap_h(k, m->cap);
-    while (m->val[j] != UINT32_MAX && m->key[j] != k) j = (j + 1) & (m->cap - 1);
-    return j;
-}
-
-static void amap_del(amap *m, size_t j) {
-    size_t mask = m->cap - 1;
-    for (size_t i = (j + 1) & mask; m->val[i] != UINT32_MAX; i = (i + 1) & mask) {
-        size_t h = amap_h(m->key[i], m->cap);
-        /* move i into the hole j if its home is not in (j, i] */
-        if (((i - h) & mask) >= ((i - j) & mask)) {
-            m->key[j] = m->key[i];
-            m->val[j] = m->val[i];
-            j = i;
-        }
-    }
-    m->val[j] = UINT32_MAX;
-    m->count--;
-}
-
 static int compile_events(gm_replay_prog *p, const gm_trace_event *ev, size_t n, int free_action) {
-    amap m = {0};
-    int rc = amap_grow(&m);
+    gm__idmap m = {0}; /* address -> slot */
+    int rc = gm__idmap_reserve(&m, 1024);
     uint64_t *sizes = NULL; /* requested bytes per slot, for the trace's own peak */
     size_t sizes_cap = 0;
     int64_t cur = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         const gm_trace_event *e = &ev[i];
         if (e->action == GM_TA_ALLOC) {
-            if (m.count * 2 >= m.cap && (rc = amap_grow(&m))) break;
+            if ((rc = gm__idmap_reserve(&m, 1024))) break;
             if (p->nslots == UINT32_MAX - 1 || i >= OP_FREE) {
                 rc = gm__set_error(GM_EINVAL, "trace too long to replay");
                 break;
             }
-            size_t j = amap_find(&m, e->addr);
-            if (m.val[j] != UINT32_MAX) {
+            size_t j = gm__idmap_find(&m, e->addr);
+            if (m.id[j] != GM__IDMAP_EMPTY) {
                 p->double_allocs++; /* the old one is never freed */
+                m.id[j] = p->nslots;
             } else {
-                m.count++;
+                gm__idmap_set(&m, j, e->addr, p->nslots);
             }
-            m.key[j] = e->addr;
-            m.val[j] = p->nslots;
             if (p->nslots >= sizes_cap) {
                 sizes_cap = sizes_cap ? sizes_cap * 2 : 1024;
                 uint64_t *ns = realloc(sizes, sizes_cap * sizeof *ns);
@@ -131,20 +74,19 @@ static int compile_events(gm_replay_prog *p, const gm_trace_event *ev, size_t n,
             if (cur > p->trace_peak_requested) p->trace_peak_requested = cur;
             p->ops[p->nops++] = (rop){e->size, e->stream, p->nslots++, (uint32_t)i};
         } else if (e->action == free_action) {
-            size_t j = amap_find(&m, e->addr);
-            if (m.val[j] == UINT32_MAX) {
+            size_t j = gm__idmap_find(&m, e->addr);
+            if (m.id[j] == GM__IDMAP_EMPTY) {
                 p->unknown_frees++;
                 continue;
             }
-            uint32_t slot = m.val[j];
-            amap_del(&m, j);
+            uint32_t slot = m.id[j];
+            gm__idmap_del(&m, j);
             cur -= (int64_t)sizes[slot];
             p->ops[p->nops++] = (rop){sizes[slot], e->stream, slot, (uint32_t)i | OP_FREE};
         }
     }
     free(sizes);
-    free(m.key);
-    free(m.val);
+    gm__idmap_free(&m);
     return rc;
 }
 

@@ -4,6 +4,7 @@
  * .gmt) use it, so a trace looks the same whichever file it came from. */
 #include "trace.h"
 
+#include "idmap.h"
 #include "internal.h"
 
 #include <stdlib.h>
@@ -18,53 +19,19 @@ const char *gm_trace_action_name(int action) {
     return action >= 0 && action < GM_TA_COUNT ? names[action] : "?";
 }
 
-/* Open addressing set of ids keyed by a 64-bit hash; equality by callback. */
-typedef struct htab {
-    uint64_t *hash;
-    uint32_t *id; /* UINT32_MAX = empty */
-    size_t cap, count;
-} htab;
-
+/* The interning tables: content hash -> id (idmap.h). Different contents
+ * can share a hash, so probing asks eq whether the id's content is key's. */
 typedef bool (*eq_fn)(const void *ctx, uint32_t id, const void *key);
-
-static int ht_grow(htab *h) {
-    size_t ncap = h->cap ? h->cap * 2 : 256;
-    uint64_t *nh = malloc(ncap * sizeof *nh);
-    uint32_t *ni = malloc(ncap * sizeof *ni);
-    if (!nh || !ni) {
-        free(nh);
-        free(ni);
-        return GM_ENOHOSTMEM;
-    }
-    memset(ni, 0xFF, ncap * sizeof *ni);
-    for (size_t i = 0; i < h->cap; i++) {
-        if (h->id[i] == UINT32_MAX) continue;
-        size_t j = h->hash[i] & (ncap - 1);
-        while (ni[j] != UINT32_MAX) j = (j + 1) & (ncap - 1);
-        nh[j] = h->hash[i];
-        ni[j] = h->id[i];
-    }
-    free(h->hash);
-    free(h->id);
-    h->hash = nh;
-    h->id = ni;
-    h->cap = ncap;
-    return GM_OK;
-}
+#define HT_FIRST_CAP 256
 
 /* Find key; if absent, *slot is where to insert. Returns id or UINT32_MAX. */
-static uint32_t ht_find(htab *h, uint64_t hash, eq_fn eq, const void *ctx, const void *key,
+static uint32_t ht_find(const gm__idmap *h, uint64_t hash, eq_fn eq, const void *ctx, const void *key,
                         size_t *slot) {
-    size_t j = hash & (h->cap - 1);
-    for (; h->id[j] != UINT32_MAX; j = (j + 1) & (h->cap - 1))
-        if (h->hash[j] == hash && eq(ctx, h->id[j], key)) return h->id[j];
+    size_t j = gm__idmap_home(h, hash);
+    for (; h->id[j] != GM__IDMAP_EMPTY; j = gm__idmap_next(h, j))
+        if (h->key[j] == hash && eq(ctx, h->id[j], key)) return h->id[j];
     *slot = j;
     return UINT32_MAX;
-}
-
-static void ht_free(htab *h) {
-    free(h->hash);
-    free(h->id);
 }
 
 static uint64_t mix(uint64_t h, uint64_t v) {
@@ -93,14 +60,15 @@ static int vec_reserve(void **arr, size_t *cap, size_t n, size_t elem) {
 struct gm__trace_builder {
     gm_trace *t;
     size_t ev_cap, str_cap, fr_cap, sf_cap, so_cap, seg_cap, nstack_frames;
-    htab strs, frames, stacks;
+    gm__idmap strs, frames, stacks;
 };
 
 gm__trace_builder *gm__tb_new(void) {
     gm__trace_builder *b = calloc(1, sizeof *b);
     if (!b) return NULL;
     b->t = calloc(1, sizeof *b->t);
-    if (!b->t || ht_grow(&b->strs) || ht_grow(&b->frames) || ht_grow(&b->stacks)) {
+    if (!b->t || gm__idmap_reserve(&b->strs, HT_FIRST_CAP) || gm__idmap_reserve(&b->frames, HT_FIRST_CAP) ||
+        gm__idmap_reserve(&b->stacks, HT_FIRST_CAP)) {
         gm__tb_discard(b);
         return NULL;
     }
@@ -110,9 +78,9 @@ gm__trace_builder *gm__tb_new(void) {
 void gm__tb_discard(gm__trace_builder *b) {
     if (!b) return;
     gm_trace_free(b->t);
-    ht_free(&b->strs);
-    ht_free(&b->frames);
-    ht_free(&b->stacks);
+    gm__idmap_free(&b->strs);
+    gm__idmap_free(&b->frames);
+    gm__idmap_free(&b->stacks);
     free(b);
 }
 
@@ -126,7 +94,7 @@ static bool str_eq(const void *ctx, uint32_t id, const void *key) {
 int gm__tb_string(gm__trace_builder *b, const char *s, size_t n, uint32_t *id) {
     gm_trace *t = b->t;
     if (memchr(s, '\0', n)) n = strlen(s); /* strings are C strings: cut at NUL */
-    if (b->strs.count * 2 >= b->strs.cap && ht_grow(&b->strs)) return GM_ENOHOSTMEM;
+    if (gm__idmap_reserve(&b->strs, HT_FIRST_CAP)) return GM_ENOHOSTMEM;
     skey k = {s, n};
     uint64_t h = hash_mem(s, n);
     size_t slot;
@@ -142,9 +110,7 @@ int gm__tb_string(gm__trace_builder *b, const char *s, size_t n, uint32_t *id) {
     memcpy(c, s, n);
     c[n] = '\0';
     t->strings[t->nstrings] = c;
-    b->strs.hash[slot] = h;
-    b->strs.id[slot] = t->nstrings;
-    b->strs.count++;
+    gm__idmap_set(&b->strs, slot, h, t->nstrings);
     *id = t->nstrings++;
     return GM_OK;
 }
@@ -159,7 +125,7 @@ int gm__tb_frame(gm__trace_builder *b, uint32_t name, uint32_t file, int32_t lin
     if (name >= t->nstrings || file >= t->nstrings)
         return gm__set_error(GM_EFORMAT, "frame names string %u of %u", name > file ? name : file,
                              t->nstrings);
-    if (b->frames.count * 2 >= b->frames.cap && ht_grow(&b->frames)) return GM_ENOHOSTMEM;
+    if (gm__idmap_reserve(&b->frames, HT_FIRST_CAP)) return GM_ENOHOSTMEM;
     gm_trace_frame k = {name, file, line};
     uint64_t h = mix(mix(mix(0, name), file), (uint32_t)line);
     size_t slot;
@@ -171,9 +137,7 @@ int gm__tb_frame(gm__trace_builder *b, uint32_t name, uint32_t file, int32_t lin
     if (vec_reserve((void **)&t->frames, &b->fr_cap, t->nframes, sizeof *t->frames))
         return GM_ENOHOSTMEM;
     t->frames[t->nframes] = k;
-    b->frames.hash[slot] = h;
-    b->frames.id[slot] = t->nframes;
-    b->frames.count++;
+    gm__idmap_set(&b->frames, slot, h, t->nframes);
     *id = t->nframes++;
     return GM_OK;
 }
@@ -195,7 +159,7 @@ int gm__tb_stack(gm__trace_builder *b, const uint32_t *frames, uint32_t n, uint3
     for (uint32_t i = 0; i < n; i++)
         if (frames[i] >= t->nframes)
             return gm__set_error(GM_EFORMAT, "stack names frame %u of %u", frames[i], t->nframes);
-    if (b->stacks.count * 2 >= b->stacks.cap && ht_grow(&b->stacks)) return GM_ENOHOSTMEM;
+    if (gm__idmap_reserve(&b->stacks, HT_FIRST_CAP)) return GM_ENOHOSTMEM;
     if (!t->stack_off) {
         if (vec_reserve((void **)&t->stack_off, &b->so_cap, 0, sizeof *t->stack_off))
             return GM_ENOHOSTMEM;
@@ -218,9 +182,7 @@ int gm__tb_stack(gm__trace_builder *b, const uint32_t *frames, uint32_t n, uint3
     memcpy(t->stack_frames + b->nstack_frames, frames, n * sizeof *frames);
     b->nstack_frames += n;
     t->stack_off[t->nstacks + 1] = (uint32_t)b->nstack_frames;
-    b->stacks.hash[slot] = h;
-    b->stacks.id[slot] = t->nstacks;
-    b->stacks.count++;
+    gm__idmap_set(&b->stacks, slot, h, t->nstacks);
     *id1 = ++t->nstacks;
     return GM_OK;
 }
