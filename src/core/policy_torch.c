@@ -94,19 +94,21 @@ void tp_seg_unlink(tp_state *st, tp_seg *s) {
 
 void tp_pool_insert_block(tp_state *st, tp_pool *p, tp_block *b) {
     b->gc_count_base = p->get_free_blocks_call_count;
-    b->in_set = TP_SET_BLOCKS;
-    tp_set_insert(st, &p->blocks, b);
+    (void)tp_set_insert(st, &p->blocks, b); /* a refusal is counted: malloc reports it */
 }
 
-static void set_remove(tp_pool *p, tp_block *b) {
-    if (b->in_set == TP_SET_BLOCKS) tp_set_erase(&p->blocks, b);
-    else if (b->in_set == TP_SET_UNMAPPED) tp_set_erase(&p->unmapped, b);
-    b->in_set = TP_SET_NONE;
+/* out of whichever set b is in; GM_ESTATE if it could not be unlinked */
+static int set_remove(tp_pool *p, tp_block *b) {
+    if (b->in_set == TP_SET_BLOCKS) return tp_set_erase(&p->blocks, b);
+    if (b->in_set == TP_SET_UNMAPPED) return tp_set_erase(&p->unmapped, b);
+    return GM_OK;
 }
 
 /* Absorb free neighbour src into dst; returns the bytes absorbed. */
 uint64_t tp_try_merge_blocks(tp_state *st, tp_block *dst, tp_block *src, tp_pool *p) {
     if (!src || src->allocated || dst->mapped != src->mapped) return 0;
+    /* unlink first: a struct recycled while still in a tree makes a cycle */
+    if (set_remove(p, src) < 0) return 0;
     if (dst->prev == src) {
         dst->h.ptr = src->h.ptr;
         dst->prev = src->prev;
@@ -118,7 +120,6 @@ uint64_t tp_try_merge_blocks(tp_state *st, tp_block *dst, tp_block *src, tp_pool
     }
     uint64_t absorbed = src->h.size;
     dst->h.size += absorbed;
-    set_remove(p, src);
     tp_block_put(st, src);
     return absorbed;
 }
@@ -154,9 +155,7 @@ static tp_block *get_free_block(tp_state *st, tp_pool *p, gm_stream stream, uint
     uint64_t msp = max_split(st);
     if (size < msp && it->h.size >= msp) return NULL; /* no oversize block for a normal request */
     if (size >= msp && it->h.size >= size + st->cfg->max_non_split_rounding) return NULL;
-    tp_set_erase(&p->blocks, it);
-    it->in_set = TP_SET_NONE;
-    return it;
+    return tp_set_erase(&p->blocks, it) == GM_OK ? it : NULL;
 }
 
 /* ---- device segments ----------------------------------------------------- */
@@ -222,13 +221,18 @@ static int alloc_block(tp_state *st, tp_params *p, int is_retry) {
 static int release_block(tp_state *st, tp_block *b) {
     gm__device *d = st->d;
     tp_seg *seg = b->seg;
-    int rc = gm__be_free(d, b->h.ptr);
+    tp_pool *p = tp_pool_of(st, b->h.pool);
+    int rc = set_remove(p, b);
     if (rc < 0) return rc;
+    rc = gm__be_free(d, b->h.ptr);
+    if (rc < 0) { /* still ours: back in the pool (its age kept) */
+        (void)tp_set_insert(st, &p->blocks, b);
+        return rc;
+    }
     st->total_allocated_memory -= b->h.size;
     gm__stat_pool_add(d->stats.segment, b->h.pool, -1);
     gm__stat_pool_add(d->stats.reserved_bytes, b->h.pool, -(int64_t)b->h.size);
     if (b->h.size >= max_split(st)) gm__stat_add(&d->stats.oversize_segments, -1);
-    set_remove(tp_pool_of(st, b->h.pool), b);
     tp_seg_unlink(st, seg);
     free(seg);
     tp_block_put(st, b);
@@ -392,9 +396,21 @@ static int find_or_allocate(tp_state *st, tp_params *p) {
     return alloc_block(st, p, 1);
 }
 
+/* Once a set operation was refused the pools cannot be trusted: fail every
+ * request (and gm_check says why) rather than hand out memory twice. */
+static int refuse_if_corrupt(const tp_state *st) {
+    uint64_t n = tp_misuse(st);
+    if (!n) return GM_OK;
+    return gm__set_error(GM_ESTATE, "torch policy: %llu refused pool set operations; the "
+                         "allocator state is corrupt (gm_check names the first broken invariant)",
+                         (unsigned long long)n);
+}
+
 static int tp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr **out) {
     tp_state *st = state;
-    int rc = tp_reserve(st, TP_RESERVE_OP);
+    int rc = refuse_if_corrupt(st);
+    if (rc < 0) return rc;
+    rc = tp_reserve(st, TP_RESERVE_OP);
     if (rc < 0) return rc;
     tp_params p = {0};
     p.size = round_size(st->cfg, size);
@@ -403,6 +419,7 @@ static int tp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
     p.stream = stream;
     p.alloc_size = get_allocation_size(p.size);
     rc = find_or_allocate(st, &p);
+    if (rc >= 0 && tp_misuse(st)) rc = refuse_if_corrupt(st);
     if (rc < 0) return rc;
     if (rc == 0)
         return gm__set_error(GM_ENOMEM, "torch policy: no memory for %llu bytes (segment of %llu)",
@@ -440,7 +457,9 @@ static void tp_free(void *state, gm__block_hdr *hdr) {
 
 static int tp_empty_cache(void *state) {
     tp_state *st = state;
-    int rc = tp_reserve(st, TP_RESERVE_OP);
+    int rc = refuse_if_corrupt(st);
+    if (rc < 0) return rc;
+    rc = tp_reserve(st, TP_RESERVE_OP);
     if (rc < 0) return rc;
     return release_cached_blocks(st);
 }

@@ -42,6 +42,11 @@ typedef struct tp_set {
     tp_block *root;
     uint64_t count;
     int by_addr;
+    /* refused inserts/erases (a block already in a set, not in this one, or
+     * not found where its key says): the state is corrupt from then on, so
+     * malloc fails with GM_ESTATE and check names it, instead of a cycle in
+     * the treap turning the next descent into an endless loop */
+    uint64_t misuse;
 } tp_set;
 
 /* A device allocation (cudaMalloc) or an expandable segment (a reserved VA
@@ -89,8 +94,14 @@ typedef struct tp_state {
 
 /* ---- policy_torch_tree.c: sets and block structs ---- */
 void tp_set_init(tp_set *s, int by_addr);
-void tp_set_insert(tp_state *st, tp_set *s, tp_block *b);
-void tp_set_erase(tp_set *s, tp_block *b);
+/* Both keep b->in_set (TP_SET_BLOCKS for key-ordered sets, _UNMAPPED for
+ * by_addr ones) and refuse misuse: insert of a block already in a set,
+ * erase of one that is not in this set. GM_OK, or GM_ESTATE (counted in
+ * s->misuse) with nothing changed. */
+int tp_set_insert(tp_state *st, tp_set *s, tp_block *b);
+int tp_set_erase(tp_set *s, tp_block *b);
+/* total refused operations on the policy's sets: nonzero = corrupt */
+uint64_t tp_misuse(const tp_state *st);
 tp_block *tp_set_first(const tp_set *s);
 /* smallest block >= key (by_addr sets ignore size) */
 tp_block *tp_set_lower_bound(const tp_set *s, gm_stream stream, uint64_t size, gm_devptr ptr);

@@ -4,12 +4,16 @@
  * compares it with the device's stats, and verifies the structure: the
  * blocks of a segment tile it exactly and link both ways, no two free
  * neighbours are left unmerged, every free block is in its pool set and no
- * other block is, the sets are ordered, and expandable segments map exactly
- * the pages their mapped blocks touch. */
+ * other block is, the sets are well-formed treaps (walked directly, bounded
+ * by their counts, so a cycle is reported instead of looped round: every
+ * block reached once, in key order, heap-ordered priorities, only free
+ * blocks of the right pool and kind), no set operation was ever refused,
+ * and expandable segments map exactly the pages their mapped blocks touch. */
 #include "policy_torch.h"
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 typedef struct tp_count {
     int64_t segment[GM_POOL_COUNT], reserved[GM_POOL_COUNT];
@@ -127,26 +131,66 @@ static int check_segment(const tp_state *st, const tp_seg *s, tp_count *c, char 
     return GM_OK;
 }
 
-static int check_set(const tp_set *set, uint64_t expect, const char *what, char *err,
-                     size_t errlen) {
-    uint64_t n = 0;
-    const tp_block *prev = NULL;
-    for (const tp_block *b = tp_set_first(set); b; b = tp_set_next(set, b)) {
-        if (prev) {
-            int before = prev->h.stream < b->h.stream ||
-                         (prev->h.stream == b->h.stream &&
-                          ((!set->by_addr && prev->h.size < b->h.size) ||
-                           ((set->by_addr || prev->h.size == b->h.size) && prev->h.ptr < b->h.ptr)));
-            if (!before) return fail(err, errlen, "%s set out of order", what);
-        }
-        prev = b;
-        if (++n > set->count) break;
-    }
-    if (n != set->count || n != expect)
-        return fail(err, errlen, "%s set holds %llu blocks (count %llu), segments have %llu", what,
-                    (unsigned long long)n, (unsigned long long)set->count,
-                    (unsigned long long)expect);
+/* Is a strictly before b in the set's order? */
+static int ordered(const tp_set *set, const tp_block *a, const tp_block *b) {
+    if (a->h.stream != b->h.stream) return a->h.stream < b->h.stream;
+    if (!set->by_addr && a->h.size != b->h.size) return a->h.size < b->h.size;
+    return a->h.ptr < b->h.ptr;
+}
+
+static int check_node(const tp_set *set, int pool, const tp_block *t, const char *what, char *err,
+                      size_t errlen) {
+    uint8_t kind = set->by_addr ? TP_SET_UNMAPPED : TP_SET_BLOCKS;
+    if (t->in_set != kind || t->allocated || t->mapped != !set->by_addr || t->h.pool != pool)
+        return fail(err, errlen, "%s set holds block 0x%llx that does not belong there (in_set %d, "
+                    "allocated %d, mapped %d, pool %d)", what, (unsigned long long)t->h.ptr,
+                    t->in_set, t->allocated, t->mapped, t->h.pool);
+    for (int i = 0; i < 2; i++)
+        if (t->child[i] && t->child[i]->prio > t->prio)
+            return fail(err, errlen, "%s set: treap priorities out of order below 0x%llx", what,
+                        (unsigned long long)t->h.ptr);
     return GM_OK;
+}
+
+/* Walk the treap itself (not through tp_set_next, which a broken tree can
+ * send round a cycle): in order, every node reached once, no deeper and no
+ * more nodes than the count, keys strictly increasing, heap order of the
+ * priorities; and the count equals the free blocks the segments have. */
+static int check_set(const tp_set *set, int pool, uint64_t expect, const char *what, char *err,
+                     size_t errlen) {
+    if (set->misuse)
+        return fail(err, errlen, "%s set refused %llu operations (insert of a block already in a "
+                    "set, or erase of one not in it)", what, (unsigned long long)set->misuse);
+    uint64_t cap = set->count + 1, depth = 0, n = 0;
+    const tp_block **stack = malloc(cap * sizeof *stack);
+    if (!stack) return gm__set_error(GM_ENOHOSTMEM, "torch policy check: no host memory");
+    const tp_block *t = set->root, *prev = NULL;
+    int rc = GM_OK;
+    while (rc == GM_OK && (t || depth)) {
+        for (; t && rc == GM_OK; t = t->child[0]) {
+            if (depth == cap)
+                rc = fail(err, errlen, "%s set is deeper than its %llu blocks: a cycle", what,
+                          (unsigned long long)set->count);
+            else if ((rc = check_node(set, pool, t, what, err, errlen)) == GM_OK)
+                stack[depth++] = t;
+        }
+        if (rc != GM_OK) break;
+        t = stack[--depth];
+        if (++n > set->count)
+            rc = fail(err, errlen, "%s set reaches more blocks than its count %llu (a block "
+                      "linked twice?)", what, (unsigned long long)set->count);
+        else if (prev && !ordered(set, prev, t))
+            rc = fail(err, errlen, "%s set out of order at 0x%llx", what,
+                      (unsigned long long)t->h.ptr);
+        prev = t;
+        t = t->child[1];
+    }
+    free(stack);
+    if (rc == GM_OK && (n != set->count || n != expect))
+        rc = fail(err, errlen, "%s set holds %llu blocks (count %llu), segments have %llu", what,
+                  (unsigned long long)n, (unsigned long long)set->count,
+                  (unsigned long long)expect);
+    return rc;
 }
 
 static int compare(const char *name, const gm_stat arr[GM_POOL_COUNT],
@@ -163,15 +207,22 @@ int tp_check(void *state, char *err, size_t errlen) {
     const tp_state *st = state;
     const gm_stats *s = &st->d->stats;
     tp_count c = {0};
+    if (tp_misuse(st))
+        return fail(err, errlen, "torch policy refused %llu pool set operations (a block inserted "
+                    "while in a set, or erased from a set it is not in)",
+                    (unsigned long long)tp_misuse(st));
     for (const tp_seg *seg = st->segs; seg; seg = seg->next_seg)
         if (check_segment(st, seg, &c, err, errlen)) return GM_ESTATE;
-    if (check_set(&st->small.blocks, c.in_blocks[GM_POOL_SMALL], "small pool", err, errlen) ||
-        check_set(&st->large.blocks, c.in_blocks[GM_POOL_LARGE], "large pool", err, errlen) ||
-        check_set(&st->small.unmapped, c.in_unmapped[GM_POOL_SMALL], "small unmapped", err,
-                  errlen) ||
-        check_set(&st->large.unmapped, c.in_unmapped[GM_POOL_LARGE], "large unmapped", err,
-                  errlen))
-        return GM_ESTATE;
+    int rc;
+    if ((rc = check_set(&st->small.blocks, GM_POOL_SMALL, c.in_blocks[GM_POOL_SMALL], "small pool",
+                        err, errlen)) ||
+        (rc = check_set(&st->large.blocks, GM_POOL_LARGE, c.in_blocks[GM_POOL_LARGE], "large pool",
+                        err, errlen)) ||
+        (rc = check_set(&st->small.unmapped, GM_POOL_SMALL, c.in_unmapped[GM_POOL_SMALL],
+                        "small unmapped", err, errlen)) ||
+        (rc = check_set(&st->large.unmapped, GM_POOL_LARGE, c.in_unmapped[GM_POOL_LARGE],
+                        "large unmapped", err, errlen)))
+        return rc;
     if (compare("segment", s->segment, c.segment, err, errlen) ||
         compare("reserved_bytes", s->reserved_bytes, c.reserved, err, errlen) ||
         compare("active", s->active, c.active, err, errlen) ||

@@ -54,8 +54,7 @@ static tp_block *new_expandable_segment(tp_state *st, gm_stream stream, tp_pool 
     b->h.stream = stream;
     b->h.pool = seg->pool;
     b->seg = seg;
-    b->in_set = TP_SET_UNMAPPED;
-    tp_set_insert(st, &p->unmapped, b);
+    (void)tp_set_insert(st, &p->unmapped, b); /* fresh: cannot be refused */
     return b;
 }
 
@@ -141,8 +140,7 @@ static int map_block(tp_state *st, tp_block *to_map, uint64_t size) {
     int rc = seg_map(st, to_map->seg, to_map->h.ptr, size, &mapped);
     if (rc < 0) return rc;
     if (mapped == 0) return 0;
-    tp_set_erase(&p->unmapped, to_map);
-    to_map->in_set = TP_SET_NONE;
+    if (tp_set_erase(&p->unmapped, to_map) < 0) return GM_ESTATE; /* pages stay mapped */
     to_map->mapped = 1;
     if (mapped < to_map->h.size) {
         tp_block *rem = tp_block_new(st); /* reserved */
@@ -155,8 +153,7 @@ static int map_block(tp_state *st, tp_block *to_map, uint64_t size) {
         rem->next = to_map->next;
         if (rem->next) rem->next->prev = rem;
         to_map->next = rem;
-        rem->in_set = TP_SET_UNMAPPED;
-        tp_set_insert(st, &p->unmapped, rem);
+        (void)tp_set_insert(st, &p->unmapped, rem);
         to_map->h.size = mapped;
     }
     tp_try_merge_blocks(st, to_map, to_map->prev, p);
@@ -192,8 +189,10 @@ tp_block *tp_try_allocate_expandable_block(tp_state *st, gm_stream stream, tp_po
         }
         c = nc;
     }
-    tp_set_erase(&p->blocks, c);
-    c->in_set = TP_SET_NONE;
+    if (tp_set_erase(&p->blocks, c) < 0) {
+        *err = GM_ESTATE;
+        return NULL;
+    }
     return c;
 }
 
@@ -249,8 +248,7 @@ int tp_unmap_block(tp_state *st, tp_block *b) {
     if (done == 0) return rc;
     gm_devptr ustart = s->base + begin * s->page;
     uint64_t usize = done * s->page;
-    tp_set_erase(&p->blocks, b);
-    b->in_set = TP_SET_NONE;
+    if (tp_set_erase(&p->blocks, b) < 0) return GM_ESTATE;
     uint64_t before = ustart - b->h.ptr;
     if (before > 0) {
         tp_block *bf = tp_block_new(st);
@@ -275,8 +273,7 @@ int tp_unmap_block(tp_state *st, tp_block *b) {
     b->mapped = 0;
     tp_try_merge_blocks(st, b, b->prev, p);
     tp_try_merge_blocks(st, b, b->next, p);
-    b->in_set = TP_SET_UNMAPPED;
-    tp_set_insert(st, &p->unmapped, b);
+    (void)tp_set_insert(st, &p->unmapped, b);
     st->total_allocated_memory -= usize;
     gm__stat_pool_add(d->stats.reserved_bytes, b->h.pool, -(int64_t)usize);
     return rc;
@@ -286,7 +283,7 @@ int tp_unmap_block(tp_state *st, tp_block *b) {
 void tp_release_expandable_segment(tp_state *st, tp_block *b) {
     tp_seg *s = b->seg;
     tp_pool *p = tp_pool_of(st, b->h.pool);
-    tp_set_erase(&p->unmapped, b);
+    if (tp_set_erase(&p->unmapped, b) < 0) return; /* corrupt: keep the range */
     (void)gm__be_va_release(st->d, s->base, s->size);
     tp_seg_unlink(st, s);
     free(s->handles);

@@ -17,6 +17,7 @@ void tp_set_init(tp_set *s, int by_addr) {
     s->root = NULL;
     s->count = 0;
     s->by_addr = by_addr;
+    s->misuse = 0;
 }
 
 /* Is block t ordered before key (stream, size, ptr)? by_addr sets ignore
@@ -76,25 +77,51 @@ static uint32_t next_prio(tp_state *st) {
     return x;
 }
 
-void tp_set_insert(tp_state *st, tp_set *s, tp_block *b) {
+static uint8_t set_kind(const tp_set *s) { return s->by_addr ? TP_SET_UNMAPPED : TP_SET_BLOCKS; }
+
+int tp_set_insert(tp_state *st, tp_set *s, tp_block *b) {
+    /* a block still linked in a set would end up twice in a tree: a cycle */
+    if (b->in_set != TP_SET_NONE) {
+        s->misuse++;
+        return GM_ESTATE;
+    }
     b->prio = next_prio(st);
     tp_block **link = &s->root;
     /* descend while the nodes outrank the new one, then split below it */
     while (*link && (*link)->prio >= b->prio) link = &(*link)->child[before(s->by_addr, *link, b)];
     split(s->by_addr, *link, b, &b->child[0], &b->child[1]);
     *link = b;
+    b->in_set = set_kind(s);
     s->count++;
+    return GM_OK;
 }
 
-void tp_set_erase(tp_set *s, tp_block *b) {
+int tp_set_erase(tp_set *s, tp_block *b) {
+    if (b->in_set != set_kind(s)) {
+        s->misuse++;
+        return GM_ESTATE;
+    }
     tp_block **link = &s->root;
     while (*link != b) {
-        if (!*link) return; /* not present: callers check in_set first */
+        /* not where its key leads: the key changed while b was in the set,
+         * or b is in the other pool's set; unlinking nothing keeps the tree
+         * a tree */
+        if (!*link) {
+            s->misuse++;
+            return GM_ESTATE;
+        }
         link = &(*link)->child[before(s->by_addr, *link, b)];
     }
     *link = merge(b->child[0], b->child[1]);
     b->child[0] = b->child[1] = NULL;
+    b->in_set = TP_SET_NONE;
     s->count--;
+    return GM_OK;
+}
+
+uint64_t tp_misuse(const tp_state *st) {
+    return st->small.blocks.misuse + st->small.unmapped.misuse + st->large.blocks.misuse +
+           st->large.unmapped.misuse;
 }
 
 tp_block *tp_set_first(const tp_set *s) {
