@@ -85,7 +85,9 @@ static void publish_and_read(void **state) {
     assert_int_equal(p->v[1].num_ooms, 3);
     assert_int_equal(p->v[1].num_alloc_retries, 5);
     assert_int_equal(p->v[1].num_allocs, 7);
-    assert_int_equal(p->v[1].updates, 13); /* allocations + frees */
+    assert_int_equal(p->v[1].num_frees, 6);
+    assert_int_equal(p->v[1].peak_allocated, 2000);
+    assert_int_equal(p->v[1].peak_requested, 0);
     assert_true(p->v[1].update_ns > 0);
 
     /* owner-only, whatever the umask */
@@ -225,6 +227,42 @@ static void seqlock_never_torn(void **state) {
     free_allocator(a);
 }
 
+/* Every update publishes exact values; only the clock is coarse: it is
+ * stamped on the first publication and then every GM__SHM_TIME_EVERY. */
+static void values_exact_clock_every_n(void **state) {
+    gm_allocator *a = fake_allocator();
+    assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
+    gm__shm_header *h = *(gm__shm_header **)a->publisher;
+    gm__shm_record *rec = (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
+    gm_stats s;
+    stats_with(&s, 1, 1);
+    gm__publisher_update(a->publisher, 0, &s);
+    assert_int_equal(rec->used, 1);
+    assert_true(rec->v.update_ns > 1);
+    rec->v.update_ns = 1; /* a marker the writer overwrites only when it stamps */
+    for (int i = 2; i <= GM__SHM_TIME_EVERY; i++) {
+        stats_with(&s, i, 5 * i);
+        s.num_ooms = i;
+        gm__publisher_update(a->publisher, 0, &s);
+        gm__shm_values v;
+        assert_int_equal(gm__shm_read_record(rec, &v, 3), GM_OK);
+        assert_int_equal(v.allocated, i);
+        assert_int_equal(v.peak_allocated, 2 * i);
+        assert_int_equal(v.reserved, 5 * i);
+        assert_int_equal(v.peak_reserved, 10 * i);
+        assert_int_equal(v.requested, i - 1);
+        assert_int_equal(v.active, i);
+        assert_int_equal(v.num_ooms, i);
+        assert_int_equal(v.num_alloc_retries, 5);
+        assert_int_equal(v.update_ns, 1);
+    }
+    assert_int_equal(rec->seq, 2 * GM__SHM_TIME_EVERY);
+    gm__publisher_update(a->publisher, 0, &s);
+    assert_true(rec->v.update_ns > 1);
+    assert_int_equal(rec->seq % 2, 0);
+    free_allocator(a);
+}
+
 static void env_publish(void **state) {
     gm_allocator *a = fake_allocator();
     unsetenv("GPUMEM_PUBLISH");
@@ -245,7 +283,7 @@ int main(void) {
         cmocka_unit_test(publish_and_read),      cmocka_unit_test(publish_null_is_error),
         cmocka_unit_test(dead_producer_is_cleaned), cmocka_unit_test(reused_pid_is_stale),
         cmocka_unit_test(torn_record_is_reported), cmocka_unit_test(seqlock_never_torn),
-        cmocka_unit_test(env_publish),
+        cmocka_unit_test(values_exact_clock_every_n), cmocka_unit_test(env_publish),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

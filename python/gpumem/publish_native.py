@@ -3,7 +3,7 @@ visible to `gpumem smi/top/log/exporter`.
 
 A background thread copies ``torch.cuda.memory_stats(device)`` every
 ``interval`` seconds into a shared-memory segment in gpumem's format (see
-src/monitor/monitor.h, layout version 1; this file must change with it).
+src/monitor/monitor.h, layout version 2; this file must change with it).
 Pure Python (mmap + struct): no library to load, nothing to build.
 
     import gpumem.publish_native as pn
@@ -24,7 +24,7 @@ import threading
 import time
 
 MAGIC = 0x314D48534D454D47  # "GMEMSHM1"
-VERSION = 1
+VERSION = 2
 HEADER_SIZE = 512
 RECORD_SIZE = 128
 DEVICES = 64
@@ -34,10 +34,11 @@ SOURCE_TORCH = 2
 # magic, version, header_size, segment_size, record_size, ndevices, pid, uid,
 # start_time, created_ns, source, reserved0, comm, label, visible, pad
 _HEADER = struct.Struct("<QIIQIIiIQQII32s128s256s32s")
-# the values after seq/used, in monitor.h's GM__SHM_FIELDS order
-_FIELDS = ("allocated", "reserved", "requested", "active", "peak_allocated",
-           "peak_reserved", "peak_requested", "peak_active", "num_ooms",
-           "num_alloc_retries", "num_allocs", "num_frees", "updates", "update_ns")
+# the values after seq/used, in monitor.h's GM__SHM_FIELDS order (version 2:
+# (current, peak) pairs; readers count operations as num_allocs + num_frees)
+_FIELDS = ("update_ns", "allocated", "peak_allocated", "requested", "peak_requested",
+           "active", "peak_active", "num_allocs", "num_frees", "reserved",
+           "peak_reserved", "num_alloc_retries", "num_ooms")
 _VALUES = struct.Struct("<%dq" % len(_FIELDS))
 _SEQ = struct.Struct("<II")
 assert _HEADER.size == HEADER_SIZE and 8 + _VALUES.size <= RECORD_SIZE
@@ -146,8 +147,7 @@ class NativePublisher:
 
     def _write(self, device, stats):
         off = HEADER_SIZE + device * RECORD_SIZE
-        values = [int(stats.get(_TORCH_KEYS[f], 0)) for f in _FIELDS[:-2]]
-        values += [values[_FIELDS.index("num_allocs")] + values[_FIELDS.index("num_frees")], time.time_ns()]
+        values = [time.time_ns()] + [int(stats.get(_TORCH_KEYS[f], 0)) for f in _FIELDS[1:]]
         seq = self._seq[device]
         _SEQ.pack_into(self._map, off, seq + 1, 1)
         _VALUES.pack_into(self._map, off + 8, *values)

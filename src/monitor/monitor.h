@@ -3,12 +3,13 @@
  * tests and the Python publisher (python/gpumem/publish_native.py, which
  * writes the same layout and must change with it).
  *
- * Shared-memory layout, version 1 (little endian, x86-64/aarch64 natural
+ * Shared-memory layout, version 2 (little endian, x86-64/aarch64 natural
  * alignment). A segment is /dev/shm/gpumem.<uid>.<pid>[.<n>] (mode 0600):
  *   [0, 512)                  gm__shm_header
  *   [512 + i*128, ...)        gm__shm_record for device i, i < ndevices
- * Each record is guarded by its own seqlock (`seq`, odd while written) so a
- * reader copies it, retries if torn, and never blocks the writer. The header
+ * Each record is guarded by its own seqlock (`seq`, odd while written,
+ * +2 per publication) so a reader copies it, retries if torn, and never
+ * blocks the writer. The header
  * is written once before `magic` is stored, so a reader that sees the magic
  * sees a complete header. */
 #ifndef GPUMEM_MONITOR_H
@@ -21,13 +22,14 @@
 #include <stdint.h>
 
 #define GM__SHM_MAGIC 0x314d48534d454d47ULL /* "GMEMSHM1" */
-#define GM__SHM_VERSION 1
+#define GM__SHM_VERSION 2 /* 2: values in (current, peak) pairs, no `updates` */
 #define GM__SHM_HEADER_SIZE 512
 #define GM__SHM_RECORD_SIZE 128
 #define GM__SHM_DEVICES GM_MAX_DEVICES
 #define GM__SHM_SIZE (GM__SHM_HEADER_SIZE + GM__SHM_DEVICES * GM__SHM_RECORD_SIZE)
-/* The writer refreshes update_ns only every this many updates: reading a clock
- * costs ~3.5 ns even coarse, most of the 5 ns budget per allocator operation. */
+/* The writer refreshes update_ns only every this many publications: reading
+ * a clock costs ~3.5 ns even coarse, most of the 5 ns budget per allocator
+ * operation. A power of two (the writer tests bits of the sequence). */
 #define GM__SHM_TIME_EVERY 64
 
 enum { GM__SRC_GPUMEM = 1, GM__SRC_TORCH = 2 }; /* who publishes: libgpumem or torch's own allocator */
@@ -51,13 +53,19 @@ typedef struct gm__shm_header {
     char pad[32];          /* 480 */
 } gm__shm_header;
 
-/* The published numbers of one device. Field order is the layout.
- * updates = num_allocs + num_frees; update_ns (CLOCK_REALTIME) is refreshed
- * when updates % GM__SHM_TIME_EVERY is 0 or 1, and on the first update. */
+/* The published numbers of one device. Field order is the layout (from
+ * offset 8 of the record). Records are 128-byte aligned, so each
+ * (current, peak) pair from `allocated` on starts 16-byte aligned, in the
+ * order gm_stat keeps them (current, peak; allocated, freed;
+ * num_alloc_retries, num_ooms): the writer moves a pair with one 16-byte
+ * load and store. update_ns (CLOCK_REALTIME) is refreshed on the record's
+ * first publication and then every GM__SHM_TIME_EVERY publications, so it
+ * may lag the values; readers take num_allocs + num_frees as the count of
+ * allocator operations (version 1 stored that sum as `updates`). */
 #define GM__SHM_FIELDS(X)                                                      \
-    X(allocated) X(reserved) X(requested) X(active) X(peak_allocated)          \
-    X(peak_reserved) X(peak_requested) X(peak_active) X(num_ooms)              \
-    X(num_alloc_retries) X(num_allocs) X(num_frees) X(updates) X(update_ns)
+    X(update_ns) X(allocated) X(peak_allocated) X(requested) X(peak_requested) \
+    X(active) X(peak_active) X(num_allocs) X(num_frees) X(reserved)            \
+    X(peak_reserved) X(num_alloc_retries) X(num_ooms)
 
 typedef struct gm__shm_values {
 #define GM__SHM_FIELD(n) int64_t n;
@@ -74,6 +82,11 @@ typedef struct gm__shm_record {
 
 _Static_assert(sizeof(gm__shm_header) == GM__SHM_HEADER_SIZE, "shm header layout");
 _Static_assert(sizeof(gm__shm_record) == GM__SHM_RECORD_SIZE, "shm record layout");
+_Static_assert(offsetof(gm__shm_record, v.allocated) % 16 == 0 && offsetof(gm__shm_record, v.requested) % 16 == 0 &&
+                   offsetof(gm__shm_record, v.active) % 16 == 0 && offsetof(gm__shm_record, v.num_allocs) % 16 == 0 &&
+                   offsetof(gm__shm_record, v.reserved) % 16 == 0 &&
+                   offsetof(gm__shm_record, v.num_alloc_retries) % 16 == 0,
+               "shm record: value pairs 16-byte aligned");
 
 /* "gpumem.<uid>." (or "gpumem-<tag>.<uid>." when GPUMEM_SHM_TAG is set, which
  * keeps concurrent test runs apart). No leading slash. */
