@@ -166,12 +166,21 @@ const gm_config *gm_allocator_config(const gm_allocator *a) { return a ? &a->cfg
 
 /* ---- malloc / free ---------------------------------------------------------- */
 
-static void account(gm__device *d, gm__block_hdr *b, int sign) {
+/* Request-level stats of one malloc / one free (inc/dec: no sign branches). */
+static inline void account_alloc(gm__device *d, const gm__block_hdr *b) {
     gm_stats *s = &d->stats;
-    gm__stat_pool_add(s->allocation, b->pool, sign);
-    gm__stat_pool_add(s->allocated_bytes, b->pool, sign * (int64_t)b->size);
-    gm__stat_pool_add(s->requested_bytes, b->pool, sign * (int64_t)b->requested);
-    if (b->size >= d->cfg->max_split_size) gm__stat_add(&s->oversize_allocations, sign);
+    gm__stat_pool_inc(s->allocation, b->pool, 1);
+    gm__stat_pool_inc(s->allocated_bytes, b->pool, (int64_t)b->size);
+    gm__stat_pool_inc(s->requested_bytes, b->pool, (int64_t)b->requested);
+    if (b->size >= d->cfg->max_split_size) gm__stat_inc(&s->oversize_allocations, 1);
+}
+
+static inline void account_free(gm__device *d, const gm__block_hdr *b) {
+    gm_stats *s = &d->stats;
+    gm__stat_pool_dec(s->allocation, b->pool, 1);
+    gm__stat_pool_dec(s->allocated_bytes, b->pool, (int64_t)b->size);
+    gm__stat_pool_dec(s->requested_bytes, b->pool, (int64_t)b->requested);
+    if (b->size >= d->cfg->max_split_size) gm__stat_dec(&s->oversize_allocations, 1);
 }
 
 /* torch's format_size */
@@ -232,7 +241,7 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
     b->requested = size;
     b->uses = NULL;
     gm__ptrmap_insert(&fe->map, b);
-    account(d, b, +1);
+    account_alloc(d, b);
     if (b->ptr < atomic_load_explicit(&fe->lo, memory_order_relaxed))
         atomic_store_explicit(&fe->lo, b->ptr, memory_order_release);
     if (b->ptr + b->size > atomic_load_explicit(&fe->hi, memory_order_relaxed))
@@ -310,7 +319,7 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
     }
     gm__ptrmap_remove(&fe->map, ptr);
     b->live = 0;
-    account(d, b, -1); /* request-level stats drop at free time, like torch */
+    account_free(d, b); /* request-level stats drop at free time, like torch */
     if (!b->uses || !b->uses->n) {
         gm__uses_free(b);
         d->pops->free(d->pstate, b);

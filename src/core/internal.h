@@ -33,6 +33,28 @@ static inline void gm__stat_pool_add(gm_stat arr[GM_POOL_COUNT], int pool, int64
     gm__stat_add(&arr[GM_POOL_ALL], delta);
     gm__stat_add(&arr[pool], delta);
 }
+/* The same for a delta whose sign the caller knows (v >= 0), without the
+ * sign branch: hot paths (every malloc/free) use these. current <= peak
+ * always holds (only these helpers and reset_peak write peak), so a
+ * decrease never moves peak. */
+static inline void gm__stat_inc(gm_stat *s, int64_t v) {
+    int64_t c = s->current + v;
+    s->current = c;
+    s->peak = c > s->peak ? c : s->peak;
+    s->allocated += v;
+}
+static inline void gm__stat_dec(gm_stat *s, int64_t v) {
+    s->current -= v;
+    s->freed += v;
+}
+static inline void gm__stat_pool_inc(gm_stat arr[GM_POOL_COUNT], int pool, int64_t v) {
+    gm__stat_inc(&arr[GM_POOL_ALL], v);
+    gm__stat_inc(&arr[pool], v);
+}
+static inline void gm__stat_pool_dec(gm_stat arr[GM_POOL_COUNT], int pool, int64_t v) {
+    gm__stat_dec(&arr[GM_POOL_ALL], v);
+    gm__stat_dec(&arr[pool], v);
+}
 
 /* ---- blocks ------------------------------------------------------------ */
 

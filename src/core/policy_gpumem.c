@@ -157,14 +157,23 @@ int gm__gp_sync_arena(gp_state *st, gp_arena *a) {
 
 /* ---- size-class cache ------------------------------------------------------ */
 
-static void cached_stats(gp_state *st, gp_block *b, int sign) {
-    gm__stat_pool_add(st->d->stats.inactive_split, b->h.pool, sign);
-    gm__stat_pool_add(st->d->stats.inactive_split_bytes, b->h.pool, sign * (int64_t)b->h.size);
+/* Stats of a block entering / leaving a size-class list or the active set
+ * (every malloc and free: inc/dec, no sign branches). */
+static inline void cached_inc(gp_state *st, const gp_block *b) {
+    gm__stat_pool_inc(st->d->stats.inactive_split, b->h.pool, 1);
+    gm__stat_pool_inc(st->d->stats.inactive_split_bytes, b->h.pool, (int64_t)b->h.size);
 }
-
-static void active_stats(gp_state *st, gp_block *b, int sign) {
-    gm__stat_pool_add(st->d->stats.active, b->h.pool, sign);
-    gm__stat_pool_add(st->d->stats.active_bytes, b->h.pool, sign * (int64_t)b->h.size);
+static inline void cached_dec(gp_state *st, const gp_block *b) {
+    gm__stat_pool_dec(st->d->stats.inactive_split, b->h.pool, 1);
+    gm__stat_pool_dec(st->d->stats.inactive_split_bytes, b->h.pool, (int64_t)b->h.size);
+}
+static inline void active_inc(gp_state *st, const gp_block *b) {
+    gm__stat_pool_inc(st->d->stats.active, b->h.pool, 1);
+    gm__stat_pool_inc(st->d->stats.active_bytes, b->h.pool, (int64_t)b->h.size);
+}
+static inline void active_dec(gp_state *st, const gp_block *b) {
+    gm__stat_pool_dec(st->d->stats.active, b->h.pool, 1);
+    gm__stat_pool_dec(st->d->stats.active_bytes, b->h.pool, (int64_t)b->h.size);
 }
 
 static void block_release(gp_state *st, gp_arena *a, gp_block *b) {
@@ -183,7 +192,7 @@ int gm__gp_flush_quick(gp_state *st) {
                 gp_block *b = a->quick[u];
                 a->quick[u] = b->fnext;
                 b->fnext = NULL;
-                cached_stats(st, b, -1);
+                cached_dec(st, b);
                 block_release(st, a, b);
                 n++;
             }
@@ -255,7 +264,7 @@ static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
         a->quick[units] = b->fnext;
         b->fnext = NULL;
         a->ncached--;
-        cached_stats(st, b, -1);
+        cached_dec(st, b);
         b->state = GP_USED;
     } else {
         rc = place(st, a, units, &b);
@@ -271,7 +280,7 @@ static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
         if (rc) return rc;
         b->h.pool = (uint8_t)pool;
     }
-    active_stats(st, b, +1);
+    active_inc(st, b);
     *out = &b->h;
     return GM_OK;
 }
@@ -280,7 +289,7 @@ static void gp_free(void *state, gm__block_hdr *hdr) {
     gp_state *st = state;
     gp_block *b = (gp_block *)hdr;
     gp_arena *a = st->arenas[b->arena];
-    active_stats(st, b, -1);
+    active_dec(st, b);
     uint64_t units = b->h.size >> GP_ALIGN_SHIFT;
     if (units <= GP_SMALL_UNITS) {
         b->state = GP_CACHED;
@@ -288,7 +297,7 @@ static void gp_free(void *state, gm__block_hdr *hdr) {
         a->quick[units] = b;
         a->ncached++;
         a->dirty = true;
-        cached_stats(st, b, +1);
+        cached_inc(st, b);
         return;
     }
     block_release(st, a, b);
