@@ -670,7 +670,7 @@ static void cl_replay(const char *path, const char *conf, int mode, int every) {
     cl_addrmap m = {calloc(1 << 20, 8), calloc(1 << 20, 8), (1 << 20) - 1};
     assert_non_null(m.k);
     assert_non_null(m.v);
-    char what[300];
+    char what[1400];
     snprintf(what, sizeof what, "%s [%s mode %d]", path, conf ? conf : "", mode);
     for (size_t i = lo; i < hi; i++) {
         const gm_trace_event *e = &t->events[i];

@@ -128,7 +128,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: gpumem demo [--duration SEC] [--device N] [--capacity SIZE] [--model SIZE]\n"
             "                   [--step-ms MS] [--steps N] [--oom-every N] [--label NAME] [--hold SEC]\n"
-            "                   [--config STR]\n"
+            "                   [--config STR] [--seed N]\n"
             "  Synthetic training on the simulated device, published for gpumem smi/top/log/exporter.\n"
             "  --duration SEC  stop after SEC seconds (default: until interrupted)\n"
             "  --device N      simulated device index to use (default 0)\n"
@@ -137,7 +137,8 @@ static void usage(FILE *f) {
             "                  one JSON line and hold them for --hold SEC (default 3600) or until killed\n"
             "  --oom-every N   every N steps ask for more than the device has (an OOM)\n"
             "  --label NAME    the process name the monitors show\n"
-            "  --config STR    allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax (policy:gpumem, ...)\n");
+            "  --config STR    allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax (policy:gpumem, ...)\n"
+            "  --seed N        vary the workload's sizes (default 0: the same run every time)\n");
 }
 
 static bool parse_args(int argc, char **argv, demo *d, double *duration, long *steps, double *hold,
@@ -160,6 +161,7 @@ static bool parse_args(int argc, char **argv, demo *d, double *duration, long *s
         else if (ok && !strcmp(a, "--oom-every")) ok = (d->oom_every = strtol(v, &end, 10)) > 0;
         else if (ok && !strcmp(a, "--hold")) ok = (*hold = strtod(v, &end)) >= 0;
         else if (ok && !strcmp(a, "--label")) *label = v;
+        else if (ok && !strcmp(a, "--seed")) d->rng ^= (uint32_t)strtoul(v, &end, 0);
         else if (ok && !strcmp(a, "--config")) {
             char err[256];
             if (gm_config_parse(&d->cfg, v, err, sizeof err) != GM_OK) {

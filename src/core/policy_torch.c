@@ -155,7 +155,7 @@ static tp_block *get_free_block(tp_state *st, tp_pool *p, gm_stream stream, uint
     uint64_t msp = max_split(st);
     if (size < msp && it->h.size >= msp) return NULL; /* no oversize block for a normal request */
     if (size >= msp && it->h.size >= size + st->cfg->max_non_split_rounding) return NULL;
-    return tp_set_erase(&p->blocks, it) == GM_OK ? it : NULL;
+    return it; /* still in the set: alloc_found_block takes it out or rekeys the remainder */
 }
 
 /* ---- device segments ----------------------------------------------------- */
@@ -345,6 +345,8 @@ static int garbage_collect_cached_blocks(tp_state *st) {
 static tp_block *alloc_found_block(tp_state *st, tp_params *p, int split) {
     gm__device *d = st->d;
     tp_block *b = p->block;
+    /* a cached block is still in its set; without a split it leaves */
+    if (!split && b->in_set == TP_SET_BLOCKS && tp_set_erase(&p->pool->blocks, b) < 0) return NULL;
     int already_split = tp_is_split(b);
     int pool = p->pool_id;
     int plain = !b->seg->expandable;
@@ -364,7 +366,12 @@ static tp_block *alloc_found_block(tp_state *st, tp_params *p, int split) {
         rem->prev = b;
         rem->h.ptr += p->size;
         rem->h.size -= p->size;
-        tp_pool_insert_block(st, p->pool, rem);
+        if (rem->in_set == TP_SET_NONE) {
+            tp_pool_insert_block(st, p->pool, rem);
+        } else { /* the remainder keeps the found block's node when it can */
+            rem->gc_count_base = p->pool->get_free_blocks_call_count;
+            (void)tp_set_rekey(st, &p->pool->blocks, rem);
+        }
         if (plain && already_split) {
             gm__stat_pool_add(d->stats.inactive_split_bytes, pool, -(int64_t)b->h.size);
         } else if (plain) {
@@ -425,9 +432,39 @@ static int tp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
         return gm__set_error(GM_ENOMEM, "torch policy: no memory for %llu bytes (segment of %llu)",
                              (unsigned long long)p.size, (unsigned long long)p.alloc_size);
     tp_block *b = alloc_found_block(st, &p, should_split(st, p.block, p.size));
+    if (!b || tp_misuse(st)) return refuse_if_corrupt(st);
     b->h.requested = size;
     *out = &b->h;
     return GM_OK;
+}
+
+/* free_block's merge of free neighbour src into b: b takes src's node in
+ * the pool set when it has none yet (one rekey, usually in place, instead
+ * of an erase and an insert), else src leaves and b is rekeyed. */
+static uint64_t merge_freed(tp_state *st, tp_block *b, tp_block *src, tp_pool *p) {
+    if (!src || src->allocated || b->mapped != src->mapped) return 0;
+    if (src->in_set != TP_SET_BLOCKS || b->in_set == TP_SET_UNMAPPED) { /* not the usual shape */
+        uint64_t n = tp_try_merge_blocks(st, b, src, p);
+        if (n && b->in_set == TP_SET_BLOCKS) (void)tp_set_rekey(st, &p->blocks, b);
+        return n;
+    }
+    int take = b->in_set == TP_SET_NONE;
+    if (!take && tp_set_erase(&p->blocks, src) < 0) return 0;
+    if (b->prev == src) {
+        b->h.ptr = src->h.ptr;
+        b->prev = src->prev;
+        if (b->prev) b->prev->next = b;
+        else b->seg->head = b;
+    } else {
+        b->next = src->next;
+        if (b->next) b->next->prev = b;
+    }
+    uint64_t absorbed = src->h.size;
+    b->h.size += absorbed;
+    if (take) (void)tp_set_replace(st, &p->blocks, src, b);
+    else (void)tp_set_rekey(st, &p->blocks, b);
+    tp_block_put(st, src);
+    return absorbed;
 }
 
 /* free_block: merge with free neighbours and return to the pool. */
@@ -441,11 +478,12 @@ static void tp_free(void *state, gm__block_hdr *hdr) {
     int64_t net_blocks = 0, net_bytes = 0;
     b->allocated = 0;
     tp_block *prev = b->prev, *next = b->next;
-    uint64_t absorbed = tp_try_merge_blocks(st, b, prev, p);
+    uint64_t absorbed = merge_freed(st, b, prev, p);
     if (absorbed) net_blocks--, net_bytes -= (int64_t)absorbed;
-    absorbed = tp_try_merge_blocks(st, b, next, p);
+    absorbed = merge_freed(st, b, next, p);
     if (absorbed) net_blocks--, net_bytes -= (int64_t)absorbed;
-    tp_pool_insert_block(st, p, b);
+    if (b->in_set == TP_SET_NONE) tp_pool_insert_block(st, p, b);
+    else b->gc_count_base = p->get_free_blocks_call_count; /* as torch's insert stamps it */
     if (tp_is_split(b)) net_blocks++, net_bytes += (int64_t)b->h.size;
     if (!b->seg->expandable) {
         if (net_blocks) gm__stat_pool_add(d->stats.inactive_split, pool, net_blocks);

@@ -23,9 +23,13 @@ typedef struct tp_seg tp_seg;
 /* One block: a piece of a segment, free (in a pool set) or handed out. */
 typedef struct tp_block {
     gm__block_hdr h;              /* ptr, size, stream, pool (+ front end's) */
-    struct tp_block *prev, *next; /* address neighbours in the segment */
-    struct tp_block *child[2];     /* treap links while in a pool set: left, right */
+    /* treap links while in a pool set, next to the key so that a descent
+     * reads one cache line per node: left, right; parent (erase and
+     * successor without a descent from the root) */
+    struct tp_block *child[2];
+    struct tp_block *up;
     uint32_t prio;                /* treap priority */
+    struct tp_block *prev, *next; /* address neighbours in the segment */
     uint8_t allocated;            /* handed out, policy free not yet called */
     uint8_t mapped;               /* backed by memory (false: unmapped VA) */
     uint8_t in_set;               /* TP_SET_NONE / _BLOCKS / _UNMAPPED */
@@ -100,6 +104,13 @@ void tp_set_init(tp_set *s, int by_addr);
  * s->misuse) with nothing changed. */
 int tp_set_insert(tp_state *st, tp_set *s, tp_block *b);
 int tp_set_erase(tp_set *s, tp_block *b);
+/* b is in s and its key was just changed on purpose (a split or a merge):
+ * keep it in place when its neighbours in the order still bracket the new
+ * key, else move it (erase + insert) */
+int tp_set_rekey(tp_state *st, tp_set *s, tp_block *b);
+/* b (in no set) takes old's place in s (links and priority), old leaves;
+ * then b is rekeyed */
+int tp_set_replace(tp_state *st, tp_set *s, tp_block *old, tp_block *b);
 /* total refused operations on the policy's sets: nonzero = corrupt */
 uint64_t tp_misuse(const tp_state *st);
 tp_block *tp_set_first(const tp_set *s);

@@ -145,10 +145,17 @@ static int check_node(const tp_set *set, int pool, const tp_block *t, const char
         return fail(err, errlen, "%s set holds block 0x%llx that does not belong there (in_set %d, "
                     "allocated %d, mapped %d, pool %d)", what, (unsigned long long)t->h.ptr,
                     t->in_set, t->allocated, t->mapped, t->h.pool);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
         if (t->child[i] && t->child[i]->prio > t->prio)
             return fail(err, errlen, "%s set: treap priorities out of order below 0x%llx", what,
                         (unsigned long long)t->h.ptr);
+        if (t->child[i] && t->child[i]->up != t)
+            return fail(err, errlen, "%s set: child of 0x%llx does not link back to it", what,
+                        (unsigned long long)t->h.ptr);
+    }
+    if (t == set->root && t->up)
+        return fail(err, errlen, "%s set: the root 0x%llx has a parent", what,
+                    (unsigned long long)t->h.ptr);
     return GM_OK;
 }
 

@@ -37,12 +37,17 @@ static inline int before(int by_addr, const tp_block *t, const tp_block *b) {
     return before_key(by_addr, t, b->h.stream, b->h.size, b->h.ptr);
 }
 
-/* split t into < key (*l) and >= key (*r) */
-static void split(int by_addr, tp_block *t, const tp_block *key, tp_block **l, tp_block **r) {
+/* split t into < key (*l) and >= key (*r); the roots of both get parent
+ * `owner` (the node whose child slots l and r are) */
+static void split(int by_addr, tp_block *t, const tp_block *key, tp_block *owner, tp_block **l,
+                  tp_block **r) {
     tp_block **side[2] = {r, l}; /* index: t < key */
+    tp_block *own[2] = {owner, owner};
     while (t) {
         int lt = before(by_addr, t, key);
         *side[lt] = t;
+        t->up = own[lt];
+        own[lt] = t;
         side[lt] = &t->child[lt];
         t = t->child[lt];
     }
@@ -50,21 +55,27 @@ static void split(int by_addr, tp_block *t, const tp_block *key, tp_block **l, t
     *side[1] = NULL;
 }
 
-/* every key of a < every key of b */
-static tp_block *merge(tp_block *a, tp_block *b) {
+/* every key of a < every key of b; the result's root gets parent up */
+static tp_block *merge(tp_block *a, tp_block *b, tp_block *up) {
     tp_block *root = NULL, **link = &root;
     while (a && b) {
         if (a->prio > b->prio) {
             *link = a;
+            a->up = up;
+            up = a;
             link = &a->child[1];
             a = a->child[1];
         } else {
             *link = b;
+            b->up = up;
+            up = b;
             link = &b->child[0];
             b = b->child[0];
         }
     }
-    *link = a ? a : b;
+    tp_block *rest = a ? a : b;
+    *link = rest;
+    if (rest) rest->up = up;
     return root;
 }
 
@@ -86,37 +97,91 @@ int tp_set_insert(tp_state *st, tp_set *s, tp_block *b) {
         return GM_ESTATE;
     }
     b->prio = next_prio(st);
-    tp_block **link = &s->root;
+    tp_block **link = &s->root, *up = NULL;
     /* descend while the nodes outrank the new one, then split below it */
-    while (*link && (*link)->prio >= b->prio) link = &(*link)->child[before(s->by_addr, *link, b)];
-    split(s->by_addr, *link, b, &b->child[0], &b->child[1]);
+    while (*link && (*link)->prio >= b->prio) {
+        up = *link;
+        link = &up->child[before(s->by_addr, up, b)];
+    }
+    split(s->by_addr, *link, b, b, &b->child[0], &b->child[1]);
     *link = b;
+    b->up = up;
     b->in_set = set_kind(s);
     s->count++;
     return GM_OK;
 }
 
+/* Is b linked where its key says, relative to its parent and children?
+ * Catches a key changed while b is in a set, or b in another set of the
+ * same kind, before unlinking it breaks the tree further. */
+static int linked_in_order(const tp_set *s, const tp_block *b, tp_block *const *link) {
+    if (*link != b) return 0;
+    if (b->up && before(s->by_addr, b->up, b) != (b->up->child[1] == b)) return 0;
+    if (b->child[0] && !before(s->by_addr, b->child[0], b)) return 0;
+    return !b->child[1] || before(s->by_addr, b, b->child[1]);
+}
+
 int tp_set_erase(tp_set *s, tp_block *b) {
-    if (b->in_set != set_kind(s)) {
+    tp_block **link = b->up ? &b->up->child[b->up->child[1] == b] : &s->root;
+    if (b->in_set != set_kind(s) || !linked_in_order(s, b, link)) {
         s->misuse++;
         return GM_ESTATE;
     }
-    tp_block **link = &s->root;
-    while (*link != b) {
-        /* not where its key leads: the key changed while b was in the set,
-         * or b is in the other pool's set; unlinking nothing keeps the tree
-         * a tree */
-        if (!*link) {
-            s->misuse++;
-            return GM_ESTATE;
-        }
-        link = &(*link)->child[before(s->by_addr, *link, b)];
-    }
-    *link = merge(b->child[0], b->child[1]);
-    b->child[0] = b->child[1] = NULL;
+    /* no search: the parent link leads straight to b's slot */
+    *link = merge(b->child[0], b->child[1], b->up);
+    b->child[0] = b->child[1] = b->up = NULL;
     b->in_set = TP_SET_NONE;
     s->count--;
     return GM_OK;
+}
+
+static tp_block *pred_of(tp_block *b) {
+    if (b->child[0]) {
+        tp_block *t = b->child[0];
+        while (t->child[1]) t = t->child[1];
+        return t;
+    }
+    while (b->up && b->up->child[0] == b) b = b->up;
+    return b->up;
+}
+
+static tp_block **link_to(tp_set *s, tp_block *b) {
+    return b->up ? &b->up->child[b->up->child[1] == b] : &s->root;
+}
+
+int tp_set_rekey(tp_state *st, tp_set *s, tp_block *b) {
+    tp_block **link = link_to(s, b);
+    if (b->in_set != set_kind(s) || *link != b) {
+        s->misuse++;
+        return GM_ESTATE;
+    }
+    const tp_block *l = pred_of(b), *r = tp_set_next(s, b);
+    if ((!l || before(s->by_addr, l, b)) && (!r || before(s->by_addr, b, r))) return GM_OK;
+    *link = merge(b->child[0], b->child[1], b->up);
+    b->child[0] = b->child[1] = b->up = NULL;
+    b->in_set = TP_SET_NONE;
+    s->count--;
+    return tp_set_insert(st, s, b);
+}
+
+int tp_set_replace(tp_state *st, tp_set *s, tp_block *old, tp_block *b) {
+    tp_block **link = link_to(s, old);
+    if (old->in_set != set_kind(s) || *link != old || b->in_set != TP_SET_NONE) {
+        s->misuse++;
+        return GM_ESTATE;
+    }
+    *link = b;
+    b->up = old->up;
+    b->prio = old->prio;
+    for (int i = 0; i < 2; i++) {
+        b->child[i] = old->child[i];
+        if (b->child[i]) b->child[i]->up = b;
+        old->child[i] = NULL;
+    }
+    old->up = NULL;
+    old->in_set = TP_SET_NONE;
+    b->in_set = set_kind(s);
+    return tp_set_rekey(st, s, b);
 }
 
 uint64_t tp_misuse(const tp_state *st) {
@@ -152,19 +217,15 @@ tp_block *tp_set_below(const tp_set *s, gm_stream stream, uint64_t size, gm_devp
 }
 
 tp_block *tp_set_next(const tp_set *s, const tp_block *b) {
+    (void)s;
     if (b->child[1]) {
         tp_block *t = b->child[1];
         while (t->child[0]) t = t->child[0];
         return t;
     }
-    /* smallest node after b: b is in the set, so descend towards it */
-    tp_block *t = s->root, *best = NULL;
-    while (t != b) {
-        int lt = before(s->by_addr, t, b);
-        best = lt ? best : t;
-        t = t->child[lt];
-    }
-    return best;
+    /* up past the ancestors whose right subtree b is in */
+    while (b->up && b->up->child[1] == b) b = b->up;
+    return b->up;
 }
 
 /* ---- block structs ---- */
