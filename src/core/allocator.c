@@ -77,14 +77,11 @@ static int device_create(gm_allocator *a, int index, gm__device **out) {
     return GM_OK;
 }
 
-static int get_device(gm_allocator *a, int device, gm__device **out) {
+static int get_device_slow(gm_allocator *a, int device, gm__device **out) {
+    *out = NULL;
     if (device < 0 || device >= a->ndevices)
         return gm__set_error(GM_EDEVICE, "device %d out of range (backend has %d)", device, a->ndevices);
-    gm__device *d = dev_peek(a, device);
-    if (d) {
-        *out = d;
-        return GM_OK;
-    }
+    gm__device *d;
     int rc = GM_OK;
     pthread_mutex_lock(&a->devices_lock);
     d = a->devices[device];
@@ -93,6 +90,18 @@ static int get_device(gm_allocator *a, int device, gm__device **out) {
     pthread_mutex_unlock(&a->devices_lock);
     *out = d;
     return rc;
+}
+
+/* Inline: every malloc asks, and the device almost always exists. */
+static inline int get_device(gm_allocator *a, int device, gm__device **out) {
+    if ((unsigned)device < (unsigned)a->ndevices) {
+        gm__device *d = dev_peek(a, device);
+        if (d) {
+            *out = d;
+            return GM_OK;
+        }
+    }
+    return get_device_slow(a, device, out);
 }
 
 /* Resolve `device` (-1 = every created device) into a list. */
@@ -252,8 +261,9 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
     return GM_OK;
 }
 
-/* Find the device holding live block `ptr` and return it locked, or NULL. */
-static gm__device *lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **out) {
+/* Find the device holding live block `ptr` and return it locked, or NULL;
+ * *slot is where its pointer map holds it (valid while the lock is held). */
+static gm__device *lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **out, uint64_t *slot) {
     for (int i = 0; i < a->ndevices; i++) {
         gm__device *d = dev_peek(a, i);
         if (!d) continue;
@@ -262,9 +272,10 @@ static gm__device *lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **ou
             ptr >= atomic_load_explicit(&fe->hi, memory_order_acquire))
             continue;
         pthread_mutex_lock(&d->lock);
-        gm__block_hdr *b = gm__ptrmap_find(&fe->map, ptr);
-        if (b) {
-            *out = b;
+        uint64_t i = gm__ptrmap_slot(&fe->map, ptr);
+        if (i != UINT64_MAX) {
+            *out = fe->map.slots[i].block;
+            *slot = i;
             return d;
         }
         pthread_mutex_unlock(&d->lock);
@@ -306,10 +317,13 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
     if (!a) return gm__set_error(GM_EINVAL, "gm_free: NULL allocator");
     if (ptr == 0) return GM_OK; /* like free(NULL) and torch's size-0 tensors */
     gm__block_hdr *b;
-    gm__device *d = lock_owner(a, ptr, &b);
+    uint64_t slot;
+    gm__device *d = lock_owner(a, ptr, &b, &slot);
     if (!d) return classify_unknown(a, ptr, "gm_free");
     gm__fe_dev *fe = d->fe;
-    if (b->uses && b->uses->n) {
+    struct gm__stream_uses *u = b->uses;
+    bool wait = u && u->n; /* used on other streams: events first */
+    if (wait) {
         /* record first: if that fails the block stays live and unchanged */
         int rc = gm__events_record(d, b);
         if (rc != GM_OK) {
@@ -317,11 +331,11 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
             return gm__set_error(rc, "gm_free: recording a stream event failed: %s", gm_strerror(rc));
         }
     }
-    gm__ptrmap_remove(&fe->map, ptr);
+    gm__ptrmap_remove_at(&fe->map, slot);
     b->live = 0;
     account_free(d, b); /* request-level stats drop at free time, like torch */
-    if (!b->uses || !b->uses->n) {
-        gm__uses_free(b);
+    if (!wait) {
+        if (u) gm__uses_free(b);
         d->pops->free(d->pstate, b);
     }
     publish(d);
@@ -333,7 +347,8 @@ int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream) {
     if (!a) return gm__set_error(GM_EINVAL, "gm_record_stream: NULL allocator");
     if (ptr == 0) return GM_OK;
     gm__block_hdr *b;
-    gm__device *d = lock_owner(a, ptr, &b);
+    uint64_t slot;
+    gm__device *d = lock_owner(a, ptr, &b, &slot);
     if (!d) return classify_unknown(a, ptr, "gm_record_stream");
     int rc = GM_OK;
     if (stream != b->stream) rc = gm__uses_add(b, stream); /* own stream: nothing to wait for */

@@ -26,13 +26,59 @@ typedef struct gm__ptrmap {
 
 int gm__ptrmap_init(gm__ptrmap *m);
 void gm__ptrmap_free(gm__ptrmap *m);
+/* Double the table (gm__ptrmap_reserve's slow path). */
+int gm__ptrmap_grow(gm__ptrmap *m);
+/* Empty slot i, pulling later entries of its chain back (ptrmap.c). */
+void gm__ptrmap_remove_at(gm__ptrmap *m, uint64_t i);
+
+/* The lookups are inline: every malloc inserts and every free looks up and
+ * removes. Blocks are >= 512-byte aligned: drop those bits, then Fibonacci
+ * hash. */
+static inline uint64_t gm__ptrmap_home(const gm__ptrmap *m, gm_devptr key) {
+    return ((key >> 9) * 0x9E3779B97F4A7C15ull) >> m->shift;
+}
+
 /* Make room for one more entry (the only call that may allocate). */
-int gm__ptrmap_reserve(gm__ptrmap *m);
+static inline int gm__ptrmap_reserve(gm__ptrmap *m) {
+    if ((m->count + 1) * 2 <= m->mask + 1) return GM_OK; /* load <= 1/2 */
+    return gm__ptrmap_grow(m);
+}
+
 /* Insert after gm__ptrmap_reserve succeeded: cannot fail. */
-void gm__ptrmap_insert(gm__ptrmap *m, gm__block_hdr *b);
-gm__block_hdr *gm__ptrmap_find(const gm__ptrmap *m, gm_devptr key);
+static inline void gm__ptrmap_insert(gm__ptrmap *m, gm__block_hdr *b) {
+    uint64_t i = gm__ptrmap_home(m, b->ptr);
+    while (m->slots[i].key) i = (i + 1) & m->mask;
+    m->slots[i].key = b->ptr;
+    m->slots[i].block = b;
+    m->count++;
+}
+
+/* The slot holding key (never 0), or UINT64_MAX. */
+static inline uint64_t gm__ptrmap_slot(const gm__ptrmap *m, gm_devptr key) {
+    uint64_t i = gm__ptrmap_home(m, key);
+    for (;;) {
+        gm_devptr k = m->slots[i].key;
+        if (k == key) return i;
+        if (!k) return UINT64_MAX;
+        i = (i + 1) & m->mask;
+    }
+}
+
+static inline gm__block_hdr *gm__ptrmap_find(const gm__ptrmap *m, gm_devptr key) {
+    if (!key) return NULL;
+    uint64_t i = gm__ptrmap_slot(m, key);
+    return i == UINT64_MAX ? NULL : m->slots[i].block;
+}
+
 /* Remove key if present; returns the block or NULL. */
-gm__block_hdr *gm__ptrmap_remove(gm__ptrmap *m, gm_devptr key);
+static inline gm__block_hdr *gm__ptrmap_remove(gm__ptrmap *m, gm_devptr key) {
+    if (!key) return NULL;
+    uint64_t i = gm__ptrmap_slot(m, key);
+    if (i == UINT64_MAX) return NULL;
+    gm__block_hdr *b = m->slots[i].block;
+    gm__ptrmap_remove_at(m, i);
+    return b;
+}
 
 /* ---- record_stream bookkeeping -------------------------------------------- */
 

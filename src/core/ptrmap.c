@@ -2,17 +2,12 @@
  * the device lock. gm_free gets only a pointer, so this lookup is on the hot
  * path of every free: open addressing with linear probing keeps it to one or
  * two cache lines, and backward-shift deletion keeps probe chains short
- * without tombstones. */
+ * without tombstones. The lookups themselves are inline in frontend.h. */
 #include "frontend.h"
 
 #include <stdlib.h>
 
 #define PM_INITIAL_BITS 10
-
-static uint64_t pm_hash(gm_devptr key, int shift) {
-    /* blocks are >= 512-byte aligned: drop those bits, then Fibonacci hash */
-    return ((key >> 9) * 0x9E3779B97F4A7C15ull) >> shift;
-}
 
 static int pm_alloc(gm__ptrmap *m, int bits) {
     m->slots = calloc((size_t)1 << bits, sizeof *m->slots);
@@ -31,8 +26,7 @@ void gm__ptrmap_free(gm__ptrmap *m) {
     m->count = 0;
 }
 
-int gm__ptrmap_reserve(gm__ptrmap *m) {
-    if ((m->count + 1) * 2 <= m->mask + 1) return GM_OK; /* load <= 1/2 */
+int gm__ptrmap_grow(gm__ptrmap *m) {
     gm__ptrmap old = *m;
     if (pm_alloc(m, 64 - old.shift + 1) != GM_OK) {
         *m = old;
@@ -44,38 +38,12 @@ int gm__ptrmap_reserve(gm__ptrmap *m) {
     return GM_OK;
 }
 
-void gm__ptrmap_insert(gm__ptrmap *m, gm__block_hdr *b) {
-    uint64_t i = pm_hash(b->ptr, m->shift);
-    while (m->slots[i].key) i = (i + 1) & m->mask;
-    m->slots[i].key = b->ptr;
-    m->slots[i].block = b;
-    m->count++;
-}
-
-gm__block_hdr *gm__ptrmap_find(const gm__ptrmap *m, gm_devptr key) {
-    if (!key) return NULL;
-    uint64_t i = pm_hash(key, m->shift);
-    for (;;) {
-        gm_devptr k = m->slots[i].key;
-        if (k == key) return m->slots[i].block;
-        if (!k) return NULL;
-        i = (i + 1) & m->mask;
-    }
-}
-
-gm__block_hdr *gm__ptrmap_remove(gm__ptrmap *m, gm_devptr key) {
-    if (!key) return NULL;
-    uint64_t i = pm_hash(key, m->shift);
-    while (m->slots[i].key != key) {
-        if (!m->slots[i].key) return NULL;
-        i = (i + 1) & m->mask;
-    }
-    gm__block_hdr *b = m->slots[i].block;
+void gm__ptrmap_remove_at(gm__ptrmap *m, uint64_t i) {
     /* backward shift: pull later entries of the chain into the hole when
      * their home slot is not between the hole and their position */
     uint64_t hole = i;
     for (uint64_t j = (i + 1) & m->mask; m->slots[j].key; j = (j + 1) & m->mask) {
-        uint64_t home = pm_hash(m->slots[j].key, m->shift);
+        uint64_t home = gm__ptrmap_home(m, m->slots[j].key);
         if (((j - home) & m->mask) >= ((j - hole) & m->mask)) {
             m->slots[hole] = m->slots[j];
             hole = j;
@@ -84,5 +52,4 @@ gm__block_hdr *gm__ptrmap_remove(gm__ptrmap *m, gm_devptr key) {
     m->slots[hole].key = 0;
     m->slots[hole].block = NULL;
     m->count--;
-    return b;
 }
