@@ -370,7 +370,7 @@ static tp_block *alloc_found_block(tp_state *st, tp_params *p, int split) {
             tp_pool_insert_block(st, p->pool, rem);
         } else { /* the remainder keeps the found block's node when it can */
             rem->gc_count_base = p->pool->get_free_blocks_call_count;
-            (void)tp_set_rekey(st, &p->pool->blocks, rem);
+            (void)tp_set_rekey(st, &p->pool->blocks, rem, -1); /* smaller size, same stream */
         }
         if (plain && already_split) {
             gm__stat_pool_add(d->stats.inactive_split_bytes, pool, -(int64_t)b->h.size);
@@ -445,7 +445,7 @@ static uint64_t merge_freed(tp_state *st, tp_block *b, tp_block *src, tp_pool *p
     if (!src || src->allocated || b->mapped != src->mapped) return 0;
     if (src->in_set != TP_SET_BLOCKS || b->in_set == TP_SET_UNMAPPED) { /* not the usual shape */
         uint64_t n = tp_try_merge_blocks(st, b, src, p);
-        if (n && b->in_set == TP_SET_BLOCKS) (void)tp_set_rekey(st, &p->blocks, b);
+        if (n && b->in_set == TP_SET_BLOCKS) (void)tp_set_rekey(st, &p->blocks, b, 1);
         return n;
     }
     int take = b->in_set == TP_SET_NONE;
@@ -462,7 +462,7 @@ static uint64_t merge_freed(tp_state *st, tp_block *b, tp_block *src, tp_pool *p
     uint64_t absorbed = src->h.size;
     b->h.size += absorbed;
     if (take) (void)tp_set_replace(st, &p->blocks, src, b);
-    else (void)tp_set_rekey(st, &p->blocks, b);
+    else (void)tp_set_rekey(st, &p->blocks, b, 1); /* larger size, same stream */
     tp_block_put(st, src);
     return absorbed;
 }

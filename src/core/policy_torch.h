@@ -106,10 +106,11 @@ int tp_set_insert(tp_state *st, tp_set *s, tp_block *b);
 int tp_set_erase(tp_set *s, tp_block *b);
 /* b is in s and its key was just changed on purpose (a split or a merge):
  * keep it in place when its neighbours in the order still bracket the new
- * key, else move it (erase + insert) */
-int tp_set_rekey(tp_state *st, tp_set *s, tp_block *b);
+ * key, else move it (erase + insert). dir: <0 the key only decreased, >0
+ * it only increased, 0 unknown. */
+int tp_set_rekey(tp_state *st, tp_set *s, tp_block *b, int dir);
 /* b (in no set) takes old's place in s (links and priority), old leaves;
- * then b is rekeyed */
+ * then b is rekeyed; b's key must be greater than old's (b absorbed old) */
 int tp_set_replace(tp_state *st, tp_set *s, tp_block *old, tp_block *b);
 /* total refused operations on the policy's sets: nonzero = corrupt */
 uint64_t tp_misuse(const tp_state *st);

@@ -149,13 +149,15 @@ static tp_block **link_to(tp_set *s, tp_block *b) {
     return b->up ? &b->up->child[b->up->child[1] == b] : &s->root;
 }
 
-int tp_set_rekey(tp_state *st, tp_set *s, tp_block *b) {
+int tp_set_rekey(tp_state *st, tp_set *s, tp_block *b, int dir) {
     tp_block **link = link_to(s, b);
     if (b->in_set != set_kind(s) || *link != b) {
         s->misuse++;
         return GM_ESTATE;
     }
-    const tp_block *l = pred_of(b), *r = tp_set_next(s, b);
+    /* a key that only went down (up) can only have passed its predecessor
+     * (successor): look at that side alone */
+    const tp_block *l = dir > 0 ? NULL : pred_of(b), *r = dir < 0 ? NULL : tp_set_next(s, b);
     if ((!l || before(s->by_addr, l, b)) && (!r || before(s->by_addr, b, r))) return GM_OK;
     *link = merge(b->child[0], b->child[1], b->up);
     b->child[0] = b->child[1] = b->up = NULL;
@@ -181,7 +183,7 @@ int tp_set_replace(tp_state *st, tp_set *s, tp_block *old, tp_block *b) {
     old->up = NULL;
     old->in_set = TP_SET_NONE;
     b->in_set = set_kind(s);
-    return tp_set_rekey(st, s, b);
+    return tp_set_rekey(st, s, b, 1);
 }
 
 uint64_t tp_misuse(const tp_state *st) {
