@@ -89,29 +89,68 @@ static gp_block *best_fit(gp_arena *a, uint64_t bytes) {
 
 /* ---- granules ------------------------------------------------------------ */
 
-/* Add delta to the live count of every chunk under [p, p+bytes); chunks that
- * become idle or stop being idle move between lists. */
+/* touch_inc / touch_dec: add 1 to / take 1 from the live count of every
+ * chunk under [p, p+bytes); chunks that become idle or stop being idle move
+ * in or out of their idle list. */
 static void chunk_list_del(gp_state *st, int32_t i);
 static void chunk_list_add(gp_state *st, int32_t i, uint8_t list);
 
-static void touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int delta) {
+/* The idle list of chunk c's order: what touch() moves chunks in and out
+ * of, once per granule of every large block allocated or freed, so it is
+ * chunk_list_add/del without the list choice. */
+static inline void idle_add(gp_state *st, int32_t i, gp_chunk *c) {
+    unsigned o = gm__gp_order(c->n);
+    int32_t t = st->idle_tail[o];
+    c->list = GP_LIST_IDLE;
+    c->lnext = -1;
+    c->lprev = t;
+    if (t >= 0) st->chunks[t].lnext = i;
+    else st->idle[o] = i;
+    st->idle_tail[o] = i;
+}
+
+static inline void idle_del(gp_state *st, gp_chunk *c) {
+    unsigned o = gm__gp_order(c->n);
+    if (c->lprev >= 0) st->chunks[c->lprev].lnext = c->lnext;
+    else st->idle[o] = c->lnext;
+    if (c->lnext >= 0) st->chunks[c->lnext].lprev = c->lprev;
+    else st->idle_tail[o] = c->lprev;
+    c->list = GP_LIST_NONE;
+    c->lprev = c->lnext = -1;
+}
+
+static void touch_inc(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
     uint64_t g = (p - a->base) >> st->gshift;
     uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;
+    uint64_t live = st->live_gran;
     while (g <= ge) {
         int32_t i = a->gran[g];
         gp_chunk *c = &st->chunks[i];
-        if (delta > 0) {
-            if (c->live++ == 0) {
-                chunk_list_del(st, i);
-                st->live_gran += c->n;
-                if (st->live_gran > st->peak_live_gran) st->peak_live_gran = st->live_gran;
-            }
-        } else if (--c->live == 0) {
-            chunk_list_add(st, i, GP_LIST_IDLE);
-            st->live_gran -= c->n;
+        if (c->live++ == 0) {
+            if (c->list == GP_LIST_IDLE) idle_del(st, c);
+            else chunk_list_del(st, i); /* any other list (none, in practice) */
+            live += c->n;
+            if (live > st->peak_live_gran) st->peak_live_gran = live;
         }
         g = (uint64_t)(c->g0 + (int64_t)c->n);
     }
+    st->live_gran = live;
+}
+
+static void touch_dec(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
+    uint64_t g = (p - a->base) >> st->gshift;
+    uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;
+    uint64_t live = st->live_gran;
+    while (g <= ge) {
+        int32_t i = a->gran[g];
+        gp_chunk *c = &st->chunks[i];
+        if (--c->live == 0) {
+            idle_add(st, i, c);
+            live -= c->n;
+        }
+        g = (uint64_t)(c->g0 + (int64_t)c->n);
+    }
+    st->live_gran = live;
 }
 
 /* ---- chunk lists ----------------------------------------------------------- */
@@ -614,7 +653,7 @@ static int carve(gp_state *st, gp_arena *a, gp_block *r, gm_devptr p, uint64_t b
         link_after(b, tail);
         free_insert(st, a, tail);
     }
-    touch(st, a, p, bytes, +1);
+    touch_inc(st, a, p, bytes);
     *out = b;
     return GM_OK;
 }
@@ -637,7 +676,7 @@ int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
 }
 
 void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b) {
-    touch(st, a, b->h.ptr, b->h.size, -1);
+    touch_dec(st, a, b->h.ptr, b->h.size);
     b->state = GP_FREE;
     gp_block *p = b->prev, *n = b->next;
     if (p && p->state == GP_FREE) {
