@@ -10,7 +10,8 @@
 #
 # $OUT (default /tmp/gpumem-out) gets at most four files: table.txt,
 # results.json, logs.tgz (every step's log, stacks of hung steps included)
-# and run.txt (this script's output). The device returns only a few files,
+# and run.txt (this script's output). GPUMEM_ONLY=step,step runs only those
+# orchestrate.py steps (names in orchestrate.py, e.g. multi,replay-gpumem-native). The device returns only a few files,
 # so nothing else is written there.
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -98,5 +99,6 @@ echo "== tests and benchmarks (budget ${BUDGET}s)"
 # the hard stop is a little later than the budget: orchestrate stops starting
 # steps in time and prints its table; this only catches orchestrate itself hanging
 timeout -k 5 $(( BUDGET + 20 )) python3 "$SRC/tests/gpu/orchestrate.py" --build "$BUILD" --out "$OUT" \
-  --logs "$LOGS" --traces "$TRACES" --budget "$BUDGET" | tee "$LOGS/orchestrate.log"
+  --logs "$LOGS" --traces "$TRACES" --budget "$BUDGET" ${GPUMEM_ONLY:+--only "$GPUMEM_ONLY"} \
+  | tee "$LOGS/orchestrate.log"
 exit "${PIPESTATUS[0]}"
