@@ -20,6 +20,7 @@ tars them into OUT/logs.tgz).
 import argparse
 import glob
 import json
+import re
 import os
 import shutil
 import signal
@@ -232,9 +233,11 @@ def step_multi_gpu(a):
     rc, text = run(a, "multi_gpu", [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                     "--nproc_per_node=2", "tests/gpu/multi_gpu.py"], 120,
                    env={"NCCL_NVLS_ENABLE": "0", "TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "GPUMEM_CONF": "policy:gpumem"})
-    oks = [l for l in text.splitlines() if " OK {" in l]
-    row("multi", "2-GPU NCCL all-reduce + DDP", "PASS" if rc == 0 and len(oks) == 2 else "FAIL",
-        ("; ".join(l.split(" OK ")[1] for l in oks) if oks else tail(text, 3))[:300])
+    # the two ranks share stdout, so their lines can run together: match, don't split
+    oks = re.findall(r"RANK (\d+) OK (\{[^}]*\})", text)
+    ranks = {r for r, _ in oks}
+    row("multi", "2-GPU NCCL all-reduce + DDP", "PASS" if rc == 0 and ranks == {"0", "1"} else "FAIL",
+        ("; ".join("rank %s %s" % o for o in oks) if oks else tail(text, 3))[:300])
 
 
 def convert_traces(a):
