@@ -19,6 +19,8 @@
 /* Set the calling thread's gm_last_error_detail() text; returns status. */
 int gm__set_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void gm__clear_error(void);
+/* For `check` ops: write the broken invariant into err; returns GM_ESTATE. */
+int gm__check_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ---- statistics helpers (caller holds the device lock) ------------------ */
 

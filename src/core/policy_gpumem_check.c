@@ -4,19 +4,8 @@
  * device allocation per block, small blocks cached by size class. */
 #include "policy_gpumem.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return GM_ESTATE;
-}
 
 typedef struct gp_count {
     int64_t active[GM_POOL_COUNT], active_bytes[GM_POOL_COUNT];
@@ -35,24 +24,24 @@ static int check_arena(gp_state *st, gp_arena *a, uint32_t *live, gp_count *cnt,
     uint64_t nfree = 0;
     const gp_block *prev = NULL;
     for (const gp_block *b = a->head; b; prev = b, b = b->next) {
-        if (b->prev != prev) return fail(err, errlen, "arena %d: broken address list at 0x%llx", a->index, (unsigned long long)b->h.ptr);
+        if (b->prev != prev) return gm__check_fail(err, errlen, "arena %d: broken address list at 0x%llx", a->index, (unsigned long long)b->h.ptr);
         if (b->h.ptr != at || b->h.size == 0 || (b->h.size & (GP_ALIGN - 1)))
-            return fail(err, errlen, "arena %d: block 0x%llx+%llu overlaps or leaves a gap (expected 0x%llx)", a->index,
+            return gm__check_fail(err, errlen, "arena %d: block 0x%llx+%llu overlaps or leaves a gap (expected 0x%llx)", a->index,
                         (unsigned long long)b->h.ptr, (unsigned long long)b->h.size, (unsigned long long)at);
-        if (b->arena != (uint16_t)a->index) return fail(err, errlen, "block 0x%llx in wrong arena", (unsigned long long)b->h.ptr);
+        if (b->arena != (uint16_t)a->index) return gm__check_fail(err, errlen, "block 0x%llx in wrong arena", (unsigned long long)b->h.ptr);
         at += b->h.size;
         if (b->state == GP_FREE) {
             nfree++;
-            if (prev && prev->state == GP_FREE) return fail(err, errlen, "arena %d: adjacent free ranges at 0x%llx not coalesced", a->index, (unsigned long long)b->h.ptr);
-            if (b->bin != gm__gp_bin_of(b->h.size >> GP_ALIGN_SHIFT)) return fail(err, errlen, "free range 0x%llx in wrong bin", (unsigned long long)b->h.ptr);
-            if (b->split_cnt != (b->next != NULL)) return fail(err, errlen, "free range 0x%llx split count wrong", (unsigned long long)b->h.ptr);
+            if (prev && prev->state == GP_FREE) return gm__check_fail(err, errlen, "arena %d: adjacent free ranges at 0x%llx not coalesced", a->index, (unsigned long long)b->h.ptr);
+            if (b->bin != gm__gp_bin_of(b->h.size >> GP_ALIGN_SHIFT)) return gm__check_fail(err, errlen, "free range 0x%llx in wrong bin", (unsigned long long)b->h.ptr);
+            if (b->split_cnt != (b->next != NULL)) return gm__check_fail(err, errlen, "free range 0x%llx split count wrong", (unsigned long long)b->h.ptr);
             if (b->split_cnt) {
                 count_add(cnt->split, a->pool, 1);
                 count_add(cnt->split_bytes, a->pool, (int64_t)b->h.size);
             }
             continue;
         }
-        if (b->state != GP_USED && b->state != GP_CACHED) return fail(err, errlen, "block 0x%llx has bad state", (unsigned long long)b->h.ptr);
+        if (b->state != GP_USED && b->state != GP_CACHED) return gm__check_fail(err, errlen, "block 0x%llx has bad state", (unsigned long long)b->h.ptr);
         if (b->state == GP_USED) {
             count_add(cnt->active, b->h.pool, 1);
             count_add(cnt->active_bytes, b->h.pool, (int64_t)b->h.size);
@@ -61,26 +50,26 @@ static int check_arena(gp_state *st, gp_arena *a, uint32_t *live, gp_count *cnt,
         uint64_t ge = (b->h.ptr - a->base + b->h.size - 1) >> st->gshift;
         while (g <= ge) {
             int32_t c = a->gran[g];
-            if (c < 0) return fail(err, errlen, "live block 0x%llx+%llu touches unmapped granule %llu", (unsigned long long)b->h.ptr, (unsigned long long)b->h.size, (unsigned long long)g);
+            if (c < 0) return gm__check_fail(err, errlen, "live block 0x%llx+%llu touches unmapped granule %llu", (unsigned long long)b->h.ptr, (unsigned long long)b->h.size, (unsigned long long)g);
             live[c]++;
             g = (uint64_t)(st->chunks[c].g0 + (int64_t)st->chunks[c].n);
         }
     }
-    if (at != a->base + a->va_size) return fail(err, errlen, "arena %d: blocks do not cover the range", a->index);
+    if (at != a->base + a->va_size) return gm__check_fail(err, errlen, "arena %d: blocks do not cover the range", a->index);
     uint64_t inbins = 0;
     for (unsigned k = 0; k < GP_NBINS; k++) {
         bool bit = (a->bitmap[k >> 6] >> (k & 63)) & 1;
-        if (bit != (a->bins[k] != NULL)) return fail(err, errlen, "arena %d: bin bitmap wrong at %u", a->index, k);
+        if (bit != (a->bins[k] != NULL)) return gm__check_fail(err, errlen, "arena %d: bin bitmap wrong at %u", a->index, k);
         for (const gp_block *f = a->bins[k]; f; f = f->fnext, inbins++)
-            if (f->state != GP_FREE || f->bin != k) return fail(err, errlen, "arena %d: bin %u holds a non-free block", a->index, k);
+            if (f->state != GP_FREE || f->bin != k) return gm__check_fail(err, errlen, "arena %d: bin %u holds a non-free block", a->index, k);
     }
-    if (inbins != nfree) return fail(err, errlen, "arena %d: %llu free ranges but %llu in bins", a->index, (unsigned long long)nfree, (unsigned long long)inbins);
+    if (inbins != nfree) return gm__check_fail(err, errlen, "arena %d: %llu free ranges but %llu in bins", a->index, (unsigned long long)nfree, (unsigned long long)inbins);
     for (uint64_t g = 0; g < a->ngran; g++) {
         int32_t c = a->gran[g];
         if (c < 0) continue;
         const gp_chunk *ch = &st->chunks[c];
         if (!ch->inuse || ch->arena != a->index || (int64_t)g < ch->g0 || (int64_t)g >= ch->g0 + (int64_t)ch->n)
-            return fail(err, errlen, "arena %d: granule %llu maps to a chunk elsewhere", a->index, (unsigned long long)g);
+            return gm__check_fail(err, errlen, "arena %d: granule %llu maps to a chunk elsewhere", a->index, (unsigned long long)g);
     }
     return GM_OK;
 }
@@ -90,12 +79,12 @@ static int check_quick(gp_state *st, gp_arena *a, gp_count *cnt, char *err, size
     for (unsigned u = 0; u <= GP_SMALL_UNITS; u++) {
         for (const gp_block *b = a->quick[u]; b; b = b->fnext, n++) {
             if (b->state != GP_CACHED || b->h.size != (uint64_t)u << GP_ALIGN_SHIFT)
-                return fail(err, errlen, "cached block 0x%llx in wrong size class", (unsigned long long)b->h.ptr);
+                return gm__check_fail(err, errlen, "cached block 0x%llx in wrong size class", (unsigned long long)b->h.ptr);
             count_add(cnt->split, b->h.pool, 1);
             count_add(cnt->split_bytes, b->h.pool, (int64_t)b->h.size);
         }
     }
-    if (n != a->ncached) return fail(err, errlen, "arena %d: %llu cached blocks, counter says %llu", a->index, (unsigned long long)n, (unsigned long long)a->ncached);
+    if (n != a->ncached) return gm__check_fail(err, errlen, "arena %d: %llu cached blocks, counter says %llu", a->index, (unsigned long long)n, (unsigned long long)a->ncached);
     return GM_OK;
 }
 
@@ -108,29 +97,29 @@ static int check_chunks(gp_state *st, const uint32_t *live, char *err, size_t er
         held += c->n << st->gshift;
         count_add(pheld, c->pool, (int64_t)(c->n << st->gshift));
         count_add(nseg, c->pool, 1);
-        if (c->arena >= 0 && st->arenas[c->arena]->pool != c->pool) return fail(err, errlen, "chunk %d counted in the wrong pool", i);
-        if (c->live != live[i]) return fail(err, errlen, "chunk %d: live count %u, recount %u", i, c->live, live[i]);
+        if (c->arena >= 0 && st->arenas[c->arena]->pool != c->pool) return gm__check_fail(err, errlen, "chunk %d counted in the wrong pool", i);
+        if (c->live != live[i]) return gm__check_fail(err, errlen, "chunk %d: live count %u, recount %u", i, c->live, live[i]);
         uint8_t want = c->arena < 0 ? GP_LIST_LOOSE : (c->live ? GP_LIST_NONE : GP_LIST_IDLE);
-        if (c->list != want) return fail(err, errlen, "chunk %d on the wrong list", i);
+        if (c->list != want) return gm__check_fail(err, errlen, "chunk %d on the wrong list", i);
     }
     for (int pass = 0; pass < 2; pass++)
         for (int o = 0; o < GP_NORDERS; o++)
             for (int32_t i = pass ? st->idle[o] : st->loose[o]; i >= 0; i = st->chunks[i].lnext)
                 if (!st->chunks[i].inuse || gm__gp_order(st->chunks[i].n) != (unsigned)o)
-                    return fail(err, errlen, "chunk %d listed under the wrong order", i);
+                    return gm__check_fail(err, errlen, "chunk %d listed under the wrong order", i);
     const gm_stats *s = &st->d->stats;
     if (held != st->held_bytes || (int64_t)held != s->reserved_bytes[GM_POOL_ALL].current)
-        return fail(err, errlen, "reserved %lld bytes but chunks hold %llu", (long long)s->reserved_bytes[GM_POOL_ALL].current, (unsigned long long)held);
+        return gm__check_fail(err, errlen, "reserved %lld bytes but chunks hold %llu", (long long)s->reserved_bytes[GM_POOL_ALL].current, (unsigned long long)held);
     for (int p = 0; p < GM_POOL_COUNT; p++)
         if (nseg[p] != s->segment[p].current || pheld[p] != s->reserved_bytes[p].current)
-            return fail(err, errlen, "pool %d: %lld segments / %lld bytes, chunks %lld / %lld", p, (long long)s->segment[p].current,
+            return gm__check_fail(err, errlen, "pool %d: %lld segments / %lld bytes, chunks %lld / %lld", p, (long long)s->segment[p].current,
                         (long long)s->reserved_bytes[p].current, (long long)nseg[p], (long long)pheld[p]);
     for (uint32_t k = 0; k < st->narenas; k++) {
         const gp_arena *a = st->arenas[k];
         uint64_t m = 0;
         for (int32_t i = 0; i < st->nchunks; i++)
             if (st->chunks[i].inuse && st->chunks[i].arena == a->index) m += st->chunks[i].n << st->gshift;
-        if (m != a->mapped_bytes) return fail(err, errlen, "arena %d: mapped bytes %llu, chunks %llu", a->index, (unsigned long long)a->mapped_bytes, (unsigned long long)m);
+        if (m != a->mapped_bytes) return gm__check_fail(err, errlen, "arena %d: mapped bytes %llu, chunks %llu", a->index, (unsigned long long)a->mapped_bytes, (unsigned long long)m);
     }
     return GM_OK;
 }
@@ -145,10 +134,10 @@ static int check_plain(gp_state *st, gp_count *cnt, char *err, size_t errlen) {
         }
         for (const gp_block *o = b->next; o; o = o->next)
             if (o->h.ptr < b->h.ptr + b->h.size && b->h.ptr < o->h.ptr + o->h.size)
-                return fail(err, errlen, "device allocations 0x%llx and 0x%llx overlap", (unsigned long long)b->h.ptr, (unsigned long long)o->h.ptr);
+                return gm__check_fail(err, errlen, "device allocations 0x%llx and 0x%llx overlap", (unsigned long long)b->h.ptr, (unsigned long long)o->h.ptr);
     }
     if (held != st->held_bytes || (int64_t)held != st->d->stats.reserved_bytes[GM_POOL_ALL].current)
-        return fail(err, errlen, "reserved bytes differ from device allocations held");
+        return gm__check_fail(err, errlen, "reserved bytes differ from device allocations held");
     return GM_OK;
 }
 
@@ -156,10 +145,10 @@ static int check_stats(gp_state *st, const gp_count *c, char *err, size_t errlen
     const gm_stats *s = &st->d->stats;
     for (int p = 0; p < GM_POOL_COUNT; p++) {
         if (s->active[p].current != c->active[p] || s->active_bytes[p].current != c->active_bytes[p])
-            return fail(err, errlen, "active stats (pool %d) %lld/%lld, recount %lld/%lld", p, (long long)s->active[p].current,
+            return gm__check_fail(err, errlen, "active stats (pool %d) %lld/%lld, recount %lld/%lld", p, (long long)s->active[p].current,
                         (long long)s->active_bytes[p].current, (long long)c->active[p], (long long)c->active_bytes[p]);
         if (s->inactive_split[p].current != c->split[p] || s->inactive_split_bytes[p].current != c->split_bytes[p])
-            return fail(err, errlen, "inactive_split stats (pool %d) differ from recount", p);
+            return gm__check_fail(err, errlen, "inactive_split stats (pool %d) differ from recount", p);
     }
     return GM_OK;
 }

@@ -11,7 +11,6 @@
  * and expandable segments map exactly the pages their mapped blocks touch. */
 #include "policy_torch.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -22,16 +21,6 @@ typedef struct tp_count {
     int64_t oversize_segments;
     uint64_t in_blocks[GM_POOL_COUNT], in_unmapped[GM_POOL_COUNT];
 } tp_count;
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return GM_ESTATE;
-}
 
 static void add(int64_t arr[GM_POOL_COUNT], int pool, int64_t v) {
     arr[GM_POOL_ALL] += v;
@@ -48,17 +37,17 @@ static int check_pages(const tp_seg *s, const tp_block *b, char *err, size_t err
     uint64_t off = b->h.ptr - s->base;
     if (!b->mapped) {
         if (off % s->page || b->h.size % s->page)
-            return fail(err, errlen, "unmapped block 0x%llx is not page aligned",
+            return gm__check_fail(err, errlen, "unmapped block 0x%llx is not page aligned",
                         (unsigned long long)b->h.ptr);
         for (uint64_t i = off / s->page; i < (off + b->h.size) / s->page; i++)
             if (page_present(s, i))
-                return fail(err, errlen, "unmapped block 0x%llx covers a mapped page",
+                return gm__check_fail(err, errlen, "unmapped block 0x%llx covers a mapped page",
                             (unsigned long long)b->h.ptr);
         return GM_OK;
     }
     for (uint64_t i = off / s->page; i < (off + b->h.size + s->page - 1) / s->page; i++)
         if (!page_present(s, i))
-            return fail(err, errlen, "mapped block 0x%llx covers an unmapped page",
+            return gm__check_fail(err, errlen, "mapped block 0x%llx covers an unmapped page",
                         (unsigned long long)b->h.ptr);
     return GM_OK;
 }
@@ -67,30 +56,30 @@ static int check_block(const tp_state *st, const tp_seg *s, const tp_block *b, t
                        char *err, size_t errlen) {
     int pool = s->pool;
     if (b->seg != s || b->h.pool != s->pool || b->h.stream != s->stream)
-        return fail(err, errlen, "block 0x%llx disagrees with its segment 0x%llx",
+        return gm__check_fail(err, errlen, "block 0x%llx disagrees with its segment 0x%llx",
                     (unsigned long long)b->h.ptr, (unsigned long long)s->base);
-    if (b->h.size == 0) return fail(err, errlen, "empty block at 0x%llx", (unsigned long long)b->h.ptr);
+    if (b->h.size == 0) return gm__check_fail(err, errlen, "empty block at 0x%llx", (unsigned long long)b->h.ptr);
     if (b->next && b->next->prev != b)
-        return fail(err, errlen, "broken links after block 0x%llx", (unsigned long long)b->h.ptr);
+        return gm__check_fail(err, errlen, "broken links after block 0x%llx", (unsigned long long)b->h.ptr);
     if (b->next && b->next->h.ptr != b->h.ptr + b->h.size)
-        return fail(err, errlen, "blocks 0x%llx and 0x%llx do not tile their segment",
+        return gm__check_fail(err, errlen, "blocks 0x%llx and 0x%llx do not tile their segment",
                     (unsigned long long)b->h.ptr, (unsigned long long)b->next->h.ptr);
     if (!s->expandable && !b->mapped)
-        return fail(err, errlen, "unmapped block in a plain segment");
+        return gm__check_fail(err, errlen, "unmapped block in a plain segment");
     if (s->expandable && check_pages(s, b, err, errlen)) return GM_ESTATE;
     if (b->allocated) {
         if (b->in_set != TP_SET_NONE)
-            return fail(err, errlen, "block 0x%llx in use but in a free pool",
+            return gm__check_fail(err, errlen, "block 0x%llx in use but in a free pool",
                         (unsigned long long)b->h.ptr);
         add(c->active, pool, 1);
         add(c->active_bytes, pool, (int64_t)b->h.size);
         return GM_OK;
     }
     if (b->next && !b->next->allocated && b->next->mapped == b->mapped)
-        return fail(err, errlen, "free neighbours 0x%llx and 0x%llx are not merged",
+        return gm__check_fail(err, errlen, "free neighbours 0x%llx and 0x%llx are not merged",
                     (unsigned long long)b->h.ptr, (unsigned long long)b->next->h.ptr);
     if (b->in_set != (b->mapped ? TP_SET_BLOCKS : TP_SET_UNMAPPED))
-        return fail(err, errlen, "free block 0x%llx is not in its pool set",
+        return gm__check_fail(err, errlen, "free block 0x%llx is not in its pool set",
                     (unsigned long long)b->h.ptr);
     if (b->mapped) c->in_blocks[pool]++;
     else c->in_unmapped[pool]++;
@@ -106,7 +95,7 @@ static int check_segment(const tp_state *st, const tp_seg *s, tp_count *c, char 
                          size_t errlen) {
     const tp_block *b = s->head;
     if (!b || b->prev || b->h.ptr != s->base)
-        return fail(err, errlen, "segment 0x%llx does not start with its head block",
+        return gm__check_fail(err, errlen, "segment 0x%llx does not start with its head block",
                     (unsigned long long)s->base);
     const tp_block *last = b;
     for (; b; b = b->next) {
@@ -114,13 +103,13 @@ static int check_segment(const tp_state *st, const tp_seg *s, tp_count *c, char 
         last = b;
     }
     if (last->h.ptr + last->h.size != s->base + s->size)
-        return fail(err, errlen, "blocks of segment 0x%llx do not cover it",
+        return gm__check_fail(err, errlen, "blocks of segment 0x%llx do not cover it",
                     (unsigned long long)s->base);
     if (s->expandable) {
         uint64_t present = 0;
         for (uint64_t i = 0; i < s->nhandles; i++) present += s->handles[i].present != 0;
         if (present * s->page != s->mapped_size)
-            return fail(err, errlen, "expandable segment 0x%llx: mapped size is off",
+            return gm__check_fail(err, errlen, "expandable segment 0x%llx: mapped size is off",
                         (unsigned long long)s->base);
         add(c->reserved, s->pool, (int64_t)s->mapped_size);
     } else {
@@ -142,19 +131,19 @@ static int check_node(const tp_set *set, int pool, const tp_block *t, const char
                       size_t errlen) {
     uint8_t kind = set->by_addr ? TP_SET_UNMAPPED : TP_SET_BLOCKS;
     if (t->in_set != kind || t->allocated || t->mapped != !set->by_addr || t->h.pool != pool)
-        return fail(err, errlen, "%s set holds block 0x%llx that does not belong there (in_set %d, "
+        return gm__check_fail(err, errlen, "%s set holds block 0x%llx that does not belong there (in_set %d, "
                     "allocated %d, mapped %d, pool %d)", what, (unsigned long long)t->h.ptr,
                     t->in_set, t->allocated, t->mapped, t->h.pool);
     for (int i = 0; i < 2; i++) {
         if (t->child[i] && t->child[i]->prio > t->prio)
-            return fail(err, errlen, "%s set: treap priorities out of order below 0x%llx", what,
+            return gm__check_fail(err, errlen, "%s set: treap priorities out of order below 0x%llx", what,
                         (unsigned long long)t->h.ptr);
         if (t->child[i] && t->child[i]->up != t)
-            return fail(err, errlen, "%s set: child of 0x%llx does not link back to it", what,
+            return gm__check_fail(err, errlen, "%s set: child of 0x%llx does not link back to it", what,
                         (unsigned long long)t->h.ptr);
     }
     if (t == set->root && t->up)
-        return fail(err, errlen, "%s set: the root 0x%llx has a parent", what,
+        return gm__check_fail(err, errlen, "%s set: the root 0x%llx has a parent", what,
                     (unsigned long long)t->h.ptr);
     return GM_OK;
 }
@@ -166,7 +155,7 @@ static int check_node(const tp_set *set, int pool, const tp_block *t, const char
 static int check_set(const tp_set *set, int pool, uint64_t expect, const char *what, char *err,
                      size_t errlen) {
     if (set->misuse)
-        return fail(err, errlen, "%s set refused %llu operations (insert of a block already in a "
+        return gm__check_fail(err, errlen, "%s set refused %llu operations (insert of a block already in a "
                     "set, or erase of one not in it)", what, (unsigned long long)set->misuse);
     uint64_t cap = set->count + 1, depth = 0, n = 0;
     const tp_block **stack = malloc(cap * sizeof *stack);
@@ -176,7 +165,7 @@ static int check_set(const tp_set *set, int pool, uint64_t expect, const char *w
     while (rc == GM_OK && (t || depth)) {
         for (; t && rc == GM_OK; t = t->child[0]) {
             if (depth == cap)
-                rc = fail(err, errlen, "%s set is deeper than its %llu blocks: a cycle", what,
+                rc = gm__check_fail(err, errlen, "%s set is deeper than its %llu blocks: a cycle", what,
                           (unsigned long long)set->count);
             else if ((rc = check_node(set, pool, t, what, err, errlen)) == GM_OK)
                 stack[depth++] = t;
@@ -184,17 +173,17 @@ static int check_set(const tp_set *set, int pool, uint64_t expect, const char *w
         if (rc != GM_OK) break;
         t = stack[--depth];
         if (++n > set->count)
-            rc = fail(err, errlen, "%s set reaches more blocks than its count %llu (a block "
+            rc = gm__check_fail(err, errlen, "%s set reaches more blocks than its count %llu (a block "
                       "linked twice?)", what, (unsigned long long)set->count);
         else if (prev && !ordered(set, prev, t))
-            rc = fail(err, errlen, "%s set out of order at 0x%llx", what,
+            rc = gm__check_fail(err, errlen, "%s set out of order at 0x%llx", what,
                       (unsigned long long)t->h.ptr);
         prev = t;
         t = t->child[1];
     }
     free(stack);
     if (rc == GM_OK && (n != set->count || n != expect))
-        rc = fail(err, errlen, "%s set holds %llu blocks (count %llu), segments have %llu", what,
+        rc = gm__check_fail(err, errlen, "%s set holds %llu blocks (count %llu), segments have %llu", what,
                   (unsigned long long)n, (unsigned long long)set->count,
                   (unsigned long long)expect);
     return rc;
@@ -205,7 +194,7 @@ static int compare(const char *name, const gm_stat arr[GM_POOL_COUNT],
     static const char *pools[] = GM_POOL_NAMES;
     for (int i = 0; i < GM_POOL_COUNT; i++)
         if (arr[i].current != want[i])
-            return fail(err, errlen, "stat %s.%s.current is %lld, block lists say %lld", name,
+            return gm__check_fail(err, errlen, "stat %s.%s.current is %lld, block lists say %lld", name,
                         pools[i], (long long)arr[i].current, (long long)want[i]);
     return GM_OK;
 }
@@ -215,7 +204,7 @@ int tp_check(void *state, char *err, size_t errlen) {
     const gm_stats *s = &st->d->stats;
     tp_count c = {0};
     if (tp_misuse(st))
-        return fail(err, errlen, "torch policy refused %llu pool set operations (a block inserted "
+        return gm__check_fail(err, errlen, "torch policy refused %llu pool set operations (a block inserted "
                     "while in a set, or erased from a set it is not in)",
                     (unsigned long long)tp_misuse(st));
     for (const tp_seg *seg = st->segs; seg; seg = seg->next_seg)
@@ -238,10 +227,10 @@ int tp_check(void *state, char *err, size_t errlen) {
         compare("inactive_split_bytes", s->inactive_split_bytes, c.isplit_bytes, err, errlen))
         return GM_ESTATE;
     if (s->oversize_segments.current != c.oversize_segments)
-        return fail(err, errlen, "stat oversize_segments.current is %lld, block lists say %lld",
+        return gm__check_fail(err, errlen, "stat oversize_segments.current is %lld, block lists say %lld",
                     (long long)s->oversize_segments.current, (long long)c.oversize_segments);
     if ((int64_t)st->total_allocated_memory != c.reserved[GM_POOL_ALL])
-        return fail(err, errlen, "total_allocated_memory %llu != reserved %lld",
+        return gm__check_fail(err, errlen, "total_allocated_memory %llu != reserved %lld",
                     (unsigned long long)st->total_allocated_memory,
                     (long long)c.reserved[GM_POOL_ALL]);
     return GM_OK;

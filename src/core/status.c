@@ -40,3 +40,13 @@ int gm__set_error(int status, const char *fmt, ...) {
     va_end(ap);
     return status;
 }
+
+int gm__check_fail(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return GM_ESTATE;
+}
