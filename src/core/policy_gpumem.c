@@ -95,6 +95,7 @@ static void arena_free(gp_state *st, gp_arena *a) {
     if (!a) return;
     if (st->vmm && a->gran) gm__be_va_release(st->d, a->base, a->va_size);
     free(a->gran);
+    free(a->mapped);
     free(a);
 }
 
@@ -181,21 +182,29 @@ static void block_release(gp_state *st, gp_arena *a, gp_block *b) {
     else gm__gp_plain_free(st, b);
 }
 
-/* Return every cached small block to its arena. Returns how many. */
+/* Return every cached small block to its arena. Returns how many. Visits
+ * only the non-empty lists (qmap), in the same order as a scan of every
+ * size class would (ascending units, each list from its head): this runs on
+ * every placement that needs mapping, and a scan of all 2048 classes there
+ * was a visible part of the latency tail. */
 int gm__gp_flush_quick(gp_state *st) {
     int n = 0;
     for (uint32_t k = 0; k < st->narenas; k++) {
         gp_arena *a = st->arenas[k];
         if (!a->ncached) continue;
-        for (unsigned u = 1; u <= GP_SMALL_UNITS; u++) {
-            while (a->quick[u]) {
-                gp_block *b = a->quick[u];
-                a->quick[u] = b->fnext;
-                b->fnext = NULL;
-                cached_dec(st, b);
-                block_release(st, a, b);
-                n++;
+        for (unsigned w = 0; w < GP_QWORDS; w++) {
+            for (uint64_t m = a->qmap[w]; m; m &= m - 1) {
+                unsigned u = w * 64 + (unsigned)__builtin_ctzll(m) + 1;
+                gp_block *b;
+                while ((b = a->quick[u]) != NULL) {
+                    a->quick[u] = b->fnext;
+                    b->fnext = NULL;
+                    cached_dec(st, b);
+                    block_release(st, a, b);
+                    n++;
+                }
             }
+            a->qmap[w] = 0;
         }
         a->ncached = 0;
     }
@@ -262,6 +271,7 @@ static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
     gp_block *b;
     if (units <= GP_SMALL_UNITS && (b = a->quick[units]) != NULL) {
         a->quick[units] = b->fnext;
+        if (!b->fnext) a->qmap[(units - 1) >> 6] &= ~((uint64_t)1 << ((units - 1) & 63));
         b->fnext = NULL;
         a->ncached--;
         cached_dec(st, b);
@@ -295,6 +305,7 @@ static void gp_free(void *state, gm__block_hdr *hdr) {
         b->state = GP_CACHED;
         b->fnext = a->quick[units];
         a->quick[units] = b;
+        a->qmap[(units - 1) >> 6] |= (uint64_t)1 << ((units - 1) & 63);
         a->ncached++;
         a->dirty = true;
         cached_inc(st, b);

@@ -16,6 +16,7 @@
 #define GP_ALIGN_SHIFT 9 /* 512-byte units, like torch */
 #define GP_ALIGN ((uint64_t)1 << GP_ALIGN_SHIFT)
 #define GP_SMALL_UNITS 2048 /* <= 1 MiB: small pool, size-class cache */
+#define GP_QWORDS (GP_SMALL_UNITS / 64) /* quick-list bitmap: bit u-1 = quick[u] non-empty */
 #define GP_NBINS 1152       /* see gm__gp_bin_of */
 #define GP_NWORDS (GP_NBINS / 64)
 #define GP_NORDERS 48
@@ -73,8 +74,10 @@ typedef struct gp_arena {
     uint64_t va_size;
     uint64_t ngran;
     int32_t *gran;    /* chunk index per granule, -1 unmapped (VMM only) */
+    uint64_t *mapped; /* bit per granule: gran[g] >= 0, so cost() counts by words */
     gp_block *head;   /* first block in address order (VMM only) */
     gp_block *quick[GP_SMALL_UNITS + 1]; /* freed small blocks by units */
+    uint64_t qmap[GP_QWORDS]; /* non-empty quick lists, so a flush visits only those */
     uint64_t ncached;
     bool dirty;       /* a block was freed since the stream was last synced */
     gp_block *bins[GP_NBINS];
@@ -96,6 +99,7 @@ typedef struct gp_state {
     int32_t idle[GP_NORDERS], idle_tail[GP_NORDERS];   /* mapped, no live block */
     int32_t loose[GP_NORDERS], loose_tail[GP_NORDERS]; /* held but not mapped */
     uint64_t live_gran, peak_live_gran; /* granules of chunks holding live blocks */
+    uint32_t nmulti;     /* chunks of more than one granule (none by default) */
     uint64_t held_bytes;       /* physical bytes held (chunks, or plain mallocs) */
     double slack;              /* cfg gpumem_slack: may hold (1 + slack) x peak live granules */
     gp_block *pool;            /* recycled block structs */

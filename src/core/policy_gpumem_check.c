@@ -66,6 +66,8 @@ static int check_arena(gp_state *st, gp_arena *a, uint32_t *live, gp_count *cnt,
     if (inbins != nfree) return gm__check_fail(err, errlen, "arena %d: %llu free ranges but %llu in bins", a->index, (unsigned long long)nfree, (unsigned long long)inbins);
     for (uint64_t g = 0; g < a->ngran; g++) {
         int32_t c = a->gran[g];
+        if (((a->mapped[g >> 6] >> (g & 63)) & 1) != (c >= 0))
+            return gm__check_fail(err, errlen, "arena %d: mapped bitmap wrong at granule %llu", a->index, (unsigned long long)g);
         if (c < 0) continue;
         const gp_chunk *ch = &st->chunks[c];
         if (!ch->inuse || ch->arena != a->index || (int64_t)g < ch->g0 || (int64_t)g >= ch->g0 + (int64_t)ch->n)
@@ -76,7 +78,11 @@ static int check_arena(gp_state *st, gp_arena *a, uint32_t *live, gp_count *cnt,
 
 static int check_quick(gp_state *st, gp_arena *a, gp_count *cnt, char *err, size_t errlen) {
     uint64_t n = 0;
-    for (unsigned u = 0; u <= GP_SMALL_UNITS; u++) {
+    if (a->quick[0]) return gm__check_fail(err, errlen, "arena %d: a cached block of size 0", a->index);
+    for (unsigned u = 1; u <= GP_SMALL_UNITS; u++) {
+        bool bit = (a->qmap[(u - 1) >> 6] >> ((u - 1) & 63)) & 1;
+        if (bit != (a->quick[u] != NULL))
+            return gm__check_fail(err, errlen, "arena %d: size-class bitmap wrong at %u units", a->index, u);
         for (const gp_block *b = a->quick[u]; b; b = b->fnext, n++) {
             if (b->state != GP_CACHED || b->h.size != (uint64_t)u << GP_ALIGN_SHIFT)
                 return gm__check_fail(err, errlen, "cached block 0x%llx in wrong size class", (unsigned long long)b->h.ptr);

@@ -217,7 +217,11 @@ static int chunk_unmap(gp_state *st, int32_t i) {
     if (rc) return rc;
     chunk_list_del(st, i);
     a->mapped_bytes -= c->n << st->gshift;
-    for (uint64_t k = 0; k < c->n; k++) a->gran[c->g0 + (int64_t)k] = -1;
+    for (uint64_t k = 0; k < c->n; k++) {
+        uint64_t g = (uint64_t)c->g0 + k;
+        a->gran[g] = -1;
+        a->mapped[g >> 6] &= ~((uint64_t)1 << (g & 63));
+    }
     c->arena = -1;
     c->g0 = -1;
     chunk_list_add(st, i, GP_LIST_LOOSE);
@@ -243,6 +247,7 @@ static int chunk_release(gp_state *st, int32_t i) {
     }
     chunk_list_del(st, i);
     reserved_add(st, c->pool, -(int64_t)(c->n << st->gshift), -1);
+    if (c->n > 1) st->nmulti--;
     c->inuse = 0;
     c->lnext = st->chunk_free;
     st->chunk_free = i;
@@ -263,7 +268,10 @@ static int chunk_map(gp_state *st, gp_arena *a, int32_t i, uint64_t g) {
     c->arena = a->index;
     c->g0 = (int64_t)g;
     c->live = 0;
-    for (uint64_t k = 0; k < c->n; k++) a->gran[g + k] = i;
+    for (uint64_t k = 0; k < c->n; k++) {
+        a->gran[g + k] = i;
+        a->mapped[(g + k) >> 6] |= (uint64_t)1 << ((g + k) & 63);
+    }
     chunk_list_add(st, i, GP_LIST_IDLE); /* until the placement touches it */
     return GM_OK;
 }
@@ -366,6 +374,7 @@ static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
         return rc;
     }
     c->n = n;
+    if (n > 1) st->nmulti++;
     c->g0 = -1;
     c->arena = -1;
     c->live = 0;
@@ -504,10 +513,13 @@ int gm__gp_arena_init_va(gp_state *st, gp_arena *a) {
     a->va_size = want;
     a->ngran = want >> st->gshift;
     a->gran = malloc(a->ngran * sizeof *a->gran);
+    a->mapped = calloc((a->ngran + 63) / 64, sizeof *a->mapped);
     gp_block *top = gm__gp_block_new(st);
-    if (!a->gran || !top) {
+    if (!a->gran || !a->mapped || !top) {
         free(a->gran);
+        free(a->mapped);
         a->gran = NULL;
+        a->mapped = NULL;
         if (top) gm__gp_block_put(st, top);
         gm__be_va_release(st->d, a->base, a->va_size);
         return GM_ENOHOSTMEM;
@@ -554,6 +566,22 @@ static uint64_t cost(const gp_state *st, const gp_arena *a, gm_devptr p, uint64_
     return part + miss;
 }
 
+/* cost() of [p, p+bytes) without a stop or budget while every chunk is one
+ * granule (the default: no chunk can be partly used): the unmapped granules,
+ * counted 64 at a time. Best fit's first look at a large block would
+ * otherwise visit each of its granules, the longest step of a warm malloc. */
+static uint64_t unmapped_in(const gp_state *st, const gp_arena *a, gm_devptr p, uint64_t bytes) {
+    uint64_t g = (p - a->base) >> st->gshift;
+    uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;
+    uint64_t w0 = g >> 6, w1 = ge >> 6, n = ge - g + 1, set = 0;
+    uint64_t lo = ~(uint64_t)0 << (g & 63), hi = ~(uint64_t)0 >> (63 - (ge & 63));
+    if (w0 == w1) return n - (uint64_t)__builtin_popcountll(a->mapped[w0] & lo & hi);
+    set = (uint64_t)__builtin_popcountll(a->mapped[w0] & lo);
+    for (uint64_t w = w0 + 1; w < w1; w++) set += (uint64_t)__builtin_popcountll(a->mapped[w]);
+    set += (uint64_t)__builtin_popcountll(a->mapped[w1] & hi);
+    return n - set;
+}
+
 /* A place for `bytes` inside free range r over mapped granules only (a run
  * of them in the middle of the range), or false. */
 static bool mapped_window(const gp_state *st, const gp_arena *a, const gp_block *r,
@@ -589,7 +617,8 @@ static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at
     if (!r) return NULL;
     gm_devptr lo = r->h.ptr, hi = r->h.ptr + r->h.size - bytes;
     int64_t budget = INT64_MAX;
-    uint64_t best = cost(st, a, lo, bytes, UINT64_MAX, &budget);
+    uint64_t best = st->nmulti ? cost(st, a, lo, bytes, UINT64_MAX, &budget)
+                               : unmapped_in(st, a, lo, bytes);
     *at = lo;
     budget = GP_COST_BUDGET; /* granule steps spent looking for a cheaper place */
     if (best && hi != lo) {
