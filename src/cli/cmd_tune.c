@@ -176,7 +176,7 @@ static void print_table(const char *path, const grid *g, double seconds) {
     } else {
         printf("\nevery setting runs out of memory at this capacity\n");
     }
-    printf("(OOM: would run out of memory at %s; ratio = peak reserved / peak requested;\n"
+    printf("(a row marked OOM would run out of memory at %s; ratio = peak reserved / peak requested;\n"
            " calls = device calls of this first pass: mallocs, or VMM creates + maps + unmaps.\n"
            " gpumem_slack below inf trades memory for calls in every later step too:\n"
            " see bench/gpumem_policy_tradeoff.md)\n", cap);
