@@ -1,8 +1,8 @@
 /* test_policy_gpumem.c — unit tests of the `gpumem` policy on the sim
  * backend: placement, no overlaps under random alloc/free (gm_check after
  * every step), moving idle granules instead of creating memory, OOM ->
- * reclaim -> retry, per-stream reuse, empty_cache, and the fallback for a
- * backend without VMM. */
+ * reclaim -> retry, per-stream reuse, empty_cache, the fallback for a
+ * backend without VMM, and gpumem_chunks:run's cold start. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -208,6 +208,62 @@ static void test_slack_inf_moves_only_under_pressure(void **state) {
     }
 }
 
+/* gpumem_chunks:run (slack inf): a cold workload gets one chunk per run of
+ * unmapped granules, so far fewer creates and maps than granule chunks, the
+ * same peak reserved on a roomy device, and a warm repeat makes no call. */
+static uint64_t cold_workload(gm_allocator *al) {
+    static const uint64_t sizes[] = {300 * MIB, 7 * MIB, 120 * MIB, 1 * MIB, 64 * MIB, 33 * MIB, 200 * MIB, 5 * MIB};
+    enum { N = sizeof sizes / sizeof *sizes };
+    gm_devptr p[N];
+    for (int i = 0; i < N; i++) p[i] = alloc(al, sizes[i], 0);
+    for (int i = 0; i < N; i += 2) assert_int_equal(gm_free(al, p[i]), GM_OK);
+    gm_devptr q = alloc(al, 250 * MIB, 0); /* reuses the freed 300 MiB hole */
+    check_ok(al);
+    assert_int_equal(gm_free(al, q), GM_OK);
+    for (int i = 1; i < N; i += 2) assert_int_equal(gm_free(al, p[i]), GM_OK);
+    return stats(al).reserved_bytes[GM_POOL_ALL].peak;
+}
+
+static void test_chunks_run_cold_start(void **state) {
+    (void)state;
+    gm_stats cold[2], warm[2];
+    uint64_t peak[2];
+    for (int run = 0; run < 2; run++) {
+        env e;
+        setup_env_conf(&e, 4096 * MIB, false,
+                       run ? "policy:gpumem,gpumem_slack:inf,gpumem_chunks:run" : "policy:gpumem,gpumem_slack:inf");
+        peak[run] = cold_workload(e.al);
+        cold[run] = stats(e.al);
+        cold_workload(e.al);
+        warm[run] = stats(e.al);
+        check_ok(e.al);
+        teardown_env(&e);
+    }
+    /* granule mode: one create + one map per 2 MiB granule touched */
+    assert_true(cold[0].num_phys_create >= 300);
+    assert_true(cold[1].num_phys_create * 10 <= cold[0].num_phys_create);
+    assert_true(cold[1].num_map * 10 <= cold[0].num_map);
+    assert_true(cold[1].num_phys_create > 0);
+    assert_int_equal(peak[1], peak[0]);
+    for (int run = 0; run < 2; run++) { /* warm: no device call */
+        assert_int_equal(warm[run].num_phys_create, cold[run].num_phys_create);
+        assert_int_equal(warm[run].num_map, cold[run].num_map);
+        assert_int_equal(warm[run].num_unmap, cold[run].num_unmap);
+    }
+    /* run is ignored below slack inf: granule chunks, as by default */
+    uint64_t creates[2];
+    for (int run = 0; run < 2; run++) {
+        env e;
+        setup_env_conf(&e, 4096 * MIB, false,
+                       run ? "policy:gpumem,gpumem_slack:0.05,gpumem_chunks:run" : "policy:gpumem,gpumem_slack:0.05");
+        cold_workload(e.al);
+        creates[run] = stats(e.al).num_phys_create;
+        teardown_env(&e);
+    }
+    assert_true(creates[0] >= 300);
+    assert_int_equal(creates[1], creates[0]);
+}
+
 /* A block whose free waits for another stream's event is reclaimed by the
  * OOM path (sync, free, retry); a request that cannot fit fails cleanly and
  * the allocator keeps working. */
@@ -379,6 +435,7 @@ int main(void) {
         cmocka_unit_test(test_stream_reuse),
         cmocka_unit_test(test_empty_cache),
         cmocka_unit_test(test_fallback_without_vmm),
+        cmocka_unit_test(test_chunks_run_cold_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

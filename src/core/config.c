@@ -9,7 +9,8 @@
  * keys back in a canonical order that gm_config_parse reads again.
  * gpumem's own keys: `policy:torch|gpumem` and `gpumem_slack:<x>|inf` (how
  * much memory the gpumem policy may hold over its need before it moves idle
- * memory instead of creating more; see policy_gpumem.c). */
+ * memory instead of creating more) and `gpumem_chunks:granule|run` (the
+ * size of its physical chunks at slack inf); see policy_gpumem.c. */
 #include "frontend.h"
 
 #include <errno.h>
@@ -251,6 +252,10 @@ static int parse_key(parser *ps, const char *key, gm_config *c) {
         else if (!parse_double(v, &d) || !(d >= 0.0))
             return fail(ps, "%s: bad value '%s' (expected a number >= 0, or inf)", key, v);
         c->gpumem_slack = d;
+    } else if (!strcmp(key, "gpumem_chunks")) {
+        if (!strcmp(v, "granule")) c->gpumem_chunks = GM_GPUMEM_CHUNKS_GRANULE;
+        else if (!strcmp(v, "run")) c->gpumem_chunks = GM_GPUMEM_CHUNKS_RUN;
+        else return fail(ps, "%s: bad value '%s' (expected granule or run)", key, v);
     } else if (!strcmp(key, "policy")) {
         if (!strcmp(v, "torch")) c->policy = GM_POLICY_TORCH;
         else if (!strcmp(v, "gpumem")) c->policy = GM_POLICY_GPUMEM;
@@ -267,7 +272,7 @@ static const char *const known_keys[] = {
     "release_lock_on_hipmalloc", "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
     "pinned_num_register_threads", "pinned_use_background_threads", "pinned_reserve_segment_size_mb",
     "graph_capture_record_stream_reuse", "per_process_memory_fraction", "backend", "policy",
-    "gpumem_slack",
+    "gpumem_slack", "gpumem_chunks",
 };
 
 static bool known(const char *key) {
@@ -310,6 +315,8 @@ int gm__config_check(const gm_config *c, char *err, size_t errlen) {
         bad = "per_process_memory_fraction";
     else if (strcmp(c->backend, "native") && strcmp(c->backend, "cudaMallocAsync")) bad = "backend";
     else if (!(c->gpumem_slack >= 0.0)) bad = "gpumem_slack"; /* NaN too; +inf is valid */
+    else if (c->gpumem_chunks != GM_GPUMEM_CHUNKS_GRANULE && c->gpumem_chunks != GM_GPUMEM_CHUNKS_RUN)
+        bad = "gpumem_chunks";
     for (int i = 0; !bad && i < GM_ROUNDUP_INTERVALS; i++)
         if (c->roundup_power2_divisions[i] && !is_pow2(c->roundup_power2_divisions[i]))
             bad = "roundup_power2_divisions";
@@ -386,5 +393,7 @@ int gm_config_format(const gm_config *cfg, char *buf, size_t len) {
         if (isinf(cfg->gpumem_slack)) gm__put(&o, "inf");
         else put_double(&o, cfg->gpumem_slack);
     }
+    if (cfg->gpumem_chunks != def.gpumem_chunks)
+        sep(&o), gm__put(&o, "gpumem_chunks:%s", cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN ? "run" : "granule");
     return gm__put_finish(&o, "gm_config_format");
 }

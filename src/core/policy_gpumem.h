@@ -36,6 +36,13 @@
 #ifndef GP_BIG_BYTES
 #define GP_BIG_BYTES UINT64_MAX
 #endif
+/*  GP_RUN_GRANULES        with gpumem_chunks:run (at gpumem_slack:inf), the largest chunk created for a
+ *                         run of unmapped granules one placement needs (one
+ *                         create + one map instead of one per granule on a
+ *                         cold start); 512 granules = 1 GiB. */
+#ifndef GP_RUN_GRANULES
+#define GP_RUN_GRANULES 512
+#endif
 #ifndef GP_TARGET_PERMILLE
 #define GP_TARGET_PERMILLE 0
 #endif
@@ -102,6 +109,7 @@ typedef struct gp_state {
     uint32_t nmulti;     /* chunks of more than one granule (none by default) */
     uint64_t held_bytes;       /* physical bytes held (chunks, or plain mallocs) */
     double slack;              /* cfg gpumem_slack: may hold (1 + slack) x peak live granules */
+    bool runs;                 /* gpumem_chunks:run at slack inf: one chunk per run of unmapped granules */
     gp_block *pool;            /* recycled block structs */
     void **slabs;              /* host allocations of block structs */
     size_t nslabs, slabs_cap;

@@ -426,6 +426,8 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
         if (i < 0) {
             uint64_t want = n < cap ? n : cap;
             int rc = chunk_create(st, want, a, pg0, pg1, true, &i);
+            /* near the limit, one granule may still fit where a run does not */
+            if (rc == GM_ENOMEM && want > 1) rc = chunk_create(st, 1, a, pg0, pg1, true, &i);
             if (rc) return rc;
         }
         if (st->chunks[i].arena >= 0) {
@@ -462,9 +464,14 @@ static int ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes)
          * while it lives) get one chunk; anything else granule by granule,
          * so that memory between blocks can move where it is needed */
         bool inner = big && g >= ig0 && g < ig1;
-        uint64_t e = g;
-        while (e <= pg1 && a->gran[e] < 0 && (inner ? e < ig1 : !(big && e >= ig0 && e < ig1))) e++;
-        int rc = acquire_run(st, a, g, e - g, pg0, pg1, inner ? GP_MAX_CHUNK_GRANULES : 1);
+        uint64_t e = g, cap = inner ? GP_MAX_CHUNK_GRANULES : 1;
+        if (st->runs) { /* gpumem_chunks:run: the whole unmapped run, bounded */
+            while (e <= pg1 && a->gran[e] < 0) e++;
+            cap = GP_RUN_GRANULES;
+        } else {
+            while (e <= pg1 && a->gran[e] < 0 && (inner ? e < ig1 : !(big && e >= ig0 && e < ig1))) e++;
+        }
+        int rc = acquire_run(st, a, g, e - g, pg0, pg1, cap);
         if (rc) return rc;
         /* a spilled chunk may have covered more than the run */
     }
@@ -557,7 +564,8 @@ static uint64_t cost(const gp_state *st, const gp_arena *a, gm_devptr p, uint64_
         }
         const gp_chunk *c = &st->chunks[i];
         uint64_t ce = (uint64_t)(c->g0 + (int64_t)c->n);
-        if (!c->live && c->n > 1 && ((uint64_t)c->g0 < g || ce - 1 > ge)) {
+        /* at slack inf idle chunks stay put, so a partly used one wastes nothing */
+        if (!st->runs && !c->live && c->n > 1 && ((uint64_t)c->g0 < g || ce - 1 > ge)) {
             part = GP_COST_PARTIAL;
             if (part + miss >= stop) return part + miss;
         }
@@ -617,7 +625,7 @@ static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at
     if (!r) return NULL;
     gm_devptr lo = r->h.ptr, hi = r->h.ptr + r->h.size - bytes;
     int64_t budget = INT64_MAX;
-    uint64_t best = st->nmulti ? cost(st, a, lo, bytes, UINT64_MAX, &budget)
+    uint64_t best = st->nmulti && !st->runs ? cost(st, a, lo, bytes, UINT64_MAX, &budget)
                                : unmapped_in(st, a, lo, bytes);
     *at = lo;
     budget = GP_COST_BUDGET; /* granule steps spent looking for a cheaper place */
