@@ -11,8 +11,8 @@ stack (its --timeout watchdog), and if gdb is installed orchestrate attaches
 it for every thread's native stack before killing the process.
 
 Order, most important first: GPU suites for both policies (short per-test
-timeouts), replay bench for policy gpumem and torch-native on every trace,
-GPT-2 small gpumem vs native, ResNet-50 losses, the torch-policy replay
+timeouts), replay bench for policy gpumem (granule chunks, and
+gpumem_chunks:run as gpumem-run) and torch-native on every trace, GPT-2 small gpumem vs native, ResNet-50 losses, the torch-policy replay
 cells, then the rest if time is left. Steps that would not fit in the budget
 are marked SKIP. OUT gets results.json only; logs go to LOGS (run_gpu.sh
 tars them into OUT/logs.tgz).
@@ -311,16 +311,18 @@ def print_tables(a, results):
         by = {(r["trace"], r["allocator"], r["pass"]): r for r in rep}
         print("\nTargets (issue 4): warm mean >= 5x faster than torch-native, warm p99 <= 1000 ns, "
               "cold mean <= torch-native cold, ratio <= 1.01:")
+        # gpumem-gpumem: the default (granule chunks); gpumem-run: gpumem_chunks:run
         for tr in sorted({r["trace"] for r in rep}):
             nat_w, nat_c = by.get((tr, "torch-native", "warm")), by.get((tr, "torch-native", "cold"))
-            g_w, g_c = by.get((tr, "gpumem-gpumem", "warm")), by.get((tr, "gpumem-gpumem", "cold"))
-            if not (g_w and g_c):
-                continue
-            sp = nat_w["ns_mean"] / g_w["ns_mean"] if nat_w and g_w["ns_mean"] else float("nan")
-            cold = ("%.2fx" % (g_c["ns_mean"] / nat_c["ns_mean"])) if nat_c and nat_c["ns_mean"] else "n/a"
-            ratio = g_c["peak_reserved"] / g_c["peak_requested"] if g_c["peak_requested"] else float("nan")
-            print("  %-34s warm speedup %6.2fx  warm p99 %6.0f ns  cold time vs native %s  ratio %.4f" % (
-                tr[:34], sp, g_w["ns_p99"], cold, ratio))
+            for al in ("gpumem-gpumem", "gpumem-run"):
+                g_w, g_c = by.get((tr, al, "warm")), by.get((tr, al, "cold"))
+                if not (g_w and g_c):
+                    continue
+                sp = nat_w["ns_mean"] / g_w["ns_mean"] if nat_w and g_w["ns_mean"] else float("nan")
+                cold = ("%.2fx" % (g_c["ns_mean"] / nat_c["ns_mean"])) if nat_c and nat_c["ns_mean"] else "n/a"
+                ratio = g_c["peak_reserved"] / g_c["peak_requested"] if g_c["peak_requested"] else float("nan")
+                print("  %-34s %-13s warm speedup %6.2fx  warm p99 %6.0f ns  cold time vs native %s  ratio %.4f" % (
+                    tr[:34], al, sp, g_w["ns_p99"], cold, ratio))
     g = {k: v for k, v in results.items() if k.startswith("gpt2_") and v}
     if g:
         print("\nGPT-2 small training (batch 8 x 512, bf16 autocast, AdamW):")
@@ -358,7 +360,7 @@ def main():
     steps = [("cpu", lambda: step_cpu_tests(a)),
              ("suite-gpumem", lambda: step_gpu_suite(a, "policy:gpumem", 75)),
              ("suite-torch", lambda: step_gpu_suite(a, "policy:torch", 75)),
-             ("replay-gpumem-native", lambda: step_replay(a, results, ["gpumem-gpumem", "torch-native"])),
+             ("replay-gpumem-native", lambda: step_replay(a, results, ["gpumem-gpumem", "gpumem-run", "torch-native"])),
              ("gpt2-gpumem", lambda: step_gpt2(a, results, "policy:gpumem")),
              ("resnet50-gpumem", lambda: step_resnet(a, results, "policy:gpumem")),
              ("replay-torch", lambda: step_replay(a, results, ["gpumem-torch"])),
