@@ -64,6 +64,8 @@ def main():
     ap.add_argument("--conf", default=None)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--snapshot", default=None,
+                    help="record the allocator's history and write it here (.pickle.gz), for replay off the GPU")
     a = ap.parse_args()
     # a hang shows where it is: every thread's Python stack, then exit 124
     faulthandler.enable()
@@ -84,6 +86,9 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
+    if a.snapshot:
+        # no stack frames: the replay needs only the events, and frames make it 100x larger
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=2000000)
     model, make_batch, loss_fn, opt = build(a.model, torch)
     model = model.cuda()
     model.train()
@@ -116,6 +121,11 @@ def main():
         losses.append(float(loss.item()))
         print("STEP %d loss %.6f ms %.2f" % (step, losses[-1], 1000 * times[-1]), flush=True)
 
+    if a.snapshot:
+        import gzip  # noqa: PLC0415
+        import pickle  # noqa: PLC0415
+        with gzip.open(a.snapshot, "wb") as f:
+            pickle.dump(torch.cuda.memory._snapshot(), f)
     if gt is not None:
         st = gt.memory_stats()
         status = gt.status()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call: what the CUDA driver's memory calls cost on this GPU
+# (bench/vmm_cost.c), and allocator-history snapshots of the GPT-2 small and
+# ResNet-50 training workloads under PyTorch's own allocator (for replay off
+# the GPU: their peaks are the baselines gpumem must beat on nvidia-smi).
+#   OUT=... bash tests/gpu/vmm_cost.sh
+set -u
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-/tmp/gpumem-out}
+mkdir -p "$OUT"
+cd "$SRC"
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+gcc -O2 -std=c11 -I"$CUDA_HOME/include" bench/vmm_cost.c -o /tmp/vmm_cost -L"$CUDA_HOME/lib64/stubs" -lcuda \
+  && /tmp/vmm_cost | tee "$OUT/vmm_cost.txt"
+export PYTHONPATH=$SRC/python PYTHONUNBUFFERED=1
+for m in gpt2 resnet50; do
+  timeout 150 python3 tests/gpu/gpu_workloads.py --model $m --alloc native --steps 6 \
+    --snapshot "$OUT/${m}_train_native.pickle.gz" --out "$OUT/${m}_native.json" 2>&1 | tail -3
+done
+ls -la "$OUT"
