@@ -232,6 +232,8 @@ static int gp_create(gm__device *d, void **state) {
      * than a granule costs no memory there while the device has room, and
      * saves device calls; opt-in because under pressure it pins memory */
     st->runs = isinf(st->slack) && d->cfg && d->cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN;
+    /* at inf nothing on the hot path reads live counts (policy_gpumem_va.c) */
+    st->lazy_ok = st->lazy = isinf(st->slack);
     for (int o = 0; o < GP_NORDERS; o++)
         st->idle[o] = st->loose[o] = st->idle_tail[o] = st->loose_tail[o] = -1;
     uint64_t g = 0;

@@ -110,6 +110,8 @@ typedef struct gp_state {
     uint64_t held_bytes;       /* physical bytes held (chunks, or plain mallocs) */
     double slack;              /* cfg gpumem_slack: may hold (1 + slack) x peak live granules */
     bool runs;                 /* gpumem_chunks:run at slack inf: one chunk per run of unmapped granules */
+    bool lazy_ok;              /* slack inf: live counts may go stale between pressure events */
+    bool lazy;                 /* chunks' live counts, idle lists, live_gran are stale now */
     gp_block *pool;            /* recycled block structs */
     void **slabs;              /* host allocations of block structs */
     size_t nslabs, slabs_cap;
@@ -128,6 +130,8 @@ int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
 void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b);
 int gm__gp_release_unused(gp_state *st);
 void gm__gp_release_all(gp_state *st);
+void gm__gp_live_sync(gp_state *st);
+void gm__gp_live_drop(gp_state *st);
 void gm__gp_bin_insert(gp_arena *a, gp_block *b);
 void gm__gp_bin_remove(gp_arena *a, gp_block *b);
 unsigned gm__gp_bin_of(uint64_t units);

@@ -120,6 +120,7 @@ static inline void idle_del(gp_state *st, gp_chunk *c) {
 }
 
 static void touch_inc(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
+    if (st->lazy) return;
     uint64_t g = (p - a->base) >> st->gshift;
     uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;
     uint64_t live = st->live_gran;
@@ -138,6 +139,7 @@ static void touch_inc(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
 }
 
 static void touch_dec(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
+    if (st->lazy) return;
     uint64_t g = (p - a->base) >> st->gshift;
     uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;
     uint64_t live = st->live_gran;
@@ -151,6 +153,69 @@ static void touch_dec(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
         g = (uint64_t)(c->g0 + (int64_t)c->n);
     }
     st->live_gran = live;
+}
+
+/* ---- live counts, kept lazily at slack inf ---------------------------------
+ * At gpumem_slack:inf idle chunks move only under memory pressure (or are
+ * given back by empty_cache), so nothing on the hot path reads the chunks'
+ * live counts or idle lists, and keeping them exact costs a list update per
+ * granule of every large block allocated or freed: a third of a warm pass's
+ * instructions. There (st->lazy_ok) they are left stale (st->lazy: every
+ * mapped chunk on no list) and recounted from the blocks, in address order,
+ * just before something needs them (gm__gp_live_sync), then dropped again
+ * (gm__gp_live_drop). Finite slack reads them on every placement that maps,
+ * so it keeps them exact all the time. */
+
+void gm__gp_live_sync(gp_state *st) {
+    if (!st->lazy) return;
+    for (int32_t i = 0; i < st->nchunks; i++) st->chunks[i].live = 0;
+    for (uint32_t k = 0; k < st->narenas; k++) {
+        gp_arena *a = st->arenas[k];
+        if (!a->gran) continue;
+        for (gp_block *b = a->head; b; b = b->next) {
+            if (b->state == GP_FREE) continue;
+            uint64_t g = (b->h.ptr - a->base) >> st->gshift;
+            uint64_t ge = (b->h.ptr - a->base + b->h.size - 1) >> st->gshift;
+            while (g <= ge) {
+                gp_chunk *c = &st->chunks[a->gran[g]];
+                c->live++;
+                g = (uint64_t)(c->g0 + (int64_t)c->n);
+            }
+        }
+    }
+    uint64_t live = 0;
+    for (uint32_t k = 0; k < st->narenas; k++) {
+        gp_arena *a = st->arenas[k];
+        for (uint64_t g = 0; a->gran && g < a->ngran; g++) {
+            if (!(a->mapped[g >> 6] >> (g & 63) & 1)) { /* skip unmapped words fast */
+                if (!a->mapped[g >> 6]) g |= 63;
+                continue;
+            }
+            int32_t i = a->gran[g];
+            gp_chunk *c = &st->chunks[i];
+            if ((uint64_t)c->g0 != g) continue; /* visit each chunk at its first granule */
+            if (c->live) live += c->n;
+            else idle_add(st, i, c);
+        }
+    }
+    st->live_gran = live;
+    if (live > st->peak_live_gran) st->peak_live_gran = live;
+    st->lazy = false;
+}
+
+void gm__gp_live_drop(gp_state *st) {
+    if (!st->lazy_ok || st->lazy) return;
+    for (int o = 0; o < GP_NORDERS; o++) {
+        for (int32_t i = st->idle[o]; i >= 0;) {
+            gp_chunk *c = &st->chunks[i];
+            int32_t nx = c->lnext;
+            c->list = GP_LIST_NONE;
+            c->lprev = c->lnext = -1;
+            i = nx;
+        }
+        st->idle[o] = st->idle_tail[o] = -1;
+    }
+    st->lazy = true;
 }
 
 /* ---- chunk lists ----------------------------------------------------------- */
@@ -272,7 +337,7 @@ static int chunk_map(gp_state *st, gp_arena *a, int32_t i, uint64_t g) {
         a->gran[g + k] = i;
         a->mapped[(g + k) >> 6] |= (uint64_t)1 << ((g + k) & 63);
     }
-    chunk_list_add(st, i, GP_LIST_IDLE); /* until the placement touches it */
+    if (!st->lazy) chunk_list_add(st, i, GP_LIST_IDLE); /* until the placement touches it */
     return GM_OK;
 }
 
@@ -420,6 +485,7 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
             if (rc && rc != GM_ENOMEM) return rc;
             if (rc) i = -1;
         }
+        if (i < 0) gm__gp_live_sync(st); /* pressure: idle chunks must be known */
         if (i < 0) i = take_le(st, GP_LIST_IDLE, n, a, pg0, pg1);
         if (i < 0 && cap > 1) i = take_over(st, GP_LIST_LOOSE, a, g, n, pg0, pg1, &at);
         if (i < 0 && cap > 1) i = take_over(st, GP_LIST_IDLE, a, g, n, pg0, pg1, &at);
@@ -565,7 +631,7 @@ static uint64_t cost(const gp_state *st, const gp_arena *a, gm_devptr p, uint64_
         const gp_chunk *c = &st->chunks[i];
         uint64_t ce = (uint64_t)(c->g0 + (int64_t)c->n);
         /* at slack inf idle chunks stay put, so a partly used one wastes nothing */
-        if (!st->runs && !c->live && c->n > 1 && ((uint64_t)c->g0 < g || ce - 1 > ge)) {
+        if (!st->runs && !st->lazy && !c->live && c->n > 1 && ((uint64_t)c->g0 < g || ce - 1 > ge)) {
             part = GP_COST_PARTIAL;
             if (part + miss >= stop) return part + miss;
         }
@@ -695,7 +761,7 @@ static int carve(gp_state *st, gp_arena *a, gp_block *r, gm_devptr p, uint64_t b
     return GM_OK;
 }
 
-int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
+static int va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
     uint64_t bytes = units << GP_ALIGN_SHIFT;
     if (bytes > a->va_size) return GM_ENOMEM;
     for (int pass = 0;; pass++) {
@@ -710,6 +776,12 @@ int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
         }
         return carve(st, a, r, at, bytes, out);
     }
+}
+
+int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
+    int rc = va_place(st, a, units, out);
+    gm__gp_live_drop(st); /* the pressure (if any) is over */
+    return rc;
 }
 
 void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b) {
@@ -736,6 +808,7 @@ void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b) {
 /* Give every idle or loose chunk back to the backend. */
 int gm__gp_release_unused(gp_state *st) {
     int first = GM_OK;
+    gm__gp_live_sync(st);
     for (int o = 0; o < GP_NORDERS; o++) {
         for (int pass = 0; pass < 2; pass++) {
             int32_t *h = pass ? &st->idle[o] : &st->loose[o];
@@ -748,6 +821,7 @@ int gm__gp_release_unused(gp_state *st) {
             }
         }
     }
+    gm__gp_live_drop(st);
     return first;
 }
 
