@@ -644,6 +644,10 @@ static uint64_t cost(const gp_state *st, const gp_arena *a, gm_devptr p, uint64_
  * granule (the default: no chunk can be partly used): the unmapped granules,
  * counted 64 at a time. Best fit's first look at a large block would
  * otherwise visit each of its granules, the longest step of a warm malloc. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__)
+/* the x86-64 baseline has no popcnt instruction: pick it at load time where the CPU has it */
+__attribute__((target_clones("popcnt", "default")))
+#endif
 static uint64_t unmapped_in(const gp_state *st, const gp_arena *a, gm_devptr p, uint64_t bytes) {
     uint64_t g = (p - a->base) >> st->gshift;
     uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;

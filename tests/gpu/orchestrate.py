@@ -368,6 +368,8 @@ def main():
              ("replay-gpumem-native", lambda: step_replay(a, results, ["gpumem-gpumem", "gpumem-run", "torch-native"])),
              ("gpt2-gpumem", lambda: step_gpt2(a, results, "policy:gpumem")),
              ("resnet50-gpumem", lambda: step_resnet(a, results, "policy:gpumem")),
+             ("gpt2-run", lambda: step_gpt2(a, results, "policy:gpumem,gpumem_chunks:run")),
+             ("resnet50-run", lambda: step_resnet(a, results, "policy:gpumem,gpumem_chunks:run")),
              ("replay-torch", lambda: step_replay(a, results, ["gpumem-torch"])),
              ("multi", lambda: step_multi_gpu(a)),
              ("gpt2-torch", lambda: step_gpt2(a, results, "policy:torch", 6)),
