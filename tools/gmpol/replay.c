@@ -195,6 +195,11 @@ int main(int argc, char **argv) {
                (long long)(s1.num_unmap - s0.num_unmap), (long long)(s1.num_phys_release - s0.num_phys_release),
                (long long)(s1.num_device_alloc - s0.num_device_alloc),
                (long long)(s1.num_device_free - s0.num_device_free));
+        if (getenv("GMPOL_POOLS"))
+            for (int q = 1; q <= 2; q++)
+                printf("      pool %d: peak requested %lld reserved %lld (%.4f of all requested)\n", q,
+                       (long long)s1.requested_bytes[q].peak, (long long)s1.reserved_bytes[q].peak,
+                       (double)s1.reserved_bytes[q].peak / (double)req);
         if (touched) printf("      peak touched granules %llu = %.5f of peak requested\n", (unsigned long long)tg_peak,
                             (double)(tg_peak << 21) / (double)req);
         tg_peak = tg_cur;
