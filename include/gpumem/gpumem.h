@@ -198,6 +198,14 @@ GM_API int gm_sim_complete_events(gm_backend *b, int device, gm_stream stream);
  * by address, go as they went on the real device. */
 GM_API int gm_sim_add_address_hint(gm_backend *b, int device, uint64_t size, gm_devptr addr);
 
+/* Sim only: successful calls of `kind` (GM_BCALL_MALLOC, _FREE, _PHYS_CREATE,
+ * _PHYS_RELEASE, _MAP, _UNMAP; other kinds stay 0) on `device` so far, by
+ * size: count[k] calls and bytes[k] bytes in all of sizes 2^k..2^(k+1)-1.
+ * On a GPU a call's cost depends on its size (bench/vmm_cost.c). */
+#define GM_SIM_SIZE_BUCKETS 64
+GM_API int gm_sim_call_sizes(gm_backend *b, int device, int kind, uint64_t count[GM_SIM_SIZE_BUCKETS],
+                             uint64_t bytes[GM_SIM_SIZE_BUCKETS]);
+
 /* The CUDA driver backend (libcuda.so.1 via dlopen). GM_ENODRIVER without it. */
 GM_API int gm_cuda_create(gm_backend **out);
 
