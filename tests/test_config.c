@@ -202,21 +202,24 @@ static void test_gpumem_slack(void **state) {
     assert_non_null(strstr(buf, "gpumem_slack:"));
 }
 
-/* gpumem_chunks: granule (default) or run; anything else names the value */
+/* gpumem_chunks: auto (default), granule or run; anything else names the value */
 static void test_gpumem_chunks(void **state) {
     (void)state;
     gm_config d;
     gm_config_init(&d);
-    assert_int_equal(d.gpumem_chunks, GM_GPUMEM_CHUNKS_GRANULE);
+    assert_int_equal(d.gpumem_chunks, GM_GPUMEM_CHUNKS_AUTO);
     gm_config c = parse_ok("policy:gpumem,gpumem_chunks:run");
     assert_int_equal(c.gpumem_chunks, GM_GPUMEM_CHUNKS_RUN);
     c = parse_ok("gpumem_chunks:granule");
     assert_int_equal(c.gpumem_chunks, GM_GPUMEM_CHUNKS_GRANULE);
+    c = parse_ok("gpumem_chunks:run,gpumem_chunks:auto");
+    assert_int_equal(c.gpumem_chunks, GM_GPUMEM_CHUNKS_AUTO);
     parse_bad("gpumem_chunks:runs", "runs");
     parse_bad("gpumem_chunks:1", "gpumem_chunks");
     parse_bad("gpumem_chunks:", "gpumem_chunks");
     roundtrip("gpumem_chunks:run", "gpumem_chunks:run");
-    roundtrip("gpumem_chunks:granule", ""); /* the default is not written */
+    roundtrip("gpumem_chunks:granule", "gpumem_chunks:granule");
+    roundtrip("gpumem_chunks:auto", ""); /* the default is not written */
     roundtrip("policy:gpumem,gpumem_slack:inf,gpumem_chunks:run", NULL);
 }
 

@@ -2,7 +2,8 @@
  * backend: placement, no overlaps under random alloc/free (gm_check after
  * every step), moving idle granules instead of creating memory, OOM ->
  * reclaim -> retry, per-stream reuse, empty_cache, the fallback for a
- * backend without VMM, and gpumem_chunks:run's cold start. */
+ * backend without VMM, gpumem_chunks:run's and :auto's cold start, and
+ * :auto cutting an idle chunk that a placement would use in part. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -226,12 +227,15 @@ static uint64_t cold_workload(gm_allocator *al) {
 
 static void test_chunks_run_cold_start(void **state) {
     (void)state;
-    gm_stats cold[2], warm[2];
-    uint64_t peak[2];
-    for (int run = 0; run < 2; run++) {
+    static const char *const conf[3] = {"policy:gpumem,gpumem_slack:inf,gpumem_chunks:granule",
+                                        "policy:gpumem,gpumem_slack:inf,gpumem_chunks:run",
+                                        "policy:gpumem,gpumem_slack:inf"}; /* auto, the default */
+    gm_stats cold[3], warm[3];
+    uint64_t peak[3];
+    for (int run = 0; run < 3; run++) {
         env e;
-        setup_env_conf(&e, 4096 * MIB, false,
-                       run ? "policy:gpumem,gpumem_slack:inf,gpumem_chunks:run" : "policy:gpumem,gpumem_slack:inf");
+        /* roomy: auto's chunks are at most 1/1024 of the free memory (64 MiB here) */
+        setup_env_conf(&e, 64 * 1024 * MIB, false, conf[run]);
         peak[run] = cold_workload(e.al);
         cold[run] = stats(e.al);
         cold_workload(e.al);
@@ -241,11 +245,14 @@ static void test_chunks_run_cold_start(void **state) {
     }
     /* granule mode: one create + one map per 2 MiB granule touched */
     assert_true(cold[0].num_phys_create >= 300);
-    assert_true(cold[1].num_phys_create * 10 <= cold[0].num_phys_create);
-    assert_true(cold[1].num_map * 10 <= cold[0].num_map);
-    assert_true(cold[1].num_phys_create > 0);
-    assert_int_equal(peak[1], peak[0]);
-    for (int run = 0; run < 2; run++) { /* warm: no device call */
+    for (int run = 1; run < 3; run++) {
+        assert_true(cold[run].num_phys_create * 10 <= cold[0].num_phys_create);
+        assert_true(cold[run].num_map * 10 <= cold[0].num_map);
+        assert_true(cold[run].num_phys_create > 0);
+        assert_int_equal(cold[run].num_phys_release, 0);
+        assert_int_equal(peak[run], peak[0]);
+    }
+    for (int run = 0; run < 3; run++) { /* warm: no device call */
         assert_int_equal(warm[run].num_phys_create, cold[run].num_phys_create);
         assert_int_equal(warm[run].num_map, cold[run].num_map);
         assert_int_equal(warm[run].num_unmap, cold[run].num_unmap);
@@ -262,6 +269,49 @@ static void test_chunks_run_cold_start(void **state) {
     }
     assert_true(creates[0] >= 300);
     assert_int_equal(creates[1], creates[0]);
+}
+
+/* gpumem_chunks:auto once memory held passes 15% of the device: a block's
+ * interior gets chunks, and an idle chunk that a placement would use in part
+ * is cut into chunks over the same granules first (one release, three
+ * creates, memory unchanged), so no chunk pins granules no block uses;
+ * `run` pins it instead (no call). The cut chunks are then reused whole. */
+static void test_chunks_auto_cuts_partial_reuse(void **state) {
+    (void)state;
+    for (int run = 0; run < 2; run++) {
+        env e;
+        setup_env_conf(&e, 16 * 1024 * MIB, false,
+                       run ? "policy:gpumem,gpumem_chunks:run" : "policy:gpumem,gpumem_chunks:auto");
+        gm_devptr f = alloc(e.al, 2600 * MIB, 0); /* held 2600 MiB > 15% of 16 GiB */
+        gm_devptr b = alloc(e.al, 100 * MIB, 0);  /* granule-aligned after f: all interior */
+        assert_int_equal(b, f + 2600 * MIB);
+        assert_int_equal(gm_free(e.al, b), GM_OK);
+        gm_stats s1 = stats(e.al);
+        gm_devptr q = alloc(e.al, 5 * MIB, 0); /* over b's first chunk, in part */
+        assert_int_equal(q, b);
+        gm_stats s2 = stats(e.al);
+        check_ok(e.al);
+        assert_int_equal(s2.reserved_bytes[GM_POOL_ALL].current, s1.reserved_bytes[GM_POOL_ALL].current);
+        if (run) {
+            assert_int_equal(s2.num_phys_release, s1.num_phys_release);
+            assert_int_equal(s2.num_map, s1.num_map);
+        } else {
+            /* [0, 2) q's interior, [2, 3) its edge, the rest of the chunk */
+            assert_int_equal(s2.num_phys_release, s1.num_phys_release + 1);
+            assert_int_equal(s2.num_unmap, s1.num_unmap + 1);
+            assert_int_equal(s2.num_phys_create, s1.num_phys_create + 3);
+            assert_int_equal(s2.num_map, s1.num_map + 3);
+        }
+        assert_int_equal(gm_free(e.al, q), GM_OK);
+        q = alloc(e.al, 5 * MIB, 0);
+        gm_stats s3 = stats(e.al);
+        assert_int_equal(s3.num_phys_create, s2.num_phys_create);
+        assert_int_equal(s3.num_phys_release, s2.num_phys_release);
+        assert_int_equal(gm_free(e.al, q), GM_OK);
+        assert_int_equal(gm_free(e.al, f), GM_OK);
+        check_ok(e.al);
+        teardown_env(&e);
+    }
 }
 
 /* A block whose free waits for another stream's event is reclaimed by the
@@ -436,6 +486,7 @@ int main(void) {
         cmocka_unit_test(test_empty_cache),
         cmocka_unit_test(test_fallback_without_vmm),
         cmocka_unit_test(test_chunks_run_cold_start),
+        cmocka_unit_test(test_chunks_auto_cuts_partial_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

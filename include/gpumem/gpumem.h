@@ -81,8 +81,10 @@ typedef enum gm_policy_kind {
 
 /* gm_config.gpumem_chunks: how large the gpumem policy's physical chunks are */
 typedef enum gm_gpumem_chunks {
-    GM_GPUMEM_CHUNKS_GRANULE = 0, /* one granule each (default) */
-    GM_GPUMEM_CHUNKS_RUN = 1      /* one per run of unmapped granules (slack inf only) */
+    GM_GPUMEM_CHUNKS_GRANULE = 0, /* one granule each */
+    GM_GPUMEM_CHUNKS_RUN = 1,     /* one per run of unmapped granules (slack inf only) */
+    GM_GPUMEM_CHUNKS_AUTO = 2     /* run while the device has room, then granule-safe
+                                     (slack inf only; the default) */
 } gm_gpumem_chunks;
 
 #define GM_ROUNDUP_INTERVALS 16 /* torch: 1 MiB, 2 MiB, ... 32 GiB (last one is ">") */
@@ -110,13 +112,21 @@ typedef struct gm_config {
      * instead of creating more: 0 = least memory (moves every step), inf =
      * moves only under memory pressure (no device calls once warm). */
     double gpumem_slack;
-    /* gpumem policy only: gpumem_chunks:granule|run. granule (default): one
-     * physical chunk per 2 MiB granule. run: at gpumem_slack:inf only (ignored
-     * otherwise), one chunk per run of unmapped granules a placement needs
-     * (up to 1 GiB): a cold first pass makes 6-33x fewer create/map calls
-     * and holds the same memory when the device has room, but may run out
-     * of memory earlier on a nearly full device, since a partly live chunk
-     * pins all its granules. */
+    /* gpumem policy only: gpumem_chunks:auto|granule|run (the physical
+     * chunks' size; run and auto apply at gpumem_slack:inf only, granule
+     * otherwise). granule: one chunk per 2 MiB granule, so memory between
+     * blocks moves granule by granule under pressure, but a cold first pass
+     * makes one create+map per granule (12-18x slower than PyTorch's on an
+     * H200). run: one chunk per run of unmapped granules a placement needs
+     * (up to 1 GiB): few calls, same memory with room to spare, but a partly
+     * live chunk pins all its granules, so it runs out of memory earlier on
+     * a nearly full device. auto (default): like run while memory held is
+     * below 15% of the device, with chunks of at most 1/1024 of the free
+     * memory; past that, only a large block's interior gets a multi-granule
+     * chunk and an idle one that a placement would use in part is first cut
+     * into chunks over the same granules: run's cold pass (1.0-1.5x its
+     * calls), granule's memory and out-of-memory behaviour on every trace
+     * measured (bench/gpumem_policy_tradeoff.md). */
     gm_gpumem_chunks gpumem_chunks;
 } gm_config;
 
@@ -197,6 +207,14 @@ GM_API int gm_sim_complete_events(gm_backend *b, int device, gm_stream stream);
  * Replay feeds a trace's segment addresses so best-fit ties, which break
  * by address, go as they went on the real device. */
 GM_API int gm_sim_add_address_hint(gm_backend *b, int device, uint64_t size, gm_devptr addr);
+
+/* Sim only: successful calls of `kind` (GM_BCALL_MALLOC, _FREE, _PHYS_CREATE,
+ * _PHYS_RELEASE, _MAP, _UNMAP; other kinds stay 0) on `device` so far, by
+ * size: count[k] calls and bytes[k] bytes in all of sizes 2^k..2^(k+1)-1.
+ * On a GPU a call's cost depends on its size (bench/vmm_cost.c). */
+#define GM_SIM_SIZE_BUCKETS 64
+GM_API int gm_sim_call_sizes(gm_backend *b, int device, int kind, uint64_t count[GM_SIM_SIZE_BUCKETS],
+                             uint64_t bytes[GM_SIM_SIZE_BUCKETS]);
 
 /* The CUDA driver backend (libcuda.so.1 via dlopen). GM_ENODRIVER without it. */
 GM_API int gm_cuda_create(gm_backend **out);

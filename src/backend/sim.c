@@ -70,7 +70,16 @@ typedef struct sim_dev {
     slots phys, events;
     sim_hint *hints;
     size_t nhints, caphints, hint_next; /* hints before hint_next are all used */
+    /* successful sized calls by kind and log2(bytes): what each call costs on
+     * a GPU depends on its size (bench/vmm_cost.c), so replay reports them */
+    uint64_t szn[GM_BCALL_COUNT][GM_SIM_SIZE_BUCKETS], szb[GM_BCALL_COUNT][GM_SIM_SIZE_BUCKETS];
 } sim_dev;
+
+static void count_size(sim_dev *d, int kind, uint64_t bytes) {
+    unsigned k = bytes ? 63u - (unsigned)__builtin_clzll(bytes) : 0;
+    d->szn[kind][k]++;
+    d->szb[kind][k] += bytes;
+}
 
 typedef struct sim {
     pthread_mutex_t lock;
@@ -273,6 +282,7 @@ static int sim_malloc(void *ctx, int dev, uint64_t size, gm_devptr *out) {
                       SIM_MALLOC_STRIDE, sz, SIM_MALLOC_ALIGN, out);
         if (rc == GM_OK) d->used += sz;
     }
+    if (rc == GM_OK) count_size(d, GM_BCALL_MALLOC, sz);
     SIM_LEAVE()
 }
 
@@ -283,6 +293,7 @@ static int sim_free(void *ctx, int dev, gm_devptr ptr) {
     if (!r || r->start != ptr) rc = GM_EINVAL; /* never allocated, or already freed */
     else {
         d->used -= r->size;
+        count_size(d, GM_BCALL_FREE, r->size);
         rs_remove(&d->mallocs, i);
     }
     SIM_LEAVE()
@@ -326,6 +337,7 @@ static int sim_phys_create(void *ctx, int dev, uint64_t size, gm_physmem *out) {
         p->gen++;
         p->used = true;
         d->used += size;
+        count_size(d, GM_BCALL_PHYS_CREATE, size);
         *out = make_handle(idx, p->gen);
     }
     SIM_LEAVE()
@@ -338,6 +350,7 @@ static int sim_phys_release(void *ctx, int dev, gm_physmem h) {
     if (!p || p->mapped_va) rc = GM_EINVAL;
     else {
         d->used -= p->size;
+        count_size(d, GM_BCALL_PHYS_RELEASE, p->size);
         p->used = false;
         slot_release(&d->phys, idx);
     }
@@ -376,6 +389,7 @@ static int sim_map(void *ctx, int dev, gm_devptr va, uint64_t size, gm_physmem h
     for (uint64_t i = 0; i < n; i++) r->pages[first + i] = (uint32_t)(idx + 1);
     r->mapped_pages += n;
     p->mapped_va = va;
+    count_size(d, GM_BCALL_MAP, size);
 out:
     SIM_LEAVE()
 }
@@ -408,6 +422,7 @@ static int sim_unmap(void *ctx, int dev, gm_devptr va, uint64_t size) {
         i += k;
     }
     r->mapped_pages -= n;
+    count_size(d, GM_BCALL_UNMAP, size);
 out:
     SIM_LEAVE()
 }
@@ -536,6 +551,20 @@ int gm_sim_complete_events(gm_backend *b, int device, gm_stream stream) {
         sim_event *e = slot_at(&d->events, i);
         if (e->used && (stream == UINT64_MAX || e->stream == stream)) e->done = true;
     }
+    SIM_LEAVE()
+}
+
+int gm_sim_call_sizes(gm_backend *b, int device, int kind, uint64_t count[GM_SIM_SIZE_BUCKETS],
+                      uint64_t bytes[GM_SIM_SIZE_BUCKETS]) {
+    const gm_backend_ops *ops;
+    void *ctx = b ? gm__backend_ctx(b, &ops) : NULL;
+    if (!ctx || ops->destroy != sim_destroy)
+        return gm__set_error(GM_EINVAL, "gm_sim_call_sizes: not a sim backend");
+    if (kind < 0 || kind >= GM_BCALL_COUNT || !count || !bytes)
+        return gm__set_error(GM_EINVAL, "gm_sim_call_sizes: bad kind %d or NULL output", kind);
+    SIM_ENTER(ctx, device)
+    memcpy(count, d->szn[kind], sizeof d->szn[kind]);
+    memcpy(bytes, d->szb[kind], sizeof d->szb[kind]);
     SIM_LEAVE()
 }
 

@@ -38,6 +38,25 @@ static void cli_json_string(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+/* "device_call_sizes":{"phys_create":{"21":[calls,bytes],...},...}: calls of
+ * 2^21..2^22-1 bytes and their total, so a cost model per size can be applied
+ * (tools/first_pass_cost.py). */
+static void print_sized(const gm_replay_result *r) {
+    printf(",\"device_call_sizes\":{");
+    for (int k = 0; k < GM_REPLAY_SIZED; k++) {
+        printf("%s\"%s\":{", k ? "," : "", gm_replay_sized_names[k]);
+        bool first = true;
+        for (int b = 0; b < GM_SIM_SIZE_BUCKETS; b++) {
+            if (!r->sized_n[k][b]) continue;
+            printf("%s\"%d\":[%llu,%llu]", first ? "" : ",", b, (unsigned long long)r->sized_n[k][b],
+                   (unsigned long long)r->sized_bytes[k][b]);
+            first = false;
+        }
+        printf("}");
+    }
+    printf("}");
+}
+
 static void print_json(const char *path, const gm_trace *t, const gm_config *cfg, const char *conf,
                        int device, uint64_t capacity, const gm_replay_result *r) {
     printf("{\"trace\":");
@@ -67,11 +86,13 @@ static void print_json(const char *path, const gm_trace *t, const gm_config *cfg
     }
     printf(",\"device_calls\":{\"device_alloc\":%lld,\"device_free\":%lld,\"va_reserve\":%lld,"
            "\"va_release\":%lld,\"phys_create\":%lld,\"phys_release\":%lld,\"map\":%lld,"
-           "\"unmap\":%lld},\"seconds\":%.6f}\n",
+           "\"unmap\":%lld},\"seconds\":%.6f",
            (long long)r->num_device_alloc, (long long)r->num_device_free,
            (long long)r->num_va_reserve, (long long)r->num_va_release,
            (long long)r->num_phys_create, (long long)r->num_phys_release, (long long)r->num_map,
            (long long)r->num_unmap, r->seconds);
+    print_sized(r);
+    printf("}\n");
 }
 
 static void print_text(const char *path, const gm_trace *t, const gm_config *cfg, const char *conf,

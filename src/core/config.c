@@ -9,7 +9,7 @@
  * keys back in a canonical order that gm_config_parse reads again.
  * gpumem's own keys: `policy:torch|gpumem` and `gpumem_slack:<x>|inf` (how
  * much memory the gpumem policy may hold over its need before it moves idle
- * memory instead of creating more) and `gpumem_chunks:granule|run` (the
+ * memory instead of creating more) and `gpumem_chunks:auto|granule|run` (the
  * size of its physical chunks at slack inf); see policy_gpumem.c. */
 #include "frontend.h"
 
@@ -39,6 +39,7 @@ void gm_config_init(gm_config *cfg) {
     cfg->per_process_memory_fraction = 1.0;
     snprintf(cfg->backend, sizeof cfg->backend, "native");
     cfg->gpumem_slack = GPUMEM_SLACK_DEFAULT;
+    cfg->gpumem_chunks = GM_GPUMEM_CHUNKS_AUTO; /* measured: bench/gpumem_policy_tradeoff.md */
 }
 
 /* ---- tokenizer ---------------------------------------------------------- */
@@ -255,7 +256,8 @@ static int parse_key(parser *ps, const char *key, gm_config *c) {
     } else if (!strcmp(key, "gpumem_chunks")) {
         if (!strcmp(v, "granule")) c->gpumem_chunks = GM_GPUMEM_CHUNKS_GRANULE;
         else if (!strcmp(v, "run")) c->gpumem_chunks = GM_GPUMEM_CHUNKS_RUN;
-        else return fail(ps, "%s: bad value '%s' (expected granule or run)", key, v);
+        else if (!strcmp(v, "auto")) c->gpumem_chunks = GM_GPUMEM_CHUNKS_AUTO;
+        else return fail(ps, "%s: bad value '%s' (expected granule, run or auto)", key, v);
     } else if (!strcmp(key, "policy")) {
         if (!strcmp(v, "torch")) c->policy = GM_POLICY_TORCH;
         else if (!strcmp(v, "gpumem")) c->policy = GM_POLICY_GPUMEM;
@@ -315,7 +317,8 @@ int gm__config_check(const gm_config *c, char *err, size_t errlen) {
         bad = "per_process_memory_fraction";
     else if (strcmp(c->backend, "native") && strcmp(c->backend, "cudaMallocAsync")) bad = "backend";
     else if (!(c->gpumem_slack >= 0.0)) bad = "gpumem_slack"; /* NaN too; +inf is valid */
-    else if (c->gpumem_chunks != GM_GPUMEM_CHUNKS_GRANULE && c->gpumem_chunks != GM_GPUMEM_CHUNKS_RUN)
+    else if (c->gpumem_chunks != GM_GPUMEM_CHUNKS_GRANULE && c->gpumem_chunks != GM_GPUMEM_CHUNKS_RUN &&
+             c->gpumem_chunks != GM_GPUMEM_CHUNKS_AUTO)
         bad = "gpumem_chunks";
     for (int i = 0; !bad && i < GM_ROUNDUP_INTERVALS; i++)
         if (c->roundup_power2_divisions[i] && !is_pow2(c->roundup_power2_divisions[i]))
@@ -393,7 +396,9 @@ int gm_config_format(const gm_config *cfg, char *buf, size_t len) {
         if (isinf(cfg->gpumem_slack)) gm__put(&o, "inf");
         else put_double(&o, cfg->gpumem_slack);
     }
-    if (cfg->gpumem_chunks != def.gpumem_chunks)
-        sep(&o), gm__put(&o, "gpumem_chunks:%s", cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN ? "run" : "granule");
+    if (cfg->gpumem_chunks != def.gpumem_chunks) {
+        static const char *const names[] = {"granule", "run", "auto"};
+        sep(&o), gm__put(&o, "gpumem_chunks:%s", names[(unsigned)cfg->gpumem_chunks % 3u]);
+    }
     return gm__put_finish(&o, "gm_config_format");
 }

@@ -30,14 +30,23 @@
  *    memory = granules ever touched); slack 0 gives the least memory (held =
  *    peak live granules) but moves memory in every step.
  *    bench/gpumem_policy_tradeoff.md has the measured trade-off.
- *  - gpumem_chunks:run (config, opt-in; applies only at gpumem_slack:inf,
- *    ignored otherwise): a placement's run of unmapped granules gets one
- *    chunk (up to GP_RUN_GRANULES = 1 GiB) instead of one per granule, and
- *    placement stops avoiding partly used idle chunks (at inf they do not
- *    move anyway). Fast first pass (6-33x fewer create+map calls on the
- *    traces), same peak memory while the device has room, but it may run
+ *  - gpumem_chunks (config; run and auto apply only at gpumem_slack:inf,
+ *    granule otherwise). granule: every chunk is one granule. run: a
+ *    placement's run of unmapped granules gets one chunk (up to
+ *    GP_RUN_GRANULES = 1 GiB) and placement stops avoiding partly used idle
+ *    chunks (at inf they do not move anyway): 6-33x fewer create+map calls on
+ *    a cold start, same peak memory while the device has room, but it may run
  *    out of memory earlier on a nearly full device: a chunk with one live
  *    block pins all its granules, where granule chunks could move singly.
+ *    auto (default): run's chunks, at most 1/GP_AUTO_HEADROOM of the free
+ *    memory each, while memory held is below GP_AUTO_PERMILLE (15%) of the
+ *    device; past that, only a large block's interior (granules no other
+ *    block can touch while it lives) gets a multi-granule chunk, and an idle
+ *    chunk that a placement would use in part is first cut into chunks over
+ *    the same granules (split_partial in policy_gpumem_va.c), so nothing made
+ *    once the device may fill up pins memory. A cold pass costs run's calls
+ *    when the device has room, and every trace that fits with granule chunks
+ *    at 1.0-1.1x its peak fits with auto (bench/gpumem_policy_tradeoff.md).
  *  - The price of moving is device calls: memory between live blocks moves to where
  *    it is needed, one granule per call, on a cold start and in later steps
  *    whenever the live set moves to other granules. GP_BIG_BYTES /
@@ -231,7 +240,8 @@ static int gp_create(gm__device *d, void **state) {
     /* idle chunks move only under memory pressure at inf, so a chunk larger
      * than a granule costs no memory there while the device has room, and
      * saves device calls; opt-in because under pressure it pins memory */
-    st->runs = isinf(st->slack) && d->cfg && d->cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN;
+    st->autoc = isinf(st->slack) && d->cfg && d->cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_AUTO;
+    st->runs = isinf(st->slack) && d->cfg && (d->cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN || st->autoc);
     /* at inf nothing on the hot path reads live counts (policy_gpumem_va.c) */
     st->lazy_ok = st->lazy = isinf(st->slack);
     for (int o = 0; o < GP_NORDERS; o++)

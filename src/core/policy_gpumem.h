@@ -43,6 +43,19 @@
 #ifndef GP_RUN_GRANULES
 #define GP_RUN_GRANULES 512
 #endif
+/*  GP_AUTO_PERMILLE       with gpumem_chunks:auto, chunks span runs (as with
+ *                         :run) until memory held passes this share of the
+ *                         device; past it, only a block's interior, and idle
+ *                         chunks a placement would use in part are cut first.
+ *  GP_AUTO_HEADROOM       with gpumem_chunks:auto, a new chunk is at most
+ *                         1/GP_AUTO_HEADROOM of the memory still free.
+ *                         Both measured: bench/gpumem_policy_tradeoff.md. */
+#ifndef GP_AUTO_PERMILLE
+#define GP_AUTO_PERMILLE 150
+#endif
+#ifndef GP_AUTO_HEADROOM
+#define GP_AUTO_HEADROOM 1024
+#endif
 #ifndef GP_TARGET_PERMILLE
 #define GP_TARGET_PERMILLE 0
 #endif
@@ -110,6 +123,8 @@ typedef struct gp_state {
     uint64_t held_bytes;       /* physical bytes held (chunks, or plain mallocs) */
     double slack;              /* cfg gpumem_slack: may hold (1 + slack) x peak live granules */
     bool runs;                 /* gpumem_chunks:run at slack inf: one chunk per run of unmapped granules */
+    bool autoc;                /* gpumem_chunks:auto at slack inf (runs is set too) */
+    uint64_t nsplit;           /* auto: idle chunks cut because a placement would use them in part */
     bool lazy_ok;              /* slack inf: live counts may go stale between pressure events */
     bool lazy;                 /* chunks' live counts, idle lists, live_gran are stale now */
     gp_block *pool;            /* recycled block structs */

@@ -487,8 +487,10 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
         }
         if (i < 0) gm__gp_live_sync(st); /* pressure: idle chunks must be known */
         if (i < 0) i = take_le(st, GP_LIST_IDLE, n, a, pg0, pg1);
-        if (i < 0 && cap > 1) i = take_over(st, GP_LIST_LOOSE, a, g, n, pg0, pg1, &at);
-        if (i < 0 && cap > 1) i = take_over(st, GP_LIST_IDLE, a, g, n, pg0, pg1, &at);
+        /* gpumem_chunks:auto: a chunk spilling past the run could end up
+         * under more than one block (see split_partial) */
+        if (i < 0 && cap > 1 && !st->autoc) i = take_over(st, GP_LIST_LOOSE, a, g, n, pg0, pg1, &at);
+        if (i < 0 && cap > 1 && !st->autoc) i = take_over(st, GP_LIST_IDLE, a, g, n, pg0, pg1, &at);
         if (i < 0) {
             uint64_t want = n < cap ? n : cap;
             int rc = chunk_create(st, want, a, pg0, pg1, true, &i);
@@ -513,6 +515,29 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
     return GM_OK;
 }
 
+/* What the device (or the memory fraction) lets this process hold. */
+static uint64_t device_limit(const gp_state *st) {
+    const gm__device *d = st->d;
+    return d->fraction_set ? d->allowed_memory_maximum : d->total_memory;
+}
+
+/* gpumem_chunks:auto: physical memory held is past GP_AUTO_PERMILLE of the
+ * limit, so the device may fill up: from here on no chunk may pin granules
+ * that no block uses. */
+static bool tight(const gp_state *st) {
+    return st->held_bytes > device_limit(st) / 1000 * GP_AUTO_PERMILLE;
+}
+
+/* gpumem_chunks:auto: the largest chunk to create now, 1/GP_AUTO_HEADROOM of
+ * the memory still free under the limit (at least a granule, at most
+ * GP_RUN_GRANULES): early chunks are the ones a later block may pin in part. */
+static uint64_t headroom_cap(const gp_state *st) {
+    uint64_t lim = device_limit(st);
+    uint64_t free_g = lim > st->held_bytes ? (lim - st->held_bytes) >> st->gshift : 0;
+    uint64_t c = free_g / GP_AUTO_HEADROOM;
+    return c < 1 ? 1 : c > GP_RUN_GRANULES ? GP_RUN_GRANULES : c;
+}
+
 static int ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
     uint64_t pg0 = (p - a->base) >> st->gshift;
     uint64_t pg1 = (p - a->base + bytes - 1) >> st->gshift;
@@ -531,9 +556,18 @@ static int ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes)
          * so that memory between blocks can move where it is needed */
         bool inner = big && g >= ig0 && g < ig1;
         uint64_t e = g, cap = inner ? GP_MAX_CHUNK_GRANULES : 1;
-        if (st->runs) { /* gpumem_chunks:run: the whole unmapped run, bounded */
+        if (st->autoc && tight(st)) {
+            /* gpumem_chunks:auto near full: only the block's interior (no
+             * other block can touch it while this one lives) in one chunk */
+            if (g >= ig0 && g < ig1) {
+                while (e < ig1 && a->gran[e] < 0) e++;
+                cap = headroom_cap(st);
+            } else {
+                e = g + 1; /* an edge granule: other blocks may share it */
+            }
+        } else if (st->runs) { /* gpumem_chunks:run (or auto with room): the whole unmapped run */
             while (e <= pg1 && a->gran[e] < 0) e++;
-            cap = GP_RUN_GRANULES;
+            cap = st->autoc ? headroom_cap(st) : GP_RUN_GRANULES;
         } else {
             while (e <= pg1 && a->gran[e] < 0 && (inner ? e < ig1 : !(big && e >= ig0 && e < ig1))) e++;
         }
@@ -765,6 +799,84 @@ static int carve(gp_state *st, gp_arena *a, gp_block *r, gm_devptr p, uint64_t b
     return GM_OK;
 }
 
+/* Replace idle chunk i by chunks over the same granules, cut at the sorted
+ * granule positions cut[0..ncut) inside it: the same memory stays mapped in
+ * the same place (so placement goes on as if nothing happened), in pieces.
+ * Its arena's stream must be done with it first (chunk_unmap syncs). A
+ * piece that cannot be created stays unmapped: a placement maps what it
+ * needs anyway. */
+static int chunk_split(gp_state *st, int32_t i, const uint64_t *cut, int ncut) {
+    gp_chunk *c = &st->chunks[i];
+    gp_arena *a = st->arenas[c->arena];
+    uint64_t c0 = (uint64_t)c->g0, c1 = c0 + c->n;
+    int rc = chunk_release(st, i);
+    if (rc) return rc;
+    st->nsplit++;
+    for (int k = 0; k <= ncut; k++) {
+        uint64_t s = k ? cut[k - 1] : c0, e = k < ncut ? cut[k] : c1;
+        if (e <= s) continue;
+        int32_t j;
+        if (chunk_create(st, e - s, a, s, e - 1, false, &j)) break;
+        if (chunk_map(st, a, j, s)) {
+            chunk_release(st, j);
+            break;
+        }
+    }
+    return GM_OK;
+}
+
+/* No used or cached block of arena a touches chunk i (mapped in a), which
+ * overlaps free range r. The live counts may be stale (slack inf), so ask
+ * the blocks around r. */
+static bool chunk_idle(const gp_state *st, const gp_arena *a, int32_t i, const gp_block *r) {
+    const gp_chunk *c = &st->chunks[i];
+    gm_devptr s = a->base + ((uint64_t)c->g0 << st->gshift), e = s + (c->n << st->gshift);
+    for (const gp_block *b = r->prev; b && b->h.ptr + b->h.size > s; b = b->prev)
+        if (b->state != GP_FREE) return false;
+    for (const gp_block *b = r->next; b && b->h.ptr < e; b = b->next)
+        if (b->state != GP_FREE) return false;
+    return true;
+}
+
+/* Once the device may fill up (tight), gpumem_chunks:auto keeps every
+ * multi-granule chunk it creates or cuts under the interior (granules it
+ * covers whole) of at most one live block, so that the chunk is either wholly
+ * needed or idle: it pins no granule that no block uses, and can move or be
+ * given back under pressure like a granule. (Chunks made earlier may still be
+ * pinned in part; headroom_cap keeps those small.) A placement over
+ * [p, p+bytes) in free range r can only meet such a chunk idle, and only at
+ * one of its edge granules if the chunk is not inside its interior: then the
+ * chunk is cut there, at the placement's edges and interior, into chunks over
+ * the same granules, so the placement uses whole chunks and memory stays
+ * where it was (placement goes on exactly as with granule chunks). An older
+ * chunk met there with a live block is left alone. Returns 1 if a chunk was
+ * cut. */
+static int split_partial(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p, uint64_t bytes) {
+    uint64_t off = p - a->base;
+    uint64_t pg0 = off >> st->gshift, pg1 = (off + bytes - 1) >> st->gshift;
+    uint64_t ig0 = (off + st->gran - 1) >> st->gshift, ig1 = (off + bytes) >> st->gshift;
+    uint64_t edge[2] = {pg0, pg1};
+    int split = 0;
+    for (int k = 0; k < 2; k++) {
+        int32_t i = a->gran[edge[k]];
+        if (i < 0) continue;
+        const gp_chunk *c = &st->chunks[i];
+        uint64_t c0 = (uint64_t)c->g0, c1 = c0 + c->n;
+        if (c->n == 1 || (c0 >= ig0 && c1 <= ig1) || !chunk_idle(st, a, i, r)) continue;
+        /* cut points in order: pg0 <= ig0 and ig1 <= pg1 + 1, and with no
+         * interior (ig0 > ig1) the block is inside granule pg0 = pg1 */
+        uint64_t pts[4] = {pg0, ig0 <= ig1 ? ig0 : pg0 + 1, ig0 <= ig1 ? ig1 : pg0 + 1, pg1 + 1};
+        uint64_t cut[4];
+        int ncut = 0;
+        for (int m = 0; m < 4; m++)
+            if (pts[m] > c0 && pts[m] < c1 && (!ncut || pts[m] > cut[ncut - 1])) cut[ncut++] = pts[m];
+        int rc = chunk_split(st, i, cut, ncut);
+        if (rc) return rc;
+        split = 1;
+    }
+    return split;
+}
+
 static int va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
     uint64_t bytes = units << GP_ALIGN_SHIFT;
     if (bytes > a->va_size) return GM_ENOMEM;
@@ -774,6 +886,11 @@ static int va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
         gp_block *r = choose(st, a, bytes, &at, &needs_map);
         if (!r) return GM_ENOMEM; /* address range exhausted */
         if (needs_map && pass == 0 && gm__gp_flush_quick(st)) continue; /* cached blocks back first */
+        if (st->autoc && st->nmulti && tight(st)) {
+            int rc = split_partial(st, a, r, at, bytes);
+            if (rc < 0) return rc;
+            if (rc) needs_map = true;
+        }
         if (needs_map) {
             int rc = ensure_mapped(st, a, at, bytes);
             if (rc) return rc;

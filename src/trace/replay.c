@@ -153,6 +153,12 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+const int gm_replay_sized_kinds[GM_REPLAY_SIZED] = {GM_BCALL_MALLOC, GM_BCALL_FREE,
+                                                     GM_BCALL_PHYS_CREATE, GM_BCALL_PHYS_RELEASE,
+                                                     GM_BCALL_MAP, GM_BCALL_UNMAP};
+const char *const gm_replay_sized_names[GM_REPLAY_SIZED] = {"device_alloc", "device_free", "phys_create",
+                                                            "phys_release", "map", "unmap"};
+
 static void fill_stats(gm_replay_result *r, const gm_stats *s) {
     r->peak_requested = s->requested_bytes[GM_POOL_ALL].peak;
     r->peak_allocated = s->allocated_bytes[GM_POOL_ALL].peak;
@@ -235,6 +241,8 @@ int gm_replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capaci
     memset(&st, 0, sizeof st);
     st.size = sizeof st;
     if (gm_get_stats(a, 0, &st) == GM_OK) fill_stats(r, &st);
+    for (int k = 0; k < GM_REPLAY_SIZED; k++)
+        gm_sim_call_sizes(be, 0, gm_replay_sized_kinds[k], r->sized_n[k], r->sized_bytes[k]);
     free(ptrs);
     gm_allocator_destroy(a);
     gm_backend_destroy(be);

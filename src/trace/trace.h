@@ -117,6 +117,12 @@ size_t gm_replay_prog_ops(const gm_replay_prog *p);
 /* Peak of live requested bytes in the trace itself (no allocator involved). */
 int64_t gm_replay_prog_peak_requested(const gm_replay_prog *p);
 
+/* The device calls whose cost depends on their size, as gm_bcall kinds, and
+ * their names in replay's JSON. */
+#define GM_REPLAY_SIZED 6
+extern const int gm_replay_sized_kinds[GM_REPLAY_SIZED];
+extern const char *const gm_replay_sized_names[GM_REPLAY_SIZED];
+
 typedef struct gm_replay_result {
     int64_t peak_requested, peak_allocated, peak_reserved;
     int64_t trace_peak_requested; /* computed from the trace alone */
@@ -124,6 +130,10 @@ typedef struct gm_replay_result {
     int64_t num_alloc_retries, num_ooms;
     int64_t num_device_alloc, num_device_free, num_va_reserve, num_va_release;
     int64_t num_phys_create, num_phys_release, num_map, num_unmap;
+    /* the same sized calls by size (gm_sim_call_sizes), kinds in
+     * gm_replay_sized_kinds order: n[i][k] calls, bytes[i][k] bytes of 2^k.. */
+    uint64_t sized_n[GM_REPLAY_SIZED][GM_SIM_SIZE_BUCKETS];
+    uint64_t sized_bytes[GM_REPLAY_SIZED][GM_SIM_SIZE_BUCKETS];
     uint64_t allocs, frees;          /* replayed */
     uint64_t unknown_frees;          /* free_completed of an address never allocated */
     uint64_t double_allocs;          /* alloc of an address still live in the trace */

@@ -29,6 +29,23 @@ assert j["peak_requested"] == 3000 + (64 << 20), j["peak_requested"]
 assert j["unknown_frees"] == 1, j
 ' || fail "json check: $out"
 "$GPUMEM" replay "$T/s.pickle" --policy gpumem --json | python3 -c 'import json,sys; assert json.load(sys.stdin)["policy"]=="gpumem"' || fail "plain pickle / gpumem policy"
+# device_call_sizes: per-size counts add up to the device_calls totals
+for pol in torch gpumem; do
+"$GPUMEM" replay "$T/s.pickle.gz" --policy $pol --json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+c, s = j["device_calls"], j["device_call_sizes"]
+for k in ("device_alloc", "device_free", "phys_create", "phys_release", "map", "unmap"):
+    assert sum(n for n, _ in s[k].values()) == c[k], (k, s[k], c[k])
+    for b, (n, nbytes) in s[k].items():
+        assert n * (1 << int(b)) <= nbytes < n * (2 << int(b)), (k, b, n, nbytes)
+assert c["device_alloc"] + c["phys_create"] > 0, c
+' || fail "device_call_sizes ($pol)"
+done
+# the cost model reads them: cudaMallocs of 2 MiB (46.1 us) and 64 MiB (56.1 us) on an H200
+"$GPUMEM" replay "$T/s.pickle.gz" --json | python3 "$(dirname "$0")/../../tools/first_pass_cost.py" - |
+    grep -q "model_ms 0\.102 " || fail "first_pass_cost.py"
+
 "$GPUMEM" replay "$T/s.pickle.gz" --conf "max_split_size_mb:64,bogus_key:1" 2>"$T/err" && fail "bad conf accepted"
 [ $? -eq 2 ] || fail "bad conf exit code"
 grep -q bogus_key "$T/err" || fail "bad conf message does not name the key: $(cat "$T/err")"
