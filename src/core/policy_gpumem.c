@@ -1,8 +1,8 @@
 /* policy_gpumem.c — the `gpumem` policy: gpumem's own low-fragmentation,
  * low-latency placement. This file holds the ops table, the per-stream
  * arenas, the size-class cache for small blocks and the OOM retry; the
- * free-range index and physical chunks are in policy_gpumem_va.c, the
- * invariant check, segment walk and no-VMM fallback in policy_gpumem_check.c.
+ * free-range index is in policy_gpumem_va.c, the physical chunks in
+ * policy_gpumem_chunks.c, the invariant check, segment walk and no-VMM fallback in policy_gpumem_check.c.
  *
  * How it works (with VMM):
  *  - Each stream gets two arenas, one per pool (small: <= 1 MiB): a virtual
@@ -43,7 +43,7 @@
  *    device; past that, only a large block's interior (granules no other
  *    block can touch while it lives) gets a multi-granule chunk, and an idle
  *    chunk that a placement would use in part is first cut into chunks over
- *    the same granules (split_partial in policy_gpumem_va.c), so nothing made
+ *    the same granules (split_partial_at in policy_gpumem_chunks.c), so nothing made
  *    once the device may fill up pins memory. A cold pass costs run's calls
  *    when the device has room, and every trace that fits with granule chunks
  *    at 1.0-1.1x its peak fits with auto (bench/gpumem_policy_tradeoff.md).
@@ -242,7 +242,7 @@ static int gp_create(gm__device *d, void **state) {
      * saves device calls; opt-in because under pressure it pins memory */
     st->autoc = isinf(st->slack) && d->cfg && d->cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_AUTO;
     st->runs = isinf(st->slack) && d->cfg && (d->cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN || st->autoc);
-    /* at inf nothing on the hot path reads live counts (policy_gpumem_va.c) */
+    /* at inf nothing on the hot path reads live counts (policy_gpumem_chunks.c) */
     st->lazy_ok = st->lazy = isinf(st->slack);
     for (int o = 0; o < GP_NORDERS; o++)
         st->idle[o] = st->loose[o] = st->idle_tail[o] = st->loose_tail[o] = -1;

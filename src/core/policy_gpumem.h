@@ -1,6 +1,7 @@
 /* policy_gpumem.h — private structures of the `gpumem` policy, shared by
  * policy_gpumem.c (ops, arenas, size-class caches), policy_gpumem_va.c
- * (free-range index, physical chunks, mapping) and policy_gpumem_check.c
+ * (free-range index, placement), policy_gpumem_chunks.c (physical chunks,
+ * mapping) and policy_gpumem_check.c
  * (invariant check, segment walk, fallback without VMM).
  *
  * Model (see policy_gpumem.c for the full story): every stream owns two large
@@ -139,14 +140,22 @@ void gm__gp_block_put(gp_state *st, gp_block *b);
 int gm__gp_sync_arena(gp_state *st, gp_arena *a);
 int gm__gp_flush_quick(gp_state *st);
 
-/* policy_gpumem_va.c */
-int gm__gp_arena_init_va(gp_state *st, gp_arena *a);
-int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
-void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b);
+/* policy_gpumem_chunks.c */
+void gm__gp_touch_inc(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes);
+void gm__gp_touch_dec(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes);
+int gm__gp_ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes);
 int gm__gp_release_unused(gp_state *st);
 void gm__gp_release_all(gp_state *st);
 void gm__gp_live_sync(gp_state *st);
 void gm__gp_live_drop(gp_state *st);
+/* Cut idle multi-granule chunks the placement [p, p+bytes) in free range r
+ * would use in part (gpumem_chunks:auto): 1 if one was cut, 0, or an error. */
+int gm__gp_split_partial(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p, uint64_t bytes);
+
+/* policy_gpumem_va.c */
+int gm__gp_arena_init_va(gp_state *st, gp_arena *a);
+int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
+void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b);
 void gm__gp_bin_insert(gp_arena *a, gp_block *b);
 void gm__gp_bin_remove(gp_arena *a, gp_block *b);
 unsigned gm__gp_bin_of(uint64_t units);
