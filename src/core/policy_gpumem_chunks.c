@@ -43,7 +43,10 @@ static inline void idle_del(gp_state *st, gp_chunk *c) {
     c->lprev = c->lnext = -1;
 }
 
-void gm__gp_touch_inc(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
+/* Add dir (+1 or -1) to the live count of every chunk under [p, p+bytes);
+ * chunks that become idle or stop being idle move in or out of their idle
+ * list, and live_gran follows. */
+static void touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int dir) {
     if (st->lazy) return;
     uint64_t g = (p - a->base) >> st->gshift;
     uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;
@@ -51,26 +54,12 @@ void gm__gp_touch_inc(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
     while (g <= ge) {
         int32_t i = a->gran[g];
         gp_chunk *c = &st->chunks[i];
-        if (c->live++ == 0) {
+        if (dir > 0 && c->live++ == 0) {
             if (c->list == GP_LIST_IDLE) idle_del(st, c);
             else chunk_list_del(st, i); /* any other list (none, in practice) */
             live += c->n;
             if (live > st->peak_live_gran) st->peak_live_gran = live;
-        }
-        g = (uint64_t)(c->g0 + (int64_t)c->n);
-    }
-    st->live_gran = live;
-}
-
-void gm__gp_touch_dec(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
-    if (st->lazy) return;
-    uint64_t g = (p - a->base) >> st->gshift;
-    uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;
-    uint64_t live = st->live_gran;
-    while (g <= ge) {
-        int32_t i = a->gran[g];
-        gp_chunk *c = &st->chunks[i];
-        if (--c->live == 0) {
+        } else if (dir < 0 && --c->live == 0) {
             idle_add(st, i, c);
             live -= c->n;
         }
@@ -78,6 +67,9 @@ void gm__gp_touch_dec(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
     }
     st->live_gran = live;
 }
+
+void gm__gp_touch_inc(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) { touch(st, a, p, bytes, 1); }
+void gm__gp_touch_dec(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) { touch(st, a, p, bytes, -1); }
 
 /* ---- live counts, kept lazily at slack inf ---------------------------------
  * At gpumem_slack:inf idle chunks move only under memory pressure (or are
