@@ -13,9 +13,6 @@
 
 /* ---- granules ------------------------------------------------------------ */
 
-/* touch_inc / touch_dec: add 1 to / take 1 from the live count of every
- * chunk under [p, p+bytes); chunks that become idle or stop being idle move
- * in or out of their idle list. */
 static void chunk_list_del(gp_state *st, int32_t i);
 static void chunk_list_add(gp_state *st, int32_t i, uint8_t list);
 
