@@ -16,9 +16,9 @@
 // allocator (a third pass timed as a whole: mean ns/op without per-op clock reads), and a "PROGRESS ..." line (flushed)
 // before each phase, so a hang shows where it happened. --alloc picks the
 // allocators, comma separated: torch-native, gpumem-torch, gpumem-gpumem
-// (default: all built in), and gpumem-run (the gpumem policy with
-// gpumem_chunks:run: one chunk per run of unmapped granules; only when named,
-// so default runs keep their rows). --backend sim replays on the simulated device (a
+// (default: all built in), and gpumem-run / gpumem-granule (the gpumem policy
+// with gpumem_chunks:run / :granule instead of its default auto; only when
+// named, so default runs keep their rows). --backend sim replays on the simulated device (a
 // CPU check of the exact code path the GPU run takes; timings mean little).
 // --timeout S: after S seconds print where the replay is (trace, allocator,
 // pass, event index) and a native stack, then exit 124: a hang loses one
@@ -312,7 +312,7 @@ int main(int argc, char **argv) {
     }
     if (files.empty() || (strcmp(backend, "cuda") && strcmp(backend, "sim"))) {
         fprintf(stderr, "usage: gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc torch-native,"
-                        "gpumem-torch,gpumem-gpumem,gpumem-run] [--timeout S] EVENTS.bin...\n");
+                        "gpumem-torch,gpumem-gpumem,gpumem-run,gpumem-granule] [--timeout S] EVENTS.bin...\n");
         return 2;
     }
 #ifdef PR_SET_PTRACER
@@ -375,6 +375,8 @@ int main(int argc, char **argv) {
             if (wanted(allocs, "gpumem-gpumem")) rc |= run_gpumem(b, t, "policy:gpumem", "gpumem-gpumem");
             if (!allocs.empty() && wanted(allocs, "gpumem-run"))
                 rc |= run_gpumem(b, t, "policy:gpumem,gpumem_chunks:run", "gpumem-run");
+            if (!allocs.empty() && wanted(allocs, "gpumem-granule"))
+                rc |= run_gpumem(b, t, "policy:gpumem,gpumem_chunks:granule", "gpumem-granule");
         }
     }
     progress("-", backend, "backend destroy");

@@ -11,8 +11,9 @@ stack (its --timeout watchdog), and if gdb is installed orchestrate attaches
 it for every thread's native stack before killing the process.
 
 Order, most important first: GPU suites for both policies (short per-test
-timeouts), replay bench for policy gpumem (granule chunks, and
-gpumem_chunks:run as gpumem-run) and torch-native on every trace, GPT-2 small gpumem vs native, ResNet-50 losses, the torch-policy replay
+timeouts), replay bench for policy gpumem (its default gpumem_chunks:auto, and
+granule / run chunks as gpumem-granule / gpumem-run) and torch-native on every
+trace, GPT-2 small gpumem vs native, ResNet-50 losses, the torch-policy replay
 cells, then the rest if time is left. Steps that would not fit in the budget
 are marked SKIP. OUT gets results.json only; logs go to LOGS (run_gpu.sh
 tars them into OUT/logs.tgz).
@@ -314,10 +315,10 @@ def print_tables(a, results):
         bulk = {(b["trace"], b["allocator"]): b["ns_mean_untimed"] for b in results.get("bulk") or []}
         print("\nTargets (issue 4): warm mean >= 5x faster than torch-native, warm p99 <= 1000 ns, "
               "cold mean <= torch-native cold, ratio <= 1.01:")
-        # gpumem-gpumem: the default (granule chunks); gpumem-run: gpumem_chunks:run
+        # gpumem-gpumem: the default (gpumem_chunks:auto); -granule / -run: the other chunk modes
         for tr in sorted({r["trace"] for r in rep}):
             nat_w, nat_c = by.get((tr, "torch-native", "warm")), by.get((tr, "torch-native", "cold"))
-            for al in ("gpumem-gpumem", "gpumem-run"):
+            for al in ("gpumem-gpumem", "gpumem-granule", "gpumem-run"):
                 g_w, g_c = by.get((tr, al, "warm")), by.get((tr, al, "cold"))
                 if not (g_w and g_c):
                     continue
@@ -365,7 +366,8 @@ def main():
     steps = [("cpu", lambda: step_cpu_tests(a)),
              ("suite-gpumem", lambda: step_gpu_suite(a, "policy:gpumem", 75)),
              ("suite-torch", lambda: step_gpu_suite(a, "policy:torch", 75)),
-             ("replay-gpumem-native", lambda: step_replay(a, results, ["gpumem-gpumem", "gpumem-run", "torch-native"])),
+             ("replay-gpumem-native", lambda: step_replay(a, results, ["gpumem-gpumem", "gpumem-granule", "gpumem-run",
+                                                                        "torch-native"])),
              ("gpt2-gpumem", lambda: step_gpt2(a, results, "policy:gpumem")),
              ("resnet50-gpumem", lambda: step_resnet(a, results, "policy:gpumem")),
              ("gpt2-run", lambda: step_gpt2(a, results, "policy:gpumem,gpumem_chunks:run")),
