@@ -13,7 +13,8 @@
 //   gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc LIST] [--timeout S] EVENTS.bin...
 //
 // prints one "RESULT {json}" line per row, one "BULK {json}" line per
-// allocator (a third pass timed as a whole: mean ns/op without per-op clock reads), and a "PROGRESS ..." line (flushed)
+// allocator (a third pass timed as a whole: mean ns/op without per-op clock reads),
+// one "CALLS {json}" line per gpumem pass (device calls by kind: [count, us inside]), and a "PROGRESS ..." line (flushed)
 // before each phase, so a hang shows where it happened. --alloc picks the
 // allocators, comma separated: torch-native, gpumem-torch, gpumem-gpumem
 // (default: all built in), and gpumem-run / gpumem-granule (the gpumem policy
@@ -23,6 +24,7 @@
 // --timeout S: after S seconds print where the replay is (trace, allocator,
 // pass, event index) and a native stack, then exit 124: a hang loses one
 // run, not the whole benchmark, and leaves a trail to debug it.
+#include "gpumem/backend.h"
 #include "gpumem/gpumem.h"
 
 #ifdef WITH_TORCH
@@ -212,6 +214,34 @@ static void report(const Trace &t, const char *alloc, const char *which, const R
     fflush(stdout);
 }
 
+// Device calls a pass made, by kind: count and time inside the backend's op
+// (from gm_backend_call_count / gm_backend_call_ns before and after).
+struct CallSnap {
+    uint64_t n[GM_BCALL_COUNT], ns[GM_BCALL_COUNT];
+};
+static CallSnap snap_calls(gm_backend *b) {
+    CallSnap c;
+    for (int k = 0; k < GM_BCALL_COUNT; k++) {
+        c.n[k] = gm_backend_call_count(b, 0, k);
+        c.ns[k] = gm_backend_call_ns(b, 0, k);
+    }
+    return c;
+}
+static void report_calls(const Trace &t, const char *alloc, const char *which, const CallSnap &a,
+                         const CallSnap &z) {
+    printf("CALLS {\"trace\": \"%s\", \"allocator\": \"%s\", \"pass\": \"%s\", \"calls\": {", t.name.c_str(),
+           alloc, which);
+    bool first = true;
+    for (int k = 0; k < GM_BCALL_COUNT; k++) {
+        if (z.n[k] == a.n[k]) continue;
+        printf("%s\"%s\": [%" PRIu64 ", %.1f]", first ? "" : ", ", gm_bcall_name(k), z.n[k] - a.n[k],
+               (z.ns[k] - a.ns[k]) / 1000.0);
+        first = false;
+    }
+    printf("}}\n");
+    fflush(stdout);
+}
+
 static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const char *label) {
     gm_config cfg;
     gm_config_init(&cfg);
@@ -234,7 +264,9 @@ static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const cha
     for (int which = 0; which < 2; which++) {
         progress(t.name.c_str(), label, which ? "warm" : "cold");
         gm_reset_peak_stats(a, 0);
+        CallSnap c0 = snap_calls(b);
         Row r = pass(t, al, fr);
+        report_calls(t, label, which ? "warm" : "cold", c0, snap_calls(b));
         gm_stats s;
         memset(&s, 0, sizeof s);
         s.size = sizeof s;

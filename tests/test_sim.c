@@ -217,6 +217,13 @@ static void test_counts_and_faults(void **state) {
     assert_true(gm_backend_call_count(f->b, 0, GM_BCALL_MALLOC) == 1);
     assert_true(gm_backend_call_count(f->b, 0, GM_BCALL_FREE) == 1);
     assert_true(gm_backend_call_count(f->b, 1, GM_BCALL_MALLOC) == 0);
+    /* time inside ops: only for kinds that ran, ANY is their sum, nonsense is 0 */
+    assert_true(gm_backend_call_ns(f->b, 0, GM_BCALL_MAP) == 0);
+    assert_true(gm_backend_call_ns(f->b, 1, GM_BCALL_MALLOC) == 0);
+    assert_true(gm_backend_call_ns(f->b, 0, GM_BCALL_ANY) ==
+                gm_backend_call_ns(f->b, 0, GM_BCALL_MALLOC) + gm_backend_call_ns(f->b, 0, GM_BCALL_FREE));
+    assert_true(gm_backend_call_ns(f->b, 0, 999) == 0 && gm_backend_call_ns(NULL, 0, GM_BCALL_ANY) == 0);
+    assert_true(gm_backend_call_ns(f->b, -1, GM_BCALL_MALLOC) == 0);
     /* the 2nd malloc from now fails, once */
     assert_int_equal(gm_backend_inject_fault(f->b, GM_BCALL_MALLOC, 2, GM_EBACKEND), GM_OK);
     assert_int_equal(gm__be_malloc(&f->d, MIB, &p), GM_OK);

@@ -70,6 +70,10 @@ typedef struct gm_backend_ops {
 GM_API int gm_backend_create(gm_backend **out, const gm_backend_ops *ops, void *ctx);
 /* Number of calls of `kind` made for `dev` so far (successful or not). */
 GM_API uint64_t gm_backend_call_count(const gm_backend *b, int dev, int kind);
+/* Wall time spent inside the backend's op for calls of `kind` on device dev
+ * (or GM_BCALL_ANY), in nanoseconds, summed since the backend was created:
+ * where a first pass's time goes (a create, a map with its access setting). */
+GM_API uint64_t gm_backend_call_ns(const gm_backend *b, int dev, int kind);
 
 #ifdef __cplusplus
 }

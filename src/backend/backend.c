@@ -13,11 +13,13 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct gm_backend {
     gm_backend_ops ops; /* copy, zero-extended to our sizeof */
     void *ctx;
     _Atomic uint64_t calls[GM_MAX_DEVICES][GM_BCALL_COUNT];
+    _Atomic uint64_t ns[GM_MAX_DEVICES][GM_BCALL_COUNT]; /* time inside the op */
     /* fault injection: a single armed fault, checked with one relaxed load
      * on the fast path and resolved under fault_lock */
     atomic_bool fault_armed;
@@ -72,16 +74,36 @@ int gm_backend_device_count(gm_backend *b, int *count) {
     return b->ops.device_count(b->ctx, count);
 }
 
-uint64_t gm_backend_call_count(const gm_backend *b, int dev, int kind) {
+/* One per-device, per-kind counter of b (calls or ns), or their sum over kinds. */
+static uint64_t counter(const gm_backend *b, _Atomic uint64_t (*const arr)[GM_BCALL_COUNT], int dev, int kind) {
     if (!b || dev < 0 || dev >= GM_MAX_DEVICES) return 0;
     if (kind == GM_BCALL_ANY) {
         uint64_t sum = 0;
-        for (int k = 0; k < GM_BCALL_COUNT; k++)
-            sum += atomic_load_explicit(&((gm_backend *)b)->calls[dev][k], memory_order_relaxed);
+        for (int k = 0; k < GM_BCALL_COUNT; k++) sum += atomic_load_explicit(&arr[dev][k], memory_order_relaxed);
         return sum;
     }
     if (kind < 0 || kind >= GM_BCALL_COUNT) return 0;
-    return atomic_load_explicit(&((gm_backend *)b)->calls[dev][kind], memory_order_relaxed);
+    return atomic_load_explicit(&arr[dev][kind], memory_order_relaxed);
+}
+
+uint64_t gm_backend_call_count(const gm_backend *b, int dev, int kind) {
+    return b ? counter(b, ((gm_backend *)b)->calls, dev, kind) : 0;
+}
+
+uint64_t gm_backend_call_ns(const gm_backend *b, int dev, int kind) {
+    return b ? counter(b, ((gm_backend *)b)->ns, dev, kind) : 0;
+}
+
+static inline uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* Add the time since t0 to kind's total on device dev. */
+static void spent(gm_backend *b, int dev, int kind, uint64_t t0) {
+    if (dev >= 0 && dev < GM_MAX_DEVICES)
+        atomic_fetch_add_explicit(&b->ns[dev][kind], now_ns() - t0, memory_order_relaxed);
 }
 
 int gm_backend_inject_fault(gm_backend *b, int kind, uint64_t nth, int status) {
@@ -124,7 +146,9 @@ static int enter(gm_backend *b, int dev, int kind) {
         int rc_ = enter(b_, (d)->index, GM_BCALL_##kind);                      \
         if (rc_ != GM_OK) return rc_;                                          \
         if (!b_->ops.op) return GM_ENOTSUP;                                    \
+        uint64_t t0_ = now_ns();                                               \
         rc_ = b_->ops.op(b_->ctx, (d)->index, __VA_ARGS__);                    \
+        spent(b_, (d)->index, GM_BCALL_##kind, t0_);                           \
         if (rc_ == GM_OK) on_ok;                                               \
         return rc_;                                                            \
     } while (0)

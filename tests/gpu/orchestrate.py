@@ -284,6 +284,8 @@ def step_replay(a, results, allocs):
             results.setdefault("replay", []).extend(res)
             bulk = [json.loads(l[len("BULK "):]) for l in text.splitlines() if l.startswith("BULK {")]
             results.setdefault("bulk", []).extend(bulk)
+            calls = [json.loads(l[len("CALLS "):]) for l in text.splitlines() if l.startswith("CALLS {")]
+            results.setdefault("calls", []).extend(calls)
             if rc != 0 or len(res) != 2:
                 hung = rc == 124 or "WATCHDOG" in text
                 row("replay", tag, "FAIL", ("HANG: " + (where(text) or tail(text, 3))) if hung
@@ -329,6 +331,13 @@ def print_tables(a, results):
                 spb = ("%.2fx (%.0f vs %.0f ns)" % (nb / gb, gb, nb)) if nb and gb else "n/a"
                 print("  %-34s %-13s warm speedup %6.2fx  untimed %s  warm p99 %6.0f ns  cold time vs native %s  "
                       "ratio %.4f" % (tr[:34], al, sp, spb, g_w["ns_p99"], cold, ratio))
+    calls = [c for c in results.get("calls") or [] if c["pass"] == "cold"]
+    if calls:
+        print("\nFirst pass device calls (gpumem): kind count / ms inside the driver")
+        for c in calls:
+            total = sum(v[1] for v in c["calls"].values()) / 1000
+            print("  %-28s %-14s %7.1f ms: %s" % (c["trace"][:28], c["allocator"], total, ", ".join(
+                "%s %d / %.1f" % (k, v[0], v[1] / 1000) for k, v in sorted(c["calls"].items(), key=lambda x: -x[1][1]))))
     g = {k: v for k, v in results.items() if k.startswith("gpt2_") and v}
     if g:
         print("\nGPT-2 small training (batch 8 x 512, bf16 autocast, AdamW):")
