@@ -36,6 +36,7 @@ T0 = time.time()
 ROWS = []  # (section, name, result, detail)
 SUITE_TEST_TIMEOUT = int(os.environ.get("GPUMEM_TEST_TIMEOUT", "25"))  # s per GPU test (slowest ~5 s on the H200)
 BENCH_CELL_TIMEOUT = 40  # s per (trace, allocator) replay process
+BENCH_REPS = 5  # repetitions per cell (allocator made anew each time); the tables show the median one
 SUITE = os.environ.get("GPUMEM_GPU_SUITE", "tests/gpu/test_gpumem_gpu.py")  # replaceable to test orchestrate
 
 
@@ -263,6 +264,21 @@ def convert_traces(a):
     return files
 
 
+def median_rows(rows, keys, field):
+    """Of the repetitions of one cell, per value of `keys`, the row whose
+    `field` is the median (the whole row, so its numbers stay consistent)."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    out = []
+    for k in sorted(groups, key=lambda k: [("cold", "warm").index(x) if x in ("cold", "warm") else 0 for x in k]):
+        g = sorted(groups[k], key=lambda r: r[field])
+        m = dict(g[len(g) // 2])
+        m["reps"] = len(g)
+        out.append(m)
+    return out
+
+
 def step_replay(a, results, allocs):
     """One process per (trace, allocator): a hang loses that cell only."""
     bench = os.path.join(a.build, "gpu_replay_bench")
@@ -278,14 +294,17 @@ def step_replay(a, results, allocs):
                 row("replay", tag, "SKIP", "time budget")
                 continue
             rc, text = run(a, "replay_%s_%s" % (os.path.basename(f)[:-4], al),
-                           [bench, "--alloc", al, "--timeout", str(BENCH_CELL_TIMEOUT - 4), f],
+                           [bench, "--alloc", al, "--reps", str(BENCH_REPS), "--timeout",
+                            str(BENCH_CELL_TIMEOUT - 4), f],
                            BENCH_CELL_TIMEOUT, stack_at=BENCH_CELL_TIMEOUT - 8)
-            res = [json.loads(l[len("RESULT "):]) for l in text.splitlines() if l.startswith("RESULT {")]
+            res = median_rows([json.loads(l[len("RESULT "):]) for l in text.splitlines()
+                               if l.startswith("RESULT {")], ("pass",), "ns_mean")
             results.setdefault("replay", []).extend(res)
-            bulk = [json.loads(l[len("BULK "):]) for l in text.splitlines() if l.startswith("BULK {")]
+            bulk = median_rows([json.loads(l[len("BULK "):]) for l in text.splitlines() if l.startswith("BULK {")],
+                               (), "ns_mean_untimed")
             results.setdefault("bulk", []).extend(bulk)
             calls = [json.loads(l[len("CALLS "):]) for l in text.splitlines() if l.startswith("CALLS {")]
-            results.setdefault("calls", []).extend(calls)
+            results.setdefault("calls", []).extend(calls[:2])  # the first repetition's cold and warm passes
             if rc != 0 or len(res) != 2:
                 hung = rc == 124 or "WATCHDOG" in text
                 row("replay", tag, "FAIL", ("HANG: " + (where(text) or tail(text, 3))) if hung
@@ -305,7 +324,8 @@ def print_tables(a, results):
         print("%-8s %-44s %-5s %s" % (s, n[:44], r, d[:110]))
     rep = results.get("replay") or []
     if rep:
-        print("\nTrace replay, device 0 (ns per alloc/free; peak reserved / peak requested):")
+        print("\nTrace replay, device 0 (ns per alloc/free; peak reserved / peak requested; each row the median of %d "
+              "repetitions by mean, a fresh allocator each):" % BENCH_REPS)
         print("%-34s %-14s %-4s %8s %8s %8s %10s %7s %5s" % ("trace", "allocator", "pass", "median", "p99", "mean",
                                                           "peak_res", "ratio", "fails"))
         for r in rep:
