@@ -236,8 +236,10 @@ static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at
     if (!r) return NULL;
     gm_devptr lo = r->h.ptr, hi = r->h.ptr + r->h.size - bytes;
     int64_t budget = INT64_MAX;
-    uint64_t best = st->nmulti && !st->runs ? cost(st, a, lo, bytes, UINT64_MAX, &budget)
-                               : unmapped_in(st, a, lo, bytes);
+    /* cost() differs from the unmapped count only where it may charge the
+     * partial-chunk penalty (multi-granule chunks, live counts kept exact) */
+    uint64_t best = st->nmulti && !st->runs && !st->lazy ? cost(st, a, lo, bytes, UINT64_MAX, &budget)
+                                            : unmapped_in(st, a, lo, bytes);
     *at = lo;
     budget = GP_COST_BUDGET; /* granule steps spent looking for a cheaper place */
     if (best && hi != lo) {
