@@ -277,7 +277,9 @@ static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const cha
                              r.fails, gm_last_error_detail());
     }
     progress(t.name.c_str(), label, "bulk");
+    CallSnap c0 = snap_calls(b);
     report_bulk(t, label, bulk_pass(t, al, fr));
+    report_calls(t, label, "bulk", c0, snap_calls(b));
     progress(t.name.c_str(), label, "check");
     char cerr[512] = "";
     int bad = gm_check(a, 0, cerr, sizeof cerr) != GM_OK;
