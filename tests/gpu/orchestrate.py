@@ -310,9 +310,11 @@ def step_replay(a, results, allocs):
             res = median_rows([json.loads(l[len("RESULT "):]) for l in text.splitlines()
                                if l.startswith("RESULT {")], ("pass",), "ns_mean")
             results.setdefault("replay", []).extend(res)
-            bulk = median_rows([json.loads(l[len("BULK "):]) for l in text.splitlines() if l.startswith("BULK {")],
-                               (), "ns_mean_untimed")
-            results.setdefault("bulk", []).extend(bulk)
+            bulk_all = [json.loads(l[len("BULK "):]) for l in text.splitlines() if l.startswith("BULK {")]
+            results.setdefault("bulk", []).extend(median_rows(bulk_all, (), "ns_mean_untimed"))
+            if bulk_all:  # the best repetition too: noise only ever adds time
+                best = dict(min(bulk_all, key=lambda r: r["ns_mean_untimed"]))
+                results.setdefault("bulk_best", []).append(best)
             calls = [json.loads(l[len("CALLS "):]) for l in text.splitlines() if l.startswith("CALLS {")]
             results.setdefault("calls", []).extend(calls[:2])  # the first repetition's cold and warm passes
             if rc != 0 or len(res) != 2:
@@ -345,6 +347,7 @@ def print_tables(a, results):
                 r["peak_reserved"] / 2**30, ratio, r["fails"]))
         by = {(r["trace"], r["allocator"], r["pass"]): r for r in rep}
         bulk = {(b["trace"], b["allocator"]): b["ns_mean_untimed"] for b in results.get("bulk") or []}
+        bbest = {(b["trace"], b["allocator"]): b["ns_mean_untimed"] for b in results.get("bulk_best") or []}
         print("\nTargets (issue 4): warm mean >= 5x faster than torch-native, warm p99 <= 1000 ns, "
               "cold mean <= torch-native cold, ratio <= 1.01:")
         # gpumem-gpumem: the default (gpumem_chunks:auto); -granule / -run: the other chunk modes
@@ -359,6 +362,9 @@ def print_tables(a, results):
                 ratio = g_c["peak_reserved"] / g_c["peak_requested"] if g_c["peak_requested"] else float("nan")
                 nb, gb = bulk.get((tr, "torch-native")), bulk.get((tr, al))
                 spb = ("%.2fx (%.0f vs %.0f ns)" % (nb / gb, gb, nb)) if nb and gb else "n/a"
+                nbb, gbb = bbest.get((tr, "torch-native")), bbest.get((tr, al))
+                if nbb and gbb:
+                    spb += ", best %.2fx" % (nbb / gbb)
                 print("  %-34s %-13s warm speedup %6.2fx  untimed %s  warm p99 %6.0f ns  cold time vs native %s  "
                       "ratio %.4f" % (tr[:34], al, sp, spb, g_w["ns_p99"], cold, ratio))
     calls = [c for c in results.get("calls") or [] if c["pass"] == "cold"]
