@@ -10,7 +10,7 @@
 // torch, no CUDA). Without -DWITH_TORCH only the gpumem rows are measured.
 // Input: event files from bench/trace_to_events.py.
 //
-//   gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc LIST] [--timeout S] EVENTS.bin...
+//   gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc LIST] [--timeout S] [--pin CPU] EVENTS.bin...
 //
 // prints one "RESULT {json}" line per row, one "BULK {json}" line per
 // allocator (a third pass timed as a whole: mean ns/op without per-op clock reads),
@@ -36,6 +36,8 @@
 #include <chrono>
 #include <csignal>
 #include <execinfo.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 #include <cinttypes>
@@ -333,7 +335,7 @@ static int make_backend(const char *kind, gm_backend **b) {
 }
 
 int main(int argc, char **argv) {
-    int reps = 1, timeout = 0;
+    int reps = 1, timeout = 0, pin = -1;
     const char *backend = "cuda";
     std::string allocs;
     std::vector<const char *> files;
@@ -342,6 +344,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(argv[i], "--alloc") && i + 1 < argc) allocs = argv[++i];
         else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) timeout = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--pin") && i + 1 < argc) pin = atoi(argv[++i]);
         else files.push_back(argv[i]);
     }
     if (files.empty() || (strcmp(backend, "cuda") && strcmp(backend, "sim"))) {
@@ -376,6 +379,15 @@ int main(int argc, char **argv) {
         }
     }
     fprintf(stderr, "device 0 (%s): %.1f GiB free of %.1f GiB\n", backend, fr / 1073741824.0, tot / 1073741824.0);
+    if (pin >= 0) {
+        // this thread only, after the driver made its own threads (they keep
+        // every CPU): a process-wide taskset would put them on the same core
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(pin, &set);
+        int prc = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+        fprintf(stderr, "replay thread pinned to CPU %d: %s\n", pin, prc ? strerror(prc) : "ok");
+    }
     bool native = wanted(allocs, "torch-native") && !strcmp(backend, "cuda");
 #ifdef WITH_TORCH
     if (native) {

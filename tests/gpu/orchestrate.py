@@ -265,13 +265,11 @@ def convert_traces(a):
 
 
 def pin_cpu():
-    """Every replay cell on the same CPU (taskset, where there is one): each
-    cell is its own process, and where the scheduler puts it (core, NUMA
-    node) moved whole cells by up to 1.7x between allocators."""
-    if not shutil.which("taskset"):
-        return []
+    """Every replay cell's replaying thread on the same CPU (--pin: that
+    thread only, after CUDA started its own threads, which keep every CPU;
+    taskset on the whole process put them on the same core)."""
     cpus = sorted(os.sched_getaffinity(0))
-    return ["taskset", "-c", str(cpus[len(cpus) // 2])] if cpus else []
+    return ["--pin", str(cpus[len(cpus) // 2])] if cpus else []
 
 
 def median_rows(rows, keys, field):
@@ -304,8 +302,8 @@ def step_replay(a, results, allocs):
                 row("replay", tag, "SKIP", "time budget")
                 continue
             rc, text = run(a, "replay_%s_%s" % (os.path.basename(f)[:-4], al),
-                           pin_cpu() + [bench, "--alloc", al, "--reps", str(BENCH_REPS), "--timeout",
-                                        str(BENCH_CELL_TIMEOUT - 4), f],
+                           [bench, "--alloc", al, "--reps", str(BENCH_REPS), "--timeout",
+                            str(BENCH_CELL_TIMEOUT - 4)] + pin_cpu() + [f],
                            BENCH_CELL_TIMEOUT, stack_at=BENCH_CELL_TIMEOUT - 8)
             res = median_rows([json.loads(l[len("RESULT "):]) for l in text.splitlines()
                                if l.startswith("RESULT {")], ("pass",), "ns_mean")
