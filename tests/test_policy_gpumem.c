@@ -70,6 +70,20 @@ static gm_devptr alloc(gm_allocator *al, uint64_t size, gm_stream stream) {
     return p;
 }
 
+/* Free p and allocate `size` again, a repeated step: it must make no
+ * physical memory call. Returns the new block. */
+static gm_devptr again_without_calls(gm_allocator *al, gm_devptr p, uint64_t size) {
+    gm_stats before = stats(al);
+    assert_int_equal(gm_free(al, p), GM_OK);
+    gm_devptr q = alloc(al, size, 0);
+    gm_stats after = stats(al);
+    assert_int_equal(after.num_map, before.num_map);
+    assert_int_equal(after.num_unmap, before.num_unmap);
+    assert_int_equal(after.num_phys_create, before.num_phys_create);
+    assert_int_equal(after.num_phys_release, before.num_phys_release);
+    return q;
+}
+
 /* Blocks are 512-byte aligned, packed, and a freed block's place is reused
  * by the next request of the same size on the same stream. */
 static void test_placement(void **state) {
@@ -152,12 +166,8 @@ static void test_granule_stealing(void **state) {
     assert_int_equal(s1.reserved_bytes[GM_POOL_ALL].current, 50 * MIB);
     check_ok(e.al);
     /* the same step again makes no device call */
-    assert_int_equal(gm_free(e.al, d), GM_OK);
-    gm_devptr d2 = alloc(e.al, 30 * MIB, 0);
+    gm_devptr d2 = again_without_calls(e.al, d, 30 * MIB);
     assert_int_equal(d2, d);
-    gm_stats s2 = stats(e.al);
-    assert_int_equal(s2.num_map, s1.num_map);
-    assert_int_equal(s2.num_phys_create, s1.num_phys_create);
     assert_int_equal(gm_free(e.al, d2), GM_OK);
     assert_int_equal(gm_free(e.al, c), GM_OK);
     check_ok(e.al);
@@ -194,14 +204,8 @@ static void test_slack_inf_moves_only_under_pressure(void **state) {
             assert_int_equal(a2, a);
             assert_int_equal(gm_free(e.al, a2), GM_OK);
         }
-        assert_int_equal(gm_free(e.al, d), GM_OK);
-        gm_stats s2 = stats(e.al);
-        gm_devptr d2 = alloc(e.al, 30 * MIB, 0);
+        gm_devptr d2 = again_without_calls(e.al, d, 30 * MIB);
         assert_int_equal(d2, d);
-        gm_stats s3 = stats(e.al);
-        assert_int_equal(s3.num_map, s2.num_map);
-        assert_int_equal(s3.num_unmap, s2.num_unmap);
-        assert_int_equal(s3.num_phys_create, s2.num_phys_create);
         assert_int_equal(gm_free(e.al, d2), GM_OK);
         assert_int_equal(gm_free(e.al, c), GM_OK);
         check_ok(e.al);
@@ -302,11 +306,7 @@ static void test_chunks_auto_cuts_partial_reuse(void **state) {
             assert_int_equal(s2.num_phys_create, s1.num_phys_create + 3);
             assert_int_equal(s2.num_map, s1.num_map + 3);
         }
-        assert_int_equal(gm_free(e.al, q), GM_OK);
-        q = alloc(e.al, 5 * MIB, 0);
-        gm_stats s3 = stats(e.al);
-        assert_int_equal(s3.num_phys_create, s2.num_phys_create);
-        assert_int_equal(s3.num_phys_release, s2.num_phys_release);
+        q = again_without_calls(e.al, q, 5 * MIB);
         assert_int_equal(gm_free(e.al, q), GM_OK);
         assert_int_equal(gm_free(e.al, f), GM_OK);
         check_ok(e.al);
