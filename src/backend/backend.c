@@ -74,9 +74,10 @@ int gm_backend_device_count(gm_backend *b, int *count) {
     return b->ops.device_count(b->ctx, count);
 }
 
-/* One per-device, per-kind counter of b (calls or ns), or their sum over kinds. */
-static uint64_t counter(const gm_backend *b, _Atomic uint64_t (*const arr)[GM_BCALL_COUNT], int dev, int kind) {
-    if (!b || dev < 0 || dev >= GM_MAX_DEVICES) return 0;
+/* One per-device, per-kind counter of a backend's array (calls or ns), or
+ * their sum over kinds. */
+static uint64_t counter(_Atomic uint64_t (*const arr)[GM_BCALL_COUNT], int dev, int kind) {
+    if (dev < 0 || dev >= GM_MAX_DEVICES) return 0;
     if (kind == GM_BCALL_ANY) {
         uint64_t sum = 0;
         for (int k = 0; k < GM_BCALL_COUNT; k++) sum += atomic_load_explicit(&arr[dev][k], memory_order_relaxed);
@@ -87,11 +88,11 @@ static uint64_t counter(const gm_backend *b, _Atomic uint64_t (*const arr)[GM_BC
 }
 
 uint64_t gm_backend_call_count(const gm_backend *b, int dev, int kind) {
-    return b ? counter(b, ((gm_backend *)b)->calls, dev, kind) : 0;
+    return b ? counter(((gm_backend *)b)->calls, dev, kind) : 0;
 }
 
 uint64_t gm_backend_call_ns(const gm_backend *b, int dev, int kind) {
-    return b ? counter(b, ((gm_backend *)b)->ns, dev, kind) : 0;
+    return b ? counter(((gm_backend *)b)->ns, dev, kind) : 0;
 }
 
 static inline uint64_t now_ns(void) {

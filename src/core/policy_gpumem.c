@@ -239,7 +239,8 @@ static int gp_create(gm__device *d, void **state) {
     st->slack = d->cfg ? d->cfg->gpumem_slack : 0.0;
     /* idle chunks move only under memory pressure at inf, so a chunk larger
      * than a granule costs no memory there while the device has room, and
-     * saves device calls; opt-in because under pressure it pins memory */
+     * saves device calls; under pressure a partly used one pins memory,
+     * which auto avoids once the device may fill up (policy_gpumem_chunks.c) */
     st->autoc = isinf(st->slack) && d->cfg && d->cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_AUTO;
     st->runs = isinf(st->slack) && d->cfg && (d->cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN || st->autoc);
     /* at inf nothing on the hot path reads live counts (policy_gpumem_chunks.c) */

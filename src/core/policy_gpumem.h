@@ -125,7 +125,6 @@ typedef struct gp_state {
     double slack;              /* cfg gpumem_slack: may hold (1 + slack) x peak live granules */
     bool runs;                 /* gpumem_chunks:run at slack inf: one chunk per run of unmapped granules */
     bool autoc;                /* gpumem_chunks:auto at slack inf (runs is set too) */
-    uint64_t nsplit;           /* auto: idle chunks cut because a placement would use them in part */
     bool lazy_ok;              /* slack inf: live counts may go stale between pressure events */
     bool lazy;                 /* chunks' live counts, idle lists, live_gran are stale now */
     gp_block *pool;            /* recycled block structs */

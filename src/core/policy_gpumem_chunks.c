@@ -81,22 +81,16 @@ void gm__gp_touch_dec(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) { 
 
 void gm__gp_live_sync(gp_state *st) {
     if (!st->lazy) return;
+    st->lazy = false; /* from here touch() keeps counts, lists and live_gran */
+    st->live_gran = 0;
     for (int32_t i = 0; i < st->nchunks; i++) st->chunks[i].live = 0;
     for (uint32_t k = 0; k < st->narenas; k++) {
         gp_arena *a = st->arenas[k];
         if (!a->gran) continue;
-        for (gp_block *b = a->head; b; b = b->next) {
-            if (b->state == GP_FREE) continue;
-            uint64_t g = (b->h.ptr - a->base) >> st->gshift;
-            uint64_t ge = (b->h.ptr - a->base + b->h.size - 1) >> st->gshift;
-            while (g <= ge) {
-                gp_chunk *c = &st->chunks[a->gran[g]];
-                c->live++;
-                g = (uint64_t)(c->g0 + (int64_t)c->n);
-            }
-        }
+        for (gp_block *b = a->head; b; b = b->next)
+            if (b->state != GP_FREE) touch(st, a, b->h.ptr, b->h.size, 1);
     }
-    uint64_t live = 0;
+    /* the chunks no block touches are idle: listed in address order */
     for (uint32_t k = 0; k < st->narenas; k++) {
         gp_arena *a = st->arenas[k];
         for (uint64_t g = 0; a->gran && g < a->ngran; g++) {
@@ -106,14 +100,9 @@ void gm__gp_live_sync(gp_state *st) {
             }
             int32_t i = a->gran[g];
             gp_chunk *c = &st->chunks[i];
-            if ((uint64_t)c->g0 != g) continue; /* visit each chunk at its first granule */
-            if (c->live) live += c->n;
-            else idle_add(st, i, c);
+            if ((uint64_t)c->g0 == g && !c->live) idle_add(st, i, c); /* once, at its first granule */
         }
     }
-    st->live_gran = live;
-    if (live > st->peak_live_gran) st->peak_live_gran = live;
-    st->lazy = false;
 }
 
 void gm__gp_live_drop(gp_state *st) {
@@ -451,6 +440,12 @@ static uint64_t headroom_cap(const gp_state *st) {
     return c < 1 ? 1 : c > GP_RUN_GRANULES ? GP_RUN_GRANULES : c;
 }
 
+/* The first granule from g on, below end, that is mapped (or end). */
+static uint64_t unmapped_end(const gp_arena *a, uint64_t g, uint64_t end) {
+    while (g < end && a->gran[g] < 0) g++;
+    return g;
+}
+
 int gm__gp_ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
     uint64_t pg0 = (p - a->base) >> st->gshift;
     uint64_t pg1 = (p - a->base + bytes - 1) >> st->gshift;
@@ -473,13 +468,13 @@ int gm__gp_ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes)
             /* gpumem_chunks:auto near full: only the block's interior (no
              * other block can touch it while this one lives) in one chunk */
             if (g >= ig0 && g < ig1) {
-                while (e < ig1 && a->gran[e] < 0) e++;
+                e = unmapped_end(a, g, ig1);
                 cap = headroom_cap(st);
             } else {
                 e = g + 1; /* an edge granule: other blocks may share it */
             }
         } else if (st->runs) { /* gpumem_chunks:run (or auto with room): the whole unmapped run */
-            while (e <= pg1 && a->gran[e] < 0) e++;
+            e = unmapped_end(a, g, pg1 + 1);
             cap = st->autoc ? headroom_cap(st) : GP_RUN_GRANULES;
         } else {
             while (e <= pg1 && a->gran[e] < 0 && (inner ? e < ig1 : !(big && e >= ig0 && e < ig1))) e++;
@@ -503,7 +498,6 @@ static int chunk_split(gp_state *st, int32_t i, const uint64_t *cut, int ncut) {
     uint64_t c0 = (uint64_t)c->g0, c1 = c0 + c->n;
     int rc = chunk_release(st, i);
     if (rc) return rc;
-    st->nsplit++;
     for (int k = 0; k <= ncut; k++) {
         uint64_t s = k ? cut[k - 1] : c0, e = k < ncut ? cut[k] : c1;
         if (e <= s) continue;
