@@ -135,35 +135,41 @@ struct Row {
 
 // One pass over the events; alloc(size) returns 0 on failure. Frees of slots
 // whose alloc failed are skipped. Blocks still live at the end are freed
-// untimed, so the next pass starts from the same state.
-template <class A, class F> static Row pass(const Trace &t, A alloc, F release) {
+// untimed, so the next pass starts from the same state. PerOp: each operation
+// timed on its own (median, p99, mean, max); otherwise the pass is timed as a
+// whole and only the mean is set: without the ~20-40 ns a clock read adds to
+// every per-operation sample, for both allocators alike.
+template <bool PerOp, class A, class F> static Row pass(const Trace &t, A alloc, F release) {
     std::vector<uint64_t> ptr(t.slots, 0);
     std::vector<uint32_t> ns;
-    ns.reserve(t.ev.size());
+    if (PerOp) ns.reserve(t.ev.size());
     Row r;
-    uint64_t idx = 0;
+    uint64_t idx = 0, start = now_ns();
     for (const Ev &e : t.ev) {
         g_event_index = idx++;
         if (e.slot >= t.slots) continue;
+        uint64_t t0 = PerOp ? now_ns() : 0;
         if (e.op == 0) {
-            uint64_t t0 = now_ns();
             uint64_t p = alloc(e.size);
-            uint64_t t1 = now_ns();
-            ns.push_back((uint32_t)std::min<uint64_t>(t1 - t0, UINT32_MAX));
             if (!p && e.size) r.fails++;
             ptr[e.slot] = p;
         } else if (ptr[e.slot]) {
-            uint64_t t0 = now_ns();
             release(ptr[e.slot]);
-            uint64_t t1 = now_ns();
-            ns.push_back((uint32_t)std::min<uint64_t>(t1 - t0, UINT32_MAX));
             ptr[e.slot] = 0;
+        } else {
+            continue; /* the free of a failed alloc */
         }
+        r.ops++;
+        if (PerOp) ns.push_back((uint32_t)std::min<uint64_t>(now_ns() - t0, UINT32_MAX));
     }
+    uint64_t total = now_ns() - start;
     for (uint64_t p : ptr)
         if (p) release(p);
-    r.ops = ns.size();
-    if (ns.empty()) return r;
+    if (!r.ops) return r;
+    if (!PerOp) {
+        r.mean = (double)total / r.ops;
+        return r;
+    }
     double sum = 0;
     for (uint32_t v : ns) sum += v;
     r.mean = sum / ns.size();
@@ -174,30 +180,6 @@ template <class A, class F> static Row pass(const Trace &t, A alloc, F release) 
     std::nth_element(ns.begin(), ns.begin() + p99, ns.end());
     r.p99 = ns[p99];
     return r;
-}
-
-// One more warm pass timed as a whole (no clock call per operation): the
-// mean cost of an operation without the ~20-30 ns a clock read adds to every
-// per-operation sample above, for both allocators alike.
-template <class A, class F> static double bulk_pass(const Trace &t, A alloc, F release) {
-    std::vector<uint64_t> ptr(t.slots, 0);
-    uint64_t ops = 0;
-    uint64_t t0 = now_ns();
-    for (const Ev &e : t.ev) {
-        if (e.slot >= t.slots) continue;
-        if (e.op == 0) {
-            ptr[e.slot] = alloc(e.size);
-            ops++;
-        } else if (ptr[e.slot]) {
-            release(ptr[e.slot]);
-            ptr[e.slot] = 0;
-            ops++;
-        }
-    }
-    uint64_t t1 = now_ns();
-    for (uint64_t p : ptr)
-        if (p) release(p);
-    return ops ? (double)(t1 - t0) / ops : 0;
 }
 
 static void report_bulk(const Trace &t, const char *alloc, double mean) {
@@ -267,7 +249,7 @@ static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const cha
         progress(t.name.c_str(), label, which ? "warm" : "cold");
         gm_reset_peak_stats(a, 0);
         CallSnap c0 = snap_calls(b);
-        Row r = pass(t, al, fr);
+        Row r = pass<true>(t, al, fr);
         report_calls(t, label, which ? "warm" : "cold", c0, snap_calls(b));
         gm_stats s;
         memset(&s, 0, sizeof s);
@@ -280,7 +262,7 @@ static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const cha
     }
     progress(t.name.c_str(), label, "bulk");
     CallSnap c0 = snap_calls(b);
-    report_bulk(t, label, bulk_pass(t, al, fr));
+    report_bulk(t, label, pass<false>(t, al, fr).mean);
     report_calls(t, label, "bulk", c0, snap_calls(b));
     progress(t.name.c_str(), label, "check");
     char cerr[512] = "";
@@ -308,13 +290,13 @@ static void run_torch(const Trace &t) {
     for (int which = 0; which < 2; which++) {
         progress(t.name.c_str(), "torch-native", which ? "warm" : "cold");
         cca::resetPeakStats(0);
-        Row r = pass(t, al, fr);
+        Row r = pass<true>(t, al, fr);
         auto s = cca::getDeviceStats(0);
         report(t, "torch-native", which ? "warm" : "cold", r, (uint64_t)s.reserved_bytes[0].peak,
                (uint64_t)s.requested_bytes[0].peak);
     }
     progress(t.name.c_str(), "torch-native", "bulk");
-    report_bulk(t, "torch-native", bulk_pass(t, al, fr));
+    report_bulk(t, "torch-native", pass<false>(t, al, fr).mean);
     cca::emptyCache();
 }
 #endif

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """first_pass_cost.py — model the device time of a replay's device calls on an
 H200: sum over calls of the per-call cost measured by bench/vmm_cost.c
-(/work/.device/1/vmm_cost.txt, medians), interpolated in log(size) between the
+(medians of its H200 run, table in bench/RESULTS.md), interpolated in log(size) between the
 measured sizes (2, 16, 128, 1024 MiB; clamped outside). A map is cuMemMap +
 cuMemSetAccess (the cuda backend makes both per map call); device_alloc /
 device_free are cuMemAlloc / cuMemFree (what torch's cudaMalloc pays).
@@ -18,7 +18,7 @@ import sys
 
 MIB = 1 << 20
 SIZES = [2 * MIB, 16 * MIB, 128 * MIB, 1024 * MIB]
-# microseconds per call at SIZES (H200, vmm_cost.txt medians)
+# microseconds per call at SIZES (H200, tests/gpu/vmm_cost.sh medians)
 COST_US = {
     "phys_create": [10.30, 11.13, 14.81, 58.49],
     "map": [0.82 + 24.30, 0.89 + 26.02, 1.06 + 46.23, 1.42 + 82.87],

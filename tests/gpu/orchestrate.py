@@ -272,15 +272,21 @@ def pin_cpu():
     return ["--pin", str(cpus[len(cpus) // 2])] if cpus else []
 
 
+def tagged(text, tag):
+    """The JSON objects of the bench's `TAG {json}` lines, in order."""
+    return [json.loads(l[len(tag) + 1:]) for l in text.splitlines() if l.startswith(tag + " {")]
+
+
 def median_rows(rows, keys, field):
-    """Of the repetitions of one cell, per value of `keys`, the row whose
-    `field` is the median (the whole row, so its numbers stay consistent)."""
+    """Of the repetitions of one cell, per value of `keys` (in the order they
+    first appear: cold before warm), the row whose `field` is the median (the
+    whole row, so its numbers stay consistent)."""
     groups = {}
     for r in rows:
         groups.setdefault(tuple(r[k] for k in keys), []).append(r)
     out = []
-    for k in sorted(groups, key=lambda k: [("cold", "warm").index(x) if x in ("cold", "warm") else 0 for x in k]):
-        g = sorted(groups[k], key=lambda r: r[field])
+    for g in groups.values():
+        g = sorted(g, key=lambda r: r[field])
         m = dict(g[len(g) // 2])
         m["reps"] = len(g)
         out.append(m)
@@ -305,16 +311,15 @@ def step_replay(a, results, allocs):
                            [bench, "--alloc", al, "--reps", str(BENCH_REPS), "--timeout",
                             str(BENCH_CELL_TIMEOUT - 4)] + pin_cpu() + [f],
                            BENCH_CELL_TIMEOUT, stack_at=BENCH_CELL_TIMEOUT - 8)
-            res = median_rows([json.loads(l[len("RESULT "):]) for l in text.splitlines()
-                               if l.startswith("RESULT {")], ("pass",), "ns_mean")
+            res = median_rows(tagged(text, "RESULT"), ("pass",), "ns_mean")
             results.setdefault("replay", []).extend(res)
-            bulk_all = [json.loads(l[len("BULK "):]) for l in text.splitlines() if l.startswith("BULK {")]
+            bulk_all = tagged(text, "BULK")
             results.setdefault("bulk", []).extend(median_rows(bulk_all, (), "ns_mean_untimed"))
             if bulk_all:  # the best repetition too: noise only ever adds time
                 best = dict(min(bulk_all, key=lambda r: r["ns_mean_untimed"]))
                 results.setdefault("bulk_best", []).append(best)
-            calls = [json.loads(l[len("CALLS "):]) for l in text.splitlines() if l.startswith("CALLS {")]
-            results.setdefault("calls", []).extend(calls[:2])  # the first repetition's cold and warm passes
+            # the first repetition's cold and warm passes
+            results.setdefault("calls", []).extend(tagged(text, "CALLS")[:2])
             if rc != 0 or len(res) != 2:
                 hung = rc == 124 or "WATCHDOG" in text
                 row("replay", tag, "FAIL", ("HANG: " + (where(text) or tail(text, 3))) if hung
