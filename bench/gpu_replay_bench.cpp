@@ -10,7 +10,8 @@
 // torch, no CUDA). Without -DWITH_TORCH only the gpumem rows are measured.
 // Input: event files from bench/trace_to_events.py.
 //
-//   gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc LIST] [--timeout S] [--pin CPU] EVENTS.bin...
+//   gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc LIST] [--timeout S] [--pin CPU]
+//                    [--bulk N] [--perf] EVENTS.bin...
 //
 // prints one "RESULT {json}" line per row, one "BULK {json}" line per
 // allocator (a third pass timed as a whole: mean ns/op without per-op clock reads),
@@ -24,6 +25,11 @@
 // --timeout S: after S seconds print where the replay is (trace, allocator,
 // pass, event index) and a native stack, then exit 124: a hang loses one
 // run, not the whole benchmark, and leaves a trail to debug it.
+// --bulk N: N untimed passes per allocator instead of one, a BULK line each
+// (does a slow pass stay slow for the allocator's lifetime, or come and go?).
+// --perf: each BULK line also gets the replay thread's user-space hardware
+// counters over that pass (cycles, instructions, cache misses, dTLB misses;
+// perf_event_open, where the kernel allows it) and the CPU it ended on.
 #include "gpumem/backend.h"
 #include "gpumem/gpumem.h"
 
@@ -38,8 +44,12 @@
 #include <execinfo.h>
 #include <pthread.h>
 #include <sched.h>
+#include <linux/perf_event.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -182,10 +192,76 @@ template <bool PerOp, class A, class F> static Row pass(const Trace &t, A alloc,
     return r;
 }
 
-static void report_bulk(const Trace &t, const char *alloc, double mean) {
-    printf("BULK {\"trace\": \"%s\", \"allocator\": \"%s\", \"ns_mean_untimed\": %.1f}\n", t.name.c_str(),
-           alloc, mean);
-    fflush(stdout);
+// --perf: this thread's user-space hardware counters, one group per BULK pass.
+static bool g_perf = false;
+static int g_bulk = 1;
+struct Perf {
+    struct Counter {
+        const char *name;
+        uint32_t type;
+        uint64_t config;
+        int fd;
+    };
+    Counter c[7] = {
+        {"cycles", PERF_TYPE_HARDWARE, PERF_COUNT_HW_CPU_CYCLES, -1},
+        {"instructions", PERF_TYPE_HARDWARE, PERF_COUNT_HW_INSTRUCTIONS, -1},
+        {"cache_misses", PERF_TYPE_HARDWARE, PERF_COUNT_HW_CACHE_MISSES, -1},
+        {"dtlb_misses", PERF_TYPE_HW_CACHE,
+         PERF_COUNT_HW_CACHE_DTLB | (PERF_COUNT_HW_CACHE_OP_READ << 8) | (PERF_COUNT_HW_CACHE_RESULT_MISS << 16), -1},
+        {"page_faults", PERF_TYPE_SOFTWARE, PERF_COUNT_SW_PAGE_FAULTS, -1},
+        {"ctx_switches", PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CONTEXT_SWITCHES, -1},
+        {"migrations", PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_MIGRATIONS, -1},
+    };
+    void open_all() {
+        for (Counter &k : c) {
+            perf_event_attr a;
+            memset(&a, 0, sizeof a);
+            a.size = sizeof a;
+            a.type = k.type;
+            a.config = k.config;
+            a.disabled = 1;
+            a.exclude_kernel = 1;
+            a.exclude_hv = 1;
+            k.fd = (int)syscall(SYS_perf_event_open, &a, 0, -1, -1, 0);
+            if (k.fd < 0) fprintf(stderr, "perf_event_open(%s): %s\n", k.name, strerror(errno));
+        }
+    }
+    void start() {
+        for (Counter &k : c)
+            if (k.fd >= 0) ioctl(k.fd, PERF_EVENT_IOC_RESET, 0), ioctl(k.fd, PERF_EVENT_IOC_ENABLE, 0);
+    }
+    // ", \"cycles\": n, ..." for the counters that opened
+    std::string stop() {
+        std::string out;
+        char buf[64];
+        for (Counter &k : c) {
+            if (k.fd < 0) continue;
+            ioctl(k.fd, PERF_EVENT_IOC_DISABLE, 0);
+            uint64_t v = 0;
+            if (read(k.fd, &v, sizeof v) != (ssize_t)sizeof v) continue;
+            snprintf(buf, sizeof buf, ", \"%s\": %" PRIu64, k.name, v);
+            out += buf;
+        }
+        return out;
+    }
+    ~Perf() {
+        for (Counter &k : c)
+            if (k.fd >= 0) close(k.fd);
+    }
+};
+
+// g_bulk untimed passes, one BULK line each.
+template <class A, class F> static void bulk_passes(const Trace &t, const char *alloc, A al, F fr) {
+    Perf perf;
+    if (g_perf) perf.open_all();
+    for (int i = 0; i < g_bulk; i++) {
+        perf.start();
+        double mean = pass<false>(t, al, fr).mean;
+        std::string counters = g_perf ? perf.stop() : "";
+        printf("BULK {\"trace\": \"%s\", \"allocator\": \"%s\", \"ns_mean_untimed\": %.1f, \"cpu\": %d%s}\n",
+               t.name.c_str(), alloc, mean, sched_getcpu(), counters.c_str());
+        fflush(stdout);
+    }
 }
 
 static void report(const Trace &t, const char *alloc, const char *which, const Row &r, uint64_t peak_reserved,
@@ -262,7 +338,7 @@ static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const cha
     }
     progress(t.name.c_str(), label, "bulk");
     CallSnap c0 = snap_calls(b);
-    report_bulk(t, label, pass<false>(t, al, fr).mean);
+    bulk_passes(t, label, al, fr);
     report_calls(t, label, "bulk", c0, snap_calls(b));
     progress(t.name.c_str(), label, "check");
     char cerr[512] = "";
@@ -296,7 +372,7 @@ static void run_torch(const Trace &t) {
                (uint64_t)s.requested_bytes[0].peak);
     }
     progress(t.name.c_str(), "torch-native", "bulk");
-    report_bulk(t, "torch-native", pass<false>(t, al, fr).mean);
+    bulk_passes(t, "torch-native", al, fr);
     cca::emptyCache();
 }
 #endif
@@ -327,11 +403,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--alloc") && i + 1 < argc) allocs = argv[++i];
         else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) timeout = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--pin") && i + 1 < argc) pin = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--bulk") && i + 1 < argc) g_bulk = std::max(1, atoi(argv[++i]));
+        else if (!strcmp(argv[i], "--perf")) g_perf = true;
         else files.push_back(argv[i]);
     }
     if (files.empty() || (strcmp(backend, "cuda") && strcmp(backend, "sim"))) {
         fprintf(stderr, "usage: gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc torch-native,"
-                        "gpumem-torch,gpumem-gpumem,gpumem-run,gpumem-granule] [--timeout S] EVENTS.bin...\n");
+                        "gpumem-torch,gpumem-gpumem,gpumem-run,gpumem-granule] [--timeout S] [--pin CPU] [--bulk N] [--perf] "
+                        "EVENTS.bin...\n");
         return 2;
     }
 #ifdef PR_SET_PTRACER
