@@ -11,7 +11,7 @@
 // Input: event files from bench/trace_to_events.py.
 //
 //   gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc LIST] [--timeout S] [--pin CPU]
-//                    [--bulk N] [--perf] EVENTS.bin...
+//                    [--bulk N] [--perf] [--pair N] EVENTS.bin...
 //
 // prints one "RESULT {json}" line per row, one "BULK {json}" line per
 // allocator (a third pass timed as a whole: mean ns/op without per-op clock reads),
@@ -27,6 +27,9 @@
 // run, not the whole benchmark, and leaves a trail to debug it.
 // --bulk N: N untimed passes per allocator instead of one, a BULK line each
 // (does a slow pass stay slow for the allocator's lifetime, or come and go?).
+// --pair N: instead of the rows above, the default gpumem policy against torch
+// native in alternating untimed passes, N rounds, one "PAIR {json}" line each
+// (see run_pair).
 // --perf: each BULK line also gets the replay thread's user-space hardware
 // counters over that pass (cycles, instructions, cache misses, dTLB misses;
 // perf_event_open, where the kernel allows it) and the CPU it ended on.
@@ -375,6 +378,55 @@ static void run_torch(const Trace &t) {
     bulk_passes(t, "torch-native", al, fr);
     cca::emptyCache();
 }
+
+// --pair N: gpumem (default policy) and torch native alive side by side in this
+// process; after a cold and a warm pass each, N rounds of one untimed pass
+// each, alternating which goes first. The ratio of a round compares two passes
+// a few milliseconds apart, so whatever slows this host for a while (the other
+// tenants of its cores and caches) slows both; separate processes at separate
+// times do not share it.
+static int run_pair(gm_backend *b, const Trace &t, int rounds) {
+    gm_allocator *a = nullptr;
+    if (gm_allocator_create(&a, b, nullptr) != GM_OK) {
+        fprintf(stderr, "gm_allocator_create: %s\n", gm_last_error_detail());
+        return 1;
+    }
+    auto gal = [a](uint64_t size) -> uint64_t {
+        gm_devptr p = 0;
+        return gm_malloc(a, 0, size, 0, &p) == GM_OK ? p : 0;
+    };
+    auto gfr = [a](uint64_t p) { gm_free(a, p); };
+    auto nal = [](uint64_t size) -> uint64_t {
+        try {
+            return (uint64_t)(uintptr_t)cca::raw_alloc_with_stream((size_t)size, nullptr);
+        } catch (...) {
+            return 0;
+        }
+    };
+    auto nfr = [](uint64_t p) { cca::raw_delete((void *)(uintptr_t)p); };
+    cca::emptyCache();
+    progress(t.name.c_str(), "pair", "cold+warm");
+    uint64_t fails = 0;
+    for (int i = 0; i < 2; i++) fails += pass<false>(t, nal, nfr).fails + pass<false>(t, gal, gfr).fails;
+    for (int r = 0; r < rounds; r++) {
+        progress(t.name.c_str(), "pair", "round");
+        double n, g;
+        if (r % 2 == 0) {
+            n = pass<false>(t, nal, nfr).mean;
+            g = pass<false>(t, gal, gfr).mean;
+        } else {
+            g = pass<false>(t, gal, gfr).mean;
+            n = pass<false>(t, nal, nfr).mean;
+        }
+        printf("PAIR {\"trace\": \"%s\", \"round\": %d, \"native_ns\": %.1f, \"gpumem_ns\": %.1f, "
+               "\"speedup\": %.3f, \"fails\": %" PRIu64 "}\n",
+               t.name.c_str(), r, n, g, n / g, fails);
+        fflush(stdout);
+    }
+    gm_allocator_destroy(a);
+    cca::emptyCache();
+    return fails != 0;
+}
 #endif
 
 static bool wanted(const std::string &list, const char *name) {
@@ -393,7 +445,7 @@ static int make_backend(const char *kind, gm_backend **b) {
 }
 
 int main(int argc, char **argv) {
-    int reps = 1, timeout = 0, pin = -1;
+    int reps = 1, timeout = 0, pin = -1, pair = 0;
     const char *backend = "cuda";
     std::string allocs;
     std::vector<const char *> files;
@@ -405,11 +457,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--pin") && i + 1 < argc) pin = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--bulk") && i + 1 < argc) g_bulk = std::max(1, atoi(argv[++i]));
         else if (!strcmp(argv[i], "--perf")) g_perf = true;
+        else if (!strcmp(argv[i], "--pair") && i + 1 < argc) pair = atoi(argv[++i]);
         else files.push_back(argv[i]);
     }
     if (files.empty() || (strcmp(backend, "cuda") && strcmp(backend, "sim"))) {
         fprintf(stderr, "usage: gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc torch-native,"
-                        "gpumem-torch,gpumem-gpumem,gpumem-run,gpumem-granule] [--timeout S] [--pin CPU] [--bulk N] [--perf] "
+                        "gpumem-torch,gpumem-gpumem,gpumem-run,gpumem-granule] [--timeout S] [--pin CPU] [--bulk N] [--perf] [--pair N] "
                         "EVENTS.bin...\n");
         return 2;
     }
@@ -474,6 +527,13 @@ int main(int argc, char **argv) {
             continue;
         }
         fprintf(stderr, "%s: %zu events, %" PRIu64 " slots\n", t.name.c_str(), t.ev.size(), t.slots);
+        if (pair > 0) {
+#ifdef WITH_TORCH
+            if (native) rc |= run_pair(b, t, pair);
+#endif
+            if (!native) fprintf(stderr, "--pair needs torch native (a cuda build with torch)\n"), rc = 1;
+            continue;
+        }
         for (int r = 0; r < reps; r++) {
 #ifdef WITH_TORCH
             if (native) run_torch(t);

@@ -37,6 +37,7 @@ ROWS = []  # (section, name, result, detail)
 SUITE_TEST_TIMEOUT = int(os.environ.get("GPUMEM_TEST_TIMEOUT", "25"))  # s per GPU test (slowest ~5 s on the H200)
 BENCH_CELL_TIMEOUT = 40  # s per (trace, allocator) replay process
 BENCH_REPS = 5  # repetitions per cell (allocator made anew each time); the tables show the median one
+PAIR_ROUNDS = 21  # alternating untimed passes per trace in the paired warm comparison
 SUITE = os.environ.get("GPUMEM_GPU_SUITE", "tests/gpu/test_gpumem_gpu.py")  # replaceable to test orchestrate
 
 
@@ -330,6 +331,53 @@ def step_replay(a, results, allocs):
                     w["ns_median"], w["ns_p99"], res[0]["peak_reserved"] / max(1, res[0]["peak_requested"])))
 
 
+def step_paired(a, results):
+    """Warm speedup measured in pairs: gpumem's default and torch native in one
+    process, alternating untimed passes (the bench's --pair), one process per
+    trace. Each round's ratio compares passes milliseconds apart, so a slow
+    spell of the host hits both allocators; the rows of step_replay come from
+    separate processes minutes apart."""
+    bench = os.path.join(a.build, "gpu_replay_bench")
+    if not os.path.exists(bench):
+        row("paired", "gpu_replay_bench", "FAIL", "not built (see build_ext.log)")
+        return
+    if "events" not in results:
+        results["events"] = convert_traces(a)
+    for f in results["events"]:
+        tag = os.path.basename(f)[:-4]
+        if left(a.budget) < 15:
+            row("paired", tag, "SKIP", "time budget")
+            continue
+        rc, text = run(a, "paired_" + tag, [bench, "--pair", str(PAIR_ROUNDS), "--timeout",
+                                            str(BENCH_CELL_TIMEOUT - 4)] + pin_cpu() + [f],
+                       BENCH_CELL_TIMEOUT, stack_at=BENCH_CELL_TIMEOUT - 8)
+        pairs = tagged(text, "PAIR")
+        results.setdefault("pairs", []).extend(pairs)
+        if rc != 0 or len(pairs) != PAIR_ROUNDS:
+            row("paired", tag, "FAIL", "rc %d, %d of %d rounds: %s" % (rc, len(pairs), PAIR_ROUNDS, tail(text, 3)))
+        else:
+            sp = sorted(p["speedup"] for p in pairs)
+            row("paired", tag, "PASS", "speedup median %.2fx (%.2f-%.2f)" % (sp[len(sp) // 2], sp[0], sp[-1]))
+
+
+def print_paired(results):
+    by = {}
+    for p in results.get("pairs") or []:
+        by.setdefault(p["trace"], []).append(p)
+    if not by:
+        return
+    print("\nWarm speedup in pairs (untimed passes of gpumem's default and torch native alternating in one process,"
+          " %d rounds; ns/op medians):" % PAIR_ROUNDS)
+    print("  %-28s %8s %8s %9s %15s %11s" % ("trace", "gpumem", "native", "speedup", "min-max", "rounds >=5x"))
+    for tr, ps in sorted(by.items()):
+        sp = sorted(p["speedup"] for p in ps)
+        g = sorted(p["gpumem_ns"] for p in ps)
+        n = sorted(p["native_ns"] for p in ps)
+        print("  %-28s %8.1f %8.1f %8.2fx %7.2f-%.2fx %8d/%d" % (
+            tr[:28], g[len(g) // 2], n[len(n) // 2], sp[len(sp) // 2], sp[0], sp[-1],
+            sum(1 for x in sp if x >= 5), len(sp)))
+
+
 def print_tables(a, results):
     print("\n================ gpumem GPU results ================")
     npass = sum(1 for r in ROWS if r[2] == "PASS")
@@ -370,6 +418,7 @@ def print_tables(a, results):
                     spb += ", best %.2fx" % (nbb / gbb)
                 print("  %-34s %-13s warm speedup %6.2fx  untimed %s  warm p99 %6.0f ns  cold time vs native %s  "
                       "ratio %.4f" % (tr[:34], al, sp, spb, g_w["ns_p99"], cold, ratio))
+    print_paired(results)
     calls = [c for c in results.get("calls") or [] if c["pass"] == "cold"]
     if calls:
         print("\nFirst pass device calls (gpumem): kind count / ms inside the driver")
@@ -416,6 +465,7 @@ def main():
              ("suite-torch", lambda: step_gpu_suite(a, "policy:torch", 75)),
              ("replay-gpumem-native", lambda: step_replay(a, results, ["gpumem-gpumem", "gpumem-granule", "gpumem-run",
                                                                         "torch-native"])),
+             ("replay-paired", lambda: step_paired(a, results)),
              ("gpt2-gpumem", lambda: step_gpt2(a, results, "policy:gpumem")),
              ("resnet50-gpumem", lambda: step_resnet(a, results, "policy:gpumem")),
              ("gpt2-run", lambda: step_gpt2(a, results, "policy:gpumem,gpumem_chunks:run")),
