@@ -19,8 +19,15 @@
  * (--cg: one untimed warm pass and a short synthetic loop, and the op count
  * of each, so Ir / ops is instructions per operation).
  *
+ * --evict MiB: before each untimed pass, write a buffer of that size, so the
+ * pass starts with the allocator's state out of the CPU's private caches, as
+ * after a training step's other work (kernel launches, Python) between
+ * allocator calls. Under callgrind --cache-sim=yes with --LL=2097152,16,64
+ * (one core's L2), LL misses / ops in hp_untimed_pass count the cache lines
+ * an operation brings in from further out.
+ *
  * Usage: bench_hotpath [--reps N] [--synth N] [--synth-only] [--policy gpumem|torch] [--cg]
- *                      [--stats]
+ *                      [--stats] [--evict MiB]
  *                      [TRACE...]   (default: $GPUMEM_SHARED/traces/\*.pickle.gz,
  *                      GPUMEM_SHARED defaulting to ../shared from the current directory)
  * Reports only; never fails on timing. */
@@ -176,6 +183,14 @@ static gm_allocator *make(const char *conf, gm_backend **be) {
     return a;
 }
 
+static size_t g_evict_bytes;
+static unsigned char *g_evict_buf;
+
+/* Push the allocator's state out of the private caches (--evict). */
+__attribute__((noipa)) void hp_evict(void) {
+    for (size_t i = 0; i < g_evict_bytes; i += 64) g_evict_buf[i] = (unsigned char)(g_evict_buf[i] + 1);
+}
+
 static void bench_trace(const char *base, const hp_prog *p, const char *policy, int reps, bool cg) {
     char conf[64];
     snprintf(conf, sizeof conf, "policy:%s", policy);
@@ -197,6 +212,7 @@ static void bench_trace(const char *base, const hp_prog *p, const char *policy, 
     }
     double best = 1e30;
     for (int i = 0; i < reps; i++) {
+        if (g_evict_bytes) hp_evict();
         uint64_t t0 = now_ns();
         hp_untimed_pass(a, p, ptr, &n);
         double dt = (double)(now_ns() - t0);
@@ -277,6 +293,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cg")) cg = true;
         else if (!strcmp(argv[i], "--synth-only")) synth_only = true;
         else if (!strcmp(argv[i], "--stats")) g_stats_json = true;
+        else if (!strcmp(argv[i], "--evict") && i + 1 < argc) {
+            g_evict_bytes = strtoull(argv[++i], NULL, 10) << 20;
+            g_evict_buf = calloc(g_evict_bytes ? g_evict_bytes : 1, 1);
+            if (!g_evict_buf) {
+                fprintf(stderr, "--evict: cannot allocate %zu bytes\n", g_evict_bytes);
+                return 2;
+            }
+        }
         else {
             first = i;
             break;
@@ -321,5 +345,6 @@ int main(int argc, char **argv) {
     for (int q = 0; q < 2; q++)
         if (synth && (!only || !strcmp(only, policies[q]))) bench_synth(policies[q], synth, cg);
     globfree(&g);
+    free(g_evict_buf);
     return 0;
 }

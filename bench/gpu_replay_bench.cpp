@@ -386,9 +386,13 @@ static void run_torch(const Trace &t) {
 // tenants of its cores and caches) slows both; separate processes at separate
 // times do not share it.
 static int run_pair(gm_backend *b, const Trace &t, int rounds) {
+    gm_config cfg;
+    gm_config_init(&cfg); /* the library's default policy is torch's model */
+    char err[256] = "";
     gm_allocator *a = nullptr;
-    if (gm_allocator_create(&a, b, nullptr) != GM_OK) {
-        fprintf(stderr, "gm_allocator_create: %s\n", gm_last_error_detail());
+    if (gm_config_parse(&cfg, "policy:gpumem", err, sizeof err) != GM_OK ||
+        gm_allocator_create(&a, b, &cfg) != GM_OK) {
+        fprintf(stderr, "policy:gpumem allocator: %s %s\n", err, gm_last_error_detail());
         return 1;
     }
     auto gal = [a](uint64_t size) -> uint64_t {
