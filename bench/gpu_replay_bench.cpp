@@ -305,24 +305,33 @@ static void report_calls(const Trace &t, const char *alloc, const char *which, c
     fflush(stdout);
 }
 
-static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const char *label) {
+// An allocator with config `conf` on b, or NULL (said on stderr).
+static gm_allocator *make_gpumem(gm_backend *b, const char *conf) {
     gm_config cfg;
     gm_config_init(&cfg);
     char err[256] = "";
     if (gm_config_parse(&cfg, conf, err, sizeof err) != GM_OK) {
         fprintf(stderr, "config %s: %s\n", conf, err);
-        return 1;
+        return nullptr;
     }
     gm_allocator *a = nullptr;
     int st = gm_allocator_create(&a, b, &cfg);
     if (st != GM_OK) {
         fprintf(stderr, "gm_allocator_create(%s): %s %s\n", conf, gm_status_name(st), gm_last_error_detail());
-        return 1;
+        return nullptr;
     }
-    auto al = [a](uint64_t size) -> uint64_t {
-        gm_devptr p = 0;
-        return gm_malloc(a, 0, size, 0, &p) == GM_OK ? p : 0;
-    };
+    return a;
+}
+
+static uint64_t gpumem_alloc(gm_allocator *a, uint64_t size) {
+    gm_devptr p = 0;
+    return gm_malloc(a, 0, size, 0, &p) == GM_OK ? p : 0;
+}
+
+static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const char *label) {
+    gm_allocator *a = make_gpumem(b, conf);
+    if (!a) return 1;
+    auto al = [a](uint64_t size) { return gpumem_alloc(a, size); };
     auto fr = [a](uint64_t p) { gm_free(a, p); };
     for (int which = 0; which < 2; which++) {
         progress(t.name.c_str(), label, which ? "warm" : "cold");
@@ -355,17 +364,21 @@ static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const cha
 #ifdef WITH_TORCH
 namespace cca = c10::cuda::CUDACachingAllocator;
 
+// torch native, driven like gpumem: 0 on failure
+static uint64_t torch_alloc(uint64_t size) {
+    try {
+        return (uint64_t)(uintptr_t)cca::raw_alloc_with_stream((size_t)size, nullptr);
+    } catch (...) {
+        return 0;
+    }
+}
+static void torch_free(uint64_t p) { cca::raw_delete((void *)(uintptr_t)p); }
+
 static void run_torch(const Trace &t) {
     progress(t.name.c_str(), "torch-native", "empty_cache");
     cca::emptyCache();
-    auto al = [](uint64_t size) -> uint64_t {
-        try {
-            return (uint64_t)(uintptr_t)cca::raw_alloc_with_stream((size_t)size, nullptr);
-        } catch (...) {
-            return 0;
-        }
-    };
-    auto fr = [](uint64_t p) { cca::raw_delete((void *)(uintptr_t)p); };
+    auto al = torch_alloc;
+    auto fr = torch_free;
     for (int which = 0; which < 2; which++) {
         progress(t.name.c_str(), "torch-native", which ? "warm" : "cold");
         cca::resetPeakStats(0);
@@ -386,28 +399,12 @@ static void run_torch(const Trace &t) {
 // tenants of its cores and caches) slows both; separate processes at separate
 // times do not share it.
 static int run_pair(gm_backend *b, const Trace &t, int rounds) {
-    gm_config cfg;
-    gm_config_init(&cfg); /* the library's default policy is torch's model */
-    char err[256] = "";
-    gm_allocator *a = nullptr;
-    if (gm_config_parse(&cfg, "policy:gpumem", err, sizeof err) != GM_OK ||
-        gm_allocator_create(&a, b, &cfg) != GM_OK) {
-        fprintf(stderr, "policy:gpumem allocator: %s %s\n", err, gm_last_error_detail());
-        return 1;
-    }
-    auto gal = [a](uint64_t size) -> uint64_t {
-        gm_devptr p = 0;
-        return gm_malloc(a, 0, size, 0, &p) == GM_OK ? p : 0;
-    };
+    gm_allocator *a = make_gpumem(b, "policy:gpumem"); /* not NULL: the library's default is torch's model */
+    if (!a) return 1;
+    auto gal = [a](uint64_t size) { return gpumem_alloc(a, size); };
     auto gfr = [a](uint64_t p) { gm_free(a, p); };
-    auto nal = [](uint64_t size) -> uint64_t {
-        try {
-            return (uint64_t)(uintptr_t)cca::raw_alloc_with_stream((size_t)size, nullptr);
-        } catch (...) {
-            return 0;
-        }
-    };
-    auto nfr = [](uint64_t p) { cca::raw_delete((void *)(uintptr_t)p); };
+    auto nal = torch_alloc;
+    auto nfr = torch_free;
     cca::emptyCache();
     progress(t.name.c_str(), "pair", "cold+warm");
     uint64_t fails = 0;

@@ -294,14 +294,23 @@ def median_rows(rows, keys, field):
     return out
 
 
-def step_replay(a, results, allocs):
-    """One process per (trace, allocator): a hang loses that cell only."""
+def bench_and_events(a, results, section):
+    """The replay bench's path, with the traces converted to its event files
+    (once per run, in results["events"]), or None (a FAIL row said why)."""
     bench = os.path.join(a.build, "gpu_replay_bench")
     if not os.path.exists(bench):
-        row("replay", "gpu_replay_bench", "FAIL", "not built (see build_ext.log)")
-        return
+        row(section, "gpu_replay_bench", "FAIL", "not built (see build_ext.log)")
+        return None
     if "events" not in results:
         results["events"] = convert_traces(a)
+    return bench
+
+
+def step_replay(a, results, allocs):
+    """One process per (trace, allocator): a hang loses that cell only."""
+    bench = bench_and_events(a, results, "replay")
+    if not bench:
+        return
     for f in results["events"]:
         for al in allocs:
             tag = "%s %s" % (os.path.basename(f)[:-4], al)
@@ -337,12 +346,9 @@ def step_paired(a, results):
     trace. Each round's ratio compares passes milliseconds apart, so a slow
     spell of the host hits both allocators; the rows of step_replay come from
     separate processes minutes apart."""
-    bench = os.path.join(a.build, "gpu_replay_bench")
-    if not os.path.exists(bench):
-        row("paired", "gpu_replay_bench", "FAIL", "not built (see build_ext.log)")
+    bench = bench_and_events(a, results, "paired")
+    if not bench:
         return
-    if "events" not in results:
-        results["events"] = convert_traces(a)
     for f in results["events"]:
         tag = os.path.basename(f)[:-4]
         if left(a.budget) < 15:
