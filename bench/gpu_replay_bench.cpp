@@ -30,9 +30,11 @@
 // --pair N: instead of the rows above, the default gpumem policy against torch
 // native in alternating untimed passes, N rounds, one "PAIR {json}" line each
 // (see run_pair).
-// --perf: each BULK line also gets the replay thread's user-space hardware
-// counters over that pass (cycles, instructions, cache misses, dTLB misses;
-// perf_event_open, where the kernel allows it) and the CPU it ended on.
+// --perf: each BULK line also gets the replay thread's user-space counters
+// over that pass (cycles, instructions, cache and dTLB misses, page faults,
+// context switches, CPU migrations: perf_event_open, each where the kernel
+// offers it; the H200 hosts offer only the software ones). Every BULK line
+// names the CPU the pass ended on.
 #include "gpumem/backend.h"
 #include "gpumem/gpumem.h"
 
@@ -195,7 +197,7 @@ template <bool PerOp, class A, class F> static Row pass(const Trace &t, A alloc,
     return r;
 }
 
-// --perf: this thread's user-space hardware counters, one group per BULK pass.
+// --perf: this thread's user-space counters, read around each BULK pass.
 static bool g_perf = false;
 static int g_bulk = 1;
 struct Perf {
