@@ -105,13 +105,8 @@ def alloc_stats(torch, gt):
 
 
 def train(a, torch, gt, prof):
-    from gpu_workloads import build  # noqa: PLC0415 (the same model, batch and optimizer)
-    torch.manual_seed(0)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    from gpu_workloads import build, deterministic  # noqa: PLC0415 (the same model, batch, optimizer and settings)
+    deterministic(torch)
     model, make_batch, loss_fn, opt = build("gpt2", torch)
     model = model.cuda()
     model.train()

@@ -57,6 +57,19 @@ def build(model_name, torch):
     raise SystemExit("unknown model %r" % model_name)
 
 
+def deterministic(torch):
+    """Seed 0 and deterministic kernels, so losses can be compared across
+    allocators (every GPU workload script starts with this)."""
+    torch.manual_seed(0)
+    # warn_only: resnet50 needs adaptive_avg_pool2d_backward, which has no
+    # deterministic CUDA kernel; the comparison allows for that (tolerance)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -77,14 +90,7 @@ def main():
     if a.alloc == "gpumem":
         import gpumem.torch as gt  # noqa: PLC0415
         gt.install(a.conf)
-    torch.manual_seed(0)
-    # warn_only: resnet50 needs adaptive_avg_pool2d_backward, which has no
-    # deterministic CUDA kernel; the comparison allows for that (tolerance)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    deterministic(torch)
 
     if a.snapshot:
         # no stack frames: the replay needs only the events, and frames make it 100x larger
