@@ -178,16 +178,14 @@ const gm_config *gm_allocator_config(const gm_allocator *a) { return a ? &a->cfg
 /* Request-level stats of one malloc / one free (inc/dec: no sign branches). */
 static inline void account_alloc(gm__device *d, const gm__block_hdr *b) {
     gm_stats *s = &d->stats;
-    gm__stat_pool_inc(s->allocation, b->pool, 1);
-    gm__stat_pool_inc(s->allocated_bytes, b->pool, (int64_t)b->size);
+    gm__stat_block_inc(s->allocation, s->allocated_bytes, b->pool, b->size);
     gm__stat_pool_inc(s->requested_bytes, b->pool, (int64_t)b->requested);
     if (b->size >= d->cfg->max_split_size) gm__stat_inc(&s->oversize_allocations, 1);
 }
 
 static inline void account_free(gm__device *d, const gm__block_hdr *b) {
     gm_stats *s = &d->stats;
-    gm__stat_pool_dec(s->allocation, b->pool, 1);
-    gm__stat_pool_dec(s->allocated_bytes, b->pool, (int64_t)b->size);
+    gm__stat_block_dec(s->allocation, s->allocated_bytes, b->pool, b->size);
     gm__stat_pool_dec(s->requested_bytes, b->pool, (int64_t)b->requested);
     if (b->size >= d->cfg->max_split_size) gm__stat_dec(&s->oversize_allocations, 1);
 }

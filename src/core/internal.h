@@ -57,6 +57,19 @@ static inline void gm__stat_pool_dec(gm_stat arr[GM_POOL_COUNT], int pool, int64
     gm__stat_dec(&arr[GM_POOL_ALL], v);
     gm__stat_dec(&arr[pool], v);
 }
+/* One block of `size` bytes entering / leaving a count-and-bytes pair of
+ * stats (active / active_bytes, inactive_split / inactive_split_bytes,
+ * allocation / allocated_bytes). */
+static inline void gm__stat_block_inc(gm_stat count[GM_POOL_COUNT], gm_stat bytes[GM_POOL_COUNT], int pool,
+                                      uint64_t size) {
+    gm__stat_pool_inc(count, pool, 1);
+    gm__stat_pool_inc(bytes, pool, (int64_t)size);
+}
+static inline void gm__stat_block_dec(gm_stat count[GM_POOL_COUNT], gm_stat bytes[GM_POOL_COUNT], int pool,
+                                      uint64_t size) {
+    gm__stat_pool_dec(count, pool, 1);
+    gm__stat_pool_dec(bytes, pool, (int64_t)size);
+}
 
 /* ---- blocks ------------------------------------------------------------ */
 

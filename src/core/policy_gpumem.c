@@ -179,20 +179,16 @@ int gm__gp_sync_arena(gp_state *st, gp_arena *a) {
 /* Stats of a block entering / leaving a size-class list or the active set
  * (every malloc and free: inc/dec, no sign branches). */
 static inline void cached_inc(gp_state *st, const gp_block *b) {
-    gm__stat_pool_inc(st->d->stats.inactive_split, b->h.pool, 1);
-    gm__stat_pool_inc(st->d->stats.inactive_split_bytes, b->h.pool, (int64_t)b->h.size);
+    gm__stat_block_inc(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, b->h.pool, b->h.size);
 }
 static inline void cached_dec(gp_state *st, const gp_block *b) {
-    gm__stat_pool_dec(st->d->stats.inactive_split, b->h.pool, 1);
-    gm__stat_pool_dec(st->d->stats.inactive_split_bytes, b->h.pool, (int64_t)b->h.size);
+    gm__stat_block_dec(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, b->h.pool, b->h.size);
 }
 static inline void active_inc(gp_state *st, const gp_block *b) {
-    gm__stat_pool_inc(st->d->stats.active, b->h.pool, 1);
-    gm__stat_pool_inc(st->d->stats.active_bytes, b->h.pool, (int64_t)b->h.size);
+    gm__stat_block_inc(st->d->stats.active, st->d->stats.active_bytes, b->h.pool, b->h.size);
 }
 static inline void active_dec(gp_state *st, const gp_block *b) {
-    gm__stat_pool_dec(st->d->stats.active, b->h.pool, 1);
-    gm__stat_pool_dec(st->d->stats.active_bytes, b->h.pool, (int64_t)b->h.size);
+    gm__stat_block_dec(st->d->stats.active, st->d->stats.active_bytes, b->h.pool, b->h.size);
 }
 
 static void block_release(gp_state *st, gp_arena *a, gp_block *b) {

@@ -90,18 +90,14 @@ static gp_block *best_fit(gp_arena *a, uint64_t bytes) {
 static void free_insert(gp_state *st, gp_arena *a, gp_block *b) {
     gm__gp_bin_insert(a, b);
     b->split_cnt = b->next != NULL; /* the arena's top range is not a split */
-    if (b->split_cnt) {
-        gm__stat_pool_inc(st->d->stats.inactive_split, a->pool, 1);
-        gm__stat_pool_inc(st->d->stats.inactive_split_bytes, a->pool, (int64_t)b->h.size);
-    }
+    if (b->split_cnt)
+        gm__stat_block_inc(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, b->h.size);
 }
 
 static void free_remove(gp_state *st, gp_arena *a, gp_block *b) {
     gm__gp_bin_remove(a, b);
-    if (b->split_cnt) {
-        gm__stat_pool_dec(st->d->stats.inactive_split, a->pool, 1);
-        gm__stat_pool_dec(st->d->stats.inactive_split_bytes, a->pool, (int64_t)b->h.size);
-    }
+    if (b->split_cnt)
+        gm__stat_block_dec(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, b->h.size);
     b->split_cnt = 0;
 }
 
