@@ -105,10 +105,9 @@ static int set_remove(tp_pool *p, tp_block *b) {
 }
 
 /* Absorb free neighbour src into dst; returns the bytes absorbed. */
-uint64_t tp_try_merge_blocks(tp_state *st, tp_block *dst, tp_block *src, tp_pool *p) {
-    if (!src || src->allocated || dst->mapped != src->mapped) return 0;
-    /* unlink first: a struct recycled while still in a tree makes a cycle */
-    if (set_remove(p, src) < 0) return 0;
+/* dst takes over its address neighbour src's bytes and place in the segment's
+ * block list (src is left for the caller to recycle). Returns the bytes taken. */
+static uint64_t absorb(tp_block *dst, tp_block *src) {
     if (dst->prev == src) {
         dst->h.ptr = src->h.ptr;
         dst->prev = src->prev;
@@ -118,8 +117,15 @@ uint64_t tp_try_merge_blocks(tp_state *st, tp_block *dst, tp_block *src, tp_pool
         dst->next = src->next;
         if (dst->next) dst->next->prev = dst;
     }
-    uint64_t absorbed = src->h.size;
-    dst->h.size += absorbed;
+    dst->h.size += src->h.size;
+    return src->h.size;
+}
+
+uint64_t tp_try_merge_blocks(tp_state *st, tp_block *dst, tp_block *src, tp_pool *p) {
+    if (!src || src->allocated || dst->mapped != src->mapped) return 0;
+    /* unlink first: a struct recycled while still in a tree makes a cycle */
+    if (set_remove(p, src) < 0) return 0;
+    uint64_t absorbed = absorb(dst, src);
     tp_block_put(st, src);
     return absorbed;
 }
@@ -450,17 +456,7 @@ static uint64_t merge_freed(tp_state *st, tp_block *b, tp_block *src, tp_pool *p
     }
     int take = b->in_set == TP_SET_NONE;
     if (!take && tp_set_erase(&p->blocks, src) < 0) return 0;
-    if (b->prev == src) {
-        b->h.ptr = src->h.ptr;
-        b->prev = src->prev;
-        if (b->prev) b->prev->next = b;
-        else b->seg->head = b;
-    } else {
-        b->next = src->next;
-        if (b->next) b->next->prev = b;
-    }
-    uint64_t absorbed = src->h.size;
-    b->h.size += absorbed;
+    uint64_t absorbed = absorb(b, src);
     if (take) (void)tp_set_replace(st, &p->blocks, src, b);
     else (void)tp_set_rekey(st, &p->blocks, b, 1); /* larger size, same stream */
     tp_block_put(st, src);
