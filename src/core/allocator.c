@@ -4,8 +4,9 @@
  * num_ooms), record_stream, and the checks and walks over a device. Placement
  * and caching are the policy's job (policy_torch*.c, policy_gpumem*.c).
  *
- * Speed: the common malloc/free path takes one uncontended mutex, does one
- * hash lookup and no host allocation or syscall. gm_free finds the device of
+ * Speed: the common malloc/free path takes the device lock once (devlock.h:
+ * one atomic exchange, a plain store to release), does one hash lookup and no
+ * host allocation or syscall. gm_free finds the device of
  * a pointer through each device's [lo, hi) address range (lock-free reads),
  * then its pointer map under the device lock. */
 #include "frontend.h"
@@ -31,7 +32,6 @@ static void device_free(gm__device *d) {
         free(fe->pending);
         free(fe);
     }
-    pthread_mutex_destroy(&d->lock);
     free(d);
 }
 
@@ -61,7 +61,7 @@ static int device_create(gm_allocator *a, int index, gm__device **out) {
     d->stats.max_split_size = a->cfg.max_split_size == UINT64_MAX ? -1 : (int64_t)a->cfg.max_split_size;
     atomic_init(&fe->lo, UINT64_MAX);
     atomic_init(&fe->hi, 0);
-    pthread_mutex_init(&d->lock, NULL);
+    gm__devlock_init(&d->lock);
     int rc = gm__ptrmap_init(&fe->map);
     uint64_t free_b = 0;
     if (rc == GM_OK) rc = gm__be_mem_info(d, &free_b, &d->total_memory);
@@ -151,13 +151,13 @@ int gm_allocator_create(gm_allocator **out, gm_backend *backend, const gm_config
 
 static void device_destroy(gm__device *d) {
     gm__fe_dev *fe = d->fe;
-    pthread_mutex_lock(&d->lock);
+    gm__devlock_lock(&d->lock);
     gm__events_drain(d);
     for (uint64_t i = 0; i <= fe->map.mask; i++)
         if (fe->map.slots[i].key) gm__uses_free(fe->map.slots[i].block);
     d->pops->destroy(d->pstate);
     d->pstate = NULL;
-    pthread_mutex_unlock(&d->lock);
+    gm__devlock_unlock(&d->lock);
     device_free(d);
 }
 
@@ -229,7 +229,7 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
     if (rc != GM_OK) return rc;
     gm__fe_dev *fe = d->fe;
     gm__block_hdr *b = NULL;
-    pthread_mutex_lock(&d->lock);
+    gm__devlock_lock(&d->lock);
     if (fe->npending) rc = gm__device_process_events(d, false);
     if (rc == GM_OK) rc = gm__ptrmap_reserve(&fe->map);
     if (rc == GM_OK) rc = d->pops->malloc(d->pstate, size, stream, &b);
@@ -241,7 +241,7 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
             gm__set_error(rc, "gm_malloc of %zu bytes on device %d failed: %s", size, device, gm_strerror(rc));
         }
         publish(d);
-        pthread_mutex_unlock(&d->lock);
+        gm__devlock_unlock(&d->lock);
         return rc;
     }
     b->live = 1;
@@ -254,7 +254,7 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
     if (b->ptr + b->size > atomic_load_explicit(&fe->hi, memory_order_relaxed))
         atomic_store_explicit(&fe->hi, b->ptr + b->size, memory_order_release);
     publish(d);
-    pthread_mutex_unlock(&d->lock);
+    gm__devlock_unlock(&d->lock);
     *out = b->ptr;
     return GM_OK;
 }
@@ -269,14 +269,14 @@ static gm__device *lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **ou
         if (ptr < atomic_load_explicit(&fe->lo, memory_order_acquire) ||
             ptr >= atomic_load_explicit(&fe->hi, memory_order_acquire))
             continue;
-        pthread_mutex_lock(&d->lock);
+        gm__devlock_lock(&d->lock);
         uint64_t i = gm__ptrmap_slot(&fe->map, ptr);
         if (i != UINT64_MAX) {
             *out = fe->map.slots[i].block;
             *slot = i;
             return d;
         }
-        pthread_mutex_unlock(&d->lock);
+        gm__devlock_unlock(&d->lock);
     }
     return NULL;
 }
@@ -298,9 +298,9 @@ static int classify_unknown(gm_allocator *a, gm_devptr ptr, const char *what) {
     for (int i = 0; i < a->ndevices && !ia.inside; i++) {
         gm__device *d = dev_peek(a, i);
         if (!d) continue;
-        pthread_mutex_lock(&d->lock);
+        gm__devlock_lock(&d->lock);
         d->pops->walk_segments(d->pstate, inside_cb, &ia);
-        pthread_mutex_unlock(&d->lock);
+        gm__devlock_unlock(&d->lock);
     }
     if (ia.inside)
         return gm__set_error(GM_EDOUBLEFREE,
@@ -325,7 +325,7 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
         /* record first: if that fails the block stays live and unchanged */
         int rc = gm__events_record(d, b);
         if (rc != GM_OK) {
-            pthread_mutex_unlock(&d->lock);
+            gm__devlock_unlock(&d->lock);
             return gm__set_error(rc, "gm_free: recording a stream event failed: %s", gm_strerror(rc));
         }
     }
@@ -337,7 +337,7 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
         d->pops->free(d->pstate, b);
     }
     publish(d);
-    pthread_mutex_unlock(&d->lock);
+    gm__devlock_unlock(&d->lock);
     return GM_OK;
 }
 
@@ -350,7 +350,7 @@ int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream) {
     if (!d) return classify_unknown(a, ptr, "gm_record_stream");
     int rc = GM_OK;
     if (stream != b->stream) rc = gm__uses_add(b, stream); /* own stream: nothing to wait for */
-    pthread_mutex_unlock(&d->lock);
+    gm__devlock_unlock(&d->lock);
     return rc;
 }
 
@@ -362,11 +362,11 @@ int gm_empty_cache(gm_allocator *a, int device) {
     int n, rc = device_list(a, device, list, &n);
     for (int i = 0; i < n && rc == GM_OK; i++) {
         gm__device *d = list[i];
-        pthread_mutex_lock(&d->lock);
+        gm__devlock_lock(&d->lock);
         rc = gm__device_process_events(d, true);
         if (rc == GM_OK) rc = d->pops->empty_cache(d->pstate);
         publish(d);
-        pthread_mutex_unlock(&d->lock);
+        gm__devlock_unlock(&d->lock);
     }
     return rc;
 }
@@ -378,9 +378,9 @@ int gm_set_memory_fraction(gm_allocator *a, int device, double fraction) {
     gm__device *d;
     int rc = get_device(a, device, &d);
     if (rc != GM_OK) return rc;
-    pthread_mutex_lock(&d->lock);
+    gm__devlock_lock(&d->lock);
     set_fraction(d, fraction);
-    pthread_mutex_unlock(&d->lock);
+    gm__devlock_unlock(&d->lock);
     return GM_OK;
 }
 
@@ -390,9 +390,9 @@ int gm_mem_get_info(gm_allocator *a, int device, uint64_t *free_bytes, uint64_t 
     int rc = get_device(a, device, &d);
     if (rc != GM_OK) return rc;
     uint64_t f = 0, t = 0;
-    pthread_mutex_lock(&d->lock);
+    gm__devlock_lock(&d->lock);
     rc = gm__be_mem_info(d, &f, &t);
-    pthread_mutex_unlock(&d->lock);
+    gm__devlock_unlock(&d->lock);
     if (rc != GM_OK) return gm__set_error(rc, "mem_info of device %d failed", device);
     if (free_bytes) *free_bytes = f;
     if (total_bytes) *total_bytes = t;
@@ -412,9 +412,9 @@ int gm_get_stats(gm_allocator *a, int device, gm_stats *out) {
         out->max_split_size = a->cfg.max_split_size == UINT64_MAX ? -1 : (int64_t)a->cfg.max_split_size;
         return GM_OK;
     }
-    pthread_mutex_lock(&d->lock);
+    gm__devlock_lock(&d->lock);
     *out = d->stats;
-    pthread_mutex_unlock(&d->lock);
+    gm__devlock_unlock(&d->lock);
     return GM_OK;
 }
 
@@ -446,10 +446,10 @@ static int for_each_locked(gm_allocator *a, int device, void (*fn)(gm_stats *)) 
     gm__device *list[GM_MAX_DEVICES];
     int n, rc = device_list(a, device, list, &n);
     for (int i = 0; i < n; i++) {
-        pthread_mutex_lock(&list[i]->lock);
+        gm__devlock_lock(&list[i]->lock);
         fn(&list[i]->stats);
         publish(list[i]);
-        pthread_mutex_unlock(&list[i]->lock);
+        gm__devlock_unlock(&list[i]->lock);
     }
     return rc;
 }
@@ -536,9 +536,9 @@ int gm_check(gm_allocator *a, int device, char *err, size_t errlen) {
     gm__device *list[GM_MAX_DEVICES];
     int n, rc = device_list(a, device, list, &n);
     for (int i = 0; i < n && rc == GM_OK; i++) {
-        pthread_mutex_lock(&list[i]->lock);
+        gm__devlock_lock(&list[i]->lock);
         rc = check_device(list[i], err, errlen);
-        pthread_mutex_unlock(&list[i]->lock);
+        gm__devlock_unlock(&list[i]->lock);
     }
     return rc;
 }
@@ -549,9 +549,9 @@ int gm_walk_segments(gm_allocator *a, int device, gm_segment_cb cb, void *arg) {
     int n, rc = device_list(a, device, list, &n);
     /* cb runs under the device lock: it must not call back into the allocator */
     for (int i = 0; i < n && rc == GM_OK; i++) {
-        pthread_mutex_lock(&list[i]->lock);
+        gm__devlock_lock(&list[i]->lock);
         rc = list[i]->pops->walk_segments(list[i]->pstate, cb, arg);
-        pthread_mutex_unlock(&list[i]->lock);
+        gm__devlock_unlock(&list[i]->lock);
     }
     return rc;
 }

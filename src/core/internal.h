@@ -12,6 +12,8 @@
 
 #include <pthread.h>
 
+#include "devlock.h"
+
 #define GM__KIB ((uint64_t)1024)
 #define GM__MIB (GM__KIB * 1024)
 #define GM__GIB (GM__MIB * 1024)
@@ -99,7 +101,7 @@ struct gm__device {
     const gm_config *cfg;        /* the allocator's config */
     const gm__policy_ops *pops;  /* the policy */
     void *pstate;                /* the policy's state */
-    pthread_mutex_t lock;        /* guards everything below and pstate */
+    gm__devlock lock;            /* guards everything below and pstate */
     gm_stats stats;
     uint64_t total_memory;       /* backend mem_info total at creation */
     double memory_fraction;      /* 1.0 unless set */

@@ -140,9 +140,9 @@ static void publish_existing(gm_allocator *a, gm__publisher *p) {
     for (int i = 0; i < a->ndevices && i < GM_MAX_DEVICES; i++) {
         gm__device *d = a->devices[i];
         if (!d) continue;
-        pthread_mutex_lock(&d->lock);
+        gm__devlock_lock(&d->lock);
         gm__publisher_update(p, i, &d->stats);
-        pthread_mutex_unlock(&d->lock);
+        gm__devlock_unlock(&d->lock);
     }
 }
 
@@ -172,10 +172,10 @@ void gm_allocator_unpublish(gm_allocator *a) {
     /* take every device lock so no update is inside the mapping we remove */
     pthread_mutex_lock(&a->devices_lock);
     for (int i = 0; i < a->ndevices && i < GM_MAX_DEVICES; i++)
-        if (a->devices[i]) pthread_mutex_lock(&a->devices[i]->lock);
+        if (a->devices[i]) gm__devlock_lock(&a->devices[i]->lock);
     a->publisher = NULL;
     for (int i = 0; i < a->ndevices && i < GM_MAX_DEVICES; i++)
-        if (a->devices[i]) pthread_mutex_unlock(&a->devices[i]->lock);
+        if (a->devices[i]) gm__devlock_unlock(&a->devices[i]->lock);
     pthread_mutex_unlock(&a->devices_lock);
     gm__publisher_close(p);
 }
