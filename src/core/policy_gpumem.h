@@ -139,17 +139,48 @@ void gm__gp_block_put(gp_state *st, gp_block *b);
 int gm__gp_sync_arena(gp_state *st, gp_arena *a);
 int gm__gp_flush_quick(gp_state *st);
 
-/* policy_gpumem_chunks.c */
-void gm__gp_touch_inc(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes);
-void gm__gp_touch_dec(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes);
+/* policy_gpumem_chunks.c. The wrappers below are inline because every
+ * large malloc or free calls them and, at the default (slack inf, memory
+ * held under GP_AUTO_PERMILLE of the device), they return at once: a call
+ * into another file for that was 3% of a warm pass's instructions. */
+void gm__gp_touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int dir);
 int gm__gp_ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes);
 int gm__gp_release_unused(gp_state *st);
 void gm__gp_release_all(gp_state *st);
 void gm__gp_live_sync(gp_state *st);
-void gm__gp_live_drop(gp_state *st);
+void gm__gp_live_drop_now(gp_state *st);
+int gm__gp_split_partial_at(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p, uint64_t bytes);
+
+/* Live counts of the chunks under a block that starts or stops being used
+ * (nothing while they are stale: st->lazy). */
+static inline void gm__gp_touch_inc(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
+    if (!st->lazy) gm__gp_touch(st, a, p, bytes, 1);
+}
+static inline void gm__gp_touch_dec(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
+    if (!st->lazy) gm__gp_touch(st, a, p, bytes, -1);
+}
+/* Let the live counts go stale again where slack inf allows it. */
+static inline void gm__gp_live_drop(gp_state *st) {
+    if (st->lazy_ok && !st->lazy) gm__gp_live_drop_now(st);
+}
+/* The memory the policy may hold: the fraction's limit, else the device. */
+static inline uint64_t gm__gp_device_limit(const gp_state *st) {
+    return st->d->fraction_set ? st->d->allowed_memory_maximum : st->d->total_memory;
+}
+/* gpumem_chunks:auto: physical memory held is past GP_AUTO_PERMILLE of the
+ * limit, so the device may fill up: from here on no chunk may pin granules
+ * that no block uses. */
+static inline bool gm__gp_tight(const gp_state *st) {
+    return st->held_bytes > gm__gp_device_limit(st) / 1000 * GP_AUTO_PERMILLE;
+}
 /* Cut idle multi-granule chunks the placement [p, p+bytes) in free range r
- * would use in part (gpumem_chunks:auto): 1 if one was cut, 0, or an error. */
-int gm__gp_split_partial(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p, uint64_t bytes);
+ * would use in part (gpumem_chunks:auto, once tight): 1 if one was cut, 0,
+ * or an error. */
+static inline int gm__gp_split_partial(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p,
+                                       uint64_t bytes) {
+    if (!st->autoc || !st->nmulti || !gm__gp_tight(st)) return 0;
+    return gm__gp_split_partial_at(st, a, r, p, bytes);
+}
 
 /* policy_gpumem_va.c */
 int gm__gp_arena_init_va(gp_state *st, gp_arena *a);

@@ -43,8 +43,7 @@ static inline void idle_del(gp_state *st, gp_chunk *c) {
 /* Add dir (+1 or -1) to the live count of every chunk under [p, p+bytes);
  * chunks that become idle or stop being idle move in or out of their idle
  * list, and live_gran follows. */
-static void touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int dir) {
-    if (st->lazy) return;
+void gm__gp_touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int dir) {
     uint64_t g = (p - a->base) >> st->gshift;
     uint64_t ge = (p - a->base + bytes - 1) >> st->gshift;
     uint64_t live = st->live_gran;
@@ -64,9 +63,6 @@ static void touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int di
     }
     st->live_gran = live;
 }
-
-void gm__gp_touch_inc(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) { touch(st, a, p, bytes, 1); }
-void gm__gp_touch_dec(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) { touch(st, a, p, bytes, -1); }
 
 /* ---- live counts, kept lazily at slack inf ---------------------------------
  * At gpumem_slack:inf idle chunks move only under memory pressure (or are
@@ -88,7 +84,7 @@ void gm__gp_live_sync(gp_state *st) {
         gp_arena *a = st->arenas[k];
         if (!a->gran) continue;
         for (gp_block *b = a->head; b; b = b->next)
-            if (b->state != GP_FREE) touch(st, a, b->h.ptr, b->h.size, 1);
+            if (b->state != GP_FREE) gm__gp_touch(st, a, b->h.ptr, b->h.size, 1);
     }
     /* the chunks no block touches are idle: listed in address order */
     for (uint32_t k = 0; k < st->narenas; k++) {
@@ -105,8 +101,7 @@ void gm__gp_live_sync(gp_state *st) {
     }
 }
 
-void gm__gp_live_drop(gp_state *st) {
-    if (!st->lazy_ok || st->lazy) return;
+void gm__gp_live_drop_now(gp_state *st) {
     for (int o = 0; o < GP_NORDERS; o++) {
         for (int32_t i = st->idle[o]; i >= 0;) {
             gp_chunk *c = &st->chunks[i];
@@ -418,23 +413,11 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
 }
 
 /* What the device (or the memory fraction) lets this process hold. */
-static uint64_t device_limit(const gp_state *st) {
-    const gm__device *d = st->d;
-    return d->fraction_set ? d->allowed_memory_maximum : d->total_memory;
-}
-
-/* gpumem_chunks:auto: physical memory held is past GP_AUTO_PERMILLE of the
- * limit, so the device may fill up: from here on no chunk may pin granules
- * that no block uses. */
-static bool tight(const gp_state *st) {
-    return st->held_bytes > device_limit(st) / 1000 * GP_AUTO_PERMILLE;
-}
-
 /* gpumem_chunks:auto: the largest chunk to create now, 1/GP_AUTO_HEADROOM of
  * the memory still free under the limit (at least a granule, at most
  * GP_RUN_GRANULES): early chunks are the ones a later block may pin in part. */
 static uint64_t headroom_cap(const gp_state *st) {
-    uint64_t lim = device_limit(st);
+    uint64_t lim = gm__gp_device_limit(st);
     uint64_t free_g = lim > st->held_bytes ? (lim - st->held_bytes) >> st->gshift : 0;
     uint64_t c = free_g / GP_AUTO_HEADROOM;
     return c < 1 ? 1 : c > GP_RUN_GRANULES ? GP_RUN_GRANULES : c;
@@ -464,7 +447,7 @@ int gm__gp_ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes)
          * so that memory between blocks can move where it is needed */
         bool inner = big && g >= ig0 && g < ig1;
         uint64_t e = g, cap = inner ? GP_MAX_CHUNK_GRANULES : 1;
-        if (st->autoc && tight(st)) {
+        if (st->autoc && gm__gp_tight(st)) {
             /* gpumem_chunks:auto near full: only the block's interior (no
              * other block can touch it while this one lives) in one chunk */
             if (g >= ig0 && g < ig1) {
@@ -537,7 +520,7 @@ static bool chunk_idle(const gp_state *st, const gp_arena *a, int32_t i, const g
  * where it was (placement goes on exactly as with granule chunks). An older
  * chunk met there with a live block is left alone. Returns 1 if a chunk was
  * cut. */
-static int split_partial_at(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p, uint64_t bytes) {
+int gm__gp_split_partial_at(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p, uint64_t bytes) {
     uint64_t off = p - a->base;
     uint64_t pg0 = off >> st->gshift, pg1 = (off + bytes - 1) >> st->gshift;
     uint64_t ig0 = (off + st->gran - 1) >> st->gshift, ig1 = (off + bytes) >> st->gshift;
@@ -561,13 +544,6 @@ static int split_partial_at(gp_state *st, gp_arena *a, const gp_block *r, gm_dev
         split = 1;
     }
     return split;
-}
-
-/* split_partial_at where gpumem_chunks:auto needs it (multi-granule chunks
- * exist and the device may fill up); 0 elsewhere. */
-int gm__gp_split_partial(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p, uint64_t bytes) {
-    if (!st->autoc || !st->nmulti || !tight(st)) return 0;
-    return split_partial_at(st, a, r, p, bytes);
 }
 
 /* Give every idle or loose chunk back to the backend. */
