@@ -9,7 +9,9 @@
  * operation: paired warm speedup against torch's native allocator, medians of
  * two runs (tests/gpu/variants_paired.sh, bench/RESULTS.md): pthread 4.68-4.99x
  * on gpt2_small, an inline futex mutex (exchange on unlock) 5.04-5.26x, this
- * lock 5.32-5.36x; bert 4.84-5.31 / 5.26-5.30 / 5.47-5.71x.
+ * lock 5.32-5.36x; bert 4.84-5.31 / 5.26-5.30 / 5.47-5.71x. No lock at all
+ * (measured in the single-threaded bench) was within noise of this one, so
+ * the exchange left on acquire costs nothing worth a cleverer scheme.
  *
  * The price is paid only under contention: a waiter never sleeps on a
  * futex (a plain-store unlock cannot know whether to wake one), so when the
