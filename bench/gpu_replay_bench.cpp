@@ -19,8 +19,9 @@
 // before each phase, so a hang shows where it happened. --alloc picks the
 // allocators, comma separated: torch-native, gpumem-torch, gpumem-gpumem
 // (default: all built in), and gpumem-run / gpumem-granule (the gpumem policy
-// with gpumem_chunks:run / :granule instead of its default auto; only when
-// named, so default runs keep their rows). --backend sim replays on the simulated device (a
+// with gpumem_chunks:run / :granule instead of its default auto) and
+// gpumem-slack0 (gpumem_slack:0, the least-memory setting); only when named,
+// so default runs keep their rows. --backend sim replays on the simulated device (a
 // CPU check of the exact code path the GPU run takes; timings mean little).
 // --timeout S: after S seconds print where the replay is (trace, allocator,
 // pass, event index) and a native stack, then exit 124: a hang loses one
@@ -465,7 +466,7 @@ int main(int argc, char **argv) {
     }
     if (files.empty() || (strcmp(backend, "cuda") && strcmp(backend, "sim"))) {
         fprintf(stderr, "usage: gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc torch-native,"
-                        "gpumem-torch,gpumem-gpumem,gpumem-run,gpumem-granule] [--timeout S] [--pin CPU] [--bulk N] [--perf] [--pair N] "
+                        "gpumem-torch,gpumem-gpumem,gpumem-run,gpumem-granule,gpumem-slack0] [--timeout S] [--pin CPU] [--bulk N] [--perf] [--pair N] "
                         "EVENTS.bin...\n");
         return 2;
     }
@@ -547,6 +548,8 @@ int main(int argc, char **argv) {
                 rc |= run_gpumem(b, t, "policy:gpumem,gpumem_chunks:run", "gpumem-run");
             if (!allocs.empty() && wanted(allocs, "gpumem-granule"))
                 rc |= run_gpumem(b, t, "policy:gpumem,gpumem_chunks:granule", "gpumem-granule");
+            if (!allocs.empty() && wanted(allocs, "gpumem-slack0"))
+                rc |= run_gpumem(b, t, "policy:gpumem,gpumem_slack:0", "gpumem-slack0");
         }
     }
     progress("-", backend, "backend destroy");

@@ -410,10 +410,11 @@ def print_tables(a, results):
             paired.setdefault(p["trace"], []).append(p["speedup"])
         print("\nTargets (issue 4): warm mean >= 5x faster than torch-native, warm p99 <= 1000 ns, "
               "cold mean <= torch-native cold, ratio <= 1.01 (paired: median of the replay-paired rounds):")
-        # gpumem-gpumem: the default (gpumem_chunks:auto); -granule / -run: the other chunk modes
+        # gpumem-gpumem: the default (gpumem_chunks:auto); -granule / -run: the other chunk modes;
+        # -slack0: gpumem_slack:0, the least-memory setting (moves memory in every step)
         for tr in sorted({r["trace"] for r in rep}):
             nat_w, nat_c = by.get((tr, "torch-native", "warm")), by.get((tr, "torch-native", "cold"))
-            for al in ("gpumem-gpumem", "gpumem-granule", "gpumem-run"):
+            for al in ("gpumem-gpumem", "gpumem-granule", "gpumem-run", "gpumem-slack0"):
                 g_w, g_c = by.get((tr, al, "warm")), by.get((tr, al, "cold"))
                 if not (g_w and g_c):
                     continue
@@ -431,9 +432,10 @@ def print_tables(a, results):
                 print("  %-34s %-13s warm speedup %6.2fx  untimed %s  warm p99 %6.0f ns  cold time vs native %s  "
                       "ratio %.4f" % (tr[:34], al, sp, spb, g_w["ns_p99"], cold, ratio))
     print_paired(results)
-    calls = [c for c in results.get("calls") or [] if c["pass"] == "cold"]
-    if calls:
-        print("\nFirst pass device calls (gpumem): kind count / ms inside the driver")
+    for pas, title in (("cold", "First pass"), ("warm", "Warm pass (only where it made any)")):
+        calls = [c for c in results.get("calls") or [] if c["pass"] == pas and (pas == "cold" or c["calls"])]
+        if calls:
+            print("\n%s device calls (gpumem): kind count / ms inside the driver" % title)
         for c in calls:
             total = sum(v[1] for v in c["calls"].values()) / 1000
             print("  %-28s %-14s %7.1f ms: %s" % (c["trace"][:28], c["allocator"], total, ", ".join(
@@ -478,6 +480,7 @@ def main():
              ("replay-gpumem-native", lambda: step_replay(a, results, ["gpumem-gpumem", "gpumem-granule", "gpumem-run",
                                                                         "torch-native"])),
              ("replay-paired", lambda: step_paired(a, results)),
+             ("replay-slack0", lambda: step_replay(a, results, ["gpumem-slack0", "torch-native"])),
              ("gpt2-gpumem", lambda: step_gpt2(a, results, "policy:gpumem")),
              ("resnet50-gpumem", lambda: step_resnet(a, results, "policy:gpumem")),
              ("gpt2-run", lambda: step_gpt2(a, results, "policy:gpumem,gpumem_chunks:run")),
