@@ -484,6 +484,7 @@ def main():
              ("gpt2-gpumem", lambda: step_gpt2(a, results, "policy:gpumem")),
              ("resnet50-gpumem", lambda: step_resnet(a, results, "policy:gpumem")),
              ("gpt2-run", lambda: step_gpt2(a, results, "policy:gpumem,gpumem_chunks:run")),
+             ("gpt2-slack0", lambda: step_gpt2(a, results, "policy:gpumem,gpumem_slack:0")),
              ("resnet50-run", lambda: step_resnet(a, results, "policy:gpumem,gpumem_chunks:run")),
              ("replay-torch", lambda: step_replay(a, results, ["gpumem-torch"])),
              ("multi", lambda: step_multi_gpu(a)),
