@@ -412,7 +412,6 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
     return GM_OK;
 }
 
-/* What the device (or the memory fraction) lets this process hold. */
 /* gpumem_chunks:auto: the largest chunk to create now, 1/GP_AUTO_HEADROOM of
  * the memory still free under the limit (at least a granule, at most
  * GP_RUN_GRANULES): early chunks are the ones a later block may pin in part. */
