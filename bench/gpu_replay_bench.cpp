@@ -433,6 +433,20 @@ static int run_pair(gm_backend *b, const Trace &t, int rounds) {
 }
 #endif
 
+// The gpumem allocators --alloc can name, in the order they run; the last
+// three only when named, so default runs keep their rows.
+struct GpumemAlloc {
+    const char *name, *conf;
+    bool by_default;
+};
+static const GpumemAlloc kGpumemAllocs[] = {
+    {"gpumem-torch", "policy:torch", true},
+    {"gpumem-gpumem", "policy:gpumem", true},
+    {"gpumem-run", "policy:gpumem,gpumem_chunks:run", false},
+    {"gpumem-granule", "policy:gpumem,gpumem_chunks:granule", false},
+    {"gpumem-slack0", "policy:gpumem,gpumem_slack:0", false},
+};
+
 static bool wanted(const std::string &list, const char *name) {
     if (list.empty()) return true;
     std::string l = "," + list + ",";
@@ -542,14 +556,9 @@ int main(int argc, char **argv) {
 #ifdef WITH_TORCH
             if (native) run_torch(t);
 #endif
-            if (wanted(allocs, "gpumem-torch")) rc |= run_gpumem(b, t, "policy:torch", "gpumem-torch");
-            if (wanted(allocs, "gpumem-gpumem")) rc |= run_gpumem(b, t, "policy:gpumem", "gpumem-gpumem");
-            if (!allocs.empty() && wanted(allocs, "gpumem-run"))
-                rc |= run_gpumem(b, t, "policy:gpumem,gpumem_chunks:run", "gpumem-run");
-            if (!allocs.empty() && wanted(allocs, "gpumem-granule"))
-                rc |= run_gpumem(b, t, "policy:gpumem,gpumem_chunks:granule", "gpumem-granule");
-            if (!allocs.empty() && wanted(allocs, "gpumem-slack0"))
-                rc |= run_gpumem(b, t, "policy:gpumem,gpumem_slack:0", "gpumem-slack0");
+            for (const GpumemAlloc &g : kGpumemAllocs)
+                if ((g.by_default || !allocs.empty()) && wanted(allocs, g.name))
+                    rc |= run_gpumem(b, t, g.conf, g.name);
         }
     }
     progress("-", backend, "backend destroy");
