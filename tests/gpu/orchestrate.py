@@ -25,6 +25,7 @@ import re
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -273,6 +274,12 @@ def pin_cpu():
     return ["--pin", str(cpus[len(cpus) // 2])] if cpus else []
 
 
+def median(xs):
+    """The middle value (the upper one of an even count), as the tables have
+    always shown it."""
+    return statistics.median_high(xs)
+
+
 def tagged(text, tag):
     """The JSON objects of the bench's `TAG {json}` lines, in order."""
     return [json.loads(l[len(tag) + 1:]) for l in text.splitlines() if l.startswith(tag + " {")]
@@ -340,6 +347,11 @@ def step_replay(a, results, allocs):
                     w["ns_median"], w["ns_p99"], res[0]["peak_reserved"] / max(1, res[0]["peak_requested"])))
 
 
+def native_unless_done(results):
+    """torch-native for a replay step, unless an earlier step replayed it."""
+    return [] if any(r["allocator"] == "torch-native" for r in results.get("replay") or []) else ["torch-native"]
+
+
 def step_paired(a, results):
     """Warm speedup measured in pairs: gpumem's default and torch native in one
     process, alternating untimed passes (the bench's --pair), one process per
@@ -363,7 +375,7 @@ def step_paired(a, results):
             row("paired", tag, "FAIL", "rc %d, %d of %d rounds: %s" % (rc, len(pairs), PAIR_ROUNDS, tail(text, 3)))
         else:
             sp = sorted(p["speedup"] for p in pairs)
-            row("paired", tag, "PASS", "speedup median %.2fx (%.2f-%.2f)" % (sp[len(sp) // 2], sp[0], sp[-1]))
+            row("paired", tag, "PASS", "speedup median %.2fx (%.2f-%.2f)" % (median(sp), sp[0], sp[-1]))
 
 
 def print_paired(results):
@@ -377,10 +389,9 @@ def print_paired(results):
     print("  %-28s %8s %8s %9s %15s %11s" % ("trace", "gpumem", "native", "speedup", "min-max", "rounds >=5x"))
     for tr, ps in sorted(by.items()):
         sp = sorted(p["speedup"] for p in ps)
-        g = sorted(p["gpumem_ns"] for p in ps)
-        n = sorted(p["native_ns"] for p in ps)
         print("  %-28s %8.1f %8.1f %8.2fx %7.2f-%.2fx %8d/%d" % (
-            tr[:28], g[len(g) // 2], n[len(n) // 2], sp[len(sp) // 2], sp[0], sp[-1],
+            tr[:28], median([p["gpumem_ns"] for p in ps]), median([p["native_ns"] for p in ps]), median(sp),
+            sp[0], sp[-1],
             sum(1 for x in sp if x >= 5), len(sp)))
 
 
@@ -427,8 +438,7 @@ def print_tables(a, results):
                 if nbb and gbb:
                     spb += ", best %.2fx" % (nbb / gbb)
                 if al == "gpumem-gpumem" and paired.get(tr):
-                    sp_p = sorted(paired[tr])
-                    spb += ", paired %.2fx" % sp_p[len(sp_p) // 2]
+                    spb += ", paired %.2fx" % median(paired[tr])
                 print("  %-34s %-13s warm speedup %6.2fx  untimed %s  warm p99 %6.0f ns  cold time vs native %s  "
                       "ratio %.4f" % (tr[:34], al, sp, spb, g_w["ns_p99"], cold, ratio))
     print_paired(results)
@@ -480,16 +490,17 @@ def main():
              ("replay-gpumem-native", lambda: step_replay(a, results, ["gpumem-gpumem", "gpumem-granule", "gpumem-run",
                                                                         "torch-native"])),
              ("replay-paired", lambda: step_paired(a, results)),
-             ("replay-slack0", lambda: step_replay(a, results, ["gpumem-slack0", "torch-native"])),
              ("gpt2-gpumem", lambda: step_gpt2(a, results, "policy:gpumem")),
              ("resnet50-gpumem", lambda: step_resnet(a, results, "policy:gpumem")),
              ("gpt2-run", lambda: step_gpt2(a, results, "policy:gpumem,gpumem_chunks:run")),
-             ("gpt2-slack0", lambda: step_gpt2(a, results, "policy:gpumem,gpumem_slack:0")),
              ("resnet50-run", lambda: step_resnet(a, results, "policy:gpumem,gpumem_chunks:run")),
              ("replay-torch", lambda: step_replay(a, results, ["gpumem-torch"])),
              ("multi", lambda: step_multi_gpu(a)),
              ("gpt2-torch", lambda: step_gpt2(a, results, "policy:torch", 6)),
-             ("resnet50-torch", lambda: step_resnet(a, results, "policy:torch"))]
+             ("resnet50-torch", lambda: step_resnet(a, results, "policy:torch")),
+             # the least-memory setting, for the memory / speed trade-off (bench/gpumem_policy_tradeoff.md)
+             ("replay-slack0", lambda: step_replay(a, results, ["gpumem-slack0"] + native_unless_done(results))),
+             ("gpt2-slack0", lambda: step_gpt2(a, results, "policy:gpumem,gpumem_slack:0"))]
     only = set(a.only.split(",")) if a.only else None
     for name, fn in steps:
         if only and name not in only:
