@@ -138,6 +138,30 @@ GM_API void gm_config_init(gm_config *cfg);
 GM_API int gm_config_parse(gm_config *cfg, const char *str, char *err, size_t errlen);
 /* Format as a canonical PYTORCH_CUDA_ALLOC_CONF string, only non-default keys. */
 GM_API int gm_config_format(const gm_config *cfg, char *buf, size_t len);
+/* The value of one key as text ("inf", "True", "128"), default or not. */
+GM_API int gm_config_get(const gm_config *cfg, const char *key, char *buf, size_t len);
+
+/* The settings table: every key gm_config_parse accepts, in canonical order.
+ * Strings are static. policy is NULL for a key of every policy. */
+typedef struct gm_setting_desc {
+    const char *key, *alias, *policy, *def, *range, *doc;
+} gm_setting_desc;
+GM_API int gm_setting_count(void);
+GM_API int gm_setting_info(int index, gm_setting_desc *out);
+
+/* The policy table: index = gm_policy_kind. tune: the settings `gpumem tune`
+ * tries under this policy (NULL-terminated; "{fit}" stands for a memory
+ * fraction sized to the trace). */
+typedef struct gm_policy_desc {
+    const char *name, *doc;
+    const char *const *tune;
+} gm_policy_desc;
+GM_API int gm_policy_count(void);
+GM_API int gm_policy_info(int kind, gm_policy_desc *out);
+/* The kind of policy `name`, or -1. */
+GM_API int gm_policy_find(const char *name);
+/* The name of policy `kind`, or NULL. */
+GM_API const char *gm_policy_name(int kind);
 
 /* ---- statistics -------------------------------------------------------- */
 

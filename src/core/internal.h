@@ -141,6 +141,21 @@ struct gm__policy_ops {
 extern const gm__policy_ops gm__policy_torch;
 extern const gm__policy_ops gm__policy_gpumem;
 
+/* The policy table (policy.c): index = gm_policy_kind. */
+typedef struct gm__policy_desc {
+    const char *name;          /* policy:NAME */
+    const gm__policy_ops *ops;
+    const char *doc;           /* one line for `gpumem config --list` */
+    const char *const *tune;   /* settings `gpumem tune` tries, NULL-terminated */
+} gm__policy_desc;
+/* The ops of policy `kind`, or NULL. */
+const gm__policy_ops *gm__policy_get(int kind);
+/* Add a policy (tests); returns its kind, or GM_EINVAL. */
+int gm__policy_register(const gm__policy_desc *p);
+void gm__policy_unregister_last(void);
+/* "torch or gpumem", for error messages. */
+void gm__policy_names(char *buf, size_t len);
+
 /* ---- backend wrapper (src/backend/backend.c) --------------------------- *
  * The only way the core reaches a backend. Each counts the call in the
  * backend's per-device counters and in d->stats (num_device_alloc, ...),
