@@ -116,8 +116,8 @@ typedef struct gm_config {
      * chunks' size; run and auto apply at gpumem_slack:inf only, granule
      * otherwise). granule: one chunk per 2 MiB granule, so memory between
      * blocks moves granule by granule under pressure, but a cold first pass
-     * makes one create+map per granule (12-18x slower than PyTorch's on an
-     * H200). run: one chunk per run of unmapped granules a placement needs
+     * makes one create+map per granule (several times slower than PyTorch's
+     * first pass; bench/RESULTS.md has the H200 figures). run: one chunk per run of unmapped granules a placement needs
      * (up to 1 GiB): few calls, same memory with room to spare, but a partly
      * live chunk pins all its granules, so it runs out of memory earlier on
      * a nearly full device. auto (default): like run while memory held is
