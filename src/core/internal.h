@@ -20,6 +20,8 @@
 
 /* Set the calling thread's gm_last_error_detail() text; returns status. */
 int gm__set_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "512 B", "13.24 GiB": the one byte formatter (putbuf.c); returns buf. */
+const char *gm__format_bytes(int64_t bytes, char *buf, size_t len);
 void gm__clear_error(void);
 /* For `check` ops: write the broken invariant into err; returns GM_ESTATE. */
 int gm__check_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
