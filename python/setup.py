@@ -90,7 +90,7 @@ def shim_extension():
         include_dirs=[p for p in inc if os.path.isdir(p)],
         library_dirs=ce.library_paths(),
         libraries=["c10_cuda", "torch_cuda", "dl"],
-        extra_compile_args=["-O2", "-std=c++17"],
+        extra_compile_args=["-O2"],  # the -std flag is torch's (cpp_extension)
     )
     return [ext], {"build_ext": ce.BuildExtension.with_options(use_ninja=False)}
 

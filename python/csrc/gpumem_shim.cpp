@@ -247,8 +247,11 @@ class GpumemAllocator : public PA {
   // History and snapshot.
   bool isHistoryEnabled() override { return history_on_.load(); }
   void recordHistory(bool enabled, cca::CreateContextFn recorder, size_t max_entries, cca::RecordContext when,
-                     bool clearHistory) override {
+                     bool clearHistory, const std::vector<std::string>& skip_actions) override {
+    std::vector<cca::TraceEntry::Action> skip;
+    for (const auto& a : skip_actions) skip.push_back(c10::CachingDeviceAllocator::parseTraceEntryAction(a));
     std::lock_guard<std::mutex> g(hist_mu_);
+    skip_ = std::move(skip);
     recorder_ = enabled ? recorder : nullptr;
     when_ = enabled ? when : cca::RecordContext::NEVER;
     max_entries_ = std::max<size_t>(1, max_entries);
@@ -262,7 +265,7 @@ class GpumemAllocator : public PA {
     std::lock_guard<std::mutex> g(mu_);
     observers_.push_back(std::move(observer));
   }
-  cca::SnapshotInfo snapshot(c10::MempoolId_t /*mempool_id*/) override;
+  cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override;
   std::string name() override { return "gpumem"; }
 
  private:
@@ -294,7 +297,7 @@ class GpumemAllocator : public PA {
     cca::TraceEntry te(action, static_cast<c10::DeviceIndex>(device), addr, size, stream, c10::MempoolId_t{0, 0},
                        c10::getApproximateTime(), std::move(ctx));
     te.time_.t_ = now_us(); // snapshot() hands times out in microseconds
-    if (device < 0) return;
+    if (device < 0 || std::find(skip_.begin(), skip_.end(), action) != skip_.end()) return;
     if (rings_.size() <= static_cast<size_t>(device)) rings_.resize(device + 1);
     Ring& r = rings_[device];
     if (r.v.size() < max_entries_) {
@@ -398,6 +401,7 @@ class GpumemAllocator : public PA {
   cca::CreateContextFn recorder_ = nullptr;
   cca::RecordContext when_ = cca::RecordContext::NEVER;
   size_t max_entries_ = 1;
+  std::vector<cca::TraceEntry::Action> skip_;
   std::vector<Ring> rings_;
   std::unordered_map<uint64_t, std::shared_ptr<c10::GatheredContext>> contexts_;
 
@@ -421,7 +425,7 @@ int blk_cb(const gm_block_info* b, void* arg) {
 // policy:torch, an arena's virtual range under policy:gpumem); blocks are the
 // live and stream-waiting allocations in each, with the gaps between them as
 // inactive blocks, so each segment's blocks tile it as torch's viewer expects.
-cca::SnapshotInfo GpumemAllocator::snapshot(c10::MempoolId_t) {
+cca::SnapshotInfo GpumemAllocator::snapshot(c10::MempoolId_t, bool include_traces) {
   cca::SnapshotInfo r;
   int ndev = 0;
   check(api.device_count(&ndev), "device_count");
@@ -430,7 +434,7 @@ cca::SnapshotInfo GpumemAllocator::snapshot(c10::MempoolId_t) {
     std::lock_guard<std::mutex> g(hist_mu_);
     ctx = contexts_;
     r.device_traces.resize(ndev);
-    for (size_t d = 0; d < rings_.size() && d < static_cast<size_t>(ndev); d++) {
+    for (size_t d = 0; include_traces && d < rings_.size() && d < static_cast<size_t>(ndev); d++) {
       const Ring& ring = rings_[d];
       auto& out = r.device_traces[d];
       for (size_t i = 0; i < ring.v.size(); i++) out.push_back(ring.v[(ring.next + i) % ring.v.size()]);
@@ -449,7 +453,7 @@ cca::SnapshotInfo GpumemAllocator::snapshot(c10::MempoolId_t) {
       si.device = static_cast<c10::DeviceIndex>(d);
       si.address = s.address;
       si.total_size = s.total_size;
-      si.stream = reinterpret_cast<cudaStream_t>(s.stream);
+      si.stream = reinterpret_cast<void*>(s.stream);
       si.is_large = s.pool == GM_POOL_LARGE;
       si.is_expandable = s.expandable;
       uint64_t at = s.address, end = s.address + s.total_size;
