@@ -35,6 +35,7 @@ def _after_torch():
     elif mode == "native" and os.environ.get("GPUMEM_PUBLISH", "1") != "0":
         import gpumem.publish_native as pn  # noqa: PLC0415
         pn.start(label=os.environ.get("GPUMEM_PUBLISH_LABEL") or None)
+    os.environ["GPUMEM_RUN_DONE"] = mode  # this process was set up (children set up their own)
 
 
 class _TorchImportHook:
