@@ -303,6 +303,26 @@ typedef struct gm_segment_info {
 typedef int (*gm_segment_cb)(const gm_segment_info *seg, void *arg);
 GM_API int gm_walk_segments(gm_allocator *a, int device, gm_segment_cb cb, void *arg);
 
+/* One block handed out by the allocator (torch's snapshot: a block in state
+ * active_allocated, or active_pending_free while live is false: freed by the
+ * caller but waiting for streams it was recorded on). */
+typedef struct gm_block_info {
+    uint32_t size_of;   /* sizeof(gm_block_info) */
+    gm_devptr address;
+    uint64_t size;      /* bytes set aside for it (torch: block->size) */
+    uint64_t requested; /* bytes the caller asked for */
+    gm_stream stream;   /* allocation stream */
+    int pool;           /* GM_POOL_SMALL / GM_POOL_LARGE */
+    bool live;
+} gm_block_info;
+typedef int (*gm_block_cb)(const gm_block_info *b, void *arg);
+/* The live block that starts at ptr, and its device (device may be NULL).
+ * GM_EFOREIGN if ptr is not the start of a live block. */
+GM_API int gm_block_lookup(gm_allocator *a, gm_devptr ptr, int *device, gm_block_info *out);
+/* Every block of `device` (-1 = all), in no particular order; cb runs under
+ * the device lock and must not call the allocator; a nonzero return stops. */
+GM_API int gm_walk_blocks(gm_allocator *a, int device, gm_block_cb cb, void *arg);
+
 /* ---- publication for out-of-process monitors --------------------------- */
 
 /* Publish this allocator's per-device stats in a POSIX shared-memory

@@ -19,7 +19,8 @@
     X(log, "sample GPU and allocator memory periodically as JSON lines or CSV")           \
     X(exporter, "serve GPU and allocator memory metrics for Prometheus")                  \
     X(demo, "run a synthetic training-like workload on the simulated device")             \
-    X(config, "list the allocator policies and settings, or check a settings string")
+    X(config, "list the allocator policies and settings, or check a settings string")     \
+    X(run, "run a PyTorch program on gpumem's allocator, unmodified (python -m gpumem run)")
 
 #define GM__CLI_DECL(name, help) int cmd_##name(int argc, char **argv);
 GM_CLI_COMMANDS(GM__CLI_DECL)
@@ -66,6 +67,7 @@ struct cli_spec {
     size_t nopts;
     int min_pos, max_pos;
     const char *epilog; /* exit statuses and the like */
+    bool stop_at_positional; /* the first positional ends the options (a command to run) */
 };
 
 #define CLI_NOPTS(a) (sizeof(a) / sizeof((a)[0]))

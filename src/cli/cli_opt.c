@@ -22,8 +22,8 @@ static const char *kind_metavar(const struct cli_opt *o) {
 
 void cli_print_help(const struct cli_spec *spec, FILE *f) {
     fprintf(f, "usage: gpumem %s", spec->cmd);
-    if (spec->args && *spec->args) fprintf(f, " %s", spec->args);
     if (spec->nopts) fprintf(f, " [options]");
+    if (spec->args && *spec->args) fprintf(f, " %s", spec->args);
     fprintf(f, "\n");
     if (spec->about) fprintf(f, "\n%s\n", spec->about);
     if (spec->nopts) fprintf(f, "\noptions:\n");
@@ -143,6 +143,7 @@ int cli_parse(const struct cli_spec *spec, int argc, char **argv, char **pos, in
                 return bad(spec, "one %s at most; extra argument '%s'", spec->args, a);
             }
             pos[n++] = argv[i];
+            if (spec->stop_at_positional) options_done = true;
             continue;
         }
         if (!strcmp(a, "--")) {
@@ -177,7 +178,7 @@ int cli_parse(const struct cli_spec *spec, int argc, char **argv, char **pos, in
     }
     if (n < spec->min_pos) {
         fprintf(stderr, "gpumem %s: missing %s\n", spec->cmd, spec->args);
-        fprintf(stderr, "usage: gpumem %s %s [options] (see 'gpumem %s --help')\n", spec->cmd,
+        fprintf(stderr, "usage: gpumem %s [options] %s (see 'gpumem %s --help')\n", spec->cmd,
                 spec->args, spec->cmd);
         return 2;
     }
