@@ -173,8 +173,10 @@ typedef struct gm_stat {
 enum { GM_POOL_ALL = 0, GM_POOL_SMALL = 1, GM_POOL_LARGE = 2, GM_POOL_COUNT = 3 };
 #define GM_POOL_NAMES {"all", "small_pool", "large_pool"}
 
-/* The single list of statistics; it generates the struct, memory_stats()
- * keys, JSON and Prometheus output. Names are torch.cuda.memory_stats() keys.
+/* The single list of statistics; it generates the struct, the
+ * torch.cuda.memory_stats() keys (gm_stats_to_json) and resets. Names are
+ * torch's keys. What a process publishes to gpumem smi/top/log/exporter is
+ * the subset in GM_MON_STATS (src/monitor/monitor.h), named by these keys.
  *   GM_STAT_ARRAYS:   gm_stat per pool   -> "<name>.<pool>.<current|peak|allocated|freed>"
  *   GM_STAT_SINGLES:  one gm_stat        -> "<name>.<current|peak|allocated|freed>"
  *   GM_STAT_COUNTERS: one int64_t        -> "<name>"                           */

@@ -41,6 +41,7 @@ const char *gm_bcall_name(int kind) {
 }
 
 int gm_backend_create(gm_backend **out, const gm_backend_ops *ops, void *ctx) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!out || !ops) return gm__set_error(GM_EINVAL, "gm_backend_create: NULL argument");
     /* a table must at least reach its name; later fields may be missing */
     if (ops->version < 1 || ops->size < offsetof(gm_backend_ops, destroy))
@@ -69,6 +70,7 @@ const char *gm_backend_name(const gm_backend *b) {
 }
 
 int gm_backend_device_count(gm_backend *b, int *count) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!b || !count) return GM_EINVAL;
     if (!b->ops.device_count) return GM_ENOTSUP;
     return b->ops.device_count(b->ctx, count);
@@ -108,6 +110,7 @@ static void spent(gm_backend *b, int dev, int kind, uint64_t t0) {
 }
 
 int gm_backend_inject_fault(gm_backend *b, int kind, uint64_t nth, int status) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!b) return GM_EINVAL;
     if (kind != GM_BCALL_ANY && (kind < 0 || kind >= GM_BCALL_COUNT))
         return gm__set_error(GM_EINVAL, "gm_backend_inject_fault: unknown call kind %d", kind);

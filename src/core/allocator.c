@@ -121,6 +121,7 @@ static int device_list(gm_allocator *a, int device, gm__device **list, int *n) {
 /* ---- create / destroy ------------------------------------------------------- */
 
 int gm_allocator_create(gm_allocator **out, gm_backend *backend, const gm_config *cfg) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!out || !backend) return gm__set_error(GM_EINVAL, "gm_allocator_create: NULL argument");
     *out = NULL;
     gm_config c;
@@ -221,6 +222,7 @@ static int explain_oom(gm__device *d, uint64_t size) {
 }
 
 int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_devptr *out) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a || !out) return gm__set_error(GM_EINVAL, "gm_malloc: NULL argument");
     *out = 0;
     if (size == 0) return GM_OK;
@@ -312,6 +314,7 @@ static int classify_unknown(gm_allocator *a, gm_devptr ptr, const char *what) {
 }
 
 int gm_free(gm_allocator *a, gm_devptr ptr) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_free: NULL allocator");
     if (ptr == 0) return GM_OK; /* like free(NULL) and torch's size-0 tensors */
     gm__block_hdr *b;
@@ -342,6 +345,7 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
 }
 
 int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_record_stream: NULL allocator");
     if (ptr == 0) return GM_OK;
     gm__block_hdr *b;
@@ -357,6 +361,7 @@ int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream) {
 /* ---- cache, fraction, info ----------------------------------------------- */
 
 int gm_empty_cache(gm_allocator *a, int device) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_empty_cache: NULL allocator");
     gm__device *list[GM_MAX_DEVICES];
     int n, rc = device_list(a, device, list, &n);
@@ -372,6 +377,7 @@ int gm_empty_cache(gm_allocator *a, int device) {
 }
 
 int gm_set_memory_fraction(gm_allocator *a, int device, double fraction) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_set_memory_fraction: NULL allocator");
     if (!(fraction >= 0.0 && fraction <= 1.0))
         return gm__set_error(GM_EINVAL, "memory fraction %g not in [0, 1]", fraction);
@@ -385,6 +391,7 @@ int gm_set_memory_fraction(gm_allocator *a, int device, double fraction) {
 }
 
 int gm_mem_get_info(gm_allocator *a, int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_mem_get_info: NULL allocator");
     gm__device *d;
     int rc = get_device(a, device, &d);
@@ -402,19 +409,28 @@ int gm_mem_get_info(gm_allocator *a, int device, uint64_t *free_bytes, uint64_t 
 /* ---- stats --------------------------------------------------------------- */
 
 int gm_get_stats(gm_allocator *a, int device, gm_stats *out) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a || !out) return gm__set_error(GM_EINVAL, "gm_get_stats: NULL argument");
+    /* out->size says which version of gm_stats the caller was built with: an
+     * older, shorter one gets its prefix; anything else is a caller's bug. */
+    uint32_t want = out->size;
+    if (want < offsetof(gm_stats, allocation) + sizeof out->allocation || want > sizeof(gm_stats))
+        return gm__set_error(GM_EINVAL, "gm_get_stats: out->size is %u; set it to sizeof(gm_stats) (%zu)", want,
+                             sizeof(gm_stats));
     if (device < 0 || device >= a->ndevices)
         return gm__set_error(GM_EDEVICE, "device %d out of range (backend has %d)", device, a->ndevices);
+    gm_stats s = {.size = sizeof s};
     gm__device *d = dev_peek(a, device);
     if (!d) { /* never used: all zero, without creating it */
-        memset(out, 0, sizeof *out);
-        out->size = sizeof *out;
-        out->max_split_size = a->cfg.max_split_size == UINT64_MAX ? -1 : (int64_t)a->cfg.max_split_size;
-        return GM_OK;
+        memset(&s, 0, sizeof s);
+        s.max_split_size = a->cfg.max_split_size == UINT64_MAX ? -1 : (int64_t)a->cfg.max_split_size;
+    } else {
+        gm__devlock_lock(&d->lock);
+        s = d->stats;
+        gm__devlock_unlock(&d->lock);
     }
-    gm__devlock_lock(&d->lock);
-    *out = d->stats;
-    gm__devlock_unlock(&d->lock);
+    s.size = want;
+    memcpy(out, &s, want);
     return GM_OK;
 }
 
@@ -442,6 +458,7 @@ static void reset_accumulated(gm_stats *s) {
 }
 
 static int for_each_locked(gm_allocator *a, int device, void (*fn)(gm_stats *)) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "NULL allocator");
     gm__device *list[GM_MAX_DEVICES];
     int n, rc = device_list(a, device, list, &n);
@@ -456,11 +473,13 @@ static int for_each_locked(gm_allocator *a, int device, void (*fn)(gm_stats *)) 
 
 int gm_reset_peak_stats(gm_allocator *a, int device) { return for_each_locked(a, device, reset_peak); }
 int gm_reset_accumulated_stats(gm_allocator *a, int device) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     return for_each_locked(a, device, reset_accumulated);
 }
 
 int gm_memory_summary(gm_allocator *a, int device, bool abbreviated, char *buf, size_t len) {
-    gm_stats s;
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    gm_stats s = {.size = sizeof s};
     int rc = gm_get_stats(a, device, &s);
     if (rc != GM_OK) return rc;
     return gm__format_summary(&s, device, abbreviated, buf, len);
@@ -531,6 +550,7 @@ static int check_device(gm__device *d, char *err, size_t errlen) {
 }
 
 int gm_check(gm_allocator *a, int device, char *err, size_t errlen) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (errlen) err[0] = '\0';
     if (!a) return gm__set_error(GM_EINVAL, "gm_check: NULL allocator");
     gm__device *list[GM_MAX_DEVICES];
@@ -544,6 +564,7 @@ int gm_check(gm_allocator *a, int device, char *err, size_t errlen) {
 }
 
 int gm_walk_segments(gm_allocator *a, int device, gm_segment_cb cb, void *arg) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a || !cb) return gm__set_error(GM_EINVAL, "gm_walk_segments: NULL argument");
     gm__device *list[GM_MAX_DEVICES];
     int n, rc = device_list(a, device, list, &n);

@@ -147,6 +147,7 @@ static void publish_existing(gm_allocator *a, gm__publisher *p) {
 }
 
 int gm_allocator_publish(gm_allocator *a, const char *label) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_allocator_publish: allocator is NULL");
     if (a->publisher) return GM_OK;
     gm__publisher *p = calloc(1, sizeof *p);

@@ -296,7 +296,7 @@ int gpumem_torch_stats_json(int device, char *buf, size_t len) {
     gm_allocator *a;
     int st = get(&a);
     if (st != GM_OK) return st;
-    gm_stats s;
+    gm_stats s = {.size = sizeof s};
     memset(&s, 0, sizeof s);
     s.size = sizeof s;
     st = gm_get_stats(a, device, &s);
