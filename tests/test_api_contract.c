@@ -66,10 +66,30 @@ static void test_error_cleared_on_success(void **state) {
     gm_test_destroy(b, a);
 }
 
+/* The OOM text names the policy in use and never advises switching to it. */
+static void test_oom_names_policy(void **state) {
+    for (int k = 0; k < 2; k++) {
+        gm_backend *b;
+        gm_allocator *a;
+        assert_int_equal(gm_test_make(k ? GM_POLICY_GPUMEM : GM_POLICY_TORCH, NULL, 1ull << 30, false, &b, &a), GM_OK);
+        gm_devptr p[8], big;
+        for (int i = 0; i < 8; i++) assert_int_equal(gm_malloc(a, 0, 100ull << 20, 0, &p[i]), GM_OK);
+        for (int i = 0; i < 8; i += 2) assert_int_equal(gm_free(a, p[i]), GM_OK); /* holes */
+        assert_int_equal(gm_malloc(a, 0, 700ull << 20, 0, &big), GM_ENOMEM);
+        const char *msg = gm_last_error_detail();
+        assert_non_null(strstr(msg, k ? "policy gpumem" : "policy torch"));
+        if (k) assert_null(strstr(msg, "GPUMEM_CONF=policy:gpumem"));
+        assert_non_null(strstr(msg, "Tried to allocate"));
+        for (int i = 1; i < 8; i += 2) assert_int_equal(gm_free(a, p[i]), GM_OK);
+        gm_test_destroy(b, a);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stats_size),
         cmocka_unit_test(test_error_cleared_on_success),
+        cmocka_unit_test(test_oom_names_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

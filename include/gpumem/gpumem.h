@@ -208,6 +208,18 @@ typedef struct gm_stats {
 /* Write all stats as a flat JSON object with torch's memory_stats() keys. */
 GM_API int gm_stats_to_json(const gm_stats *s, char *buf, size_t len);
 
+/* ---- publishing another allocator's statistics ---------------------------
+ * For a process that keeps PyTorch's own allocator (gpumem.publish_native,
+ * `gpumem run --native`): a segment that gpumem smi/top/log/exporter read
+ * like a gpumem allocator's, filled from torch.cuda.memory_stats() values.
+ * gm_native_publisher_key(i) lists the memory_stats keys update() takes, in
+ * order (NULL past the last): the binding reads them, never retypes them. */
+typedef struct gm_native_publisher gm_native_publisher;
+GM_API int gm_native_publisher_open(const char *label, gm_native_publisher **out);
+GM_API const char *gm_native_publisher_key(int i);
+GM_API int gm_native_publisher_update(gm_native_publisher *p, int device, const int64_t *values, int n);
+GM_API void gm_native_publisher_close(gm_native_publisher *p);
+
 /* ---- backends ---------------------------------------------------------- */
 
 typedef struct gm_backend gm_backend; /* see gpumem/backend.h */

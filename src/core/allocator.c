@@ -200,25 +200,48 @@ static const char *fmt_size(uint64_t n, char *buf, size_t len) {
     return buf;
 }
 
-/* The OOM explanation, in torch's words where they apply (lock held). */
+/* The OOM explanation, in torch's words where they apply (lock held): what
+ * was asked, the device, the limit if one is set, what is allocated and what
+ * is reserved but unallocated, and the one setting that addresses the latter
+ * under the policy in use (never the one already in use). */
 static int explain_oom(gm__device *d, uint64_t size) {
     uint64_t free_b = 0, total_b = d->total_memory;
     gm__be_mem_info(d, &free_b, &total_b); /* best effort: the message still helps */
     int64_t alloc = d->stats.allocated_bytes[GM_POOL_ALL].current;
     int64_t resv = d->stats.reserved_bytes[GM_POOL_ALL].current;
-    char s1[32], s2[32], s3[32], s4[32], s5[32], lim[96] = "";
-    if (d->fraction_set)
+    char s1[32], s2[32], s3[32], s4[32], s5[32], lim[96] = "", advice[256];
+    if (d->fraction_set && d->memory_fraction < 1.0)
         snprintf(lim, sizeof lim, " This process is limited to %s (memory fraction %.3g).",
                  fmt_size(d->allowed_memory_maximum, s5, sizeof s5), d->memory_fraction);
+    const gm_config *c = d->cfg;
+    const char *policy = gm_policy_name((int)c->policy);
+    bool fragmented = resv - alloc > resv / 8 && (uint64_t)(resv - alloc) >= size / 4;
+    if (!fragmented)
+        snprintf(advice, sizeof advice,
+                 "Little is cached: the live tensors need this memory (a smaller batch, activation "
+                 "checkpointing or lower precision would help; `gpumem estimate` puts numbers on them).");
+    else if (c->policy == GM_POLICY_TORCH && !c->expandable_segments)
+        snprintf(advice, sizeof advice,
+                 "If reserved but unallocated memory is large try setting GPUMEM_CONF=policy:gpumem "
+                 "(or expandable_segments:True) to avoid fragmentation.");
+    else if (c->policy == GM_POLICY_TORCH)
+        snprintf(advice, sizeof advice,
+                 "Reserved but unallocated memory is large even with expandable_segments: try "
+                 "GPUMEM_CONF=policy:gpumem.");
+    else if (c->gpumem_slack > 0.0)
+        snprintf(advice, sizeof advice,
+                 "Reserved but unallocated memory is large: gpumem_slack:0 makes the gpumem policy "
+                 "move idle memory instead of holding it (more device calls per step).");
+    else
+        snprintf(advice, sizeof advice, "Memory is split between streams or pinned by live blocks.");
     return gm__set_error(
         GM_ENOMEM,
         "Out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s is "
-        "free.%s Of the allocated memory %s is allocated by gpumem, and %s is reserved by gpumem "
-        "but unallocated. If reserved but unallocated memory is large try setting "
-        "GPUMEM_CONF=policy:gpumem (or expandable_segments:True) to avoid fragmentation.",
+        "free.%s Of the allocated memory %s is allocated by gpumem (policy %s), and %s is reserved "
+        "but unallocated. %s",
         fmt_size(size, s1, sizeof s1), d->index, fmt_size(total_b, s2, sizeof s2),
-        fmt_size(free_b, s3, sizeof s3), lim, fmt_size((uint64_t)alloc, s4, sizeof s4),
-        fmt_size((uint64_t)(resv - alloc), s5, sizeof s5));
+        fmt_size(free_b, s3, sizeof s3), lim, fmt_size((uint64_t)alloc, s4, sizeof s4), policy ? policy : "?",
+        fmt_size((uint64_t)(resv - alloc), s5, sizeof s5), advice);
 }
 
 int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_devptr *out) {
