@@ -10,10 +10,11 @@
  *    phase of the last framed event before it (torch records no Python
  *    frames on autograd's C++ thread, so backward allocations have none).
  * 3. Decide categories from phase and lifetime: what forward allocates and
- *    is still alive when the next backward starts is activations; what
+ *    is still alive when the next backward starts (and dead before the one
+ *    after) is activations; what
  *    backward / the optimizer step / parameter setup allocates and survives
- *    its phase is gradients / optimizer state / parameters; the rest of
- *    those phases are temporaries. In a trace with no frames, allocations
+ *    its phase is gradients (if it has a parameter's size, else other) /
+ *    optimizer state / parameters; the rest of those phases are temporaries. In a trace with no frames, allocations
  *    alive to the end are parameters (allocated before the first free) or
  *    optimizer state (later, with a parameter's size); the rest unknown. */
 #include "report.h"
@@ -207,7 +208,8 @@ static int classify(gm_attribution *a) {
     }
     for (size_t i = n; i-- > 0;) {
         run_end[i] = i + 1 < n && ph[i + 1] == ph[i] ? run_end[i + 1] : (uint32_t)i;
-        next_bwd[i] = ph[i] == GM_PH_BACKWARD ? (uint32_t)i : i + 1 < n ? next_bwd[i + 1] : GM_ATTR_ALIVE;
+        bool bwd_start = ph[i] == GM_PH_BACKWARD && (i == 0 || ph[i - 1] != GM_PH_BACKWARD);
+        next_bwd[i] = bwd_start ? (uint32_t)i : i + 1 < n ? next_bwd[i + 1] : GM_ATTR_ALIVE;
     }
     /* sizes of the allocations the lifetime rule calls parameters */
     size_t np = 0;
@@ -240,13 +242,32 @@ static int classify(gm_attribution *a) {
             case GM_PH_PARAM: al->cat = outlives ? GM_CAT_PARAMETERS : GM_CAT_TEMPORARIES; break;
             case GM_PH_BACKWARD: al->cat = outlives ? GM_CAT_GRADIENTS : GM_CAT_TEMPORARIES; break;
             case GM_PH_OPTIMIZER: al->cat = outlives ? GM_CAT_OPTIMIZER : GM_CAT_TEMPORARIES; break;
-            case GM_PH_FORWARD:
-                al->cat = next_bwd[i] != GM_ATTR_ALIVE && al->end > next_bwd[i] ? GM_CAT_ACTIVATIONS
-                                                                                : GM_CAT_TEMPORARIES;
+            case GM_PH_FORWARD: {
+                /* saved for the next backward, and dead before the one after
+                 * (what outlives a whole step is a buffer such as cuBLAS's
+                 * workspace, not an activation) */
+                uint32_t nb = next_bwd[i], nb2 = GM_ATTR_ALIVE;
+                if (nb != GM_ATTR_ALIVE && run_end[nb] + 1 < n) nb2 = next_bwd[run_end[nb] + 1];
+                al->cat = nb == GM_ATTR_ALIVE || al->end <= nb ? GM_CAT_TEMPORARIES
+                          : nb2 == GM_ATTR_ALIVE || al->end <= nb2 ? GM_CAT_ACTIVATIONS
+                                                                   : GM_CAT_OTHER;
                 break;
+            }
             default: al->cat = GM_CAT_OTHER; break;
             }
         }
+    }
+    /* a gradient has its parameter's size: what else outlives backward
+     * (cuBLAS's workspace for autograd's thread) is other */
+    size_t nparam = 0;
+    for (size_t k = 0; k < a->nallocs; k++)
+        if (a->allocs[k].cat == GM_CAT_PARAMETERS) psizes[nparam++] = a->allocs[k].size;
+    qsort(psizes, nparam, sizeof *psizes, cmp_u64);
+    for (size_t k = 0; k < a->nallocs; k++) {
+        gm_attr_alloc *al = &a->allocs[k];
+        if (nparam && al->cat == GM_CAT_GRADIENTS && al->method != GM_AM_TAGGED &&
+            !bsearch(&al->size, psizes, nparam, sizeof *psizes, cmp_u64))
+            al->cat = GM_CAT_OTHER;
         a->bytes_by[al->cat][al->method] += al->size;
         a->count_by[al->cat]++;
         if (al->ev <= a->peak_ev && (al->end == GM_ATTR_ALIVE || al->end > a->peak_ev) && a->peak_bytes)
