@@ -25,11 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const cat_names[] = {
-#define GM__CAT_NAME(n, s) s,
-    GM_CATEGORIES(GM__CAT_NAME)
-#undef GM__CAT_NAME
-};
 static const char *const method_names[] = {
 #define GM__AM_NAME(n, s, d) s,
     GM_ATTR_METHODS(GM__AM_NAME)
@@ -46,16 +41,9 @@ static const char *const phase_names[] = {
 #undef GM__PH_NAME
 };
 
-const char *gm_category_name(int c) { return c >= 0 && c < GM_CAT_COUNT ? cat_names[c] : "?"; }
 const char *gm_attr_method_name(int m) { return m >= 0 && m < GM_AM_COUNT ? method_names[m] : "?"; }
 const char *gm_attr_method_help(int m) { return m >= 0 && m < GM_AM_COUNT ? method_help[m] : "?"; }
 const char *gm_phase_name(int p) { return p >= 0 && p < GM_PH_COUNT ? phase_names[p] : "?"; }
-
-int gm_category_from_name(const char *name) {
-    for (int c = 0; name && c < GM_CAT_COUNT; c++)
-        if (!strcmp(name, cat_names[c])) return c;
-    return -1;
-}
 
 static bool ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);

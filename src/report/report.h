@@ -18,19 +18,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* Categories, in stacking order (bottom first), with their names in the
- * report, the JSON and the gpumem category tags. */
-#define GM_CATEGORIES(X)                                                       \
-    X(PARAMETERS, "parameters") X(GRADIENTS, "gradients")                      \
-    X(OPTIMIZER, "optimizer_state") X(ACTIVATIONS, "activations")              \
-    X(TEMPORARIES, "temporaries") X(OTHER, "other")
-
-typedef enum gm_category {
-#define GM__CAT_ENUM(n, s) GM_CAT_##n,
-    GM_CATEGORIES(GM__CAT_ENUM)
-#undef GM__CAT_ENUM
-    GM_CAT_COUNT
-} gm_category;
+/* Categories: gm_category and GM_CATEGORY_LIST in gpumem/gpumem.h (the
+ * history tags use them too). */
 
 /* How an allocation's category was decided; the report says how many bytes
  * each rule decided. UNKNOWN bytes are in category OTHER. */
@@ -63,8 +52,6 @@ typedef enum gm_phase {
     GM_PH_COUNT
 } gm_phase;
 
-const char *gm_category_name(int cat);
-int gm_category_from_name(const char *name); /* -1 if none */
 const char *gm_attr_method_name(int m);
 const char *gm_attr_method_help(int m);
 const char *gm_phase_name(int ph);
@@ -186,5 +173,18 @@ int gm_report_write_html(FILE *f, const gm_attribution *a, const gm_timeline *tl
 /* Chrome trace event JSON (Perfetto loads it): counter tracks per category
  * and reserved, slices for the phases and scopes. */
 int gm_report_write_perfetto(FILE *f, const gm_attribution *a, const gm_timeline *tl);
+
+/* ---- writing torch snapshots (snapshot_write.c) ------------------------ */
+
+/* A gm_trace as a PyTorch memory snapshot pickle (protocol 4), gzip'd when
+ * path ends in ".gz"; both readers of gpumem and PyTorch's memory_viz load it. */
+int gm_trace_write_snapshot(const gm_trace *t, const char *path);
+int gm_trace_encode_snapshot(const gm_trace *t, uint8_t **out, size_t *len);
+
+/* The history ring (src/core/scope.c) as a gm_trace (history_dump.c):
+ * scopes become frames {path element, GM_TAG_SCOPE_FILE} (innermost
+ * first), tags a frame {category, GM_TAG_CATEGORY_FILE} on the tagged
+ * allocation. *dropped: entries the ring had dropped. */
+int gm_history_to_trace(gm_trace **out, uint64_t *dropped);
 
 #endif /* GPUMEM_REPORT_REPORT_H */
