@@ -232,6 +232,7 @@ int gm_history_enable(size_t max_entries) {
         if (!fresh)
             return gm__set_error(GM_ENOHOSTMEM, "gm_history_enable: no host memory for %zu entries (%zu bytes)",
                                  max_entries, max_entries * sizeof *fresh);
+        memset(fresh, 0, max_entries * sizeof *fresh); /* fault the pages in now, not while recording */
     }
     if (fresh) pthread_once(&calibrate_once, calibrate);
     gm__hist_entry *old = NULL;
