@@ -275,6 +275,38 @@ static void test_old_trace_and_anomalies(void **s) {
     gm_trace_free(t);
 }
 
+/* gpumem.torch.track's phase scopes decide phases without Python frames. */
+static void test_phase_scopes(void **s) {
+    (void)s;
+    static const char *const P[] = {"parameters@" GM_TAG_CATEGORY_FILE, NULL};
+    static const char *const F[] = {"model.fc@" GM_TAG_SCOPE_FILE, GM_SCOPE_FORWARD "@" GM_TAG_SCOPE_FILE, NULL};
+    static const char *const B[] = {GM_SCOPE_BACKWARD "@" GM_TAG_SCOPE_FILE, NULL};
+    static const char *const O[] = {GM_SCOPE_OPTIMIZER "@" GM_TAG_SCOPE_FILE, NULL};
+    tb x = {gm__tb_new(), 0};
+    uint32_t p = stack(&x, P), f = stack(&x, F), b = stack(&x, B), o = stack(&x, O);
+    ALLOC(0x1000, 4096, p); /* parameters (tagged) */
+    ALLOC(0x2000, 100, f);  /* activation */
+    ALLOC(0x3000, 10, f);   /* temporary */
+    FREE(0x3000, f);
+    ALLOC(0x4000, 4096, b); /* gradient */
+    ALLOC(0x5000, 7, b);    /* temporary */
+    FREE(0x5000, b);
+    FREE(0x2000, b);
+    ALLOC(0x6000, 8192, o); /* optimizer state */
+    ALLOC(0x7000, 1, 0);    /* no frames after the optimizer: its phase */
+    gm_trace *t = finish(&x);
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(a->bytes_by[GM_CAT_PARAMETERS][GM_AM_TAGGED], 4096);
+    assert_int_equal(a->bytes_by[GM_CAT_ACTIVATIONS][GM_AM_FRAMES], 100);
+    assert_int_equal(a->bytes_by[GM_CAT_TEMPORARIES][GM_AM_FRAMES], 17);
+    assert_int_equal(a->bytes_by[GM_CAT_GRADIENTS][GM_AM_FRAMES], 4096);
+    assert_int_equal(a->bytes_by[GM_CAT_OPTIMIZER][GM_AM_FRAMES], 8192);
+    assert_int_equal(a->bytes_by[GM_CAT_OPTIMIZER][GM_AM_PHASE], 1);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
 static void test_names(void **s) {
     (void)s;
     for (int c = 0; c < GM_CAT_COUNT; c++) assert_int_equal(gm_category_from_name(gm_category_name(c)), c);
@@ -287,6 +319,7 @@ int main(void) {
         cmocka_unit_test(test_training_step),   cmocka_unit_test(test_frame_table),
         cmocka_unit_test(test_timeline),        cmocka_unit_test(test_lifetime_rule),
         cmocka_unit_test(test_old_trace_and_anomalies), cmocka_unit_test(test_names),
+        cmocka_unit_test(test_phase_scopes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,7 +14,7 @@
 
 static int usage(const char *cmd, FILE *f) {
     fprintf(f,
-            "usage: gpumem %s TRACE [-o FILE.html] [--text] [--perfetto FILE.json]\n"
+            "usage: gpumem %s TRACE [-o FILE.html] [--text | --json] [--perfetto FILE.json]\n"
             "                     [--conf STR] [--device N] [--points N] [--rows N]\n\n"
             "Attributes every allocation of TRACE (a torch.cuda.memory snapshot pickle, gzip or\n"
             "not, or a .gmt trace) to parameters, gradients, optimizer state, activations,\n"
@@ -22,6 +22,7 @@ static int usage(const char *cmd, FILE *f) {
             "writes the report.\n"
             "  -o FILE        self-contained HTML report (no network needed to view it)\n"
             "  --text         the tables on stdout (the default when neither -o nor --perfetto)\n"
+            "  --json         the peak breakdown as one JSON object on stdout (instead of --text)\n"
             "  --perfetto F   Chrome trace JSON: counter tracks per category, phase slices\n"
             "  --conf STR     allocator settings to replay under (PYTORCH_CUDA_ALLOC_CONF syntax;\n"
             "                 default: the settings recorded in the trace)\n"
@@ -56,13 +57,14 @@ static int close_out(const char *cmd, const char *path, FILE *f, int wrc) {
 
 int cmd_report(int argc, char **argv) {
     const char *cmd = argv[0], *path = NULL, *html = NULL, *perfetto = NULL, *conf = NULL;
-    bool text = false;
+    bool text = false, json = false;
     long device = 0, points = 6000, rows_max = 0;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         bool has = i + 1 < argc;
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) return usage(cmd, stdout);
         else if (!strcmp(o, "--text")) text = true;
+        else if (!strcmp(o, "--json")) json = true;
         else if ((!strcmp(o, "-o") || !strcmp(o, "--output")) && has) html = argv[++i];
         else if (!strcmp(o, "--perfetto") && has) perfetto = argv[++i];
         else if (!strcmp(o, "--conf") && has) conf = argv[++i];
@@ -81,7 +83,8 @@ int cmd_report(int argc, char **argv) {
         else return cli_usage_error(cmd, "more than one trace given ('%s')", o);
     }
     if (!path) return usage(cmd, stderr);
-    if (!html && !perfetto) text = true;
+    if (text && json) return cli_usage_error(cmd, "--text and --json both write to stdout; choose one");
+    if (!html && !perfetto && !json) text = true;
 
     gm_trace *t;
     if (gm_trace_load_file(path, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
@@ -127,6 +130,7 @@ int cmd_report(int argc, char **argv) {
         }
     }
     if (text) gm_report_write_text(stdout, a, tl, rows, nrows, &ro);
+    if (json) gm_report_write_json(stdout, a, tl, &ro);
 out:
     free(rows);
     gm_timeline_free(tl);

@@ -90,7 +90,14 @@ static uint8_t stack_class(const gm_trace *t, uint32_t s) {
             if (tag < 0) tag = gm_category_from_name(name);
             continue;
         }
-        if (!strcmp(file, GM_TAG_SCOPE_FILE)) continue;
+        if (!strcmp(file, GM_TAG_SCOPE_FILE)) {
+            if (phase == GM_PH_NONE)
+                phase = !strcmp(name, GM_SCOPE_FORWARD)     ? GM_PH_FORWARD
+                        : !strcmp(name, GM_SCOPE_BACKWARD)  ? GM_PH_BACKWARD
+                        : !strcmp(name, GM_SCOPE_OPTIMIZER) ? GM_PH_OPTIMIZER
+                                                            : GM_PH_NONE;
+            continue;
+        }
         if (phase == GM_PH_NONE) phase = frame_phase(name, file);
     }
     if (phase == GM_PH_NONE) phase = GM_PH_OTHER; /* frames, none of a known phase */

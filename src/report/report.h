@@ -62,6 +62,12 @@ const char *gm_phase_name(int ph);
  * names the scope it was made in. */
 #define GM_TAG_CATEGORY_FILE "<gpumem category>"
 #define GM_TAG_SCOPE_FILE "<gpumem scope>"
+/* Scopes with these names mark a phase (gpumem.torch.track opens them
+ * around forward, backward and optimizer.step; python/gpumem/track.py
+ * spells the same names). */
+#define GM_SCOPE_FORWARD "forward"
+#define GM_SCOPE_BACKWARD "backward"
+#define GM_SCOPE_OPTIMIZER "optimizer.step"
 
 #define GM_ATTR_ALIVE UINT32_MAX /* end of an allocation never freed */
 
@@ -170,6 +176,8 @@ int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl
                          const gm_frame_row *rows, size_t nrows, const gm_report_opts *o);
 int gm_report_write_html(FILE *f, const gm_attribution *a, const gm_timeline *tl,
                          const gm_frame_row *rows, size_t nrows, const gm_report_opts *o);
+/* One JSON object: the peak breakdown by category and method, the replay's peaks. */
+int gm_report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_report_opts *o);
 /* Chrome trace event JSON (Perfetto loads it): counter tracks per category
  * and reserved, slices for the phases and scopes. */
 int gm_report_write_perfetto(FILE *f, const gm_attribution *a, const gm_timeline *tl);

@@ -70,3 +70,35 @@ int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl
     if (nrows > max) fprintf(f, "  ... %zu more rows (--rows N)\n", nrows - max);
     return ferror(f) ? -1 : 0;
 }
+
+int gm_report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_report_opts *o) {
+    fprintf(f, "{\"trace\":\"");
+    for (const char *s = o && o->title ? o->title : ""; *s; s++) {
+        if (*s == '"' || *s == '\\') fputc('\\', f);
+        if ((unsigned char)*s >= 0x20) fputc(*s, f);
+    }
+    fprintf(f, "\",\"format\":\"%s\",\"device\":%d,\"events\":%zu,\"allocations\":%zu,\"has_frames\":%s,"
+               "\"peak_requested\":%" PRId64 ",\"peak_event\":%zu",
+            a->trace->format, a->device, a->nevents, a->nallocs, a->has_frames ? "true" : "false",
+            a->peak_bytes, a->peak_ev);
+    if (tl)
+        fprintf(f, ",\"replay\":{\"policy\":\"torch\",\"peak_requested\":%" PRId64 ",\"peak_allocated\":%" PRId64
+                   ",\"peak_reserved\":%" PRId64 ",\"oom\":%s}",
+                tl->peak_requested, tl->peak_allocated, tl->peak_reserved, tl->oom ? "true" : "false");
+    fprintf(f, ",\"categories\":{");
+    for (int c = 0; c < GM_CAT_COUNT; c++) {
+        uint64_t tot = 0;
+        for (int m = 0; m < GM_AM_COUNT; m++) tot += a->bytes_by[c][m];
+        fprintf(f, "%s\"%s\":{\"peak\":%" PRIu64 ",\"allocated\":%" PRIu64 ",\"count\":%" PRIu64 ",\"peak_by\":{",
+                c ? "," : "", gm_category_name(c), gm_attr_peak_cat(a, c), tot, a->count_by[c]);
+        for (int m = 0; m < GM_AM_COUNT; m++)
+            fprintf(f, "%s\"%s\":%" PRIu64, m ? "," : "", gm_attr_method_name(m), a->peak_by[c][m]);
+        fprintf(f, "}}");
+    }
+    fprintf(f, "},\"methods\":{");
+    for (int m = 0; m < GM_AM_COUNT; m++)
+        fprintf(f, "%s\"%s\":%" PRIu64, m ? "," : "", gm_attr_method_name(m), gm_attr_peak_method(a, m));
+    fprintf(f, "},\"unknown_frees\":%" PRIu64 ",\"double_allocs\":%" PRIu64 "}\n", a->unknown_frees,
+            a->double_allocs);
+    return ferror(f) ? -1 : 0;
+}

@@ -67,6 +67,17 @@ p, g, o = peak("parameters"), peak("gradients"), peak("optimizer_state")
 assert p > 0 and abs(o - 2 * p) <= 0.01 * p and abs(g - p) <= 0.01 * p, (p, g, o)
 PY
 
+# --json: the same peak as replay, categories summing to it
+want=$("$GPUMEM" replay "$ex" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_requested"])')
+"$GPUMEM" report "$ex" --json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["peak_requested"] == j["replay"]["peak_requested"] == int(sys.argv[1]), j
+assert sum(c["peak"] for c in j["categories"].values()) == j["peak_requested"]
+assert sum(j["methods"].values()) == j["peak_requested"]
+' "$want" || fail "--json"
+"$GPUMEM" report "$ex" --json --text 2>/dev/null; [ $? -eq 2 ] || fail "--json --text accepted"
+
 # --perfetto: Chrome trace JSON with counters per category and phase slices
 "$GPUMEM" report "$ex" --perfetto "$T/p.json" -o "$T/r2.html" || fail "--perfetto exit"
 python3 - "$T/p.json" <<'PY' || fail "perfetto JSON"
