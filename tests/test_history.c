@@ -108,12 +108,28 @@ static void test_scopes_across_threads(void **s) {
     assert_int_equal(seen, 3);
     gm_trace_free(t);
     /* an allocation outside any scope has no frames */
-    gm_devptr p;
+    gm_devptr p, q, r;
     assert_int_equal(gm_malloc(a, 0, 512, 0, &p), GM_OK);
     assert_int_equal(gm_history_to_trace(&t, NULL), GM_OK);
     assert_int_equal(t->events[t->nevents - 1].action, GM_TA_ALLOC);
     assert_int_equal(t->events[t->nevents - 1].stack, 0);
     gm_trace_free(t);
+    /* the global scope names threads with none open, not those inside one */
+    assert_int_equal(gm_scope_set_global("backward"), GM_OK);
+    assert_int_equal(gm_malloc(a, 0, 512, 0, &q), GM_OK);
+    assert_int_equal(gm_scope_push("mine"), GM_OK);
+    assert_int_equal(gm_malloc(a, 0, 512, 0, &r), GM_OK);
+    gm_scope_pop();
+    assert_int_equal(gm_scope_set_global(NULL), GM_OK);
+    assert_int_equal(gm_history_to_trace(&t, NULL), GM_OK);
+    for (size_t i = 0; i < t->nevents; i++) {
+        if (t->events[i].action != GM_TA_ALLOC) continue;
+        if (t->events[i].addr == q) assert_string_equal(scopes_of(t, &t->events[i], buf, sizeof buf), "backward");
+        if (t->events[i].addr == r) assert_string_equal(scopes_of(t, &t->events[i], buf, sizeof buf), "mine");
+    }
+    gm_trace_free(t);
+    gm_free(a, q);
+    gm_free(a, r);
     gm_free(a, p);
     gm_free(a, w1.p);
     gm_free(a, w2.p);

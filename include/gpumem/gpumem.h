@@ -314,6 +314,9 @@ GM_API int gm_scope_push(const char *name);
 GM_API int gm_scope_pop(void);
 GM_API int gm_scope_depth(void);
 GM_API const char *gm_scope_current(void); /* innermost name, NULL outside any */
+/* The scope of threads that have none open (name NULL: none), for work a
+ * library runs on its own threads, e.g. autograd's backward. */
+GM_API int gm_scope_set_global(const char *name);
 
 /* The allocation history: one process-wide bounded ring of alloc / free /
  * segment / oom events of every allocator (time, device, size, stream,

@@ -60,6 +60,7 @@ static struct {
 
 static __thread uint32_t tls_stack[GM_SCOPE_MAX_DEPTH];
 static __thread int tls_depth;
+static uint32_t global_scope; /* of threads with no scope open; atomic */
 
 static snode *node_at(uint32_t id) { return &S.chunk[id >> CHUNK_BITS][id & (CHUNK - 1)]; }
 
@@ -139,6 +140,23 @@ int gm_scope_pop(void) {
 
 int gm_scope_depth(void) { return tls_depth; }
 
+int gm_scope_set_global(const char *name) {
+    uint32_t id = 0;
+    if (name) {
+        if (!*name) return gm__set_error(GM_EINVAL, "gm_scope_set_global: empty scope name");
+        pthread_mutex_lock(&S.mu);
+        int rc = intern(0, name, &id);
+        pthread_mutex_unlock(&S.mu);
+        if (rc) return gm__set_error(rc, "gm_scope_set_global(\"%s\"): out of host memory", name);
+    }
+    __atomic_store_n(&global_scope, id, __ATOMIC_RELEASE);
+    return GM_OK;
+}
+
+static inline uint32_t scope_now(void) {
+    return tls_depth ? tls_stack[tls_depth - 1] : __atomic_load_n(&global_scope, __ATOMIC_ACQUIRE);
+}
+
 const char *gm_scope_current(void) { return tls_depth ? node_at(tls_stack[tls_depth - 1])->name : NULL; }
 
 const char *gm__hist_scope_name(uint32_t node) {
@@ -193,7 +211,7 @@ static inline void put(int device, int action, uint64_t addr, uint64_t size, uin
 }
 
 void gm__history_record(int device, int action, uint64_t addr, uint64_t size, uint64_t stream) {
-    uint32_t scope = tls_depth ? tls_stack[tls_depth - 1] : 0;
+    uint32_t scope = scope_now();
     uint64_t t = tick();
     gm__devlock_lock(&H.lock);
     put(device, action, addr, size, stream, GM__HIST_NO_CAT, scope, t);
@@ -201,7 +219,7 @@ void gm__history_record(int device, int action, uint64_t addr, uint64_t size, ui
 }
 
 void gm__history_record_free(int device, uint64_t addr, uint64_t size, uint64_t stream, int completed) {
-    uint32_t scope = tls_depth ? tls_stack[tls_depth - 1] : 0;
+    uint32_t scope = scope_now();
     uint64_t t = tick();
     gm__devlock_lock(&H.lock);
     put(device, GM_TA_FREE_REQUESTED, addr, size, stream, GM__HIST_NO_CAT, scope, t);
