@@ -22,6 +22,8 @@ adds hooks that need nothing else from the training loop:
 - backward (torch.autograd.backward, which Tensor.backward calls) runs in the
   phase scope "backward" (set process-wide for the call, since autograd
   allocates on its own threads); optimizer.step in "optimizer.step";
+- anything else runs in the scope "untracked" (inputs, zero_grad, the
+  loop's own work), so that no allocation inherits a phase it was not in;
 - parameters, their .grad and the optimizer's state tensors are tagged with
   their category by their storage's address.
 
@@ -40,6 +42,10 @@ from . import _lib
 from ._lib import GpumemError
 
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "forward", "backward", "optimizer.step"
+# the scope of allocations outside every other scope while tracking (inputs,
+# zero_grad, user code): without it they would carry no scope, and the
+# report would give them the phase of the event before them
+UNTRACKED = "untracked"
 # gm_category values (GM_CATEGORY_LIST in include/gpumem/gpumem.h), by name
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
 HISTORY_GMT, HISTORY_TORCH = 0, 1
@@ -206,6 +212,7 @@ class Tracker:
         self._orig_backward = None
         if history:
             history_enable(history)
+        _check(_c().gm_scope_set_global(UNTRACKED.encode()), "scope_set_global")
         if oom_dump:
             history_dump_on_oom(oom_dump)
         names = {m: n for n, m in model.named_modules()}
@@ -253,7 +260,7 @@ class Tracker:
                 with scope(PHASE_BACKWARD):  # the calling thread's own allocations
                     return orig(*a, **k)
             finally:
-                _c().gm_scope_set_global(None)
+                _c().gm_scope_set_global(UNTRACKED.encode() if self._handles else None)
         self._orig_backward = orig
         torch.autograd.backward = backward
 
@@ -271,15 +278,19 @@ class Tracker:
             scope_pop()
         self.tag_optimizer_state()
 
-    # tags: by storage address, once per allocation
+    # tags: by storage address. A tag names the allocation live at that
+    # address, and a freed gradient's address is reused by the next step's:
+    # gradients and state are tagged every step, parameters when they move.
     def _tag_all(self, tensors, category):
         for ptr in _storages(tensors):
-            if self._tagged.get(ptr) != category:
-                _check(_c().gm_history_tag(ptr, CATEGORIES.index(category)), "tag")
-                self._tagged[ptr] = category
+            _check(_c().gm_history_tag(ptr, CATEGORIES.index(category)), "tag")
 
     def tag_parameters(self):
-        self._tag_all([p for p in self.model.parameters() if p.is_cuda], "parameters")
+        ptrs = _storages([p for p in self.model.parameters() if p.is_cuda])
+        if set(ptrs) != self._tagged.get("parameters"):
+            for ptr in ptrs:
+                _check(_c().gm_history_tag(ptr, CATEGORIES.index("parameters")), "tag")
+            self._tagged["parameters"] = set(ptrs)
 
     def tag_gradients(self):
         self._tag_all([p.grad for p in self.model.parameters() if p.grad is not None and p.grad.is_cuda],
@@ -319,6 +330,7 @@ class Tracker:
         if self._orig_backward is not None:
             torch.autograd.backward = self._orig_backward
             self._orig_backward = None
+        _c().gm_scope_set_global(None)
         if stop_history:
             history_enable(0)
 
