@@ -44,7 +44,8 @@ def child(name, dump):
         for _ in range(steps):
             ids = torch.randint(0, cfg.vocab_size, (8, 1024), generator=g).cuda()
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(input_ids=ids, labels=ids).loss
+                out = model(input_ids=ids, labels=ids)  # as workloads.py: `out` (bf16 logits) lives
+                loss = out.loss                         # through backward, so the peaks match
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
