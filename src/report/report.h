@@ -25,7 +25,7 @@
  * each rule decided. UNKNOWN bytes are in category OTHER. */
 #define GM_ATTR_METHODS(X)                                                                     \
     X(TAGGED, "tagged", "a gpumem category tag recorded with the allocation")                  \
-    X(FRAMES, "frames", "the allocation's own Python frames")                                  \
+    X(FRAMES, "frames", "the allocation's own frames (Python frames or gpumem scopes)")        \
     X(PHASE, "phase", "no frames of its own: the phase (forward, backward, optimizer step) "   \
                       "of the nearest framed event before it")                                 \
     X(LIFETIME, "lifetime", "no frames: alive for half the trace or more; parameters, or "    \
