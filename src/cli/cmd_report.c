@@ -12,37 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int usage(const char *cmd, FILE *f) {
-    fprintf(f,
-            "usage: gpumem %s TRACE [-o FILE.html] [--text | --json] [--perfetto FILE.json]\n"
-            "                     [--conf STR] [--device N] [--points N] [--rows N]\n\n"
-            "Attributes every allocation of TRACE (a torch.cuda.memory snapshot pickle, gzip or\n"
-            "not, or a .gmt trace) to parameters, gradients, optimizer state, activations,\n"
-            "temporaries or other, replays it under the torch policy for reserved memory, and\n"
-            "writes the report.\n"
-            "  -o FILE        self-contained HTML report (no network needed to view it)\n"
-            "  --text         the tables on stdout (the default when neither -o nor --perfetto)\n"
-            "  --json         the peak breakdown as one JSON object on stdout (instead of --text)\n"
-            "  --perfetto F   Chrome trace JSON: counter tracks per category, phase slices\n"
-            "  --conf STR     allocator settings to replay under (PYTORCH_CUDA_ALLOC_CONF syntax;\n"
-            "                 default: the settings recorded in the trace)\n"
-            "  --device N     device of the trace (default 0)\n"
-            "  --points N     timeline points kept (default 6000; peaks are never dropped)\n"
-            "  --rows N       frame table rows (default 30 in text, 300 in HTML)\n"
-            "Exit status: 0 written, 1 unreadable trace or unwritable output, 2 bad usage.\n",
-            cmd);
-    return f == stdout ? 0 : 2;
-}
-
-static bool parse_count(const char *s, long min, long max, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || !*s || v < min || v > max) return false;
-    *out = v;
-    return true;
-}
-
 static FILE *open_out(const char *cmd, const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) cli_error(cmd, "cannot write '%s': %s", path, strerror(errno));
@@ -56,33 +25,36 @@ static int close_out(const char *cmd, const char *path, FILE *f, int wrc) {
 }
 
 int cmd_report(int argc, char **argv) {
-    const char *cmd = argv[0], *path = NULL, *html = NULL, *perfetto = NULL, *conf = NULL;
+    const char *cmd = argv[0], *html = NULL, *perfetto = NULL, *conf = NULL;
+    char *path = NULL;
     bool text = false, json = false;
-    long device = 0, points = 6000, rows_max = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        bool has = i + 1 < argc;
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) return usage(cmd, stdout);
-        else if (!strcmp(o, "--text")) text = true;
-        else if (!strcmp(o, "--json")) json = true;
-        else if ((!strcmp(o, "-o") || !strcmp(o, "--output")) && has) html = argv[++i];
-        else if (!strcmp(o, "--perfetto") && has) perfetto = argv[++i];
-        else if (!strcmp(o, "--conf") && has) conf = argv[++i];
-        else if (!strcmp(o, "--device") && has) {
-            if (!parse_count(argv[++i], 0, 255, &device))
-                return cli_usage_error(cmd, "bad --device '%s' (0..255)", argv[i]);
-        } else if (!strcmp(o, "--points") && has) {
-            if (!parse_count(argv[++i], 6, 10000000, &points))
-                return cli_usage_error(cmd, "bad --points '%s' (6..10000000)", argv[i]);
-        } else if (!strcmp(o, "--rows") && has) {
-            if (!parse_count(argv[++i], 1, 1000000, &rows_max))
-                return cli_usage_error(cmd, "bad --rows '%s' (1..1000000)", argv[i]);
-        } else if (o[0] == '-' && o[1]) {
-            return cli_usage_error(cmd, "unknown or incomplete option '%s'; see 'gpumem %s --help'", o, cmd);
-        } else if (!path) path = o;
-        else return cli_usage_error(cmd, "more than one trace given ('%s')", o);
-    }
-    if (!path) return usage(cmd, stderr);
+    long long device = 0, points = 6000, rows_max = 0;
+    const struct cli_opt opts[] = {
+        {"output", 'o', CLI_STR, &html, "FILE.html", "self-contained HTML report (no network needed to view it)",
+         NULL, 0, 0},
+        {"text", 0, CLI_FLAG, &text, NULL, "the tables on stdout (the default when no other output is asked for)",
+         NULL, 0, 0},
+        {"json", 0, CLI_FLAG, &json, NULL, "the peak breakdown by category and rule as one JSON object on stdout",
+         NULL, 0, 0},
+        {"perfetto", 0, CLI_STR, &perfetto, "FILE.json",
+         "Chrome trace JSON for ui.perfetto.dev: counter tracks per category, phase and scope slices", NULL, 0, 0},
+        {"conf", 0, CLI_STR, &conf, "STR",
+         "allocator settings to replay under (PYTORCH_CUDA_ALLOC_CONF syntax); default: those recorded in the trace",
+         NULL, 0, 0},
+        CLI_OPT_DEVICE(&device),
+        {"points", 0, CLI_INT, &points, "N", "timeline points kept (peaks are never dropped)", "6000", 6, 1e7},
+        {"rows", 0, CLI_INT, &rows_max, "N", "frame table rows", "30 in text, 300 in HTML", 1, 1e6},
+    };
+    const struct cli_spec spec = {
+        .cmd = cmd, .args = "TRACE", .opts = opts, .nopts = CLI_NOPTS(opts), .min_pos = 1, .max_pos = 1,
+        .about = "Attributes every allocation of TRACE (a torch.cuda.memory snapshot pickle, gzip or not, a\n"
+                 ".gmt trace, or a gpumem history dump) to parameters, gradients, optimizer state,\n"
+                 "activations, temporaries or other, replays it under the torch policy for reserved\n"
+                 "memory, and writes the report (docs/report.md).",
+        .epilog = "Exit status: 0 written, 1 unreadable trace or unwritable output, 2 bad usage.",
+    };
+    int prc = cli_parse(&spec, argc, argv, &path, NULL);
+    if (prc) return cli_parse_exit(prc);
     if (text && json) return cli_usage_error(cmd, "--text and --json both write to stdout; choose one");
     if (!html && !perfetto && !json) text = true;
 
