@@ -346,6 +346,60 @@ GM_API int gm_walk_blocks(gm_allocator *a, int device, gm_block_cb cb, void *arg
 GM_API int gm_allocator_publish(gm_allocator *a, const char *label);
 GM_API void gm_allocator_unpublish(gm_allocator *a);
 
+/* ---- scopes, categories and allocation history (src/core/scope.c) ------- */
+
+/* Memory categories of `gpumem report` and history tags, in the report's
+ * stacking order. */
+#define GM_CATEGORY_LIST(X)                                                    \
+    X(PARAMETERS, "parameters") X(GRADIENTS, "gradients")                      \
+    X(OPTIMIZER, "optimizer_state") X(ACTIVATIONS, "activations")              \
+    X(TEMPORARIES, "temporaries") X(OTHER, "other")
+typedef enum gm_category {
+#define GM__CATEGORY_ENUM(n, s) GM_CAT_##n,
+    GM_CATEGORY_LIST(GM__CATEGORY_ENUM)
+#undef GM__CATEGORY_ENUM
+    GM_CAT_COUNT
+} gm_category;
+GM_API const char *gm_category_name(int category); /* "?" if out of range */
+GM_API int gm_category_from_name(const char *name); /* -1 if none */
+
+/* Named scopes, per thread and nested (a module's forward, a user region):
+ * allocations recorded in the history carry the calling thread's scope
+ * path. name is copied. GM_EINVAL past GM_SCOPE_MAX_DEPTH or for an empty
+ * name; pop without a push is GM_ESTATE. */
+#define GM_SCOPE_MAX_DEPTH 256
+GM_API int gm_scope_push(const char *name);
+GM_API int gm_scope_pop(void);
+GM_API int gm_scope_depth(void);
+GM_API const char *gm_scope_current(void); /* innermost name, NULL outside any */
+/* The scope of threads that have none open (name NULL: none), for work a
+ * library runs on its own threads, e.g. autograd's backward. */
+GM_API int gm_scope_set_global(const char *name);
+
+/* The allocation history: one process-wide bounded ring of alloc / free /
+ * segment / oom events of every allocator (time, device, size, stream,
+ * scope, category), like torch.cuda.memory._record_memory_history.
+ * enable(n > 0) starts recording into a fresh ring of n entries (the oldest
+ * are dropped first once full); enable(0) stops recording and keeps what
+ * was recorded for dumping. Off, an allocator operation pays one
+ * predictable branch. */
+GM_API int gm_history_enable(size_t max_entries);
+GM_API bool gm_history_enabled(void);
+/* Entries recorded since enable, held now, and dropped (oldest first). */
+GM_API void gm_history_counts(uint64_t *recorded, uint64_t *held, uint64_t *dropped);
+/* Category of the live allocation at ptr (gradients, optimizer state...),
+ * recorded in the ring and applied to that allocation when dumped. */
+GM_API int gm_history_tag(gm_devptr ptr, int category);
+enum { GM_HISTORY_GMT = 0, GM_HISTORY_TORCH = 1 };
+/* Write the ring as a gpumem trace (.gmt) or a torch memory snapshot pickle
+ * (gzip'd if path ends in .gz) that `gpumem report/replay` and PyTorch's
+ * memory viz read. Scopes become frames {name, "<gpumem scope>"}, tags
+ * frames {category, "<gpumem category>"}. */
+GM_API int gm_history_dump(const char *path, int format);
+/* Dump to path automatically when an allocation runs out of memory (NULL:
+ * stop doing so). */
+GM_API int gm_history_dump_on_oom(const char *path, int format);
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,7 +20,8 @@
     X(exporter, "serve GPU and allocator memory metrics for Prometheus")                  \
     X(demo, "run a synthetic training-like workload on the simulated device")             \
     X(config, "list the allocator policies and settings, or check a settings string")     \
-    X(run, "run a PyTorch program on gpumem's allocator, unmodified (python -m gpumem run)")
+    X(run, "run a PyTorch program on gpumem's allocator, unmodified (python -m gpumem run)") \
+    X(report, "where the memory went: categories, timeline, frames (HTML, text, Perfetto)")
 
 #define GM__CLI_DECL(name, help) int cmd_##name(int argc, char **argv);
 GM_CLI_COMMANDS(GM__CLI_DECL)

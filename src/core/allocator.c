@@ -10,6 +10,8 @@
  * a pointer through each device's [lo, hi) address range (lock-free reads),
  * then its pointer map under the device lock. */
 #include "frontend.h"
+#include "history.h"
+#include "trace/trace.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,6 +269,7 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
         }
         publish(d);
         gm__devlock_unlock(&d->lock);
+        if (rc == GM_ENOMEM) gm__history_oom(device, size, stream);
         return rc;
     }
     b->live = 1;
@@ -274,6 +277,7 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
     b->uses = NULL;
     gm__ptrmap_insert(&fe->map, b);
     account_alloc(d, b);
+    gm__history_note(d->index, GM_TA_ALLOC, b->ptr, size, stream);
     if (b->ptr < atomic_load_explicit(&fe->lo, memory_order_relaxed))
         atomic_store_explicit(&fe->lo, b->ptr, memory_order_release);
     if (b->ptr + b->size > atomic_load_explicit(&fe->hi, memory_order_relaxed))
@@ -358,6 +362,7 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
     gm__ptrmap_remove_at(&fe->map, slot);
     b->live = 0;
     account_free(d, b); /* request-level stats drop at free time, like torch */
+    gm__history_note_free(d->index, b->ptr, b->requested, b->stream, !wait);
     if (!wait) {
         if (u) gm__uses_free(b);
         d->pops->free(d->pstate, b);
