@@ -29,12 +29,7 @@ static gm_replay_prog *warmup_then_steps(void) {
         assert_int_equal(gm__tb_event(b, &a2), GM_OK);
         assert_int_equal(gm__tb_event(b, &a1), GM_OK);
     }
-    gm_trace *t;
-    assert_int_equal(gm__tb_finish(b, "test", &t), GM_OK);
-    gm_replay_prog *p;
-    assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
-    gm_trace_free(t);
-    return p;
+    return gm_test_compile(b);
 }
 
 static void test_steady(void **state) {

@@ -30,12 +30,7 @@ static gm_replay_prog *small_program(void) {
         gm_trace_event e = {.addr = 0x100000 * (i + 1), .size = (i + 1) << 20, .action = GM_TA_FREE_COMPLETED};
         assert_int_equal(gm__tb_event(b, &e), GM_OK);
     }
-    gm_trace *t;
-    assert_int_equal(gm__tb_finish(b, "test", &t), GM_OK);
-    gm_replay_prog *p;
-    assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
-    gm_trace_free(t);
-    return p;
+    return gm_test_compile(b);
 }
 
 static void test_dummy_policy(void **state) {

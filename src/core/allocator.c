@@ -290,7 +290,7 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
 
 /* Find the device holding live block `ptr` and return it locked, or NULL;
  * *slot is where its pointer map holds it (valid while the lock is held). */
-static gm__device *lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **out, uint64_t *slot) {
+gm__device *gm__lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **out, uint64_t *slot) {
     for (int i = 0; i < a->ndevices; i++) {
         gm__device *d = dev_peek(a, i);
         if (!d) continue;
@@ -346,7 +346,7 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
     if (ptr == 0) return GM_OK; /* like free(NULL) and torch's size-0 tensors */
     gm__block_hdr *b;
     uint64_t slot;
-    gm__device *d = lock_owner(a, ptr, &b, &slot);
+    gm__device *d = gm__lock_owner(a, ptr, &b, &slot);
     if (!d) return classify_unknown(a, ptr, "gm_free");
     gm__fe_dev *fe = d->fe;
     struct gm__stream_uses *u = b->uses;
@@ -378,7 +378,7 @@ int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream) {
     if (ptr == 0) return GM_OK;
     gm__block_hdr *b;
     uint64_t slot;
-    gm__device *d = lock_owner(a, ptr, &b, &slot);
+    gm__device *d = gm__lock_owner(a, ptr, &b, &slot);
     if (!d) return classify_unknown(a, ptr, "gm_record_stream");
     int rc = GM_OK;
     if (stream != b->stream) rc = gm__uses_add(b, stream); /* own stream: nothing to wait for */

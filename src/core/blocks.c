@@ -22,21 +22,14 @@ static void fill(gm_block_info *o, const gm__block_hdr *b) {
 int gm_block_lookup(gm_allocator *a, gm_devptr ptr, int *device, gm_block_info *out) {
     gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a || !out) return gm__set_error(GM_EINVAL, "gm_block_lookup: NULL argument");
-    for (int i = 0; i < a->ndevices && ptr; i++) {
-        gm__device *d = dev_peek(a, i);
-        if (!d) continue;
-        gm__fe_dev *fe = d->fe;
-        if (ptr < atomic_load_explicit(&fe->lo, memory_order_acquire) ||
-            ptr >= atomic_load_explicit(&fe->hi, memory_order_acquire))
-            continue;
-        gm__devlock_lock(&d->lock);
-        gm__block_hdr *b = gm__ptrmap_find(&fe->map, ptr);
-        if (b) fill(out, b);
+    gm__block_hdr *b;
+    uint64_t slot;
+    gm__device *d = ptr ? gm__lock_owner(a, ptr, &b, &slot) : NULL;
+    if (d) {
+        fill(out, b);
         gm__devlock_unlock(&d->lock);
-        if (b) {
-            if (device) *device = i;
-            return GM_OK;
-        }
+        if (device) *device = d->index;
+        return GM_OK;
     }
     return gm__set_error(GM_EFOREIGN, "gm_block_lookup: 0x%llx is not a live allocation of this allocator",
                          (unsigned long long)ptr);

@@ -112,6 +112,10 @@ typedef struct gm__putbuf {
 void gm__put(gm__putbuf *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int gm__put_finish(gm__putbuf *o, const char *what);
 
+/* allocator.c: the device holding live block ptr, returned locked (its
+ * header in *out, its pointer-map slot in *slot), or NULL. */
+gm__device *gm__lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **out, uint64_t *slot);
+
 /* config.c: GM_OK, or GM_ECONFIG naming the first field out of range. */
 int gm__config_check(const gm_config *cfg, char *err, size_t errlen);
 

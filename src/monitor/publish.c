@@ -146,18 +146,27 @@ static void publish_existing(gm_allocator *a, gm__publisher *p) {
     }
 }
 
-int gm_allocator_publish(gm_allocator *a, const char *label) {
-    gm__clear_error(); /* a call that succeeds leaves no stale detail */
-    if (!a) return gm__set_error(GM_EINVAL, "gm_allocator_publish: allocator is NULL");
-    if (a->publisher) return GM_OK;
+/* A new segment with its header filled, for either kind of publisher. */
+static int new_publisher(const char *label, uint32_t source, gm__publisher **out) {
     gm__publisher *p = calloc(1, sizeof *p);
-    if (!p) return gm__set_error(GM_ENOHOSTMEM, "gm_allocator_publish: out of host memory");
+    if (!p) return gm__set_error(GM_ENOHOSTMEM, "publishing: out of host memory");
     int rc = create_segment(p);
     if (rc != GM_OK) {
         free(p);
         return rc;
     }
-    fill_header(p->hdr, label, GM__SRC_GPUMEM);
+    fill_header(p->hdr, label, source);
+    *out = p;
+    return GM_OK;
+}
+
+int gm_allocator_publish(gm_allocator *a, const char *label) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    if (!a) return gm__set_error(GM_EINVAL, "gm_allocator_publish: allocator is NULL");
+    if (a->publisher) return GM_OK;
+    gm__publisher *p;
+    int rc = new_publisher(label, GM__SRC_GPUMEM, &p);
+    if (rc != GM_OK) return rc;
     /* the front end reads a->publisher under each device lock; the release
      * store makes the mapped, filled segment visible with the pointer */
     pthread_mutex_lock(&a->devices_lock);
@@ -290,16 +299,10 @@ int gm_native_publisher_open(const char *label, gm_native_publisher **out) {
     gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!out) return gm__set_error(GM_EINVAL, "gm_native_publisher_open: out is NULL");
     *out = NULL;
-    gm__publisher *p = calloc(1, sizeof *p);
-    if (!p) return gm__set_error(GM_ENOHOSTMEM, "gm_native_publisher_open: out of host memory");
-    int rc = create_segment(p);
-    if (rc != GM_OK) {
-        free(p);
-        return rc;
-    }
-    fill_header(p->hdr, label, GM__SRC_TORCH);
-    *out = (gm_native_publisher *)p;
-    return GM_OK;
+    gm__publisher *p;
+    int rc = new_publisher(label, GM__SRC_TORCH, &p);
+    if (rc == GM_OK) *out = (gm_native_publisher *)p;
+    return rc;
 }
 
 int gm_native_publisher_update(gm_native_publisher *np, int device, const int64_t *values, int n) {
