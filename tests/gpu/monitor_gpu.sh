@@ -25,7 +25,7 @@ export PYTHONUNBUFFERED=1
 # The installed package (pip install --no-build-isolation ./python: the shim,
 # so torch's own memory API answers from gpumem) when there is one; else the
 # source tree's package over this build's library.
-if (cd /tmp && python3 -c 'import gpumem._C') 2>/dev/null; then
+if (cd /tmp && python3 -c 'import torch, gpumem._C') 2>/dev/null; then
     INSTALLED=1
 else
     INSTALLED=0
