@@ -18,7 +18,8 @@
     X(top, "live terminal view of GPU memory per device and per process")                 \
     X(log, "sample GPU and allocator memory periodically as JSON lines or CSV")           \
     X(exporter, "serve GPU and allocator memory metrics for Prometheus")                  \
-    X(demo, "run a synthetic training-like workload on the simulated device")
+    X(demo, "run a synthetic training-like workload on the simulated device")             \
+    X(estimate, "predict a training run's GPU memory and what each strategy would save")
 
 #define GM__CLI_DECL(name, help) int cmd_##name(int argc, char **argv);
 GM_CLI_COMMANDS(GM__CLI_DECL)
