@@ -336,6 +336,9 @@ typedef struct X {
     uint32_t dx;        /* gradient flowing into the block being differentiated */
     uint32_t *pid, *gid; /* parameter and gradient tensor ids per parameter */
     uint32_t ws_fwd, ws_bwd;
+    uint32_t lsm, loss_extra; /* the loss's saved tensors */
+    bool loss_upcast;
+    int64_t loss_rows, loss_classes;
     int err;
 } X;
 
@@ -813,20 +816,28 @@ static void vit_layer(X *x, bool hf) {
     FREE(x, o);
 }
 
-/* cross_entropy over rows x classes: the logits upcast to fp32 (transformers'
- * loss functions call .float(); under autocast log_softmax runs in fp32),
- * log_softmax's output saved. Returns the log_softmax id. */
-static uint32_t xent(X *x, int64_t rows, int64_t classes, uint32_t logits, bool hf) {
+/* cross_entropy over rows x classes, saving log_softmax's output.
+ * upcast: transformers' ForCausalLMLoss calls logits.float() first (a
+ * transient fp32 copy; gradients in fp32 until the cast's backward).
+ * Otherwise nn.CrossEntropyLoss on the logits: under autocast log_softmax
+ * runs with dtype=float32 (fp32 output, gradient in the logits' dtype), and
+ * one more logits-sized 16-bit tensor is saved — calibrated from the BERT
+ * snapshot (../shared/traces/bert_base_varseq_fp16.pickle.gz: two N x V
+ * fp16 and two N x V fp32 tensors live at the start of backward). */
+static void xent(X *x, int64_t rows, int64_t classes, bool upcast) {
+    int64_t nv = rows * classes;
+    x->loss_upcast = upcast;
+    x->loss_rows = rows;
+    x->loss_classes = classes;
     uint32_t lf = 0;
-    if (x->a != 4) lf = TMP(x, rows * classes * 4);
-    uint32_t lbl = hf ? TMP(x, rows * 8) : 0; /* shifted / flattened labels */
-    uint32_t lsm = SAVE(x, rows * classes * 4);
+    if (upcast && x->a != 4) lf = TMP(x, nv * 4);
+    uint32_t lbl = upcast ? TMP(x, rows * 8) : 0; /* shifted / flattened labels */
+    x->loss_extra = !upcast && x->ac ? ALLOC(x, nv * x->a, GM_EST_CAT_ACTS) : 0;
+    x->lsm = ALLOC(x, nv * (upcast || x->ac ? 4 : x->a), GM_EST_CAT_ACTS);
     FREE(x, lf);
-    (void)logits;
     uint32_t loss = TMP(x, 512);
     FREE(x, loss);
     FREE(x, lbl);
-    return lsm;
 }
 
 static void lm_head(X *x, bool mlm) {
@@ -858,7 +869,7 @@ static void lm_head(X *x, bool mlm) {
         logits = ALLOC(x, N * V * x->a, GM_EST_CAT_ACTS);
         push(x, &x->held, &x->nheld, &x->capheld, logits);
     }
-    xent(x, N, V, logits, true);
+    xent(x, N, V, !mlm);
     if (!x->r->keep_output) FREE(x, logits);
 }
 
@@ -881,7 +892,7 @@ static void cls_head(X *x) {
     WCOPY(x, C * d + C);
     int64_t rows = m->family == GM_EST_BERT ? B : x->N;
     uint32_t logits = TMP(x, rows * C * x->a);
-    xent(x, B, C, logits, true);
+    xent(x, B, C, true);
     FREE(x, logits);
 }
 
@@ -895,7 +906,7 @@ static void vit_head(X *x) {
     FREE(x, y);
     WCOPY(x, C * d + C);
     uint32_t logits = TMP(x, B * C * x->a);
-    xent(x, B, C, logits, false);
+    xent(x, B, C, false);
     FREE(x, logits);
 }
 
@@ -960,7 +971,7 @@ static void rn_head(X *x, blk *b) {
     first_matmul(x);
     WCOPY(x, C * c + C);
     uint32_t logits = TMP(x, B * C * x->a);
-    xent(x, B, C, logits, false);
+    xent(x, B, C, false);
     FREE(x, logits);
 }
 
@@ -1040,30 +1051,44 @@ static void free_saved(X *x, size_t mark) {
     while (x->nsv > mark) FREE(x, x->sv[--x->nsv]);
 }
 
-/* the loss head: nll_loss and log_softmax backward each make a rows x
- * classes fp32 gradient while the saved log_softmax output still lives;
- * then the upcast's backward casts it back to the activation dtype */
-static void loss_bwd_start(X *x, blk *b, uint32_t *g_out) {
-    const gm_est_model *m = x->m;
-    int64_t rows, classes;
-    if (b->kind == K_LM_HEAD || b->kind == K_MLM_HEAD) rows = x->N, classes = m->vocab;
-    else rows = x->B, classes = m->num_labels;
-    uint32_t g1 = TMP(x, rows * classes * 4);
-    uint32_t g2 = TMP(x, rows * classes * 4);
-    FREE(x, g1);
-    uint32_t g3 = g2;
-    if (x->a != 4) {
-        g3 = TMP(x, rows * classes * x->a);
-        FREE(x, g2);
+/* the loss's backward: nll_loss's gradient (the log-probabilities' dtype),
+ * then log_softmax's (the dtype of its input) while its saved output still
+ * lives, then the upcast's or the extra tensor's backward in the logits'
+ * dtype. Returns the gradient handed to the head's matmul. */
+static uint32_t loss_bwd(X *x) {
+    int64_t nv = x->loss_rows * x->loss_classes;
+    bool fp32_lsm = x->loss_upcast || x->ac;
+    uint32_t g1 = TMP(x, nv * (fp32_lsm ? 4 : x->a));
+    uint32_t g2;
+    if (x->loss_upcast) {
+        g2 = TMP(x, nv * 4);
+        FREE(x, x->lsm);
+        FREE(x, g1);
+        if (x->a != 4) {
+            uint32_t g3 = TMP(x, nv * x->a);
+            FREE(x, g2);
+            g2 = g3;
+        }
+    } else {
+        FREE(x, x->lsm);
+        g2 = TMP(x, nv * x->a);
+        FREE(x, g1);
+        if (x->loss_extra) {
+            uint32_t g3 = TMP(x, nv * x->a);
+            FREE(x, g2);
+            FREE(x, x->loss_extra);
+            g2 = g3;
+        }
     }
-    *g_out = g3;
+    x->lsm = x->loss_extra = 0;
+    return g2;
 }
 
 static void block_bwd(X *x, blk *b, size_t bi) {
     uint32_t lossg = 0;
     if (b->kind == K_LM_HEAD || b->kind == K_MLM_HEAD || b->kind == K_SEQCLS_HEAD ||
         b->kind == K_VIT_HEAD || b->kind == K_RN_HEAD)
-        loss_bwd_start(x, b, &lossg);
+        lossg = loss_bwd(x);
     if (!x->ws_bwd) x->ws_bwd = TMP(x, (int64_t)CUBLAS_WORKSPACE);
     uint32_t t = TMP(x, block_bwd_tmp(x, b));
     for (size_t i = b->p0 + b->np; i-- > b->p0;) grad_touch(x, i);
