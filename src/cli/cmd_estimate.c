@@ -100,7 +100,7 @@ static void add_run_strategy(ctx *c, const char *name, const char *change, const
     snprintf(s->name, sizeof s->name, "%s", name);
     snprintf(s->change, sizeof s->change, "%s", change);
     s->run = *r;
-    if (gm_est_estimate(&c->m, r, &s->res) != GM_OK) return;
+    if (gm_est_estimate_torch(&c->m, r, &s->res) != GM_OK) return;
     s->peak = s->res.peak_allocated;
     s->base = c->base.peak_allocated;
     s->ok = true;
@@ -220,7 +220,7 @@ static void best_combination(ctx *c) {
         strat *s = &c->best;
         memset(s, 0, sizeof *s);
         s->run = cs[i].run;
-        if (gm_est_estimate(&c->m, &s->run, &s->res) != GM_OK) continue;
+        if (gm_est_estimate_torch(&c->m, &s->run, &s->res) != GM_OK) continue;
         double need = (double)s->res.peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)s->res.cuda_context;
         if (need > (double)c->capacity) continue;
         s->peak = s->res.peak_allocated;

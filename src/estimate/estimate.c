@@ -1414,6 +1414,14 @@ static int to_prog(const gm_est_program *p, gm_replay_prog **out) {
     return rc;
 }
 
+/* Live bytes at the program's peak (each request rounded to 512). */
+static int64_t program_peak(const gm_est_program *p) {
+    gm_est_result r;
+    memset(&r, 0, sizeof r);
+    scan(p, &r);
+    return r.peak;
+}
+
 int gm_est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_allocated,
                        int64_t *peak_reserved) {
     gm_config cfg;
@@ -1424,8 +1432,16 @@ int gm_est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_
     gm_replay_prog *prog;
     int rc = to_prog(p, &prog);
     if (rc) return rc;
+    /* A simulated device sized to the program (4x its peak + 2 GiB) replays
+     * the same as a 141 GiB one unless the allocator would reserve that much,
+     * and sets up much faster (gpumem's policy sizes its tables to the
+     * device); if it runs out, replay again on the full-size device. */
+    gm_sim_options so;
+    gm_sim_options_init(&so);
+    uint64_t small = (uint64_t)program_peak(p) * 4 + ((uint64_t)2 << 30);
     gm_replay_result rr;
-    rc = gm_replay_run(prog, &cfg, 0, &rr);
+    rc = gm_replay_run(prog, &cfg, small < so.capacity ? small : 0, &rr);
+    if (!rc && rr.oom && small < so.capacity) rc = gm_replay_run(prog, &cfg, 0, &rr);
     gm_replay_prog_free(prog);
     if (rc) return rc;
     if (rr.error) return gm__set_error(rr.error, "%s", rr.error_detail);
@@ -1434,7 +1450,7 @@ int gm_est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_
     return GM_OK;
 }
 
-static int estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *out, bool replay) {
+static int estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *out, int replay) {
     memset(out, 0, sizeof *out);
     gm_est_program p;
     int rc = gm_est_build(m, r, &p);
@@ -1452,7 +1468,7 @@ static int estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *o
     out->steady_by_cat[GM_EST_CAT_OPTSTATE] = out->phase_by_cat[1][GM_EST_PH_FORWARD][GM_EST_CAT_OPTSTATE];
     if (replay) {
         rc = gm_est_replay_conf(&p, "", &out->peak_allocated, &out->peak_reserved_torch);
-        if (!rc) rc = gm_est_replay_conf(&p, "policy:gpumem", NULL, &out->peak_reserved_gpumem);
+        if (!rc && replay > 1) rc = gm_est_replay_conf(&p, "policy:gpumem", NULL, &out->peak_reserved_gpumem);
         out->replayed = rc == GM_OK;
     }
     gm_est_program_free(&p);
@@ -1460,15 +1476,19 @@ static int estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *o
 }
 
 int gm_est_scan(const gm_est_model *m, const gm_est_run *r, gm_est_result *out) {
-    return estimate(m, r, out, false);
+    return estimate(m, r, out, 0);
+}
+
+int gm_est_estimate_torch(const gm_est_model *m, const gm_est_run *r, gm_est_result *out) {
+    return estimate(m, r, out, 1);
 }
 
 int gm_est_estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *out) {
-    return estimate(m, r, out, true);
+    return estimate(m, r, out, 2);
 }
 
 static int fits(const gm_est_model *m, const gm_est_run *r, uint64_t capacity, gm_est_result *res) {
-    if (gm_est_estimate(m, r, res)) return -1;
+    if (gm_est_estimate_torch(m, r, res)) return -1;
     double need = (double)res->peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)res->cuda_context;
     return need <= (double)capacity;
 }

@@ -190,6 +190,8 @@ typedef struct gm_est_result {
 int gm_est_scan(const gm_est_model *m, const gm_est_run *r, gm_est_result *out);
 /* Scan + replay under torch defaults and policy:gpumem. */
 int gm_est_estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *out);
+/* Scan + replay under torch defaults only (peak_reserved_gpumem stays 0). */
+int gm_est_estimate_torch(const gm_est_model *m, const gm_est_run *r, gm_est_result *out);
 /* Replay the program under one allocator configuration string
  * (PYTORCH_CUDA_ALLOC_CONF syntax, "" = torch defaults). */
 int gm_est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_allocated,
