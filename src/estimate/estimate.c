@@ -337,7 +337,7 @@ typedef struct X {
     uint32_t *pid, *gid; /* parameter and gradient tensor ids per parameter */
     uint32_t ws_fwd, ws_bwd;
     uint32_t lsm, loss_extra; /* the loss's saved tensors */
-    bool loss_upcast;
+    bool loss_upcast, loss_extra_ok;
     int64_t loss_rows, loss_classes;
     int err;
 } X;
@@ -494,14 +494,20 @@ static void attention(X *x, int64_t heads, int64_t hd, bool causal, bool dropout
     FREE(x, o);
 }
 
-/* Backward working set of a transformer layer (gradients of intermediates
- * live at once): the MLP's (a few N x f tensors) or the attention's,
- * whichever is larger. Approximate: only matters with checkpointing. */
+/* Backward working set of a transformer layer, net of the saved tensors
+ * its ops free as they go (allocated here before any is freed): the
+ * attention kernel's dq, dk, dv and fp32 dq accumulator, or the MLP's
+ * gradient through the activation (GPT-2's Python gelu_new makes a few
+ * fp32 ones), whichever is larger; eager attention's two fp32 T x T
+ * gradients. Calibrated on torchvision's vit_b_16 and BERT sequence
+ * classification, whose peaks fall in the last layer's backward
+ * (bench/RESULTS.md); the language models peak at the loss instead. */
 static int64_t layer_bwd_tmp(X *x) {
     const gm_est_model *m = x->m;
     int64_t N = x->N, f = m->intermediate, d = m->hidden, e = x->ac ? 4 : x->a;
-    int64_t mlp = N * f * (x->a + 2 * e);
-    int64_t att = N * d * 3 * x->a + N * d * 4;
+    int64_t mlp = N * f * x->a;
+    if (m->family == GM_EST_GPT2 && m->gelu_python) mlp += 2 * N * f * e;
+    int64_t att = N * d * (3 * x->a + 4);
     if (x->r->attention == GM_EST_ATTN_EAGER) att += x->B * m->heads * x->T * x->T * 4 * 2;
     return mlp > att ? mlp : att;
 }
@@ -821,9 +827,12 @@ static void vit_layer(X *x, bool hf) {
  * transient fp32 copy; gradients in fp32 until the cast's backward).
  * Otherwise nn.CrossEntropyLoss on the logits: under autocast log_softmax
  * runs with dtype=float32 (fp32 output, gradient in the logits' dtype), and
- * one more logits-sized 16-bit tensor is saved — calibrated from the BERT
- * snapshot (../shared/traces/bert_base_varseq_fp16.pickle.gz: two N x V
- * fp16 and two N x V fp32 tensors live at the start of backward). */
+ * one more logits-sized tensor in the logits' dtype is saved. That tensor is
+ * calibrated, not derived: the BERT snapshot
+ * (../shared/traces/bert_base_varseq_fp16.pickle.gz) has two N x V fp16 and
+ * two N x V fp32 tensors live at the start of backward, and BERT MLM
+ * measured 2.0 GB (fp32) and 1.0 GB (bf16 model) above the model without it
+ * (bench/RESULTS.md), i.e. N x V x 4 and N x V x 2. */
 static void xent(X *x, int64_t rows, int64_t classes, bool upcast) {
     int64_t nv = rows * classes;
     x->loss_upcast = upcast;
@@ -832,7 +841,7 @@ static void xent(X *x, int64_t rows, int64_t classes, bool upcast) {
     uint32_t lf = 0;
     if (upcast && x->a != 4) lf = TMP(x, nv * 4);
     uint32_t lbl = upcast ? TMP(x, rows * 8) : 0; /* shifted / flattened labels */
-    x->loss_extra = !upcast && x->ac ? ALLOC(x, nv * x->a, GM_EST_CAT_ACTS) : 0;
+    x->loss_extra = !upcast && x->loss_extra_ok ? ALLOC(x, nv * x->a, GM_EST_CAT_ACTS) : 0;
     x->lsm = ALLOC(x, nv * (upcast || x->ac ? 4 : x->a), GM_EST_CAT_ACTS);
     FREE(x, lf);
     uint32_t loss = TMP(x, 512);
@@ -864,6 +873,7 @@ static void lm_head(X *x, bool mlm) {
         FREE(x, y);
     }
     WCOPY(x, V * d + (mlm ? V : 0));
+    x->loss_extra_ok = mlm;
     uint32_t logits = x->r->keep_output ? 0 : TMP(x, N * V * x->a);
     if (x->r->keep_output) {
         logits = ALLOC(x, N * V * x->a, GM_EST_CAT_ACTS);
@@ -1036,8 +1046,11 @@ static int64_t dx_bytes(X *x, blk *b) {
 
 static int64_t block_bwd_tmp(X *x, blk *b) {
     switch (b->kind) {
-    case K_RN_BLOCK:
-        return 2 * x->B * (b->c_out > b->c_in ? b->c_out : b->c_in) * b->h_in * b->h_in * x->a;
+    case K_RN_BLOCK: { /* two gradients of the block's largest tensor */
+        int64_t ho = (b->h_in + b->stride - 1) / b->stride;
+        int64_t big = b->c_out * ho * ho, mid = b->width * b->h_in * b->h_in;
+        return 2 * x->B * (big > mid ? big : mid) * x->a;
+    }
     case K_RN_STEM: return 2 * x->B * 64 * (x->T / 2) * (x->T / 2) * x->a;
     case K_GPT2_LAYER: case K_LLAMA_LAYER: case K_BERT_LAYER: case K_VITHF_LAYER:
     case K_VITTV_LAYER:
