@@ -1379,6 +1379,11 @@ static void scan(const gm_est_program *p, gm_est_result *out) {
     }
     for (size_t i = 0; i < p->n; i++) {
         const gm_est_event *e = &p->ev[i];
+        int lat = e->step > 1;
+        if (live > out->phase_peak[lat][e->phase]) { /* what the phase starts with */
+            out->phase_peak[lat][e->phase] = live;
+            memcpy(out->phase_by_cat[lat][e->phase], bycat, sizeof bycat);
+        }
         if (e->free) {
             live -= (int64_t)sz[e->id];
             bycat[cat[e->id]] -= (int64_t)sz[e->id];
