@@ -156,6 +156,7 @@ static void strategies(ctx *c) {
         s->conf = alloc_settings[i];
         bool gp = !strncmp(s->conf, "policy:gpumem", 13);
         snprintf(s->name, sizeof s->name, "allocator %s", s->conf);
+        if (strlen(s->name) > 44) snprintf(s->name + 40, 5, "...");
         snprintf(s->change, sizeof s->change, "%s=%s", gp ? "GPUMEM_CONF" : "PYTORCH_CUDA_ALLOC_CONF", s->conf);
         s->run = c->run;
         s->res = c->base;
@@ -170,8 +171,8 @@ static void strategies(ctx *c) {
     gm_est_program_free(&p);
 }
 
-/* The best combination that fits: fewest changes, then the lowest device
- * total. Candidates are ranked by a scan (no replay); the first few are
+/* The best combination that fits: the fewest changes, then the least
+ * drastic (the highest peak that still fits). Candidates are ranked by a scan (no replay); the first few are
  * replayed to confirm. */
 typedef struct cand {
     gm_est_run run;
@@ -182,7 +183,7 @@ typedef struct cand {
 static int cmp_cand(const void *a, const void *b) {
     const cand *x = a, *y = b;
     if (x->changes != y->changes) return x->changes - y->changes;
-    return x->peak < y->peak ? -1 : x->peak > y->peak;
+    return x->peak > y->peak ? -1 : x->peak < y->peak; /* the least drastic that fits */
 }
 
 static void best_combination(ctx *c) {
@@ -381,14 +382,14 @@ static void print_text(ctx *c) {
         printf("\ncapacity %s: %s\n", cli_format_bytes(c->capacity, x1, sizeof x1),
                fit ? "fits" : "does NOT fit (predicted out of memory)");
     }
-    printf("\n%-58s %12s %12s %18s\n", "strategy (alone)", "peak", "saving", "change");
+    printf("\n%-44s %11s %20s   %s\n", "strategy (alone)", "peak", "saving", "change");
     for (int i = 0; i < c->ns; i++) {
         const strat *s = &c->s[i];
         char sv[48];
         int64_t d = s->base - s->peak;
-        snprintf(sv, sizeof sv, "%s%s %+.1f%%", d < 0 ? "-" : "", cli_format_bytes((uint64_t)(d < 0 ? -d : d), x2, sizeof x2),
-                 s->base ? -100.0 * (double)d / (double)s->base : 0.0);
-        printf("%-58s %12s %18s   %s%s\n", s->name, cli_format_bytes((uint64_t)s->peak, x1, sizeof x1), sv, s->change,
+        snprintf(sv, sizeof sv, "%s%s (%.1f%%)", d < 0 ? "-" : "", cli_format_bytes((uint64_t)(d < 0 ? -d : d), x2, sizeof x2),
+                 s->base ? 100.0 * (double)d / (double)s->base : 0.0);
+        printf("%-44s %11s %20s   %s%s\n", s->name, cli_format_bytes((uint64_t)s->peak, x1, sizeof x1), sv, s->change,
                s->reserved_metric ? "  [peak reserved]" : "");
     }
     if (c->have_best) {

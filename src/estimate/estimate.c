@@ -1161,6 +1161,8 @@ static void opt_step(X *x, optstate *os) {
                     push(x, &os->ids, &os->n, &os->cap, ALLOC(x, p->elems * pb, GM_EST_CAT_OPTSTATE));
                 }
                 break;
+            default:
+                break;
             }
         }
     }
