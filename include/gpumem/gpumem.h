@@ -116,8 +116,8 @@ typedef struct gm_config {
      * chunks' size; run and auto apply at gpumem_slack:inf only, granule
      * otherwise). granule: one chunk per 2 MiB granule, so memory between
      * blocks moves granule by granule under pressure, but a cold first pass
-     * makes one create+map per granule (12-18x slower than PyTorch's on an
-     * H200). run: one chunk per run of unmapped granules a placement needs
+     * makes one create+map per granule (several times slower than PyTorch's
+     * first pass; bench/RESULTS.md has the H200 figures). run: one chunk per run of unmapped granules a placement needs
      * (up to 1 GiB): few calls, same memory with room to spare, but a partly
      * live chunk pins all its granules, so it runs out of memory earlier on
      * a nearly full device. auto (default): like run while memory held is
@@ -138,6 +138,30 @@ GM_API void gm_config_init(gm_config *cfg);
 GM_API int gm_config_parse(gm_config *cfg, const char *str, char *err, size_t errlen);
 /* Format as a canonical PYTORCH_CUDA_ALLOC_CONF string, only non-default keys. */
 GM_API int gm_config_format(const gm_config *cfg, char *buf, size_t len);
+/* The value of one key as text ("inf", "True", "128"), default or not. */
+GM_API int gm_config_get(const gm_config *cfg, const char *key, char *buf, size_t len);
+
+/* The settings table: every key gm_config_parse accepts, in canonical order.
+ * Strings are static. policy is NULL for a key of every policy. */
+typedef struct gm_setting_desc {
+    const char *key, *alias, *policy, *def, *range, *doc;
+} gm_setting_desc;
+GM_API int gm_setting_count(void);
+GM_API int gm_setting_info(int index, gm_setting_desc *out);
+
+/* The policy table: index = gm_policy_kind. tune: the settings `gpumem tune`
+ * tries under this policy (NULL-terminated; "{fit}" stands for a memory
+ * fraction sized to the trace). */
+typedef struct gm_policy_desc {
+    const char *name, *doc;
+    const char *const *tune;
+} gm_policy_desc;
+GM_API int gm_policy_count(void);
+GM_API int gm_policy_info(int kind, gm_policy_desc *out);
+/* The kind of policy `name`, or -1. */
+GM_API int gm_policy_find(const char *name);
+/* The name of policy `kind`, or NULL. */
+GM_API const char *gm_policy_name(int kind);
 
 /* ---- statistics -------------------------------------------------------- */
 
@@ -278,6 +302,26 @@ typedef struct gm_segment_info {
 } gm_segment_info;
 typedef int (*gm_segment_cb)(const gm_segment_info *seg, void *arg);
 GM_API int gm_walk_segments(gm_allocator *a, int device, gm_segment_cb cb, void *arg);
+
+/* One block handed out by the allocator (torch's snapshot: a block in state
+ * active_allocated, or active_pending_free while live is false: freed by the
+ * caller but waiting for streams it was recorded on). */
+typedef struct gm_block_info {
+    uint32_t size_of;   /* sizeof(gm_block_info) */
+    gm_devptr address;
+    uint64_t size;      /* bytes set aside for it (torch: block->size) */
+    uint64_t requested; /* bytes the caller asked for */
+    gm_stream stream;   /* allocation stream */
+    int pool;           /* GM_POOL_SMALL / GM_POOL_LARGE */
+    bool live;
+} gm_block_info;
+typedef int (*gm_block_cb)(const gm_block_info *b, void *arg);
+/* The live block that starts at ptr, and its device (device may be NULL).
+ * GM_EFOREIGN if ptr is not the start of a live block. */
+GM_API int gm_block_lookup(gm_allocator *a, gm_devptr ptr, int *device, gm_block_info *out);
+/* Every block of `device` (-1 = all), in no particular order; cb runs under
+ * the device lock and must not call the allocator; a nonzero return stops. */
+GM_API int gm_walk_blocks(gm_allocator *a, int device, gm_block_cb cb, void *arg);
 
 /* ---- publication for out-of-process monitors --------------------------- */
 

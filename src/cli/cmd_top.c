@@ -11,19 +11,33 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: gpumem top [--interval SEC] [--no-nvml]\n"
-               "  Live view; keys: q quit, s sort column, r reverse, f filter, d device,\n"
-               "  w graph window, p pause, h help. Default interval 0.5 s (0.1 s is fine).\n");
+/* Parses top's options; returns -1 to go on, else the exit code. */
+static int parse_args(int argc, char **argv, double *interval, bool *nvml) {
+    bool no_nvml = false;
+    const struct cli_opt opts[] = {
+        CLI_OPT_INTERVAL(interval, "0.5"),
+        CLI_OPT_NO_NVML(&no_nvml),
+    };
+    const struct cli_spec spec = {
+        .cmd = argv[0], .args = "", .opts = opts, .nopts = CLI_NOPTS(opts),
+        .about = "Live view of every GPU (NVML) and every process publishing gpumem allocator\n"
+                 "stats. Keys: q quit, s sort column, r reverse, f filter, d device,\n"
+                 "w graph window, p pause, h help.",
+    };
+    int rc = cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return cli_parse_exit(rc);
+    *nvml = !no_nvml;
+    return -1;
 }
 
 #ifndef GM_HAVE_CURSES
 int cmd_top(int argc, char **argv) {
-    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        usage(stdout);
-        return 0;
-    }
+    double interval = 0.5;
+    bool nvml = true;
+    int rc = parse_args(argc, argv, &interval, &nvml);
+    if (rc >= 0) return rc;
     return cli_error(argv[0], "this gpumem was built without ncurses (install libncurses-dev and rebuild); "
                               "try 'gpumem smi' or 'gpumem log'");
 }
@@ -277,18 +291,20 @@ int cmd_top(int argc, char **argv) {
     u.interval = 0.5;
     u.window = 1;
     bool nvml = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--interval") && i + 1 < argc) {
-            char *end;
-            u.interval = strtod(argv[++i], &end);
-            if (*end || !(u.interval >= 0.05 && u.interval <= 60))
-                return cli_usage_error(argv[0], "--interval must be seconds between 0.05 and 60, not '%s'", argv[i]);
-        } else if (!strcmp(argv[i], "--no-nvml")) nvml = false;
-        else return cli_usage_error(argv[0], "unknown or incomplete argument '%s' (see --help)", argv[i]);
-    }
+    int rc = parse_args(argc, argv, &u.interval, &nvml);
+    if (rc >= 0) return rc;
+    /* A live view needs a terminal; say what to use instead of writing escape codes into a pipe. */
+    if (!isatty(STDOUT_FILENO) || !isatty(STDIN_FILENO))
+        return cli_usage_error(argv[0], "needs a terminal; for a pipe or a file use 'gpumem smi' "
+                                        "(one sample) or 'gpumem log' (periodic)");
+    const char *term = getenv("TERM");
+    if (!term || !*term)
+        return cli_usage_error(argv[0], "TERM is not set, so the terminal type is unknown; set it "
+                                        "(e.g. TERM=xterm-256color) or use 'gpumem smi'");
+    SCREEN *scr = newterm(NULL, stdout, stdin);
+    if (!scr)
+        return cli_usage_error(argv[0], "terminal type '%s' is unknown to ncurses; try "
+                                        "TERM=xterm-256color or use 'gpumem smi'", term);
     gm__collector *c;
     gm__sampler *smp;
     if (gm__collector_create(&c, NULL, nvml) != 0) return cli_error(argv[0], "out of memory");
@@ -296,7 +312,7 @@ int cmd_top(int argc, char **argv) {
         gm__collector_destroy(c);
         return cli_error(argv[0], "cannot start the sampler thread");
     }
-    initscr();
+    set_term(scr);
     cbreak();
     noecho();
     keypad(stdscr, TRUE);
@@ -310,6 +326,7 @@ int cmd_top(int argc, char **argv) {
         if (ch != ERR && !key(&u, ch)) break;
     }
     endwin();
+    delscreen(scr);
     gm__sampler_stop(smp);
     gm__collector_destroy(c);
     gm__sample_free(&u.s);

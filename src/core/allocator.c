@@ -54,7 +54,7 @@ static int device_create(gm_allocator *a, int index, gm__device **out) {
     d->alloc = a;
     d->backend = a->backend;
     d->cfg = &a->cfg;
-    d->pops = a->cfg.policy == GM_POLICY_GPUMEM ? &gm__policy_gpumem : &gm__policy_torch;
+    d->pops = gm__policy_get((int)a->cfg.policy); /* checked by gm__config_check */
     d->fe = fe;
     d->memory_fraction = 1.0;
     d->stats.size = sizeof d->stats;

@@ -70,16 +70,6 @@ static inline gm__block_hdr *gm__ptrmap_find(const gm__ptrmap *m, gm_devptr key)
     return i == UINT64_MAX ? NULL : m->slots[i].block;
 }
 
-/* Remove key if present; returns the block or NULL. */
-static inline gm__block_hdr *gm__ptrmap_remove(gm__ptrmap *m, gm_devptr key) {
-    if (!key) return NULL;
-    uint64_t i = gm__ptrmap_slot(m, key);
-    if (i == UINT64_MAX) return NULL;
-    gm__block_hdr *b = m->slots[i].block;
-    gm__ptrmap_remove_at(m, i);
-    return b;
-}
-
 /* ---- record_stream bookkeeping -------------------------------------------- */
 
 /* Extra streams a live block was used on; at free time one event per stream

@@ -10,6 +10,7 @@
 
 #include "internal.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -348,8 +349,10 @@ int gm_trace_load_mem(const void *data, size_t len, gm_trace **out) {
 
 int gm_trace_load_file(const char *path, gm_trace **out) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return gm__set_error(GM_EIO, "cannot open %s", path);
+    /* "-" is standard input, as for every command-line tool. */
+    bool is_stdin = !strcmp(path, "-");
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
+    if (!f) return gm__set_error(GM_EIO, "cannot open %s: %s", path, strerror(errno));
     uint8_t *buf = NULL;
     size_t len = 0, cap = 0;
     int rc = GM_OK;
@@ -367,8 +370,8 @@ int gm_trace_load_file(const char *path, gm_trace **out) {
         len += n;
         if (n == 0) break;
     }
-    if (!rc && ferror(f)) rc = gm__set_error(GM_EIO, "error reading %s", path);
-    fclose(f);
+    if (!rc && ferror(f)) rc = gm__set_error(GM_EIO, "error reading %s: %s", path, strerror(errno));
+    if (!is_stdin) fclose(f);
     if (!rc) {
         rc = gm_trace_load_mem(buf, len, out);
         if (rc == GM_EFORMAT) {

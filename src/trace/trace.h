@@ -153,4 +153,22 @@ typedef struct gm_replay_result {
 int gm_replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity,
                   gm_replay_result *r);
 
+/* ---- tune (tune.c) ------------------------------------------------------
+ * Replays a program under every setting of the policy table's tune lists and
+ * ranks them: those that fit first, by peak reserved, then by conf. */
+typedef struct gm_tune_entry {
+    char conf[192];      /* the setting, as a user writes it ("" = torch defaults) */
+    gm_config cfg;
+    gm_replay_result r;
+    int rc;              /* gm_replay_run's status; err says why when not GM_OK */
+    char err[256];
+} gm_tune_entry;
+
+/* *out: calloc'ed, *n entries, ranked; free() it. */
+int gm_tune_run(const gm_replay_prog *p, uint64_t capacity, int threads, gm_tune_entry **out, int *n);
+/* Ran out of memory, or failed: not a candidate. */
+bool gm_tune_failed(const gm_tune_entry *e);
+/* Device calls of a (cold) replay: allocations, VMM creates, maps, unmaps. */
+int64_t gm_tune_device_calls(const gm_replay_result *r);
+
 #endif /* GPUMEM_TRACE_TRACE_H */
