@@ -8,53 +8,8 @@
 #include "estimate/estimate.h"
 #include "gpumem/gpumem.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int usage(const char *cmd, FILE *f) {
-    fprintf(f,
-            "usage: gpumem %s (--model NAME | --config config.json) [--batch N] [--seq N | --image N]\n"
-            "       [--precision fp32|fp16-autocast|bf16-autocast|bf16] [--optimizer NAME] [--accum N]\n"
-            "       [--checkpointing] [--attention sdpa|eager] [--keep-output] [--steps N]\n"
-            "       [--capacity SIZE] [--fit batch|seq] [--json]\n\n"
-            "Predicts the GPU memory of a training loop (forward under autocast where named, loss,\n"
-            "backward with GradScaler for fp16, optimizer.step(), zero_grad(set_to_none=True)):\n"
-            "peak allocated (torch.cuda.max_memory_allocated()) by phase and category, peak reserved\n"
-            "under PyTorch's allocator and gpumem's, the whole device with the CUDA context, and what\n"
-            "each memory-saving strategy would save.\n\n"
-            "  --model NAME       built-in: gpt2, gpt2-medium, bert-base-uncased, resnet18, resnet50, vit_b_16\n"
-            "  --config FILE      a Hugging Face config.json (gpt2, llama, mistral, bert, vit; the head\n"
-            "                     follows \"architectures\")\n"
-            "  --batch N          samples per micro-batch (default 8)\n"
-            "  --seq N            tokens per sample (text; default min(1024, max positions))\n"
-            "  --image N          image side in pixels (vision; default the model's)\n"
-            "  --precision P      default bf16-autocast; bf16 = the model cast to bfloat16, no autocast\n"
-            "  --optimizer O      sgd, sgd-momentum, adam, adamw (default), adamw-8bit (bitsandbytes), adafactor\n"
-            "  --accum N          micro-batches per optimizer step (default 1)\n"
-            "  --checkpointing    Hugging Face gradient_checkpointing_enable()\n"
-            "  --attention A      sdpa (default, as transformers) or eager\n"
-            "  --keep-output      the model output is held through backward (out = model(...);\n"
-            "                     out.loss.backward()), keeping the logits alive\n"
-            "  --capacity SIZE    device memory (e.g. 80GiB): flags what does not fit, picks the best\n"
-            "                     combination of strategies that fits\n"
-            "  --fit batch|seq    the largest batch (or sequence length) that fits --capacity\n"
-            "  --json             one JSON object, integer bytes; top-level peak_allocated is the\n"
-            "                     predicted torch.cuda.max_memory_allocated()\n"
-            "Exit status: 0 estimated, 1 internal failure, 2 bad usage or input.\n",
-            cmd);
-    return f == stdout ? 0 : 2;
-}
-
-static bool parse_int(const char *s, int64_t *out) {
-    if (!s || !*s) return false;
-    errno = 0;
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (*end || errno) return false;
-    *out = v;
-    return true;
-}
 
 /* ---- strategies -------------------------------------------------------------- */
 
@@ -414,105 +369,80 @@ static void print_text(ctx *c) {
            " reserved for allocator settings. Accuracy: bench/RESULTS.md, docs/estimate.md)\n");
 }
 
+static const char ABOUT[] =
+    "Predicts the GPU memory of a training loop (forward under autocast where named, loss,\n"
+    "backward with GradScaler for fp16, optimizer.step(), zero_grad(set_to_none=True)):\n"
+    "peak allocated (torch.cuda.max_memory_allocated()) by phase and category, peak reserved\n"
+    "under PyTorch's allocator and gpumem's, the whole device with the CUDA context, what each\n"
+    "memory-saving strategy would save, and with --capacity the best combination that fits.\n"
+    "Give exactly one of --model or --config. Model and accuracy: docs/estimate.md.";
+
 int cmd_estimate(int argc, char **argv) {
     const char *cmd = argv[0], *model = NULL, *config = NULL, *fit = NULL;
-    bool json = false;
+    const char *precision = "bf16-autocast", *optimizer = "adamw", *attention = "sdpa";
+    long long batch = 8, seq = 0, image = 0, accum = 1, steps = 3;
+    bool json = false, ckpt = false, keep = false;
+    uint64_t capacity = 0;
+    const struct cli_opt opts[] = {
+        {"model", 0, CLI_STR, &model, "NAME",
+         "built-in: gpt2, gpt2-medium, bert-base-uncased, resnet18, resnet50, vit_b_16", NULL, 0, 0},
+        {"config", 0, CLI_STR, &config, "FILE",
+         "a Hugging Face config.json (gpt2, llama, mistral, bert, vit; head from \"architectures\")", NULL, 0, 0},
+        {"batch", 0, CLI_INT, &batch, "N", "samples per micro-batch", "8", 1, 1 << 20},
+        {"seq", 0, CLI_INT, &seq, "N", "tokens per sample (text models)", "min(1024, max positions)", 1, 1 << 22},
+        {"image", 0, CLI_INT, &image, "N", "image side in pixels (vision models)", "the model's", 1, 8192},
+        {"precision", 0, CLI_STR, &precision, "P",
+         "fp32, fp16-autocast, bf16-autocast, or bf16 (the model cast, no autocast)", "bf16-autocast", 0, 0},
+        {"optimizer", 0, CLI_STR, &optimizer, "O",
+         "sgd, sgd-momentum, adam, adamw, adamw-8bit (bitsandbytes; unmeasured), adafactor", "adamw", 0, 0},
+        {"accum", 0, CLI_INT, &accum, "N", "micro-batches per optimizer step", "1", 1, 4096},
+        {"checkpointing", 0, CLI_FLAG, &ckpt, NULL, "Hugging Face gradient_checkpointing_enable()", NULL, 0, 0},
+        {"attention", 0, CLI_CHOICE, &attention, "sdpa|eager", "attention implementation, as transformers'",
+         "sdpa", 0, 0},
+        {"keep-output", 0, CLI_FLAG, &keep, NULL,
+         "the model output is held through backward (out = model(...); out.loss.backward())", NULL, 0, 0},
+        {"steps", 0, CLI_INT, &steps, "N", "optimizer steps modelled", "3", 2, 16},
+        {"capacity", 0, CLI_SIZE, &capacity, "SIZE",
+         "device memory (80GiB): says whether it fits, picks the best combination that fits", NULL,
+         CLI_CAPACITY_MIN, CLI_CAPACITY_MAX},
+        {"fit", 0, CLI_CHOICE, &fit, "batch|seq", "the largest batch (or sequence length) that fits --capacity",
+         NULL, 0, 0},
+        CLI_OPT_JSON(&json),
+    };
+    const struct cli_spec spec = {cmd, "", ABOUT, opts, CLI_NOPTS(opts), 0, 0,
+                                  "JSON: integer bytes; top-level peak_allocated is the predicted\n"
+                                  "torch.cuda.max_memory_allocated().\n"
+                                  "Exit status: 0 estimated, 1 internal failure, 2 bad usage or input.",
+                                  false};
+    int rc = cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return cli_parse_exit(rc);
+    if (!model == !config)
+        return cli_usage_error(cmd, "give exactly one of --model NAME or --config config.json (see 'gpumem %s --help')",
+                               cmd);
+    if (gm_est_precision_parse(precision) < 0)
+        return cli_usage_error(cmd, "unknown --precision '%s': fp32, fp16-autocast, bf16-autocast or bf16 "
+                               "(see 'gpumem %s --help')", precision, cmd);
+    if (gm_est_optimizer_parse(optimizer) < 0)
+        return cli_usage_error(cmd, "unknown --optimizer '%s': sgd, sgd-momentum, adam, adamw, adamw-8bit or "
+                               "adafactor (see 'gpumem %s --help')", optimizer, cmd);
+    if (fit && !capacity)
+        return cli_usage_error(cmd, "--fit needs --capacity SIZE, the device memory to fit in");
     ctx *c = calloc(1, sizeof *c);
     if (!c) return cli_error(cmd, "out of memory");
     c->cmd = cmd;
     c->fit_what = -1;
+    c->capacity = capacity;
     gm_est_run_init(&c->run);
-    int rc = 0;
-    for (int i = 1; i < argc && !rc; i++) {
-        char *o = argv[i], *val = NULL;
-        char name[64];
-        const char *eq = strchr(o, '=');
-        if (!strncmp(o, "--", 2) && eq && (size_t)(eq - o) < sizeof name) {
-            snprintf(name, sizeof name, "%.*s", (int)(eq - o), o);
-            val = (char *)eq + 1;
-        } else {
-            snprintf(name, sizeof name, "%s", o);
-        }
-#define FLAG(n) (!strcmp(name, n))
-#define VALUE()                                                                \
-    (val ? val : (i + 1 < argc ? argv[++i] : NULL))
-        if (FLAG("--help") || FLAG("-h")) {
-            free(c);
-            return usage(cmd, stdout);
-        }
-        bool isflag = FLAG("--json") || FLAG("--checkpointing") || FLAG("--keep-output");
-        if (isflag && val) {
-            rc = cli_usage_error(cmd, "%s takes no value", name);
-            break;
-        }
-        if (FLAG("--json")) { json = true; continue; }
-        if (FLAG("--checkpointing")) { c->run.checkpointing = true; continue; }
-        if (FLAG("--keep-output")) { c->run.keep_output = true; continue; }
-        if (name[0] != '-') {
-            rc = cli_usage_error(cmd, "unexpected argument '%s'; see 'gpumem %s --help'", o, cmd);
-            break;
-        }
-        static const char *const valued[] = {"--model", "--config", "--batch", "--seq", "--image", "--precision",
-                                             "--optimizer", "--accum", "--attention", "--capacity", "--fit", "--steps"};
-        bool known = false;
-        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= FLAG(valued[k]);
-        if (!known) {
-            rc = cli_usage_error(cmd, "unknown option '%s'; see 'gpumem %s --help'", name, cmd);
-            break;
-        }
-        const char *v = VALUE();
-        if (!v) {
-            rc = cli_usage_error(cmd, "%s needs a value; see 'gpumem %s --help'", name, cmd);
-            break;
-        }
-        int64_t n;
-        if (FLAG("--model")) model = v;
-        else if (FLAG("--config")) config = v;
-        else if (FLAG("--fit")) {
-            if (strcmp(v, "batch") && strcmp(v, "seq")) rc = cli_usage_error(cmd, "--fit takes batch or seq (got '%s')", v);
-            fit = v;
-        } else if (FLAG("--precision")) {
-            int p = gm_est_precision_parse(v);
-            if (p < 0) rc = cli_usage_error(cmd, "unknown --precision '%s' (fp32, fp16-autocast, bf16-autocast, bf16)", v);
-            else c->run.precision = p;
-        } else if (FLAG("--optimizer")) {
-            int p = gm_est_optimizer_parse(v);
-            if (p < 0)
-                rc = cli_usage_error(cmd, "unknown --optimizer '%s' (sgd, sgd-momentum, adam, adamw, adamw-8bit, adafactor)", v);
-            else c->run.optimizer = p;
-        } else if (FLAG("--attention")) {
-            if (!strcmp(v, "sdpa")) c->run.attention = GM_EST_ATTN_SDPA;
-            else if (!strcmp(v, "eager")) c->run.attention = GM_EST_ATTN_EAGER;
-            else rc = cli_usage_error(cmd, "unknown --attention '%s' (sdpa or eager)", v);
-        } else if (FLAG("--capacity")) {
-            if (!cli_parse_size(v, &c->capacity) || c->capacity == 0)
-                rc = cli_usage_error(cmd, "bad --capacity '%s': give a positive size such as 80GiB", v);
-        } else {
-            if (!parse_int(v, &n) || n < 1) {
-                rc = cli_usage_error(cmd, "%s must be a positive integer (got '%s')", name, v);
-                break;
-            }
-            if (FLAG("--batch")) c->run.batch = n;
-            else if (FLAG("--seq")) c->run.seq = n;
-            else if (FLAG("--image")) c->run.image = n;
-            else if (FLAG("--accum")) c->run.accum = n;
-            else if (FLAG("--steps")) c->run.steps = n > 16 ? 17 : (int)n;
-        }
-#undef FLAG
-#undef VALUE
-    }
-    if (rc) {
-        free(c);
-        return rc;
-    }
-    if (!model == !config) {
-        free(c);
-        return cli_usage_error(cmd, "give exactly one of --model NAME or --config config.json; see 'gpumem %s --help'", cmd);
-    }
-    if (fit && !c->capacity) {
-        free(c);
-        return cli_usage_error(cmd, "--fit needs --capacity SIZE (the device memory to fit in)");
-    }
+    c->run.batch = batch;
+    c->run.seq = seq;
+    c->run.image = image;
+    c->run.accum = accum;
+    c->run.steps = (int)steps;
+    c->run.checkpointing = ckpt;
+    c->run.keep_output = keep;
+    c->run.precision = gm_est_precision_parse(precision);
+    c->run.optimizer = gm_est_optimizer_parse(optimizer);
+    c->run.attention = strcmp(attention, "eager") ? GM_EST_ATTN_SDPA : GM_EST_ATTN_EAGER;
     int st = model ? gm_est_builtin_find(model, &c->m) : gm_est_model_from_hf_config_file(config, &c->m);
     if (st == GM_OK) st = gm_est_check(&c->m, &c->run);
     if (st != GM_OK) {

@@ -46,9 +46,9 @@ int gm_est_builtin_find(const char *name, gm_est_model *out) {
     char list[256] = "";
     for (size_t i = 0; i < gm_est_builtin_count(); i++) {
         size_t l = strlen(list);
-        snprintf(list + l, sizeof list - l, "%s%s", i ? ", " : "", builtins[i].name);
+        snprintf(list + l, sizeof list - l, "%s%.40s", i ? ", " : "", builtins[i].name);
     }
-    return gm__set_error(GM_EINVAL, "unknown model '%s' (built-in models: %s; or --config config.json)",
+    return gm__set_error(GM_EINVAL, "unknown model '%.64s' (built-in models: %s; or --config config.json)",
                          name, list);
 }
 

@@ -61,18 +61,18 @@ expect2 "unknown model 'gpt5'" --model gpt5
 expect2 "unknown option '--bogus'" --model gpt2 --bogus
 expect2 "exactly one of" --batch 8
 expect2 "exactly one of" --model gpt2 --config "$T/llama.json"
-expect2 "positive integer" --model gpt2 --batch -4
-expect2 "positive integer" --model gpt2 --batch 0
-expect2 "positive integer" --model gpt2 --batch abc
-expect2 "positive integer" --model gpt2 --seq -1
+expect2 "--batch wants an integer" --model gpt2 --batch -4
+expect2 "--batch wants an integer" --model gpt2 --batch 0
+expect2 "--batch wants an integer" --model gpt2 --batch abc
+expect2 "--seq wants an integer" --model gpt2 --seq -1
 expect2 "exceeds" --model gpt2 --seq 4096
 expect2 "vision model" --model resnet50 --seq 128
 expect2 "text model" --model gpt2 --image 224
 expect2 "torchvision" --model resnet50 --checkpointing
-expect2 "bad --capacity" --model gpt2 --capacity -5GiB
-expect2 "bad --capacity" --model gpt2 --capacity lots
+expect2 "--capacity wants a size" --model gpt2 --capacity -5GiB
+expect2 "--capacity wants a size" --model gpt2 --capacity lots
 expect2 "needs --capacity" --model gpt2 --fit batch
-expect2 "batch or seq" --model gpt2 --capacity 80GiB --fit width
+expect2 "--fit must be one of batch|seq" --model gpt2 --capacity 80GiB --fit width
 expect2 "unknown --precision" --model gpt2 --precision fp8
 expect2 "unknown --optimizer" --model gpt2 --optimizer lion
 expect2 "needs a value" --model gpt2 --batch
@@ -89,4 +89,6 @@ expect2 '"n_layer" must be a positive integer' --config "$T/neg.json"
 echo 'not json' >"$T/bad.json"
 expect2 "not a JSON object" --config "$T/bad.json"
 "$GPUMEM" estimate --help | grep -q -- "--fit batch|seq" || fail "--help"
+expect2 "wants an integer from 2 to 16" --model gpt2 --steps 40
+expect2 "--accum wants an integer" --model gpt2 --accum -2
 echo ok
