@@ -208,4 +208,25 @@ int gm_est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_
 int gm_est_fit(const gm_est_model *m, const gm_est_run *r, int what, uint64_t capacity, int64_t *best,
                gm_est_result *at_best);
 
+/* ---- a recorded trace's categories (trace_categories.c) ------------------
+ * Each allocation of a PyTorch snapshot recorded with Python stacks
+ * (context="all", stacks="python") is put in a category by its frames:
+ * torch/optim's _init_group, or other torch/optim frames and not freed by
+ * the optimizer -> optimizer state (the others -> temporaries); Module._apply (model.cuda()/.to()) -> parameters; no frames
+ * (the autograd engine) and freed by zero_grad -> gradients, otherwise
+ * temporaries; forward-time frames (torch/nn, transformers, torchvision, a
+ * forward()) -> activations (saved tensors and forward temporaries: an upper
+ * bound on what checkpointing frees); anything else (inputs, user code) ->
+ * other. Live bytes per category at the trace's peak. */
+typedef struct gm_est_trace_cats {
+    bool have_frames;               /* any allocation carries a stack */
+    int64_t peak;                   /* live requested bytes, each rounded to 512 */
+    size_t peak_event;              /* index within the device's events */
+    int64_t at_peak[GM_EST_NCAT];
+    int64_t other_at_peak;
+} gm_est_trace_cats;
+
+struct gm_trace;
+int gm_est_trace_categories(const struct gm_trace *t, int device, gm_est_trace_cats *out);
+
 #endif
