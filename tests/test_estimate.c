@@ -331,12 +331,54 @@ static void test_fit(void **state) {
     assert_int_equal(best, 0);
 }
 
+/* the explained OOM: every fact present, changes ranked by saving, safe truncation */
+static void test_oom_explain(void **state) {
+    (void)state;
+    const uint64_t G = 1ull << 30;
+    const char *scopes[] = {"model.transformer.h.11", "optimizer"};
+    const uint64_t sb[] = {3 * G, 2 * G};
+    gm_est_oom_info in = {.device = 0, .requested = 2 * G, .device_total = 80 * G, .device_free = G / 2,
+                          .allocated = 70 * G, .reserved = 78 * G, .largest_free_block = G,
+                          .have_categories = true, .scopes = scopes, .scope_bytes = sb, .nscopes = 2};
+    in.by_category[GM_EST_CAT_PARAMS] = 4 * G;
+    in.by_category[GM_EST_CAT_OPTSTATE] = 8 * G;
+    in.by_category[GM_EST_CAT_ACTS] = 40 * G;
+    char buf[2048];
+    size_t need = gm_est_oom_explain(&in, buf, sizeof buf);
+    assert_int_equal(need, strlen(buf));
+    static const char *facts[] = {"tried to allocate 2.00 GiB", "80.00 GiB", "512.00 MiB is free",
+                                  "70.00 GiB allocated", "8.00 GiB reserved but unallocated",
+                                  "largest free block is 1.00 GiB", "activations 40.00 GiB",
+                                  "model.transformer.h.11 3.00 GiB", "expandable_segments:True"};
+    for (size_t i = 0; i < sizeof facts / sizeof facts[0]; i++)
+        if (!strstr(buf, facts[i])) fail_msg("'%s' missing from:\n%s", facts[i], buf);
+    /* ranked: checkpointing (30 GiB) before accumulation (20) before fragmentation (8); three shown */
+    const char *ck = strstr(buf, "checkpointing"), *acc = strstr(buf, "accumulation"), *fr = strstr(buf, "expandable");
+    assert_non_null(ck), assert_non_null(acc), assert_non_null(fr);
+    assert_true(ck < acc && acc < fr);
+    assert_null(strstr(buf, "8-bit")); /* the fourth (6 GiB) is left out */
+    /* truncation: the same length needed, the buffer terminated */
+    char small[40];
+    assert_int_equal(gm_est_oom_explain(&in, small, sizeof small), need);
+    assert_int_equal(strlen(small), sizeof small - 1);
+    assert_int_equal(gm_est_oom_explain(&in, NULL, 0), need);
+    /* nothing known, nothing reclaimable: says what else to do */
+    gm_est_oom_info bare = {.requested = G, .device_total = 16 * G, .device_free = 0, .allocated = 15 * G,
+                            .reserved = 15 * G};
+    gm_est_oom_explain(&bare, buf, sizeof buf);
+    assert_non_null(strstr(buf, "--fit batch"));
+    /* already on expandable segments: suggest gpumem's policy instead */
+    in.expandable_segments = true;
+    gm_est_oom_explain(&in, buf, sizeof buf);
+    assert_null(strstr(buf, "expandable_segments:True"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_param_counts),    cmocka_unit_test(test_hand_checked_bytes),
         cmocka_unit_test(test_program_bookkeeping), cmocka_unit_test(test_orderings),
         cmocka_unit_test(test_config_errors),   cmocka_unit_test(test_run_errors),
-        cmocka_unit_test(test_fit),
+        cmocka_unit_test(test_fit),             cmocka_unit_test(test_oom_explain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -229,4 +229,32 @@ typedef struct gm_est_trace_cats {
 struct gm_trace;
 int gm_est_trace_categories(const struct gm_trace *t, int device, gm_est_trace_cats *out);
 
+/* ---- explained OOM (oom_explain.c) ------------------------------------------
+ * The text of an out-of-memory error: what was asked, device total and free,
+ * allocated, reserved but unallocated, the largest free block, the
+ * categories and top scopes holding memory when known, and the two or three
+ * changes that would have made it fit, each with its predicted saving
+ * (fragmentation settings from reserved-but-unallocated; optimizer,
+ * checkpointing, accumulation, precision from the categories). For the
+ * library's OOM message (stderr, Python's exception, the OOM dump): the
+ * caller fills what it knows; zero / NULL fields are left out. */
+typedef struct gm_est_oom_info {
+    int device;
+    uint64_t requested;          /* bytes the failing allocation asked for */
+    uint64_t device_total, device_free;
+    uint64_t allocated, reserved; /* this process's allocator */
+    uint64_t largest_free_block; /* largest free block inside reserved segments */
+    uint64_t limit;              /* per-process limit (memory fraction), 0 = none */
+    bool have_categories;
+    int64_t by_category[GM_EST_NCAT];
+    const char *const *scopes;   /* top scopes holding memory, largest first */
+    const uint64_t *scope_bytes;
+    int nscopes;
+    bool expandable_segments;    /* already set: not suggested again */
+    bool gpumem_policy;          /* already gpumem's policy */
+} gm_est_oom_info;
+
+/* Writes the text (always NUL-terminated); returns the length it needed. */
+size_t gm_est_oom_explain(const gm_est_oom_info *in, char *buf, size_t len);
+
 #endif
