@@ -85,9 +85,18 @@ def find_library():
         if os.path.isfile(cands[0]):
             return cands[0]
         raise FileNotFoundError("GPUMEM_LIB=%s: %s not found there" % (env, LIB_NAME))
+    sanitized = []
     for p in cands:
-        if os.path.isfile(p) and not _sanitized(p):
-            return p
+        if os.path.isfile(p):
+            if not _sanitized(p):
+                return p
+            sanitized.append(p)
+    if sanitized:
+        raise FileNotFoundError(
+            "gpumem: only AddressSanitizer builds of %s were found (%s), and python cannot load them "
+            "(the ASan runtime must come first). Build a plain one: cmake -S . -B build "
+            "-DCMAKE_BUILD_TYPE=Release -DGPUMEM_SANITIZE=OFF && cmake --build build, or pip install "
+            "--no-build-isolation ./python" % (LIB_NAME, ", ".join(sanitized)))
     raise FileNotFoundError(
         "gpumem: %s not found; build it (cmake --build build) and set GPUMEM_LIB to its path. Looked in: %s"
         % (LIB_NAME, ", ".join(cands)))

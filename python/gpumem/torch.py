@@ -79,11 +79,14 @@ def _shim():
         return None
 
 
-def install(conf=None, backend="cuda"):
+def install(conf=None, backend="cuda", label=None):
     """Make gpumem PyTorch's CUDA allocator. Must run before CUDA is initialised.
 
     conf: PYTORCH_CUDA_ALLOC_CONF-style settings plus policy:torch|gpumem
     (None: $GPUMEM_CONF; the policy is gpumem unless one is named).
+    label: the name `gpumem smi/top` show for this process (default:
+    $GPUMEM_PUBLISH_LABEL, else the script's name). The process is published
+    to them unless GPUMEM_PUBLISH=0.
     Returns the library path.
     """
     torch = _torch()
@@ -96,6 +99,10 @@ def install(conf=None, backend="cuda"):
         raise RuntimeError(
             "gpumem.torch.install() must be called before CUDA is initialised (before the first CUDA tensor, "
             "torch.cuda.init() or anything that queries the device); call it at the top of the script.")
+    if label or not os.environ.get("GPUMEM_PUBLISH_LABEL"):
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c", "-") else ""
+        if label or script:
+            os.environ["GPUMEM_PUBLISH_LABEL"] = label or script
     _lib.configure(effective_conf(conf), backend)  # checks conf now: a typo fails here, not at the first tensor
     path = _lib.library_path()
     shim = _shim() if backend == "cuda" else None
@@ -349,3 +356,4 @@ def memory_usage_line(tag="", device=None):
 def print_memory_usage(tag="", device=None, file=None):
     """Print one line of memory use, for training loops: print_memory_usage(f"step {i}")."""
     print(memory_usage_line(tag, device), file=file if file is not None else sys.stdout, flush=True)
+from .track import Tracker, scope, scoped, track  # noqa: E402,F401 (issue 13: python/gpumem/track.py)

@@ -8,6 +8,7 @@
 
 #include "monitor/monitor.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -124,6 +125,21 @@ static int row_order(const void *a, const void *b) {
     return sort_ui->reverse ? -c : c;
 }
 
+/* One screen line, cut at the terminal's width: a line never wraps into the
+ * next (a narrow terminal shows the left part of each). */
+static void put_line(int y, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put_line(int y, const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (y < 0 || y >= LINES) return;
+    move(y, 0);
+    clrtoeol();
+    mvaddnstr(y, 0, buf, COLS);
+}
+
 static void printable(char *dst, const char *src, size_t len) {
     size_t i = 0;
     for (; src[i] && i + 1 < len; i++) dst[i] = (unsigned char)src[i] < 0x20 ? '?' : src[i];
@@ -141,7 +157,7 @@ static int draw_devices(const ui *u, int y) {
                 re += u->s.rows[i].v.reserved;
             }
         if (d == u->device) attron(A_BOLD);
-        mvprintw(y, 0, "%cGPU %d %-.20s  total %s  reserved %s  used %s  free %s | allocators: alloc %s reserved %s",
+        put_line(y, "%cGPU %d %-.20s  total %s  drv-reserved %s  used %s  free %s | allocators: alloc %s reserved %s",
                  d == u->device ? '>' : ' ', d, v->have_info ? v->name : "", fmt(v->have_mem, (long long)v->total, b1),
                  fmt(v->have_reserved, (long long)v->reserved, b2), fmt(v->have_mem, (long long)v->used, b3),
                  fmt(v->have_mem, (long long)v->free, b4), fmt(true, al, b5), fmt(true, re, b6));
@@ -150,11 +166,18 @@ static int draw_devices(const ui *u, int y) {
     return y;
 }
 
+/* The process table: the published statistics that have a column
+ * (GM_MON_STATS in monitor.h, the same columns as gpumem smi). */
 static int draw_table(ui *u, int y, int max_rows) {
-    char b1[24], b2[24], b3[24], b4[24], b5[24], name[33];
+    char b1[24], name[33], line[1024];
+    int n = snprintf(line, sizeof line, "%-4s %-8s %-24s %11s", "GPU", "PID", "PROCESS", "NVML used");
+#define HEAD(nm, val, torch, prom, type, help, col) \
+    if (col && n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, " %11s", col ? col : "");
+    GM_MON_STATS(HEAD)
+#undef HEAD
     attron(A_REVERSE);
-    mvprintw(y++, 0, "%-4s %-8s %-24s %11s %11s %11s %11s %11s %5s %5s%*s", "GPU", "PID", "PROCESS", "NVML-USED",
-             "ALLOCATED", "RESERVED", "RES-UNALLOC", "PEAK-RES", "RETRY", "OOM", COLS > 110 ? COLS - 110 : 0, "");
+    put_line(y, "%-*s", COLS < (int)sizeof line ? COLS : (int)sizeof line - 1, line);
+    y++;
     attroff(A_REVERSE);
     sort_ui = u;
     gm__mon_row *rows = u->s.rows;
@@ -165,14 +188,24 @@ static int draw_table(ui *u, int y, int max_rows) {
         if (u->filter[0] && !strcasestr(r->label, u->filter) && !strcasestr(r->comm, u->filter)) continue;
         printable(name, r->label, sizeof name);
         bool a = r->have_alloc;
-        mvprintw(y++, 0, "%-4d %-8d %-24.24s %11s %11s %11s %11s %11s %5lld %5lld", r->device, r->pid, name,
-                 fmt(r->have_nvml_used, (long long)r->nvml_used, b1), fmt(a, r->v.allocated, b2),
-                 fmt(a, r->v.reserved, b3), fmt(a, r->v.reserved - r->v.allocated, b4),
-                 fmt(a, r->v.peak_reserved, b5), a ? (long long)r->v.num_alloc_retries : 0,
-                 a ? (long long)r->v.num_ooms : 0);
+        const gm__shm_values *v = &r->v;
+        n = snprintf(line, sizeof line, "%-4d %-8d %-24.24s %11s", r->device, r->pid, name,
+                     fmt(r->have_nvml_used, (long long)r->nvml_used, b1));
+#define CELL(nm, val, torch, prom, type, help, col)                                                  \
+    if (col && n < (int)sizeof line) {                                                               \
+        if (!a) n += snprintf(line + n, sizeof line - (size_t)n, " %11s", "-");                     \
+        else if (!strcmp(#type, "counter"))                                                          \
+            n += snprintf(line + n, sizeof line - (size_t)n, " %11lld", (long long)(val));           \
+        else n += snprintf(line + n, sizeof line - (size_t)n, " %11s", fmt(true, (long long)(val), b1)); \
+    }
+        GM_MON_STATS(CELL)
+#undef CELL
+        put_line(y++, "%s", line);
         shown++;
     }
-    if (!shown) mvprintw(y++, 0, u->filter[0] ? "(no process matches the filter)" : "(no processes publish yet)");
+    if (!shown)
+        put_line(y++, "%s", u->filter[0] ? "(no process matches the filter)"
+                                         : "(no processes: run a job under gpumem, or 'gpumem demo' to try)");
     return y;
 }
 
@@ -197,8 +230,16 @@ static void draw_graph(const ui *u, int top, int height) {
         seen[c] = true;
         if (r > maxv) maxv = r;
     }
+    /* a bucket with no sample holds the previous one's values: the memory did
+     * not drop to zero between two samples, there was just no sample there */
+    for (int c = 1; al && re && seen && c < width; c++)
+        if (!seen[c] && seen[c - 1]) {
+            al[c] = al[c - 1];
+            re[c] = re[c - 1];
+            seen[c] = true;
+        }
     char b1[24];
-    mvprintw(top, 0, "GPU %d, last %.0fs: '#' allocated, ':' reserved (or NVML used), X = OOM", u->device, win);
+    put_line(top, "GPU %d, last %.0fs: '#' allocated, ':' reserved (or NVML used), X = OOM", u->device, win);
     for (int row = 0; al && re && oom && seen && row < height - 1; row++) {
         int y = top + 1 + row;
         double level = (double)maxv * (height - 1 - row) / (height - 1);
@@ -220,20 +261,20 @@ static void draw_graph(const ui *u, int top, int height) {
 static void draw(ui *u) {
     erase();
     attron(A_BOLD);
-    mvprintw(0, 0, "gpumem top  interval %.2gs  window %.0fs  sort %s%s  filter '%s'%s", u->interval,
+    put_line(0, "gpumem top  interval %.2gs  window %.0fs  sort %s%s  filter '%s'%s", u->interval,
              windows[u->window], sort_names[u->sort], u->reverse ? " (reversed)" : "", u->filter,
              u->paused ? "  [PAUSED]" : "");
     attroff(A_BOLD);
     int y = 1;
-    if (u->s.nvml_note[0]) mvprintw(y++, 0, "%.*s", COLS - 1, u->s.nvml_note);
+    if (u->s.nvml_note[0]) put_line(y++, "%s", u->s.nvml_note);
     y = draw_devices(u, y);
     int graph_h = LINES / 3 > 4 ? LINES / 3 : 4;
     y = draw_table(u, y + 1, LINES - y - graph_h - 4);
     draw_graph(u, LINES - graph_h - 2, graph_h);
-    if (u->editing) mvprintw(LINES - 1, 0, "filter: %s_  (Enter apply, Esc cancel)", u->edit);
+    if (u->editing) put_line(LINES - 1, "filter: %s_  (Enter apply, Esc cancel)", u->edit);
     else if (u->help)
-        mvprintw(LINES - 1, 0, "q quit | s sort column | r reverse | f filter | d next GPU | w window | p pause | h help");
-    else mvprintw(LINES - 1, 0, "q quit  s sort  r reverse  f filter  d device  w window  p pause  h help");
+        put_line(LINES - 1, "q quit | s sort column | r reverse | f filter | d next GPU | w window | p pause | h help");
+    else put_line(LINES - 1, "q quit  s sort  r reverse  f filter  d device  w window  p pause  h help");
     refresh();
 }
 

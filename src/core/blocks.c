@@ -20,6 +20,7 @@ static void fill(gm_block_info *o, const gm__block_hdr *b) {
 }
 
 int gm_block_lookup(gm_allocator *a, gm_devptr ptr, int *device, gm_block_info *out) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a || !out) return gm__set_error(GM_EINVAL, "gm_block_lookup: NULL argument");
     for (int i = 0; i < a->ndevices && ptr; i++) {
         gm__device *d = dev_peek(a, i);
@@ -42,6 +43,7 @@ int gm_block_lookup(gm_allocator *a, gm_devptr ptr, int *device, gm_block_info *
 }
 
 int gm_walk_blocks(gm_allocator *a, int device, gm_block_cb cb, void *arg) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a || !cb) return gm__set_error(GM_EINVAL, "gm_walk_blocks: NULL argument");
     if (device < -1 || device >= a->ndevices)
         return gm__set_error(GM_EDEVICE, "device %d out of range (backend has %d)", device, a->ndevices);

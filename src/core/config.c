@@ -398,6 +398,7 @@ static bool setting_is_default(const gm_config *c, const gm_config *def, const s
 }
 
 int gm_config_parse(gm_config *cfg, const char *str, char *err, size_t errlen) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (errlen) err[0] = '\0';
     if (!cfg) return GM_EINVAL;
     if (!str || !*str) return GM_OK;
@@ -510,6 +511,7 @@ static void format_setting(gm__putbuf *o, const gm_config *cfg, const setting *s
 }
 
 int gm_config_format(const gm_config *cfg, char *buf, size_t len) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!cfg || (!buf && len)) return GM_EINVAL;
     gm_config def;
     gm_config_init(&def);
@@ -532,6 +534,7 @@ int gm_setting_info(int i, gm_setting_desc *out) {
 }
 
 int gm_config_get(const gm_config *cfg, const char *key, char *buf, size_t len) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     const setting *s = key ? find_setting(key) : NULL;
     if (!cfg || !s || !buf || !len)
         return gm__set_error(GM_EINVAL, "gm_config_get: unknown key '%s'", key ? key : "(null)");

@@ -96,6 +96,13 @@ static int create_locked(void) {
         g_backend = NULL;
         return st;
     }
+    /* Visible to gpumem smi/top/log/exporter by default (GPUMEM_PUBLISH=0
+     * turns it off; 2-3 ns per operation, bench/RESULTS.md). The label is
+     * GPUMEM_PUBLISH_LABEL (install(label=...), gpumem run --label, the
+     * script's name), else the executable's name. A monitor must never stop
+     * the training: a failure to publish is not an error here. */
+    const char *pub = getenv("GPUMEM_PUBLISH");
+    if (!pub || strcmp(pub, "0") != 0) (void)gm_allocator_publish(a, getenv("GPUMEM_PUBLISH_LABEL"));
     __atomic_store_n(&g_alloc, a, __ATOMIC_RELEASE);
     return GM_OK;
 }
@@ -296,7 +303,7 @@ int gpumem_torch_stats_json(int device, char *buf, size_t len) {
     gm_allocator *a;
     int st = get(&a);
     if (st != GM_OK) return st;
-    gm_stats s;
+    gm_stats s = {.size = sizeof s};
     memset(&s, 0, sizeof s);
     s.size = sizeof s;
     st = gm_get_stats(a, device, &s);

@@ -237,7 +237,7 @@ int gm_replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capaci
     double t0 = now_s();
     run_ops(p, a, ptrs, r);
     r->seconds = now_s() - t0;
-    gm_stats st;
+    gm_stats st = {.size = sizeof st};
     memset(&st, 0, sizeof st);
     st.size = sizeof st;
     if (gm_get_stats(a, 0, &st) == GM_OK) fill_stats(r, &st);

@@ -51,7 +51,7 @@ void gm_test_check_at(gm_allocator *a, const char *file, int line) {
 }
 
 gm_stats gm_test_stats(gm_allocator *a) {
-    gm_stats s;
+    gm_stats s = {.size = sizeof s};
     int rc = gm_get_stats(a, 0, &s);
     if (rc != GM_OK) fail_msg("gm_get_stats: %s", gm_status_name(rc));
     return s;
