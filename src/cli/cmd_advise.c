@@ -5,13 +5,14 @@
  * the lowest among settings whose device calls stay within
  * ADVISE_CALLS_FACTOR x the PyTorch default's (a setting far above it moves
  * memory in every step: gpumem_slack:0 made 118x the default's calls on the
- * GPT-2 trace and cost +74% step time on the H200, bench/RESULTS.md). When
- * the trace carries Python stacks, what its peak holds by category
- * (gm_est_trace_categories) and what the training strategies could free. */
+ * GPT-2 trace and cost +74% step time on the H200, bench/RESULTS.md). What
+ * the trace's peak holds by category (the report's attribution,
+ * gm_attribute: Python frames when recorded, lifetimes otherwise) and what
+ * the training strategies could free. */
 #include "cli.h"
 
-#include "estimate/estimate.h"
 #include "gpumem/gpumem.h"
+#include "report/report.h"
 #include "trace/trace.h"
 
 #include <stdlib.h>
@@ -33,8 +34,9 @@ typedef struct advice {
     int n;
     int def, best, rec; /* indexes, -1 if none */
     int64_t def_calls;
-    gm_est_trace_cats cats;
-    bool cats_ok;
+    bool cats_ok, have_frames;
+    int64_t peak;                   /* live requested bytes at the trace's peak */
+    int64_t at_peak[GM_CAT_COUNT];  /* by category */
 } advice;
 
 static double calls_ratio(const advice *a, const gm_tune_entry *j) {
@@ -47,10 +49,10 @@ typedef struct tstrat {
     int64_t saving;
 } tstrat;
 
-static int trace_strategies(const gm_est_trace_cats *c, tstrat *out) {
+static int trace_strategies(const advice *c, tstrat *out) {
     int n = 0;
-    int64_t S = c->at_peak[GM_EST_CAT_OPTSTATE], A = c->at_peak[GM_EST_CAT_ACTS];
-    int64_t P = c->at_peak[GM_EST_CAT_PARAMS], G = c->at_peak[GM_EST_CAT_GRADS];
+    int64_t S = c->at_peak[GM_CAT_OPTIMIZER], A = c->at_peak[GM_CAT_ACTIVATIONS];
+    int64_t P = c->at_peak[GM_CAT_PARAMETERS], G = c->at_peak[GM_CAT_GRADIENTS];
     if (S > 0) {
         out[n++] = (tstrat){"optimizer without state (SGD)", "--optimizer sgd", S};
         out[n++] = (tstrat){"8-bit optimizer state (bitsandbytes AdamW8bit)", "--optimizer adamw-8bit", S * 3 / 4};
@@ -106,16 +108,16 @@ static void print_text(const char *path, uint64_t capacity, const advice *a, dou
            " within %.0fx PyTorch's default: settings far above it move memory in every step; gpumem_slack:0\n"
            " cost +74%% step time on GPT-2 on an H200, bench/RESULTS.md.)\n", ADVISE_CALLS_FACTOR);
     printf("\n");
-    if (!a->cats_ok || !a->cats.have_frames) {
-        printf("memory by category: not derivable (the trace has no Python stacks; record it with\n"
-               " torch.cuda.memory._record_memory_history(context=\"all\", stacks=\"python\"))\n");
+    if (!a->cats_ok) {
+        printf("memory by category: not derivable from this trace\n");
         return;
     }
-    const gm_est_trace_cats *c = &a->cats;
-    printf("at the trace's peak (%s live):", cli_format_bytes((uint64_t)c->peak, x1, sizeof x1));
-    for (int k = 0; k < GM_EST_NCAT; k++)
-        printf("%s %s %s", k ? "," : "", gm_est_category_name(k), cli_format_bytes((uint64_t)c->at_peak[k], x2, sizeof x2));
-    printf(", other %s\n", cli_format_bytes((uint64_t)c->other_at_peak, x2, sizeof x2));
+    const advice *c = a;
+    printf("at the trace's peak (%s live%s):", cli_format_bytes((uint64_t)c->peak, x1, sizeof x1),
+           c->have_frames ? "" : "; no Python stacks recorded, so decided by lifetimes: approximate");
+    for (int k = 0; k < GM_CAT_COUNT; k++)
+        printf("%s %s %s", k ? "," : "", gm_category_name(k), cli_format_bytes((uint64_t)c->at_peak[k], x2, sizeof x2));
+    printf("\n");
     tstrat ts[8];
     int nt = trace_strategies(c, ts);
     if (nt) printf("\n%-52s %12s   %s\n", "strategy (upper bound, from the categories)", "frees", "how");
@@ -153,13 +155,13 @@ static void print_json(const char *path, uint64_t capacity, const advice *a, dou
     if (a->rec >= 0) cli_json_string(stdout, a->rows[a->rec].conf);
     else printf("null");
     printf(",\"categories\":");
-    if (a->cats_ok && a->cats.have_frames) {
-        printf("{\"peak\":%lld", (long long)a->cats.peak);
-        for (int k = 0; k < GM_EST_NCAT; k++)
-            printf(",\"%s\":%lld", gm_est_category_name(k), (long long)a->cats.at_peak[k]);
-        printf(",\"other\":%lld},\"strategies\":[", (long long)a->cats.other_at_peak);
+    if (a->cats_ok) {
+        printf("{\"peak\":%lld,\"from_frames\":%s", (long long)a->peak, a->have_frames ? "true" : "false");
+        for (int k = 0; k < GM_CAT_COUNT; k++)
+            printf(",\"%s\":%lld", gm_category_name(k), (long long)a->at_peak[k]);
+        printf("},\"strategies\":[");
         tstrat ts[8];
-        int nt = trace_strategies(&a->cats, ts);
+        int nt = trace_strategies(a, ts);
         for (int i = 0; i < nt; i++) {
             printf("%s{\"name\":", i ? "," : "");
             cli_json_string(stdout, ts[i].name);
@@ -184,7 +186,7 @@ int cmd_advise(int argc, char **argv) {
         .cmd = cmd, .args = "TRACE", .opts = opts, .nopts = CLI_NOPTS(opts), .min_pos = 1, .max_pos = 1,
         .about = "Advice from a recorded PyTorch memory snapshot (or .gmt trace): allocator settings\n"
                  "ranked by replay with their device calls, the best for memory and the recommended one\n"
-                 "(few device calls), and, when the trace has Python stacks, its peak by category with\n"
+                 "(few device calls), and its peak by category (as 'gpumem report' attributes it) with\n"
                  "what each training strategy could free.",
         .epilog = "Exit status: 0 advised, 1 unreadable trace, 2 bad usage.",
     };
@@ -205,7 +207,14 @@ int cmd_advise(int argc, char **argv) {
         gm_trace_free(t);
         return cli_error(cmd, "%s", gm_last_error_detail());
     }
-    a.cats_ok = gm_est_trace_categories(t, (int)device, &a.cats) == GM_OK;
+    gm_attribution *attr = NULL;
+    if (gm_attribute(t, (int)device, &attr) == GM_OK) {
+        a.cats_ok = true;
+        a.have_frames = attr->has_frames;
+        a.peak = attr->peak_bytes;
+        for (int k = 0; k < GM_CAT_COUNT; k++) a.at_peak[k] = (int64_t)gm_attr_peak_cat(attr, k);
+        gm_attribution_free(attr);
+    }
     gm_trace_free(t);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);

@@ -218,7 +218,7 @@ static void json_str(const char *s) {
 
 static void json_cats(const int64_t *v) {
     printf("{");
-    for (int k = 0; k < GM_EST_NCAT; k++) printf("%s\"%s\":%lld", k ? "," : "", gm_est_category_name(k), (long long)v[k]);
+    for (int k = 0; k < GM_EST_NCAT; k++) printf("%s\"%s\":%lld", k ? "," : "", gm_category_name(k), (long long)v[k]);
     printf("}");
 }
 
@@ -321,7 +321,7 @@ static void print_text(ctx *c) {
            cli_format_bytes((uint64_t)b->cuda_context, x3, sizeof x3));
     printf("\nat the peak      ");
     for (int k = 0; k < GM_EST_NCAT; k++)
-        printf("%s%s %s", k ? ", " : "", gm_est_category_name(k),
+        printf("%s%s %s", k ? ", " : "", gm_category_name(k),
                cli_format_bytes((uint64_t)b->peak_by_cat[k], x1, sizeof x1));
     printf("\n\n%-16s %12s %12s %16s\n", "peak by phase", "forward", "backward", "optimizer step");
     for (int l = 0; l < 2; l++) {

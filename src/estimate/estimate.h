@@ -94,16 +94,17 @@ typedef struct gm_est_run {
 
 void gm_est_run_init(gm_est_run *r);
 
-/* Categories, as the report names them. */
-#define GM_EST_CATEGORIES(X)                                                   \
-    X(PARAMS, "parameters") X(GRADS, "gradients") X(OPTSTATE, "optimizer_state") \
-    X(ACTS, "activations") X(TEMPS, "temporaries")
-typedef enum gm_est_category {
-#define GM__EST_E(n, s) GM_EST_CAT_##n,
-    GM_EST_CATEGORIES(GM__EST_E)
-#undef GM__EST_E
-    GM_EST_NCAT
-} gm_est_category;
+/* Categories: the library's (gm_category, GM_CATEGORY_LIST in
+ * gpumem/gpumem.h, as the report and the history tags use them); the
+ * estimator uses the first five (nothing of a modelled loop is "other"). */
+enum {
+    GM_EST_CAT_PARAMS = GM_CAT_PARAMETERS,
+    GM_EST_CAT_GRADS = GM_CAT_GRADIENTS,
+    GM_EST_CAT_OPTSTATE = GM_CAT_OPTIMIZER,
+    GM_EST_CAT_ACTS = GM_CAT_ACTIVATIONS,
+    GM_EST_CAT_TEMPS = GM_CAT_TEMPORARIES,
+    GM_EST_NCAT = GM_CAT_OTHER
+};
 
 #define GM_EST_PHASES(X) X(SETUP, "setup") X(FORWARD, "forward") X(BACKWARD, "backward") X(OPTIMIZER, "optimizer_step")
 typedef enum gm_est_phase {
@@ -115,7 +116,6 @@ typedef enum gm_est_phase {
 
 const char *gm_est_precision_name(int p);
 const char *gm_est_optimizer_name(int o);
-const char *gm_est_category_name(int c);
 const char *gm_est_phase_name(int p);
 const char *gm_est_family_name(int f);
 const char *gm_est_head_name(int h);
@@ -207,27 +207,6 @@ int gm_est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_
 #define GM_EST_FIT_MARGIN 0.10
 int gm_est_fit(const gm_est_model *m, const gm_est_run *r, int what, uint64_t capacity, int64_t *best,
                gm_est_result *at_best);
-
-/* ---- a recorded trace's categories (trace_categories.c) ------------------
- * Each allocation of a PyTorch snapshot recorded with Python stacks
- * (context="all", stacks="python") is put in a category by its frames:
- * torch/optim's _init_group, or other torch/optim frames and not freed by
- * the optimizer -> optimizer state (the others -> temporaries); Module._apply (model.cuda()/.to()) -> parameters; no frames
- * (the autograd engine) and freed by zero_grad -> gradients, otherwise
- * temporaries; forward-time frames (torch/nn, transformers, torchvision, a
- * forward()) -> activations (saved tensors and forward temporaries: an upper
- * bound on what checkpointing frees); anything else (inputs, user code) ->
- * other. Live bytes per category at the trace's peak. */
-typedef struct gm_est_trace_cats {
-    bool have_frames;               /* any allocation carries a stack */
-    int64_t peak;                   /* live requested bytes, each rounded to 512 */
-    size_t peak_event;              /* index within the device's events */
-    int64_t at_peak[GM_EST_NCAT];
-    int64_t other_at_peak;
-} gm_est_trace_cats;
-
-struct gm_trace;
-int gm_est_trace_categories(const struct gm_trace *t, int device, gm_est_trace_cats *out);
 
 /* ---- explained OOM (oom_explain.c) ------------------------------------------
  * The text of an out-of-memory error: what was asked, device total and free,

@@ -60,7 +60,6 @@ int gm_est_builtin_find(const char *name, gm_est_model *out) {
 #define GM__EST_S(n, s) s,
 NAMEFN(gm_est_precision_name, GM_EST_PRECISIONS)
 NAMEFN(gm_est_optimizer_name, GM_EST_OPTIMIZERS)
-NAMEFN(gm_est_category_name, GM_EST_CATEGORIES)
 NAMEFN(gm_est_phase_name, GM_EST_PHASES)
 #undef GM__EST_S
 

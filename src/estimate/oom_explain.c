@@ -66,7 +66,7 @@ size_t gm_est_oom_explain(const gm_est_oom_info *in, char *buf, size_t len) {
         const char *sep = " ";
         for (int k = 0; k < GM_EST_NCAT; k++)
             if (in->by_category[k] > 0) {
-                put(&o, "%s%s %s", sep, gm_est_category_name(k), fmt((uint64_t)in->by_category[k], a, sizeof a));
+                put(&o, "%s%s %s", sep, gm_category_name(k), fmt((uint64_t)in->by_category[k], a, sizeof a));
                 sep = "; ";
             }
     }
