@@ -101,7 +101,8 @@ def main():
             pred[c["name"]] = j
             err = 100.0 * (j["peak_allocated"] - c["peak_allocated"]) / c["peak_allocated"]
             rerr = 100.0 * (j["peak_reserved"]["torch"] - c["peak_reserved"]) / c["peak_reserved"]
-            rows.append((c["name"], " ".join(a), c["peak_allocated"], j["peak_allocated"], err,
+            shown = " ".join(a).replace(tmp + "/", "hf_config:")
+            rows.append((c["name"], shown, c["peak_allocated"], j["peak_allocated"], err,
                          c["peak_reserved"], j["peak_reserved"]["torch"], rerr))
             if abs(err) > ALLOC_TOL:
                 bad.append("%s: predicted %s GiB, measured %s GiB (%+.1f%%)" % (
