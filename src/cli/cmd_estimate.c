@@ -8,6 +8,7 @@
 #include "estimate/estimate.h"
 #include "gpumem/gpumem.h"
 
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +56,7 @@ static void add_run_strategy(ctx *c, const char *name, const char *change, const
     snprintf(s->name, sizeof s->name, "%s", name);
     snprintf(s->change, sizeof s->change, "%s", change);
     s->run = *r;
+    s->run.steps = 2; /* the peak is in step 1 or 2: later steps repeat step 2 */
     if (gm_est_estimate_torch(&c->m, r, &s->res) != GM_OK) return;
     s->peak = s->res.peak_allocated;
     s->base = c->base.peak_allocated;
@@ -416,6 +418,10 @@ int cmd_estimate(int argc, char **argv) {
                                   false};
     int rc = cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return cli_parse_exit(rc);
+    /* dozens of estimates each build and free arrays of a few MiB: keep the
+     * freed memory in the heap instead of mapping it anew each time */
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
     if (!model == !config)
         return cli_usage_error(cmd, "give exactly one of --model NAME or --config config.json (see 'gpumem %s --help')",
                                cmd);

@@ -1516,6 +1516,7 @@ static int fits(const gm_est_model *m, const gm_est_run *r, uint64_t capacity, g
 int gm_est_fit(const gm_est_model *m, const gm_est_run *rin, int what, uint64_t capacity, int64_t *best,
                gm_est_result *at_best) {
     gm_est_run r = *rin;
+    r.steps = 2; /* the peak is in step 1 or 2: later steps repeat step 2 */
     int rc = gm_est_check(m, &r);
     if (rc) return rc;
     if (what == 1 && gm_est_is_vision(m))
