@@ -65,7 +65,14 @@ static void print_json(const char *path, const gm_trace *t, const gm_config *cfg
            (long long)r->num_phys_create, (long long)r->num_phys_release, (long long)r->num_map,
            (long long)r->num_unmap, r->seconds);
     print_sized(r);
-    printf("}\n");
+    printf(",\"steady_from\":%g,\"steady_peak_reserved\":%lld,\"steady_peak_requested\":%lld,"
+           "\"steady_ratio\":%.6f,\"steady_device_calls\":%lld,\"steady_device_calls_by_kind\":{",
+           r->steady_from, (long long)r->steady_peak_reserved, (long long)r->steady_peak_requested,
+           r->steady_peak_requested ? (double)r->steady_peak_reserved / (double)r->steady_peak_requested : 0.0,
+           (long long)r->steady_device_calls);
+    for (int k = 0; k < GM_REPLAY_CALL_KINDS; k++)
+        printf("%s\"%s\":%lld", k ? "," : "", gm_replay_call_names[k], (long long)r->steady_calls[k]);
+    printf("}}\n");
 }
 
 static void print_text(const char *path, const gm_trace *t, const gm_config *cfg, const char *conf,
@@ -91,6 +98,14 @@ static void print_text(const char *path, const gm_trace *t, const gm_config *cfg
            (long long)r->num_va_reserve, (long long)r->num_va_release,
            (long long)r->num_phys_create, (long long)r->num_phys_release, (long long)r->num_map,
            (long long)r->num_unmap);
+    if (r->steady_started) {
+        printf("steady state    from %.0f%% of the trace: peak reserved %s, requested %s (%.4f), "
+               "device calls %lld\n",
+               r->steady_from * 100.0, cli_format_bytes((uint64_t)r->steady_peak_reserved, a, sizeof a),
+               cli_format_bytes((uint64_t)r->steady_peak_requested, b, sizeof b),
+               r->steady_peak_requested ? (double)r->steady_peak_reserved / (double)r->steady_peak_requested : 0.0,
+               (long long)r->steady_device_calls);
+    }
     if (r->unknown_frees || r->double_allocs)
         printf("trace anomalies %llu frees of unknown addresses, %llu allocs of live addresses "
                "(skipped)\n", (unsigned long long)r->unknown_frees,
@@ -108,6 +123,7 @@ static void print_text(const char *path, const gm_trace *t, const gm_config *cfg
 int cmd_replay(int argc, char **argv) {
     const char *cmd = argv[0], *conf = "", *policy = NULL;
     uint64_t capacity = 0;
+    double steady_from = GM_REPLAY_STEADY_FROM;
     long long device = 0;
     bool json = false;
     const struct cli_opt opts[] = {
@@ -115,6 +131,8 @@ int cmd_replay(int argc, char **argv) {
         CLI_OPT_CONF(&conf),
         CLI_OPT_CAPACITY(&capacity),
         CLI_OPT_DEVICE(&device),
+        {"steady-from", 0, CLI_DOUBLE, &steady_from, "F",
+         "the steady state (steady_* figures) starts at this fraction of the trace", "0.5", 0, 0.999},
         CLI_OPT_JSON(&json),
     };
     const struct cli_spec spec = {
@@ -155,7 +173,7 @@ int cmd_replay(int argc, char **argv) {
         return cli_error(cmd, "%s", gm_last_error_detail());
     }
     gm_replay_result r;
-    rc = gm_replay_run(p, &cfg, capacity, &r);
+    rc = gm_replay_run_steady(p, &cfg, capacity, steady_from, &r);
     if (rc) {
         cli_error(cmd, "%s", gm_last_error_detail());
     } else {
