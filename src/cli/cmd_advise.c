@@ -20,8 +20,12 @@
 #include <time.h>
 
 /* a setting whose device calls exceed this multiple of the default's is
- * not recommended (its cost is per step, not per run) */
+ * not recommended (its cost is per step, not per run), nor one whose
+ * steady-state calls (replay's second half, after warm-up) exceed
+ * ADVISE_STEADY_FACTOR x the default's, or ADVISE_STEADY_MIN */
 #define ADVISE_CALLS_FACTOR 10.0
+#define ADVISE_STEADY_FACTOR 4
+#define ADVISE_STEADY_MIN 16
 
 static void line_for(const gm_tune_entry *j, char *buf, size_t len) {
     if (j->cfg.policy != GM_POLICY_TORCH) snprintf(buf, len, "GPUMEM_CONF=%.160s", j->conf);
@@ -33,7 +37,7 @@ typedef struct advice {
     gm_tune_entry *rows;
     int n;
     int def, best, rec; /* indexes, -1 if none */
-    int64_t def_calls;
+    int64_t def_calls, def_steady;
     bool cats_ok, have_frames;
     int64_t peak;                   /* live requested bytes at the trace's peak */
     int64_t at_peak[GM_CAT_COUNT];  /* by category */
@@ -72,15 +76,15 @@ static void print_text(const char *path, uint64_t capacity, const advice *a, dou
     char x1[32], x2[32], line[256];
     printf("trace %s: %d allocator settings replayed on a %s device in %.2f s\n\n", path, a->n,
            cli_format_bytes(capacity, x1, sizeof x1), secs);
-    printf("%4s  %-13s %-17s %-6s %s\n", "rank", "peak reserved", "device calls", "", "setting");
+    printf("%4s  %-13s %-17s %-7s %-6s %s\n", "rank", "peak reserved", "device calls", "steady", "", "setting");
     for (int i = 0; i < a->n; i++) {
         const gm_tune_entry *j = &a->rows[i];
         line_for(j, line, sizeof line);
         char calls[32];
         snprintf(calls, sizeof calls, "%lld (%.1fx)", (long long)gm_tune_device_calls(&j->r), calls_ratio(a, j));
         const char *flag = gm_tune_failed(j) ? (j->r.oom ? "OOM" : "FAILED") : "";
-        printf("%4d  %-13s %-17s %-6s %s%s%s\n", i + 1, cli_format_bytes((uint64_t)j->r.peak_reserved, x1, sizeof x1),
-               calls, flag, line, i == a->best ? "   <- best for memory" : "",
+        printf("%4d  %-13s %-17s %-7lld %-6s %s%s%s\n", i + 1, cli_format_bytes((uint64_t)j->r.peak_reserved, x1, sizeof x1),
+               calls, (long long)j->r.steady_device_calls, flag, line, i == a->best ? "   <- best for memory" : "",
                i == a->rec ? "   <- recommended" : "");
     }
     printf("\n");
@@ -104,9 +108,11 @@ static void print_text(const char *path, uint64_t capacity, const advice *a, dou
     } else if (a->best < 0) {
         printf("every setting runs out of memory at %s\n", cli_format_bytes(capacity, x1, sizeof x1));
     }
-    printf("(calls = device calls of the replay: mallocs, or VMM creates + maps + unmaps. Recommended keeps them\n"
-           " within %.0fx PyTorch's default: settings far above it move memory in every step; gpumem_slack:0\n"
-           " cost +74%% step time on GPT-2 on an H200, bench/RESULTS.md.)\n", ADVISE_CALLS_FACTOR);
+    printf("(device calls = the replay's mallocs, or VMM creates + maps + unmaps; steady = those in its second\n"
+           " half, after warm-up, what every later step pays. Recommended keeps them within %.0fx and %dx (or %d)\n"
+           " PyTorch's default's: settings far above move memory in every step; gpumem_slack:0 cost +74%% step\n"
+           " time on GPT-2 on an H200, bench/RESULTS.md.)\n", ADVISE_CALLS_FACTOR, ADVISE_STEADY_FACTOR,
+           ADVISE_STEADY_MIN);
     printf("\n");
     if (!a->cats_ok) {
         printf("memory by category: not derivable from this trace\n");
@@ -135,7 +141,8 @@ static void print_json(const char *path, uint64_t capacity, const advice *a, dou
     for (int i = 0; i < a->n; i++) {
         const gm_tune_entry *j = &a->rows[i];
         line_for(j, line, sizeof line);
-        printf("%s{\"rank\":%d,\"conf\":", i ? "," : "", i + 1);
+        printf("%s{\"rank\":%d,\"steady_device_calls\":%lld,\"conf\":", i ? "," : "", i + 1,
+               (long long)j->r.steady_device_calls);
         cli_json_string(stdout, j->conf);
         printf(",\"policy\":\"%s\",\"peak_reserved\":%lld,\"peak_allocated\":%lld,\"device_calls\":%lld,"
                "\"calls_vs_default\":%.3f,\"oom\":%s,\"failed\":%s,\"line\":",
@@ -227,11 +234,16 @@ int cmd_advise(int argc, char **argv) {
         if (!a.rows[i].conf[0]) {
             a.def = i;
             a.def_calls = gm_tune_device_calls(&a.rows[i].r);
+            a.def_steady = a.rows[i].r.steady_device_calls;
         }
     for (int i = 0; i < a.n; i++) { /* rows are ranked: those that fit first, by peak reserved */
         if (gm_tune_failed(&a.rows[i])) continue;
         if (a.best < 0) a.best = i;
-        if (a.rec < 0 && calls_ratio(&a, &a.rows[i]) <= ADVISE_CALLS_FACTOR) a.rec = i;
+        int64_t steady_cap = a.def_steady * ADVISE_STEADY_FACTOR;
+        if (steady_cap < ADVISE_STEADY_MIN) steady_cap = ADVISE_STEADY_MIN;
+        if (a.rec < 0 && calls_ratio(&a, &a.rows[i]) <= ADVISE_CALLS_FACTOR &&
+            a.rows[i].r.steady_device_calls <= steady_cap)
+            a.rec = i;
     }
     if (json) print_json(path, capacity, &a, secs);
     else print_text(path, capacity, &a, secs);

@@ -80,7 +80,10 @@ assert c["optimizer_state"] == 2 * 124439808 * 4, c  # AdamW: two moments
 assert j["best_for_memory"] == "policy:gpumem,gpumem_slack:0", j["best_for_memory"]
 assert j["recommended"] != j["best_for_memory"]
 r = {x["conf"]: x for x in j["settings"]}
-assert r[j["recommended"]]["calls_vs_default"] <= 10
+rec, d = r[j["recommended"]], r[""]
+assert rec["calls_vs_default"] <= 10
+assert rec["steady_device_calls"] <= max(16, 4 * d["steady_device_calls"]), (rec, d)
+assert r["policy:gpumem,gpumem_slack:0"]["steady_device_calls"] > 100  # moves memory every step
 ' || fail "gpt2 trace"
 fi
 echo ok
