@@ -202,7 +202,7 @@ static void test_program_bookkeeping(void **state) {
                     r.accum = opt & 1 ? 2 : 1;
                     r.checkpointing = (opt & 2) && gm_est_is_hf(m);
                     r.keep_output = opt & 4;
-                    r.attention = (opt & 2) && m->family != GM_EST_RESNET ? GM_EST_ATTN_EAGER : GM_EST_ATTN_SDPA;
+                    r.attention = (opt & 2) && gm_est_is_hf(m) ? GM_EST_ATTN_EAGER : GM_EST_ATTN_SDPA;
                     gm_est_program prog;
                     char what[160];
                     snprintf(what, sizeof what, "%s %s %s opt %d", m->name, gm_est_precision_name(p),

@@ -805,7 +805,11 @@ static void vit_layer(X *x, bool hf) {
     }
     if (x->ac) FREE(x, y);
     attention(x, m->heads, m->head_dim, false, false);
-    if (!hf) SAVE(x, N * d * x->a); /* permute(2,0,1,3).contiguous() */
+    /* permute(2,0,1,3).contiguous(): the flash kernel (16-bit) allocates its
+     * output like q, (T, B, h, hd) here, so the permute is already
+     * contiguous; the memory-efficient kernel (fp32) allocates (B, T, h, hd)
+     * and the permute copies */
+    if (!hf && x->a == 4) SAVE(x, N * d * x->a);
     WCOPY(x, d * d + d);
     uint32_t o = TMP(x, N * d * x->a);
     SAVE(x, N * d * x->rb); /* + input: saved by the second LayerNorm */
@@ -1289,6 +1293,9 @@ int gm_est_check(const gm_est_model *m, gm_est_run *r) {
                              "%s is a torchvision model", m->name);
     if (r->attention == GM_EST_ATTN_EAGER && m->family == GM_EST_RESNET)
         return gm__set_error(GM_EINVAL, "%s has no attention", m->name);
+    if (r->attention == GM_EST_ATTN_EAGER && m->family == GM_EST_VIT_TV)
+        return gm__set_error(GM_EINVAL, "torchvision's %s always uses scaled_dot_product_attention; "
+                             "--attention eager is for Hugging Face models", m->name);
     return GM_OK;
 }
 

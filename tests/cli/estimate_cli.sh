@@ -69,6 +69,7 @@ expect2 "exceeds" --model gpt2 --seq 4096
 expect2 "vision model" --model resnet50 --seq 128
 expect2 "text model" --model gpt2 --image 224
 expect2 "torchvision" --model resnet50 --checkpointing
+expect2 "always uses scaled_dot_product_attention" --model vit_b_16 --attention eager
 expect2 "--capacity wants a size" --model gpt2 --capacity -5GiB
 expect2 "--capacity wants a size" --model gpt2 --capacity lots
 expect2 "needs --capacity" --model gpt2 --fit batch
