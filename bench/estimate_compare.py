@@ -42,7 +42,11 @@ def args_for(c, tmp):
         a += ["--seq", str(c["seq"])]
     if c.get("image") and c["model"] in BUILTIN:
         a += ["--image", str(c["image"])]
-    a += ["--precision", c.get("precision", "bf16-autocast"), "--optimizer", c.get("optimizer", "adamw")]
+    a += ["--precision", c.get("precision", "bf16-autocast")]
+    if c.get("generate"):
+        a += ["--generate", str(c["generate"])]
+    else:
+        a += ["--optimizer", c.get("optimizer", "adamw")]
     if c.get("accum", 1) != 1:
         a += ["--accum", str(c["accum"])]
     if c.get("checkpointing"):
@@ -57,6 +61,7 @@ def args_for(c, tmp):
 # The four workloads of ../shared/traces/workloads.py as estimator runs.
 # bert_base_varseq_fp16 draws a length per step; its peak is at the longest
 # (471 tokens, step 2; the lengths are recorded in the measured JSON).
+# gpt2_generate_kvcache peaks while .half() converts the fp32 model.
 def workload_runs(w):
     n = w["workload"]
     if n == "gpt2_small_adamw_bf16":
@@ -67,7 +72,9 @@ def workload_runs(w):
                     optimizer="adamw", keep_output=True)
     if n == "resnet50_sgd_amp":
         return dict(model="resnet50", batch=128, image=224, precision="fp16-autocast", optimizer="sgd-momentum")
-    return None  # gpt2_generate_kvcache: generation, not a training loop
+    if n == "gpt2_generate_kvcache":  # GPT-2 medium's shape, .half() (the bytes of bf16), b = 1, 8, 16
+        return dict(model="gpt2-medium", batch=16, seq=64, precision="bf16", generate=200)
+    return None
 
 
 def estimate(gpumem, a):

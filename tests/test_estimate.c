@@ -211,6 +211,16 @@ static void test_program_bookkeeping(void **state) {
                     check_program(&prog, what);
                     gm_est_program_free(&prog);
                 }
+        if (m->head != GM_EST_HEAD_CAUSAL_LM) continue;
+        for (int p = GM_EST_FP32; p <= GM_EST_BF16; p += GM_EST_BF16 - GM_EST_FP32) { /* generation */
+            gm_est_run r;
+            gm_est_run_init(&r);
+            r.batch = 3, r.seq = 8, r.generate = 5, r.precision = p;
+            gm_est_program prog;
+            if (gm_est_build(m, &r, &prog) != GM_OK) fail_msg("%s generate: %s", m->name, gm_last_error_detail());
+            check_program(&prog, "generate");
+            gm_est_program_free(&prog);
+        }
     }
 }
 

@@ -67,15 +67,17 @@ static void add_run_strategy(ctx *c, const char *name, const char *change, const
 static void strategies(ctx *c) {
     gm_est_run r;
     char name[96], change[160];
+    bool gen = c->run.generate > 0;
     for (int p = 0; p < GM_EST_NPRECISION; p++) {
         if (p == (int)c->run.precision) continue;
+        if (gen && p != GM_EST_FP32 && p != GM_EST_BF16) continue; /* inference: a cast model */
         r = c->run;
         r.precision = p;
         snprintf(name, sizeof name, "precision %s", gm_est_precision_name(p));
         snprintf(change, sizeof change, "--precision %s", gm_est_precision_name(p));
         add_run_strategy(c, name, change, &r);
     }
-    for (int k = 2; k <= 8; k *= 2) {
+    for (int k = 2; k <= 8 && !gen; k *= 2) {
         if (c->run.batch % k) continue;
         r = c->run;
         r.batch /= k;
@@ -85,7 +87,7 @@ static void strategies(ctx *c) {
                  (long long)r.accum);
         add_run_strategy(c, name, change, &r);
     }
-    if (!c->run.checkpointing && gm_est_is_hf(&c->m)) {
+    if (!gen && !c->run.checkpointing && gm_est_is_hf(&c->m)) {
         r = c->run;
         r.checkpointing = true;
         add_run_strategy(c, "activation checkpointing", "model.gradient_checkpointing_enable()", &r);
@@ -95,7 +97,7 @@ static void strategies(ctx *c) {
         r.attention = GM_EST_ATTN_SDPA;
         add_run_strategy(c, "sdpa attention", "attn_implementation=\"sdpa\"", &r);
     }
-    for (int o = 0; o < GM_EST_NOPTIMIZER; o++) {
+    for (int o = 0; o < GM_EST_NOPTIMIZER && !gen; o++) {
         if (o == (int)c->run.optimizer) continue;
         r = c->run;
         r.optimizer = o;
@@ -144,7 +146,7 @@ static int cmp_cand(const void *a, const void *b) {
 }
 
 static void best_combination(ctx *c) {
-    if (!c->capacity) return;
+    if (!c->capacity || c->run.generate) return;
     c->best_tried = true;
     cand *cs = calloc(512, sizeof *cs);
     if (!cs) return;
@@ -229,10 +231,10 @@ static void json_run(const gm_est_model *m, const gm_est_run *r) {
     if (gm_est_is_vision(m)) printf("\"image\":%lld,", (long long)r->image);
     else printf("\"seq\":%lld,", (long long)r->seq);
     printf("\"precision\":\"%s\",\"optimizer\":\"%s\",\"accum\":%lld,\"checkpointing\":%s,"
-           "\"attention\":\"%s\",\"keep_output\":%s,\"steps\":%d}",
+           "\"attention\":\"%s\",\"keep_output\":%s,\"steps\":%d,\"generate\":%lld}",
            gm_est_precision_name(r->precision), gm_est_optimizer_name(r->optimizer), (long long)r->accum,
            r->checkpointing ? "true" : "false", r->attention == GM_EST_ATTN_EAGER ? "eager" : "sdpa",
-           r->keep_output ? "true" : "false", r->steps);
+           r->keep_output ? "true" : "false", r->steps, (long long)r->generate);
 }
 
 static void json_strat(const gm_est_model *m, const strat *s) {
@@ -308,6 +310,10 @@ static void print_text(ctx *c) {
     printf("run        batch %lld", (long long)c->run.batch);
     if (gm_est_is_vision(&c->m)) printf(", image %lld", (long long)c->run.image);
     else printf(", seq %lld", (long long)c->run.seq);
+    if (c->run.generate)
+        printf(", %s, generate(max_new_tokens=%lld) under no_grad\n\n", gm_est_precision_name(c->run.precision),
+               (long long)c->run.generate);
+    else
     printf(", %s, %s, accum %lld%s%s%s\n\n", gm_est_precision_name(c->run.precision),
            gm_est_optimizer_name(c->run.optimizer), (long long)c->run.accum,
            c->run.checkpointing ? ", checkpointing" : "", c->run.attention == GM_EST_ATTN_EAGER ? ", eager attention" : "",
@@ -382,7 +388,7 @@ static const char ABOUT[] =
 int cmd_estimate(int argc, char **argv) {
     const char *cmd = argv[0], *model = NULL, *config = NULL, *fit = NULL;
     const char *precision = "bf16-autocast", *optimizer = "adamw", *attention = "sdpa";
-    long long batch = 8, seq = 0, image = 0, accum = 1, steps = 3;
+    long long batch = 8, seq = 0, image = 0, accum = 1, steps = 3, generate = 0;
     bool json = false, ckpt = false, keep = false;
     uint64_t capacity = 0;
     const struct cli_opt opts[] = {
@@ -404,6 +410,8 @@ int cmd_estimate(int argc, char **argv) {
         {"keep-output", 0, CLI_FLAG, &keep, NULL,
          "the model output is held through backward (out = model(...); out.loss.backward())", NULL, 0, 0},
         {"steps", 0, CLI_INT, &steps, "N", "optimizer steps modelled", "3", 2, 16},
+        {"generate", 0, CLI_INT, &generate, "N",
+         "inference instead: model.generate(max_new_tokens=N) after a --seq prompt (causal LMs)", NULL, 1, 1 << 20},
         {"capacity", 0, CLI_SIZE, &capacity, "SIZE",
          "device memory (80GiB): says whether it fits, picks the best combination that fits", NULL,
          CLI_CAPACITY_MIN, CLI_CAPACITY_MAX},
@@ -444,6 +452,7 @@ int cmd_estimate(int argc, char **argv) {
     c->run.image = image;
     c->run.accum = accum;
     c->run.steps = (int)steps;
+    c->run.generate = generate;
     c->run.checkpointing = ckpt;
     c->run.keep_output = keep;
     c->run.precision = gm_est_precision_parse(precision);

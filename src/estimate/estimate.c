@@ -1258,6 +1258,75 @@ static void backward(X *x) {
     x->input = 0;
 }
 
+/* ---- generation (inference) ------------------------------------------------ */
+
+/* model.generate(ids, max_new_tokens=G) under no_grad, greedy, as
+ * transformers 5 runs a decoder-only model: a prefill over the prompt, then
+ * one token at a time; each layer's DynamicCache grows by torch.cat (the
+ * longer copy is made before the shorter one is freed); the LM head runs on
+ * the last position only (logits_to_keep=1) and its logits are copied to
+ * fp32. Activations live one layer at a time (no graph). */
+static void decoder_pass(X *x, int64_t B, int64_t q, int64_t kv_len, uint32_t (*cache)[2], bool first) {
+    const gm_est_model *m = x->m;
+    int64_t d = m->hidden, f = m->intermediate, a = x->a, N = B * q;
+    int64_t kvd = m->kv_heads * m->head_dim, qd = m->heads * m->head_dim;
+    uint32_t h = TMP(x, N * d * a); /* embeddings (+ positions) */
+    for (int64_t l = 0; l < m->layers; l++) {
+        uint32_t y = TMP(x, N * d * a);                              /* norm */
+        uint32_t qkv = TMP(x, N * (qd + 2 * kvd) * a);               /* projections */
+        FREE(x, y);
+        for (int k = 0; k < 2; k++) { /* cache.update: cat(old, new) */
+            uint32_t c = ALLOC(x, B * kv_len * kvd * a, GM_EST_CAT_ACTS);
+            if (!first) FREE(x, cache[l][k]);
+            cache[l][k] = c;
+        }
+        uint32_t o = TMP(x, N * qd * a); /* attention */
+        FREE(x, qkv);
+        uint32_t p = TMP(x, N * d * a);
+        FREE(x, o);
+        uint32_t h2 = TMP(x, N * d * a); /* residual */
+        FREE(x, p), FREE(x, h);
+        uint32_t u = TMP(x, N * f * a), g = TMP(x, N * f * a); /* MLP */
+        FREE(x, u);
+        uint32_t dn = TMP(x, N * d * a);
+        FREE(x, g);
+        h = TMP(x, N * d * a);
+        FREE(x, dn), FREE(x, h2);
+    }
+    uint32_t y = TMP(x, N * d * a);
+    uint32_t logits = TMP(x, B * m->vocab * a); /* last position only */
+    FREE(x, y), FREE(x, h);
+    uint32_t lf = TMP(x, B * m->vocab * 4);     /* .to(torch.float32) */
+    FREE(x, logits);
+    uint32_t next = TMP(x, B * 8);
+    FREE(x, lf), FREE(x, next);
+}
+
+static void generate(X *x) {
+    const gm_est_run *r = x->r;
+    int64_t B = x->B, T = x->T, L = x->m->layers;
+    uint32_t(*cache)[2] = calloc((size_t)L, sizeof *cache);
+    if (!cache) {
+        x->err = GM_ENOHOSTMEM;
+        return;
+    }
+    x->phase = GM_EST_PH_FORWARD;
+    x->step = 1;
+    uint32_t ids = ALLOC(x, B * T * 8, GM_EST_CAT_ACTS);
+    decoder_pass(x, B, T, T, cache, true);
+    uint32_t out = ALLOC(x, B * (T + 1) * 8, GM_EST_CAT_ACTS); /* the growing output ids */
+    for (int64_t t = 1; t < r->generate && !x->err; t++) {
+        x->step = 2;
+        decoder_pass(x, B, 1, T + t, cache, false);
+        uint32_t o2 = ALLOC(x, B * (T + t + 1) * 8, GM_EST_CAT_ACTS);
+        FREE(x, out);
+        out = o2;
+    }
+    for (int64_t l = 0; l < L; l++) FREE(x, cache[l][0]), FREE(x, cache[l][1]);
+    FREE(x, out), FREE(x, ids);
+    free(cache);
+}
+
 int gm_est_check(const gm_est_model *m, gm_est_run *r) {
     if (r->batch < 1 || r->batch > (1 << 20))
         return gm__set_error(GM_EINVAL, "batch must be between 1 and %d (got %lld)", 1 << 20, (long long)r->batch);
@@ -1287,6 +1356,22 @@ int gm_est_check(const gm_est_model *m, gm_est_run *r) {
             return gm__set_error(GM_EINVAL, "sequence length %lld exceeds %s's %lld positions",
                                  (long long)r->seq, m->name, (long long)m->max_positions);
         if (r->seq > (1 << 22)) return gm__set_error(GM_EINVAL, "sequence length %lld is too large", (long long)r->seq);
+    }
+    if (r->generate < 0 || r->generate > (1 << 20))
+        return gm__set_error(GM_EINVAL, "new tokens must be between 1 and %d (got %lld)", 1 << 20,
+                             (long long)r->generate);
+    if (r->generate) {
+        if (m->head != GM_EST_HEAD_CAUSAL_LM)
+            return gm__set_error(GM_EINVAL, "--generate models a causal language model's generate(); %s is "
+                                 "a %s model", m->name, gm_est_head_name(m->head));
+        if (r->checkpointing || r->accum > 1)
+            return gm__set_error(GM_EINVAL, "--generate is inference: --checkpointing and --accum do not apply");
+        if (r->precision == GM_EST_FP16_AUTOCAST || r->precision == GM_EST_BF16_AUTOCAST)
+            return gm__set_error(GM_EINVAL, "--generate models a model cast to 16 bits (--precision bf16, the "
+                                 "same bytes as .half()) or fp32, not autocast");
+        if ((m->family == GM_EST_GPT2) && r->seq + r->generate > m->max_positions)
+            return gm__set_error(GM_EINVAL, "prompt %lld + %lld new tokens exceed %s's %lld positions",
+                                 (long long)r->seq, (long long)r->generate, m->name, (long long)m->max_positions);
     }
     if (r->checkpointing && !gm_est_is_hf(m))
         return gm__set_error(GM_EINVAL, "--checkpointing models Hugging Face's gradient_checkpointing_enable(); "
@@ -1333,10 +1418,25 @@ int gm_est_build(const gm_est_model *m, const gm_est_run *rin, gm_est_program *p
     x.pid = calloc(x.pl.np, sizeof *x.pid);
     x.gid = calloc(x.pl.np, sizeof *x.gid);
     if (!x.pid || !x.gid) x.err = GM_ENOHOSTMEM;
-    /* model.cuda(): the parameters, in module order */
+    /* model.cuda(): the parameters, in module order; a 16-bit model is
+     * built in fp32 and cast (model.to(torch.bfloat16) / .half()): Module._apply
+     * converts one tensor at a time, so the fp32 model and the first 16-bit
+     * copy (the embedding) coexist -- the whole peak of the generation
+     * workload (../shared/traces/gpt2_generate_kvcache.pickle.gz) */
     x.phase = GM_EST_PH_SETUP;
-    for (size_t i = 0; i < x.pl.np; i++) x.pid[i] = ALLOC(&x, x.pl.p[i].elems * x.pb, GM_EST_CAT_PARAMS);
+    for (size_t i = 0; i < x.pl.np; i++)
+        x.pid[i] = ALLOC(&x, x.pl.p[i].elems * (x.pb == 2 ? 4 : x.pb), GM_EST_CAT_PARAMS);
+    if (x.pb == 2)
+        for (size_t i = 0; i < x.pl.np; i++) {
+            uint32_t h = ALLOC(&x, x.pl.p[i].elems * 2, GM_EST_CAT_PARAMS);
+            FREE(&x, x.pid[i]);
+            x.pid[i] = h;
+        }
     optstate os = {0};
+    if (r.generate) {
+        generate(&x);
+        r.steps = 0;
+    }
     uint32_t scaler = 0;
     for (int s = 1; s <= r.steps && !x.err; s++) {
         x.step = (uint8_t)s;
@@ -1350,7 +1450,7 @@ int gm_est_build(const gm_est_model *m, const gm_est_run *rin, gm_est_program *p
         opt_step(&x, &os);
     }
     /* the end: everything is released */
-    x.phase = GM_EST_PH_OPTIMIZER;
+    x.phase = GM_EST_PH_SETUP;
     for (size_t i = 0; i < x.nheld_prev; i++) FREE(&x, x.held_prev[i]);
     for (size_t i = 0; i < os.n; i++) FREE(&x, os.ids[i]);
     FREE(&x, scaler);

@@ -90,6 +90,7 @@ typedef struct gm_est_run {
     gm_est_attention attention;
     bool keep_output;    /* `out = model(...)` held across backward (workloads.py) */
     int steps;           /* optimizer steps modelled (>= 2; default 3) */
+    int64_t generate;    /* > 0: model.generate(max_new_tokens=generate) instead of training */
 } gm_est_run;
 
 void gm_est_run_init(gm_est_run *r);

@@ -49,6 +49,14 @@ J
 import json, sys; j = json.load(sys.stdin)
 assert j["model"]["parameters"] == 155730944, j["model"]' || fail "--config llama"
 
+# generation: the peak of ../shared/traces/gpt2_generate_kvcache (measured 1522219008 bytes on the H200)
+# is while .half() converts the fp32 model: fp32 parameters + the fp16 embedding
+"$GPUMEM" estimate --model gpt2-medium --batch 16 --seq 64 --generate 200 --precision bf16 --json | python3 -c '
+import json, sys; j = json.load(sys.stdin)
+assert j["peak_allocated"] == 1522219008, j["peak_allocated"]
+assert j["peak_at"]["phase"] == "setup", j["peak_at"]
+assert not any(s["name"].startswith("optimizer") for s in j["strategies"])' || fail "--generate"
+
 # input errors: exit 2 and a message naming the problem
 expect2() { # needle, args...
     local needle=$1; shift
@@ -79,6 +87,10 @@ expect2 "unknown --optimizer" --model gpt2 --optimizer lion
 expect2 "needs a value" --model gpt2 --batch
 expect2 "takes no value" --model gpt2 --json=yes
 expect2 "cannot open" --config "$T/absent.json"
+expect2 "masked-lm model" --model bert-base-uncased --generate 10
+expect2 "exceed" --model gpt2 --seq 1000 --generate 100 --precision bf16
+expect2 "not autocast" --model gpt2 --seq 64 --generate 10
+expect2 "do not apply" --model gpt2 --seq 64 --generate 10 --precision bf16 --checkpointing
 echo '{"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}' >"$T/t5.json"
 expect2 'model_type "t5"' --config "$T/t5.json"
 echo '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 64}' >"$T/novocab.json"
