@@ -21,7 +21,9 @@
     X(demo, "run a synthetic training-like workload on the simulated device")             \
     X(config, "list the allocator policies and settings, or check a settings string")     \
     X(run, "run a PyTorch program on gpumem's allocator, unmodified (python -m gpumem run)") \
-    X(report, "where the memory went: categories, timeline, frames (HTML, text, Perfetto)")
+    X(report, "where the memory went: categories, timeline, frames (HTML, text, Perfetto)") \
+    X(estimate, "predict a training run's GPU memory and what each strategy would save") \
+    X(advise, "advice from a recorded snapshot: allocator settings by memory and cost, strategies")
 
 #define GM__CLI_DECL(name, help) int cmd_##name(int argc, char **argv);
 GM_CLI_COMMANDS(GM__CLI_DECL)

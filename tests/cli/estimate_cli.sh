@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# estimate_cli.sh — 'gpumem estimate': the JSON's fields and integer bytes,
+# the strategies table, --fit, --config with a Hugging Face config.json, and
+# every input error (unknown model / model type / architecture / flag, a
+# missing config key, impossible or negative sizes) exiting 2 with a message
+# that names what is wrong.
+set -u
+: "${GPUMEM:?}"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+out=$("$GPUMEM" estimate --model gpt2 --batch 8 --seq 1024 --capacity 80GiB --json) || fail "exit $?"
+echo "$out" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert isinstance(j["peak_allocated"], int) and j["peak_allocated"] > 0
+assert j["peak_reserved"]["torch"] >= j["peak_allocated"]
+assert j["device_total"]["torch"] == j["peak_reserved"]["torch"] + j["cuda_context"]
+cats = j["by_category"]
+assert set(cats) == {"parameters", "gradients", "optimizer_state", "activations", "temporaries"}, cats
+assert all(isinstance(v, int) for v in cats.values())
+for s in ("first_step", "later_steps"):
+    assert set(j["phases"][s]) == {"forward", "backward", "optimizer_step"}, j["phases"][s]
+names = [s["name"] for s in j["strategies"]]
+assert any(n.startswith("precision") for n in names) and "activation checkpointing" in names
+assert any(n.startswith("accumulation") for n in names) and any("expandable_segments" in n for n in names)
+assert any(n.startswith("optimizer sgd") for n in names)
+for s in j["strategies"]:
+    assert isinstance(s["saving_bytes"], int) and isinstance(s["peak_allocated"], int)
+assert j["fits"] is True and j["best_combination"] is not None
+' || fail "json: $out"
+"$GPUMEM" estimate --model resnet50 --precision fp16-autocast | grep -q "peak allocated" || fail "text output"
+# checkpointing is Hugging Face only: not offered for torchvision
+"$GPUMEM" estimate --model resnet50 --json | python3 -c '
+import json, sys; j = json.load(sys.stdin)
+assert not any("checkpointing" in s["name"] for s in j["strategies"])' || fail "resnet strategies"
+# --fit: an integer that grows with the capacity
+f1=$("$GPUMEM" estimate --model gpt2 --seq 512 --capacity 16GiB --fit batch --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["fit"]["value"])')
+f2=$("$GPUMEM" estimate --model gpt2 --seq 512 --capacity 40GiB --fit batch --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["fit"]["value"])')
+[ "$f1" -ge 1 ] && [ "$f2" -gt "$f1" ] || fail "--fit batch: $f1 at 16GiB, $f2 at 40GiB"
+"$GPUMEM" estimate --model gpt2 --capacity 16GiB --fit seq | grep -q "largest sequence length" || fail "--fit seq"
+"$GPUMEM" estimate --model gpt2 --capacity 256MiB --fit batch | grep -q "does not fit" || fail "nothing fits"
+# --config, and --opt=value spelling
+cat >"$T/llama.json" <<'J'
+{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 1024, "intermediate_size": 2816,
+ "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000}
+J
+"$GPUMEM" estimate --config="$T/llama.json" --batch=4 --seq=2048 --json | python3 -c '
+import json, sys; j = json.load(sys.stdin)
+assert j["model"]["parameters"] == 155730944, j["model"]' || fail "--config llama"
+
+# generation: the peak of ../shared/traces/gpt2_generate_kvcache (measured 1522219008 bytes on the H200)
+# is while .half() converts the fp32 model: fp32 parameters + the fp16 embedding
+"$GPUMEM" estimate --model gpt2-medium --batch 16 --seq 64 --generate 200 --precision bf16 --json | python3 -c '
+import json, sys; j = json.load(sys.stdin)
+assert j["peak_allocated"] == 1522219008, j["peak_allocated"]
+assert j["peak_at"]["phase"] == "setup", j["peak_at"]
+assert not any(s["name"].startswith("optimizer") for s in j["strategies"])' || fail "--generate"
+
+# input errors: exit 2 and a message naming the problem
+expect2() { # needle, args...
+    local needle=$1; shift
+    local err rc
+    err=$("$GPUMEM" estimate "$@" 2>&1 >/dev/null); rc=$?
+    [ $rc -eq 2 ] || fail "estimate $*: exit $rc, expected 2 ($err)"
+    echo "$err" | grep -qi -- "$needle" || fail "estimate $*: message '$err' lacks '$needle'"
+}
+expect2 "unknown model 'gpt5'" --model gpt5
+expect2 "unknown option '--bogus'" --model gpt2 --bogus
+expect2 "exactly one of" --batch 8
+expect2 "exactly one of" --model gpt2 --config "$T/llama.json"
+expect2 "--batch wants an integer" --model gpt2 --batch -4
+expect2 "--batch wants an integer" --model gpt2 --batch 0
+expect2 "--batch wants an integer" --model gpt2 --batch abc
+expect2 "--seq wants an integer" --model gpt2 --seq -1
+expect2 "exceeds" --model gpt2 --seq 4096
+expect2 "vision model" --model resnet50 --seq 128
+expect2 "text model" --model gpt2 --image 224
+expect2 "torchvision" --model resnet50 --checkpointing
+expect2 "always uses scaled_dot_product_attention" --model vit_b_16 --attention eager
+expect2 "--capacity wants a size" --model gpt2 --capacity -5GiB
+expect2 "--capacity wants a size" --model gpt2 --capacity lots
+expect2 "needs --capacity" --model gpt2 --fit batch
+expect2 "--fit must be one of batch|seq" --model gpt2 --capacity 80GiB --fit width
+expect2 "unknown --precision" --model gpt2 --precision fp8
+expect2 "unknown --optimizer" --model gpt2 --optimizer lion
+expect2 "needs a value" --model gpt2 --batch
+expect2 "takes no value" --model gpt2 --json=yes
+expect2 "cannot open" --config "$T/absent.json"
+expect2 "masked-lm model" --model bert-base-uncased --generate 10
+expect2 "exceed" --model gpt2 --seq 1000 --generate 100 --precision bf16
+expect2 "not autocast" --model gpt2 --seq 64 --generate 10
+expect2 "do not apply" --model gpt2 --seq 64 --generate 10 --precision bf16 --checkpointing
+echo '{"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}' >"$T/t5.json"
+expect2 'model_type "t5"' --config "$T/t5.json"
+echo '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 64}' >"$T/novocab.json"
+expect2 '"vocab_size"' --config "$T/novocab.json"
+echo '{"model_type": "bert", "architectures": ["BertForQuestionAnswering"], "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 9, "max_position_embeddings": 64}' >"$T/qa.json"
+expect2 "BertForQuestionAnswering" --config "$T/qa.json"
+echo '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": -3, "n_embd": 64, "n_head": 2, "vocab_size": 64, "n_positions": 64}' >"$T/neg.json"
+expect2 '"n_layer" must be a positive integer' --config "$T/neg.json"
+echo 'not json' >"$T/bad.json"
+expect2 "not a JSON object" --config "$T/bad.json"
+"$GPUMEM" estimate --help | grep -q -- "--fit batch|seq" || fail "--help"
+expect2 "wants an integer from 2 to 16" --model gpt2 --steps 40
+expect2 "--accum wants an integer" --model gpt2 --accum -2
+echo ok
