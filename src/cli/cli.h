@@ -33,6 +33,21 @@ GM_CLI_COMMANDS(GM__CLI_DECL)
  * K/M/G/T with or without "iB"; "KB"/"MB"/"GB"/"TB" are decimal.
  * Returns false on malformed input. */
 bool cli_parse_size(const char *s, uint64_t *out);
+/* The ranking of allocator settings (cli_tune.c), shared by tune and advise. */
+struct gm_tune_entry;
+struct gm_tune_choice;
+void cli_tune_line(const struct gm_tune_entry *e, char *buf, size_t len);
+void cli_tune_print_text(const char *path, uint64_t capacity, const struct gm_tune_entry *e, int n,
+                         const struct gm_tune_choice *c, double secs);
+/* "calls_factor":..,"results":[..],"default":..,"best_for_memory":..,"recommended":.. (no braces) */
+void cli_tune_print_json(const struct gm_tune_entry *e, int n, const struct gm_tune_choice *c);
+/* Load, compile and tune path; 0, or the exit code after printing the
+ * error. *capacity 0 means the sim's default. *trace (if asked) is the
+ * loaded trace, for the caller to free. */
+struct gm_trace;
+int cli_tune_trace(const char *cmd, const char *path, int device, uint64_t *capacity, struct gm_trace **trace,
+                   struct gm_tune_entry **rows, int *n, struct gm_tune_choice *choice, double *secs);
+
 /* s as a JSON string, quoted and escaped. */
 void cli_json_string(FILE *f, const char *s);
 /* "13.24 GiB" style, into buf; returns buf. */

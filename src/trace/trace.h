@@ -189,4 +189,22 @@ bool gm_tune_failed(const gm_tune_entry *e);
 /* Device calls of a (cold) replay: allocations, VMM creates, maps, unmaps. */
 int64_t gm_tune_device_calls(const gm_replay_result *r);
 
+/* Which setting to name: "best for memory" is the lowest peak reserved that
+ * fits; "recommended" the lowest whose device calls stay within
+ * GM_TUNE_CALLS_FACTOR x PyTorch default's and whose steady-state calls
+ * (replay's second half, what every later step pays) within
+ * GM_TUNE_STEADY_FACTOR x the default's, or GM_TUNE_STEADY_MIN. A setting far
+ * above moves memory in every step: gpumem_slack:0 made 118x the default's
+ * calls on the GPT-2 trace and cost +74% step time on the H200
+ * (bench/RESULTS.md). Indexes into the ranked entries, -1 if none. */
+#define GM_TUNE_CALLS_FACTOR 10.0
+#define GM_TUNE_STEADY_FACTOR 4
+#define GM_TUNE_STEADY_MIN 16
+typedef struct gm_tune_choice {
+    int def, best, rec;
+} gm_tune_choice;
+void gm_tune_choose(const gm_tune_entry *e, int n, gm_tune_choice *out);
+/* e's device calls as a multiple of the default's (1 when there is none). */
+double gm_tune_calls_ratio(const gm_tune_entry *e, const gm_tune_entry *def);
+
 #endif /* GPUMEM_TRACE_TRACE_H */

@@ -109,3 +109,24 @@ int gm_tune_run(const gm_replay_prog *p, uint64_t capacity, int threads, gm_tune
     *n = g.n;
     return GM_OK;
 }
+
+double gm_tune_calls_ratio(const gm_tune_entry *e, const gm_tune_entry *def) {
+    int64_t d = def ? gm_tune_device_calls(&def->r) : 0;
+    return (double)gm_tune_device_calls(&e->r) / (double)(d > 0 ? d : 1);
+}
+
+void gm_tune_choose(const gm_tune_entry *e, int n, gm_tune_choice *out) {
+    out->def = out->best = out->rec = -1;
+    for (int i = 0; i < n; i++)
+        if (!e[i].conf[0]) out->def = i;
+    const gm_tune_entry *def = out->def >= 0 ? &e[out->def] : NULL;
+    int64_t steady_cap = def ? def->r.steady_device_calls * GM_TUNE_STEADY_FACTOR : 0;
+    if (steady_cap < GM_TUNE_STEADY_MIN) steady_cap = GM_TUNE_STEADY_MIN;
+    for (int i = 0; i < n; i++) { /* ranked: those that fit first, by peak reserved */
+        if (gm_tune_failed(&e[i])) continue;
+        if (out->best < 0) out->best = i;
+        if (out->rec < 0 && gm_tune_calls_ratio(&e[i], def) <= GM_TUNE_CALLS_FACTOR &&
+            e[i].r.steady_device_calls <= steady_cap)
+            out->rec = i;
+    }
+}

@@ -50,12 +50,12 @@ assert (c["parameters"], c["optimizer_state"], c["other"]) == (4 * M, 8 * M, 1 *
 cats = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
 assert sum(c[k] for k in cats) == c["peak"], c
 assert any("SGD" in s["name"] and s["saving_bytes_upper_bound"] == 8 * M for s in j["strategies"]), j["strategies"]
-r = {x["conf"]: x for x in j["settings"]}
+r = {x["conf"]: x for x in j["results"]}
 assert "" in r and j["default"] == ""
 rec = r[j["recommended"]]
 assert rec["calls_vs_default"] <= j["calls_factor"], rec
 best = r[j["best_for_memory"]]
-assert best["peak_reserved"] == min(x["peak_reserved"] for x in j["settings"] if not x["failed"]), best
+assert best["peak_reserved"] == min(x["peak_reserved"] for x in j["results"] if not x["failed"]), best
 assert best["rank"] <= rec["rank"]
 ' || fail "synthetic json: $out"
 "$GPUMEM" advise "$T/bare.pickle.gz" | grep -q "no Python stacks recorded" || fail "no stacks: not marked approximate"
@@ -79,7 +79,7 @@ assert c["optimizer_state"] == 2 * 124439808 * 4, c  # AdamW: two moments
 # slack:0 is the least memory, but far more device calls: not recommended
 assert j["best_for_memory"] == "policy:gpumem,gpumem_slack:0", j["best_for_memory"]
 assert j["recommended"] != j["best_for_memory"]
-r = {x["conf"]: x for x in j["settings"]}
+r = {x["conf"]: x for x in j["results"]}
 rec, d = r[j["recommended"]], r[""]
 assert rec["calls_vs_default"] <= 10
 assert rec["steady_device_calls"] <= max(16, 4 * d["steady_device_calls"]), (rec, d)

@@ -14,7 +14,7 @@ r = j["results"]
 assert len(r) >= 12, len(r)
 ok = [x for x in r if not x["oom"] and not x["failed"]]
 assert [x["peak_reserved"] for x in ok] == sorted(x["peak_reserved"] for x in ok)
-assert any(x["policy"] == "gpumem" and "gpumem.torch.install()" in x["line"] for x in r)
+assert any(x["policy"] == "gpumem" and "gpumem run" in x["line"] for x in r)
 assert any(x["line"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" for x in r)
 assert any("max_split_size_mb:128" in x["conf"] for x in r)
 ' || fail "json: $out"

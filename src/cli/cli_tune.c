@@ -1,0 +1,133 @@
+/* cli_tune.c — the ranking of allocator settings as `gpumem tune` and
+ * `gpumem advise` print it (text and JSON), over the library's replays
+ * (gm_tune_run) and choice (gm_tune_choose): one table, so both commands
+ * show the same columns and name the same best and recommended settings. */
+#include "cli.h"
+
+#include "gpumem/gpumem.h"
+#include "trace/trace.h"
+
+#include <string.h>
+#include <time.h>
+
+/* The exact line a user sets for entry e. */
+void cli_tune_line(const gm_tune_entry *e, char *buf, size_t len) {
+    if (e->cfg.policy != GM_POLICY_TORCH)
+        snprintf(buf, len, "GPUMEM_CONF=%.160s  (then: gpumem run -- python train.py)", e->conf);
+    else if (!e->conf[0])
+        snprintf(buf, len, "(PyTorch default: PYTORCH_CUDA_ALLOC_CONF unset)");
+    else
+        snprintf(buf, len, "PYTORCH_CUDA_ALLOC_CONF=%.160s", e->conf);
+}
+
+static const gm_tune_entry *def_of(const gm_tune_entry *e, const gm_tune_choice *c) {
+    return c->def >= 0 ? &e[c->def] : NULL;
+}
+
+static void explain(const char *what, const gm_tune_entry *x, const gm_tune_entry *d, const char *why) {
+    char line[320], b1[32], b2[32];
+    cli_tune_line(x, line, sizeof line);
+    int64_t s = d ? d->r.peak_reserved - x->r.peak_reserved : 0;
+    printf("%-16s %s\n  peak reserved %s, %s less than PyTorch's default (%.1f%%), %.1fx its device calls, "
+           "%lld in the steady state: %s\n",
+           what, line, cli_format_bytes((uint64_t)x->r.peak_reserved, b1, sizeof b1),
+           cli_format_bytes((uint64_t)(s > 0 ? s : 0), b2, sizeof b2),
+           d && d->r.peak_reserved ? 100.0 * (double)s / (double)d->r.peak_reserved : 0.0,
+           gm_tune_calls_ratio(x, d), (long long)x->r.steady_device_calls, why);
+}
+
+void cli_tune_print_text(const char *path, uint64_t capacity, const gm_tune_entry *e, int n,
+                         const gm_tune_choice *c, double secs) {
+    char cap[32], pk[32], line[320], calls[48];
+    const gm_tune_entry *d = def_of(e, c);
+    printf("trace %s, capacity %s: %d settings replayed in %.2f s\n\n", path,
+           cli_format_bytes(capacity, cap, sizeof cap), n, secs);
+    printf("%4s  %-13s %-7s %-17s %-7s %-6s %s\n", "rank", "peak reserved", "ratio", "device calls", "steady", "",
+           "setting");
+    for (int i = 0; i < n; i++) {
+        const gm_tune_entry *j = &e[i];
+        cli_tune_line(j, line, sizeof line);
+        snprintf(calls, sizeof calls, "%lld (%.1fx)", (long long)gm_tune_device_calls(&j->r),
+                 gm_tune_calls_ratio(j, d));
+        const char *flag = j->rc || j->r.error ? "FAILED" : j->r.oom ? "OOM" : "";
+        printf("%4d  %-13s %-7.4f %-17s %-7lld %-6s %s%s%s\n", i + 1,
+               cli_format_bytes((uint64_t)j->r.peak_reserved, pk, sizeof pk),
+               j->r.peak_requested ? (double)j->r.peak_reserved / (double)j->r.peak_requested : 0.0, calls,
+               (long long)j->r.steady_device_calls, flag, line, i == c->best ? "   <- best for memory" : "",
+               i == c->rec ? "   <- recommended" : "");
+        if (j->rc) printf("      (%s)\n", j->err);
+    }
+    printf("\n");
+    if (c->best >= 0) explain("best for memory:", &e[c->best], d, "the least memory, whatever it costs in calls");
+    if (c->rec >= 0)
+        explain("recommended:", &e[c->rec], d,
+                c->rec == c->best ? "the least memory, and its device calls stay low"
+                                  : "the least memory among settings whose device calls stay low");
+    if (c->best < 0) printf("every setting runs out of memory at %s\n", cap);
+    printf("(ratio = peak reserved / peak requested; device calls = the replay's mallocs, or VMM creates + maps +\n"
+           " unmaps, and the multiple of PyTorch default's; steady = those in the replay's second half, after\n"
+           " warm-up: what every later step pays, each a driver call of tens of microseconds (bench/RESULTS.md).\n"
+           " Recommended keeps them within %.0fx and %dx (or %d) PyTorch default's; an OOM row would run out of\n"
+           " memory at %s. The trade-off: bench/gpumem_policy_tradeoff.md)\n",
+           GM_TUNE_CALLS_FACTOR, GM_TUNE_STEADY_FACTOR, GM_TUNE_STEADY_MIN, cap);
+}
+
+void cli_tune_print_json(const gm_tune_entry *e, int n, const gm_tune_choice *c) {
+    const gm_tune_entry *d = def_of(e, c);
+    char line[320];
+    printf("\"calls_factor\":%.1f,\"results\":[", GM_TUNE_CALLS_FACTOR);
+    for (int i = 0; i < n; i++) {
+        const gm_tune_entry *j = &e[i];
+        cli_tune_line(j, line, sizeof line);
+        printf("%s{\"rank\":%d,\"policy\":\"%s\",\"conf\":", i ? "," : "", i + 1, gm_policy_name((int)j->cfg.policy));
+        cli_json_string(stdout, j->conf);
+        printf(",\"peak_reserved\":%lld,\"peak_allocated\":%lld,\"peak_requested\":%lld,"
+               "\"ratio\":%.6f,\"segments\":%lld,\"num_alloc_retries\":%lld,\"oom\":%s,"
+               "\"failed\":%s,\"device_calls\":%lld,\"calls_vs_default\":%.3f,\"steady_device_calls\":%lld,"
+               "\"line\":",
+               (long long)j->r.peak_reserved, (long long)j->r.peak_allocated, (long long)j->r.peak_requested,
+               j->r.peak_requested ? (double)j->r.peak_reserved / (double)j->r.peak_requested : 0.0,
+               (long long)j->r.segments, (long long)j->r.num_alloc_retries, j->r.oom ? "true" : "false",
+               j->rc || j->r.error ? "true" : "false", (long long)gm_tune_device_calls(&j->r),
+               gm_tune_calls_ratio(j, d), (long long)j->r.steady_device_calls);
+        cli_json_string(stdout, line);
+        printf("}");
+    }
+    const int idx[3] = {c->def, c->best, c->rec};
+    const char *names[3] = {"default", "best_for_memory", "recommended"};
+    printf("]");
+    for (int k = 0; k < 3; k++) {
+        printf(",\"%s\":", names[k]);
+        if (idx[k] >= 0) cli_json_string(stdout, e[idx[k]].conf);
+        else printf("null");
+    }
+}
+
+int cli_tune_trace(const char *cmd, const char *path, int device, uint64_t *capacity, struct gm_trace **trace,
+                   gm_tune_entry **rows, int *n, gm_tune_choice *choice, double *secs) {
+    gm_sim_options so;
+    gm_sim_options_init(&so);
+    if (!*capacity) *capacity = so.capacity;
+    gm_trace *t;
+    if (gm_trace_load_file(path, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
+    gm_replay_prog *prog;
+    int rc = gm_replay_compile(t, device, &prog);
+    if (rc) {
+        gm_trace_free(t);
+        return cli_error(cmd, "%s", gm_last_error_detail());
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    rc = gm_tune_run(prog, *capacity, 2, rows, n);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    gm_replay_prog_free(prog);
+    if (rc) {
+        gm_trace_free(t);
+        return cli_error(cmd, "%s", gm_last_error_detail());
+    }
+    if (trace) *trace = t;
+    else gm_trace_free(t);
+    *secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    gm_tune_choose(*rows, *n, choice);
+    return 0;
+}
