@@ -68,6 +68,7 @@ typedef struct sim_dev {
     uint64_t used; /* bytes of capacity consumed */
     range_set mallocs, reservations;
     slots phys, events;
+    uint64_t nphys, nevents; /* live handles of each table */
     sim_hint *hints;
     size_t nhints, caphints, hint_next; /* hints before hint_next are all used */
     /* successful sized calls by kind and log2(bytes): what each call costs on
@@ -336,6 +337,7 @@ static int sim_phys_create(void *ctx, int dev, uint64_t size, gm_physmem *out) {
         p->mapped_va = 0;
         p->gen++;
         p->used = true;
+        d->nphys++;
         d->used += size;
         count_size(d, GM_BCALL_PHYS_CREATE, size);
         *out = make_handle(idx, p->gen);
@@ -352,6 +354,7 @@ static int sim_phys_release(void *ctx, int dev, gm_physmem h) {
         d->used -= p->size;
         count_size(d, GM_BCALL_PHYS_RELEASE, p->size);
         p->used = false;
+        d->nphys--;
         slot_release(&d->phys, idx);
     }
     SIM_LEAVE()
@@ -435,6 +438,7 @@ static int sim_event_record(void *ctx, int dev, gm_stream stream, gm_event *out)
         e->stream = stream;
         e->gen++;
         e->used = true;
+        d->nevents++;
         e->done = !s->opt.events_manual;
         *out = make_handle(idx, e->gen);
     }
@@ -463,6 +467,7 @@ static int sim_event_destroy(void *ctx, int dev, gm_event ev) {
     if (!e) rc = GM_EINVAL;
     else {
         e->used = false;
+        d->nevents--;
         slot_release(&d->events, (size_t)(ev & 0xffffffffu) - 1);
     }
     SIM_LEAVE()
@@ -565,6 +570,25 @@ int gm_sim_call_sizes(gm_backend *b, int device, int kind, uint64_t count[GM_SIM
     SIM_ENTER(ctx, device)
     memcpy(count, d->szn[kind], sizeof d->szn[kind]);
     memcpy(bytes, d->szb[kind], sizeof d->szb[kind]);
+    SIM_LEAVE()
+}
+
+int gm_sim_live_objects(gm_backend *b, int device, gm_sim_live *out) {
+    const gm_backend_ops *ops;
+    void *ctx = b ? gm__backend_ctx(b, &ops) : NULL;
+    if (!ctx || ops->destroy != sim_destroy)
+        return gm__set_error(GM_EINVAL, "gm_sim_live_objects: not a sim backend");
+    if (!out || out->size < sizeof *out)
+        return gm__set_error(GM_EINVAL, "gm_sim_live_objects: NULL output or size not set");
+    SIM_ENTER(ctx, device)
+    memset(out, 0, sizeof *out);
+    out->size = sizeof *out;
+    out->allocations = d->mallocs.n;
+    out->reservations = d->reservations.n;
+    for (size_t i = 0; i < d->reservations.n; i++) out->mapped_pages += d->reservations.v[i].mapped_pages;
+    out->phys = d->nphys;
+    out->events = d->nevents;
+    out->used_bytes = d->used;
     SIM_LEAVE()
 }
 

@@ -131,7 +131,7 @@ int gm__gp_arena_init_va(gp_state *st, gp_arena *a) {
         a->gran = NULL;
         a->mapped = NULL;
         if (top) gm__gp_block_put(st, top);
-        gm__be_va_release(st->d, a->base, a->va_size);
+        (void)gm__be_cleanup_va_release(st->d, a->base, a->va_size);
         return GM_ENOHOSTMEM;
     }
     memset(a->gran, 0xff, a->ngran * sizeof *a->gran);

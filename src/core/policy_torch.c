@@ -292,7 +292,10 @@ static int release_blocks(tp_state *st, tp_pool *p) {
         int rc = tp_reserve(st, 2);
         if (rc == GM_OK) rc = tp_unmap_block(st, b);
         if (rc < 0) return rc;
-        if (!tp_is_split(b)) tp_release_expandable_segment(st, b);
+        if (!tp_is_split(b)) {
+            rc = tp_release_expandable_segment(st, b);
+            if (rc < 0) return rc;
+        }
     }
     return GM_OK;
 }
@@ -522,7 +525,7 @@ static void tp_destroy(void *state) {
         tp_seg *s = st->segs;
         tp_seg_unlink(st, s);
         if (s->expandable) tp_expandable_destroy(st, s);
-        else (void)gm__be_free(st->d, s->base);
+        else (void)gm__be_cleanup_free(st->d, s->base);
         free(s->handles);
         free(s);
     }
