@@ -212,6 +212,12 @@ int cmd_tune(int argc, char **argv) {
     int rc = gm_replay_compile(t, 0, &prog);
     gm_trace_free(t);
     if (rc) return cli_error(cmd, "%s", gm_last_error_detail());
+    const char *bad_first;
+    uint64_t nbad = gm_replay_prog_bad_events(prog, &bad_first);
+    if (nbad)
+        fprintf(stderr, "gpumem %s: warning: %llu trace events no device could have made were "
+                "skipped (first: %s); the recommendation covers the rest of the trace\n",
+                cmd, (unsigned long long)nbad, bad_first);
     grid *g = calloc(1, sizeof *g);
     if (!g) {
         gm_replay_prog_free(prog);

@@ -428,6 +428,12 @@ static int tp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
     if (rc < 0) return rc;
     rc = tp_reserve(st, TP_RESERVE_OP);
     if (rc < 0) return rc;
+    /* rounding (512 B, power-2 divisions, 2 MiB segments) must not wrap:
+     * SIZE_MAX would round to 0 and share a block with the next request */
+    if (size > GM_LIMIT_ALLOC_BYTES)
+        return gm__set_error(GM_ENOMEM, "torch policy: %llu bytes is more than the %llu-byte limit on one "
+                             "allocation (GM_LIMIT_ALLOC_BYTES)", (unsigned long long)size,
+                             (unsigned long long)GM_LIMIT_ALLOC_BYTES);
     tp_params p = {0};
     p.size = round_size(st->cfg, size);
     p.pool_id = p.size <= TP_SMALL_SIZE ? GM_POOL_SMALL : GM_POOL_LARGE;
