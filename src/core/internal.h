@@ -13,7 +13,7 @@
 #include <pthread.h>
 
 #include "devlock.h"
-#include "limits.h"
+#include "gm_limits.h"
 
 #define GM__KIB ((uint64_t)1024)
 #define GM__MIB (GM__KIB * 1024)

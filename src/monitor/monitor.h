@@ -235,6 +235,12 @@ int gm__sampler_start(gm__sampler **out, gm__collector *c, double interval_s);
  * `after` is given, first wait up to timeout_s for a sample newer than it. */
 int gm__sampler_latest(gm__sampler *s, gm__mon_sample *out, uint64_t *seqno, uint64_t after, double timeout_s);
 void gm__sampler_stop(gm__sampler *s);
+/* Ask the sampler to stop and wake everyone waiting in gm__sampler_latest
+ * (they return at once); then wait at most `seconds` for its thread. true
+ * when it stopped and was freed; false when it is still inside a sample:
+ * then it is left running, and the caller must keep the collector alive
+ * (the exporter exits anyway, so SIGTERM is served within a second). */
+bool gm__sampler_stop_within(gm__sampler *s, double seconds);
 
 /* ---- output (format.c) -------------------------------------------------- */
 

@@ -1,4 +1,4 @@
-/* limits.h — every limit gpumem enforces on its inputs and on the sizes it
+/* gm_limits.h — every limit gpumem enforces on its inputs and on the sizes it
  * is asked for, in one place (docs/RELIABILITY.md lists them with their
  * values). Each is checked where the input is read, and exceeding one is an
  * error that names the limit, never a crash, a hang or a silent truncation. */
