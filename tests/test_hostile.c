@@ -11,6 +11,7 @@
 
 #include "gpumem/gpumem.h"
 #include "internal.h"
+#include "monitor/monitor.h"
 #include "trace/idmap.h"
 #include "trace/trace.h"
 
@@ -302,8 +303,36 @@ static void test_gzip_trailer(void **state) {
     free(gz);
 }
 
+/* ---- defect 10: the exporter's request targets -------------------------------------- */
+
+static void test_http_targets(void **state) {
+    (void)state;
+    struct { const char *method, *target; int page; const char *decoded; } cases[] = {
+        {"GET", "/metrics", GM_HTTP_METRICS, "/metrics"},
+        {"HEAD", "/metrics", GM_HTTP_METRICS, "/metrics"},
+        {"GET", "/%6detrics", GM_HTTP_METRICS, "/metrics"},
+        {"GET", "/metrics%00", GM_HTTP_NOT_FOUND, "/metrics%00"},
+        {"GET", "/metrics%00/x", GM_HTTP_NOT_FOUND, "/metrics%00/x"},
+        {"GET", "/metrics%2", GM_HTTP_NOT_FOUND, "/metrics%2"},
+        {"GET", "/metrics/", GM_HTTP_NOT_FOUND, "/metrics/"},
+        {"GET", "/", GM_HTTP_INDEX, "/"},
+        {"POST", "/metrics", GM_HTTP_BAD_METHOD, "/metrics"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%s", cases[i].target);
+        size_t n = gm__http_unescape(buf);
+        assert_int_equal(n, strlen(buf));
+        assert_string_equal(buf, cases[i].decoded);
+        if (gm__http_route(cases[i].method, buf) != cases[i].page)
+            fail_msg("%s %s: page %d, want %d", cases[i].method, cases[i].target,
+                     gm__http_route(cases[i].method, buf), cases[i].page);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_http_targets),
         cmocka_unit_test(test_hash_flooding),
         cmocka_unit_test(test_gmt_bomb),
         cmocka_unit_test(test_gmt_extreme_times),

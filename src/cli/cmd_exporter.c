@@ -36,15 +36,12 @@ int cmd_exporter(int argc, char **argv) {
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { stop_requested = sig; }
 
-/* MHD unescapes %XX before the handler sees the URL, so "/metrics%00"
- * would arrive as "/metrics" (cut at the NUL) and be served. A URL with
- * an escaped NUL is left escaped: it matches no page (404). */
+/* MHD's own unescaping would turn "/metrics%00" into "/metrics" (cut at
+ * the NUL) and serve it; ours leaves %00 escaped: no page matches (404). */
 static size_t unescape(void *cls, struct MHD_Connection *c, char *s) {
     (void)cls;
     (void)c;
-    for (const char *p = s; (p = strchr(p, '%')) != NULL; p++)
-        if (p[1] == '0' && p[2] == '0') return strlen(s);
-    return MHD_http_unescape(s);
+    return gm__http_unescape(s);
 }
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type, char *body, size_t len) {
@@ -62,13 +59,13 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const
 static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                               const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     gm__sampler *sampler = cls;
-    if (strcmp(method, "GET") && strcmp(method, "HEAD"))
-        return reply(conn, 405, "text/plain", strdup("only GET\n"), 9);
-    if (!strcmp(url, "/")) {
-        const char *page = "<html><body><a href=\"/metrics\">/metrics</a></body></html>\n";
-        return reply(conn, 200, "text/html", strdup(page), strlen(page));
+    int page = gm__http_route(method, url);
+    if (page == GM_HTTP_BAD_METHOD) return reply(conn, 405, "text/plain", strdup("only GET\n"), 9);
+    if (page == GM_HTTP_INDEX) {
+        const char *html = "<html><body><a href=\"/metrics\">/metrics</a></body></html>\n";
+        return reply(conn, 200, "text/html", strdup(html), strlen(html));
     }
-    if (strcmp(url, "/metrics")) return reply(conn, 404, "text/plain", strdup("not found\n"), 10);
+    if (page != GM_HTTP_METRICS) return reply(conn, 404, "text/plain", strdup("not found\n"), 10);
     gm__mon_sample s;
     /* before the first sample, wait for it rather than answer empty */
     if (gm__sampler_latest(sampler, &s, NULL, 0, 5.0) != 0)

@@ -257,6 +257,15 @@ void gm__format_csv_header(gm__sbuf *b);
 void gm__format_csv(const gm__mon_sample *s, gm__sbuf *b);
 void gm__format_table(const gm__mon_sample *s, gm__sbuf *b);
 void gm__format_prometheus(const gm__mon_sample *s, gm__sbuf *b);
+
+/* ---- the exporter's request targets (http_route.c) ------------------------ */
+
+enum { GM_HTTP_INDEX, GM_HTTP_METRICS, GM_HTTP_NOT_FOUND, GM_HTTP_BAD_METHOD };
+/* Percent-decode s in place (never longer); %00 and malformed escapes are
+ * left as written, so no request target can smuggle a NUL. New length. */
+size_t gm__http_unescape(char *s);
+/* The page for a method and a decoded path: exact matches only. */
+int gm__http_route(const char *method, const char *path);
 /* Prometheus label value escaping: backslash, double quote, newline. */
 void gm__prom_escape(gm__sbuf *b, const char *s);
 
