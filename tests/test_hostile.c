@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 static char *src_path(const char *rel) {
@@ -330,8 +331,26 @@ static void test_http_targets(void **state) {
     }
 }
 
+/* ---- limits: a trace file over the limit is refused before it is read ---------------- */
+
+static void test_trace_file_limit(void **state) {
+    (void)state;
+    char path[] = "/tmp/gm_hostile_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    /* sparse: costs no disk, and must not be read */
+    assert_int_equal(ftruncate(fd, (off_t)GM_LIMIT_TRACE_FILE_BYTES + 1), 0);
+    close(fd);
+    gm_trace *t = (gm_trace *)1;
+    assert_int_equal(gm_trace_load_file(path, &t), GM_EFORMAT);
+    assert_null(t);
+    assert_non_null(strstr(gm_last_error_detail(), "GM_LIMIT_TRACE_FILE_BYTES"));
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_trace_file_limit),
         cmocka_unit_test(test_http_targets),
         cmocka_unit_test(test_hash_flooding),
         cmocka_unit_test(test_gmt_bomb),

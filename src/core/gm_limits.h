@@ -14,6 +14,7 @@
 #define GM_LIMIT_ALLOC_BYTES ((uint64_t)1 << 50)
 
 /* Trace readers (pickle snapshots and .gmt files). */
+#define GM_LIMIT_TRACE_FILE_BYTES ((uint64_t)4 << 30) /* a trace file as stored (gzip: 4 GiB) */
 #define GM_LIMIT_TRACE_INPUT_BYTES ((uint64_t)16 << 30) /* bytes read, after gunzip */
 #define GM_LIMIT_TRACE_MEMORY ((uint64_t)4 << 30)       /* host memory the unpickler may hold */
 #define GM_LIMIT_DECLARED_LENGTH ((uint64_t)256 << 20)  /* one string/bytes/section length */

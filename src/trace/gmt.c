@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #define HEADER_SIZE 24
@@ -212,6 +213,7 @@ static int decode_tables(rbuf *r, gm__trace_builder *b, uint64_t *nsegs, uint64_
     for (uint64_t i = 0; i < nstr; i++) {
         uint64_t n = r_var(r);
         if (!count_ok(r, n, 1)) return bad(r, "string length exceeds the body");
+        if (n > GM_LIMIT_DECLARED_LENGTH) return bad(r, "string longer than GM_LIMIT_DECLARED_LENGTH");
         uint32_t id;
         int rc = gm__tb_string(b, (const char *)r->p, (size_t)n, &id);
         if (rc) return rc;
@@ -226,10 +228,10 @@ static int decode_tables(rbuf *r, gm__trace_builder *b, uint64_t *nsegs, uint64_
         int rc = gm__tb_frame(b, (uint32_t)name, (uint32_t)file, (int32_t)line, &id);
         if (rc) return rc;
     }
-    uint32_t fr[4096];
+    uint32_t fr[GM_LIMIT_STACK_DEPTH];
     for (uint64_t s = 0; s < nst; s++) {
         uint64_t depth = r_var(r);
-        if (!count_ok(r, depth, 1) || depth > 4096) return bad(r, "bad stack depth");
+        if (!count_ok(r, depth, 1) || depth > GM_LIMIT_STACK_DEPTH) return bad(r, "bad stack depth");
         for (uint64_t i = 0; i < depth; i++) {
             uint64_t f = r_var(r);
             fr[i] = f > UINT32_MAX ? UINT32_MAX : (uint32_t)f;
@@ -365,15 +367,27 @@ int gm_trace_load_file(const char *path, gm_trace **out) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return gm__set_error(GM_EIO, "cannot open %s", path);
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > GM_LIMIT_TRACE_FILE_BYTES) {
+        fclose(f);
+        return gm__set_error(GM_EFORMAT, "%s is %llu bytes, more than the %llu-byte limit on trace "
+                             "files (GM_LIMIT_TRACE_FILE_BYTES); compress it (gzip) or convert it "
+                             "to .gmt on a machine with the memory", path,
+                             (unsigned long long)st.st_size, (unsigned long long)GM_LIMIT_TRACE_FILE_BYTES);
+    }
     uint8_t *buf = NULL;
     size_t len = 0, cap = 0;
     int rc = GM_OK;
     for (;;) {
         if (len == cap) {
             cap = cap ? cap * 2 : (1u << 20);
-            uint8_t *nb = cap <= (size_t)UINT32_MAX + 1 ? realloc(buf, cap) : NULL;
+            uint8_t *nb = cap <= GM_LIMIT_TRACE_FILE_BYTES ? realloc(buf, cap) : NULL;
             if (!nb) {
-                rc = gm__set_error(GM_ENOHOSTMEM, "%s: too large to read", path);
+                rc = cap > GM_LIMIT_TRACE_FILE_BYTES
+                         ? gm__set_error(GM_EFORMAT, "%s: more than the %llu-byte limit on trace files "
+                                         "(GM_LIMIT_TRACE_FILE_BYTES)", path,
+                                         (unsigned long long)GM_LIMIT_TRACE_FILE_BYTES)
+                         : gm__set_error(GM_ENOHOSTMEM, "%s: out of host memory reading it", path);
                 break;
             }
             buf = nb;

@@ -63,7 +63,8 @@ static uint64_t roff(const reader *r, const uint8_t *at) { return r->base + (uin
 
 static int mem_charge(gm__pickle *p, uint64_t bytes) {
     if (p->mem + bytes > p->lim.max_memory)
-        return gm__set_error(GM_ENOHOSTMEM, "pickle needs more than %llu bytes of memory (limit)",
+        return gm__set_error(GM_ENOHOSTMEM, "pickle needs more than %llu bytes of memory (limit "
+                             "GM_LIMIT_TRACE_MEMORY)",
                              (unsigned long long)p->lim.max_memory);
     p->mem += bytes;
     return GM_OK;
@@ -360,7 +361,7 @@ static int op_blob(gm__pickle *p, reader *r, uint64_t at, uint8_t op, int lb, gm
     if (!need(r, (size_t)lb)) return op_err(r, at, op, "truncated length");
     uint64_t n = rd_le(r->p, lb);
     if (op == 'T' && (n & 0x80000000u)) return op_err(r, at, op, "negative length");
-    if (n > p->lim.max_string) return op_err(r, at, op, "length exceeds the limit");
+    if (n > p->lim.max_string) return op_err(r, at, op, "declared length exceeds the limit (GM_LIMIT_DECLARED_LENGTH)");
     r->p += lb;
     if (!need(r, (size_t)n)) return op_err(r, at, op, "truncated data");
     int rc = push(p, mk_bytes(p, t, r->p, (size_t)n));
@@ -508,7 +509,7 @@ static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
         if (!need(r, (size_t)lb)) return op_err(r, at, op, "truncated length");
         uint64_t n = rd_le(r->p, lb);
         if (op == 0x8b && (n & 0x80000000u)) return op_err(r, at, op, "negative length");
-        if (n > p->lim.max_string) return op_err(r, at, op, "length exceeds the limit");
+        if (n > p->lim.max_string) return op_err(r, at, op, "declared length exceeds the limit (GM_LIMIT_DECLARED_LENGTH)");
         r->p += lb;
         if (!need(r, (size_t)n)) return op_err(r, at, op, "truncated data");
         a = r->p;
@@ -617,7 +618,8 @@ static int run_ops(gm__pickle *p, reader *r) {
     for (;;) {
         if (!need(r, 1)) {
             if (r->base + (uint64_t)(r->end - r->wbase) > p->lim.max_input)
-                return gm__set_error(GM_EFORMAT, "pickle larger than the input limit");
+                return gm__set_error(GM_EFORMAT, "pickle larger than the input limit (%llu decompressed "
+                                     "bytes, GM_LIMIT_TRACE_INPUT_BYTES)", (unsigned long long)p->lim.max_input);
             if (r->gz && r->zerr) return gz_error(r);
             return gm__set_error(GM_EFORMAT, "truncated pickle at byte %llu: no STOP opcode",
                                  (unsigned long long)roff(r, r->p));

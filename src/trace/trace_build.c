@@ -183,6 +183,10 @@ int gm__tb_event(gm__trace_builder *b, const gm_trace_event *e) {
     if (e->stack > t->nstacks)
         return gm__set_error(GM_EFORMAT, "event names stack %u of %u", e->stack, t->nstacks);
     if (e->action >= GM_TA_COUNT) return gm__set_error(GM_EFORMAT, "bad event action %u", e->action);
+    if (t->nevents >= GM_LIMIT_TRACE_EVENTS)
+        return gm__set_error(GM_EFORMAT, "trace has more than %llu events (GM_LIMIT_TRACE_EVENTS); "
+                             "split it (e.g. record shorter snapshots)",
+                             (unsigned long long)GM_LIMIT_TRACE_EVENTS);
     if (vec_reserve((void **)&t->events, &b->ev_cap, t->nevents, sizeof *t->events))
         return GM_ENOHOSTMEM;
     t->events[t->nevents++] = *e;
