@@ -28,6 +28,10 @@ GM_CLI_COMMANDS(GM__CLI_DECL)
  * K/M/G/T with or without "iB"; "KB"/"MB"/"GB"/"TB" are decimal.
  * Returns false on malformed input. */
 bool cli_parse_size(const char *s, uint64_t *out);
+/* After cli_parse_size of a device size: warn on stderr when ARG had no unit
+ * and means less than 1 MiB ("--capacity 80" is 80 bytes: 80GiB meant?).
+ * Returns true when it warned. */
+bool cli_warn_unitless_size(const char *cmd, const char *opt, const char *arg, uint64_t bytes);
 /* "13.24 GiB" style, into buf; returns buf. */
 const char *cli_format_bytes(uint64_t bytes, char *buf, size_t len);
 /* Print "gpumem NAME: message" to stderr; returns exit code 2 (usage) or 1. */

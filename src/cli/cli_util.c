@@ -40,6 +40,15 @@ bool cli_parse_size(const char *s, uint64_t *out) {
     return true;
 }
 
+bool cli_warn_unitless_size(const char *cmd, const char *opt, const char *arg, uint64_t bytes) {
+    if (!arg || bytes >= (1u << 20)) return false;
+    for (const char *p = arg; *p; p++)
+        if (isalpha((unsigned char)*p)) return false; /* a unit was given: taken as meant */
+    fprintf(stderr, "gpumem %s: warning: %s %s means %llu bytes (no unit); for a device write "
+                    "e.g. %sGiB\n", cmd, opt, arg, (unsigned long long)bytes, arg);
+    return true;
+}
+
 const char *cli_format_bytes(uint64_t bytes, char *buf, size_t len) {
     static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
     double v = (double)bytes;
