@@ -348,8 +348,40 @@ static void test_trace_file_limit(void **state) {
     unlink(path);
 }
 
+/* ---- replay: segment hints a trace cannot turn into quadratic work ------------------ */
+
+static void test_hint_flood(void **state) {
+    (void)state;
+    /* 50k segment_alloc hints of one size at one address (all but the first
+     * blocked once it is taken) and 50k of sizes never asked for, then 20k
+     * allocs of that size: each malloc used to walk every blocked hint */
+    size_t n = 50000, k = 0;
+    gm_trace_event *ev = calloc(4 * n, sizeof *ev);
+    assert_non_null(ev);
+    for (size_t i = 0; i < n; i++) {
+        ev[k++] = (gm_trace_event){.addr = 2 << 20, .size = 4 << 20, .action = GM_TA_SEGMENT_ALLOC};
+        ev[k++] = (gm_trace_event){.addr = (uint64_t)(i + 8) << 21, .size = (uint64_t)(i + 1) << 21 | 4096,
+                                   .action = GM_TA_SEGMENT_ALLOC};
+    }
+    size_t nalloc = 20000; /* 80 GiB: fits the default 141 GiB */
+    for (size_t i = 0; i < nalloc; i++)
+        ev[k++] = (gm_trace_event){.addr = 4096 * (i + 1), .size = 4 << 20, .action = GM_TA_ALLOC};
+    size_t off[2] = {0, k};
+    gm_trace t = {.events = ev, .nevents = k, .ndevices = 1, .dev_off = off, .format = "test"};
+    gm_replay_prog *p;
+    assert_int_equal(gm_replay_compile(&t, 0, &p), GM_OK);
+    gm_replay_result r;
+    assert_int_equal(gm_replay_run(p, NULL, 0, &r), GM_OK);
+    assert_int_equal(r.error, 0);
+    assert_false(r.oom);
+    assert_int_equal(r.allocs, nalloc);
+    gm_replay_prog_free(p);
+    free(ev);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hint_flood),
         cmocka_unit_test(test_trace_file_limit),
         cmocka_unit_test(test_http_targets),
         cmocka_unit_test(test_hash_flooding),
