@@ -241,7 +241,7 @@ int main(int argc, char **argv) {
         return 1;                                                              \
     }
     LOAD(cuInit, "cuInit") LOAD(cuDeviceGet, "cuDeviceGet")
-    LOAD(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain_v2")
+    LOAD(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")
     LOAD(cuCtxSetCurrent, "cuCtxSetCurrent") LOAD(cuStreamCreate, "cuStreamCreate")
     LOAD(cuStreamSynchronize, "cuStreamSynchronize") LOAD(cuMemsetD32Async, "cuMemsetD32Async")
     LOAD(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")
