@@ -219,7 +219,7 @@ static void bench_trace(const char *base, const hp_prog *p, const char *policy, 
         finish_pass(a, ptr, p->nslots);
         if (dt / (double)n < best) best = dt / (double)n;
     }
-    gm_stats s;
+    gm_stats s = {.size = sizeof s};
     gm_get_stats(a, 0, &s);
     char err[256];
     int ck = gm_check(a, 0, err, sizeof err);

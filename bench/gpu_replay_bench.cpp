@@ -342,7 +342,8 @@ static int run_gpumem(gm_backend *b, const Trace &t, const char *conf, const cha
         CallSnap c0 = snap_calls(b);
         Row r = pass<true>(t, al, fr);
         report_calls(t, label, which ? "warm" : "cold", c0, snap_calls(b));
-        gm_stats s;
+        gm_stats s{};
+        s.size = sizeof s;
         memset(&s, 0, sizeof s);
         s.size = sizeof s;
         gm_get_stats(a, 0, &s);

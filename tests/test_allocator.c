@@ -328,7 +328,7 @@ static void test_devices_and_args(void **state) {
     gm_allocator *a;
     assert_int_equal(gm_test_make_opts(kind_of(state), NULL, &o, &b, &a), GM_OK);
     gm_devptr p0, p1;
-    gm_stats s;
+    gm_stats s = {.size = sizeof s};
     assert_int_equal(gm_malloc(a, 2, 512, 0, &p0), GM_EDEVICE);
     assert_int_equal(gm_malloc(a, -1, 512, 0, &p0), GM_EDEVICE);
     assert_int_equal(gm_get_stats(a, 2, &s), GM_EDEVICE);

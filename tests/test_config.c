@@ -64,7 +64,7 @@ static void test_every_key(void **state) {
         "pinned_use_cuda_host_register:True,pinned_num_register_threads:8,"
         "pinned_use_background_threads:True,graph_capture_record_stream_reuse:True,"
         "per_process_memory_fraction:0.5,backend:cudaMallocAsync,pinned_reserve_segment_size_mb:16,"
-        "policy:gpumem");
+        "policy:torch");
     assert_true(c.max_split_size == 128 * MIB);
     assert_true(c.max_non_split_rounding == 64 * MIB);
     assert_true(c.garbage_collection_threshold == 0.6);
@@ -74,7 +74,7 @@ static void test_every_key(void **state) {
     assert_true(c.pinned_use_background_threads && c.graph_capture_record_stream_reuse);
     assert_true(c.per_process_memory_fraction == 0.5);
     assert_string_equal(c.backend, "cudaMallocAsync");
-    assert_int_equal(c.policy, GM_POLICY_GPUMEM);
+    assert_int_equal(c.policy, GM_POLICY_TORCH);
     /* ROCm spellings torch also accepts */
     c = parse_ok("release_lock_on_hipmalloc:True,pinned_use_hip_host_register:True");
     assert_true(c.release_lock_on_cudamalloc && c.pinned_use_cuda_host_register);
@@ -134,7 +134,7 @@ static void test_atomic(void **state) {
     gm_config before = c;
     char err[128];
     /* good keys before the bad one are not applied either */
-    assert_int_equal(gm_config_parse(&c, "expandable_segments:True,policy:gpumem,max_split_size_mb:1", err,
+    assert_int_equal(gm_config_parse(&c, "expandable_segments:True,policy:gpumem,gpumem_slack:-1", err,
                                      sizeof err),
                      GM_ECONFIG);
     assert_memory_equal(&c, &before, sizeof c);
@@ -156,8 +156,10 @@ static void roundtrip(const char *s, const char *canonical) {
 
 static void test_format(void **state) {
     roundtrip("expandable_segments:True", "expandable_segments:True");
-    roundtrip("max_split_size_mb:128,garbage_collection_threshold:0.6,policy:gpumem",
-              "policy:gpumem,max_split_size_mb:128,garbage_collection_threshold:0.6");
+    roundtrip("max_split_size_mb:128,garbage_collection_threshold:0.6,policy:torch",
+              "max_split_size_mb:128,garbage_collection_threshold:0.6");
+    roundtrip("gpumem_chunks:granule,gpumem_slack:0.25,policy:gpumem",
+              "policy:gpumem,gpumem_slack:0.25,gpumem_chunks:granule");
     roundtrip("roundup_power2_divisions:4", "roundup_power2_divisions:4");
     roundtrip("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]", NULL);
     roundtrip("roundup_power2_divisions:[1:4,64:0,65536:2]", NULL);
@@ -179,24 +181,24 @@ static void test_format(void **state) {
 static void test_gpumem_slack(void **state) {
     gm_config c = parse_ok("policy:gpumem,gpumem_slack:0");
     assert_true(c.gpumem_slack == 0.0);
-    c = parse_ok("gpumem_slack:0.05");
+    c = parse_ok("policy:gpumem,gpumem_slack:0.05");
     assert_true(c.gpumem_slack == 0.05);
-    c = parse_ok("gpumem_slack:inf");
+    c = parse_ok("policy:gpumem,gpumem_slack:inf");
     assert_true(isinf(c.gpumem_slack) && c.gpumem_slack > 0);
-    c = parse_ok("gpumem_slack:3");
+    c = parse_ok("policy:gpumem,gpumem_slack:3");
     assert_true(c.gpumem_slack == 3.0);
-    parse_bad("gpumem_slack:-0.1", "gpumem_slack");
-    parse_bad("gpumem_slack:x", "x");
-    parse_bad("gpumem_slack:nan", "nan");
-    parse_bad("gpumem_slack:-inf", "-inf");
-    parse_bad("gpumem_slack:", "gpumem_slack");
+    parse_bad("policy:gpumem,gpumem_slack:-0.1", "gpumem_slack");
+    parse_bad("policy:gpumem,gpumem_slack:x", "x");
+    parse_bad("policy:gpumem,gpumem_slack:nan", "nan");
+    parse_bad("policy:gpumem,gpumem_slack:-inf", "-inf");
+    parse_bad("policy:gpumem,gpumem_slack:", "gpumem_slack");
     /* round trips, whatever the default is */
-    roundtrip("gpumem_slack:0", NULL);
-    roundtrip("gpumem_slack:0.02,policy:gpumem", NULL);
-    roundtrip("gpumem_slack:inf", NULL);
+    roundtrip("policy:gpumem,gpumem_slack:0", NULL);
+    roundtrip("policy:gpumem,gpumem_slack:0.02,policy:gpumem", NULL);
+    roundtrip("policy:gpumem,gpumem_slack:inf", NULL);
     gm_config d;
     gm_config_init(&d);
-    c = parse_ok(isinf(d.gpumem_slack) ? "gpumem_slack:0.01" : "gpumem_slack:inf");
+    c = parse_ok(isinf(d.gpumem_slack) ? "policy:gpumem,gpumem_slack:0.01" : "policy:gpumem,gpumem_slack:inf");
     char buf[128];
     assert_int_equal(gm_config_format(&c, buf, sizeof buf), GM_OK);
     assert_non_null(strstr(buf, "gpumem_slack:"));
@@ -210,16 +212,16 @@ static void test_gpumem_chunks(void **state) {
     assert_int_equal(d.gpumem_chunks, GM_GPUMEM_CHUNKS_AUTO);
     gm_config c = parse_ok("policy:gpumem,gpumem_chunks:run");
     assert_int_equal(c.gpumem_chunks, GM_GPUMEM_CHUNKS_RUN);
-    c = parse_ok("gpumem_chunks:granule");
+    c = parse_ok("policy:gpumem,gpumem_chunks:granule");
     assert_int_equal(c.gpumem_chunks, GM_GPUMEM_CHUNKS_GRANULE);
-    c = parse_ok("gpumem_chunks:run,gpumem_chunks:auto");
+    c = parse_ok("policy:gpumem,gpumem_chunks:run,gpumem_chunks:auto");
     assert_int_equal(c.gpumem_chunks, GM_GPUMEM_CHUNKS_AUTO);
-    parse_bad("gpumem_chunks:runs", "runs");
-    parse_bad("gpumem_chunks:1", "gpumem_chunks");
-    parse_bad("gpumem_chunks:", "gpumem_chunks");
-    roundtrip("gpumem_chunks:run", "gpumem_chunks:run");
-    roundtrip("gpumem_chunks:granule", "gpumem_chunks:granule");
-    roundtrip("gpumem_chunks:auto", ""); /* the default is not written */
+    parse_bad("policy:gpumem,gpumem_chunks:runs", "runs");
+    parse_bad("policy:gpumem,gpumem_chunks:1", "gpumem_chunks");
+    parse_bad("policy:gpumem,gpumem_chunks:", "gpumem_chunks");
+    roundtrip("policy:gpumem,gpumem_chunks:run", "policy:gpumem,gpumem_chunks:run");
+    roundtrip("policy:gpumem,gpumem_chunks:granule", "policy:gpumem,gpumem_chunks:granule");
+    roundtrip("policy:gpumem,gpumem_chunks:auto", "policy:gpumem"); /* the default is not written */
     roundtrip("policy:gpumem,gpumem_slack:inf,gpumem_chunks:run", NULL);
 }
 

@@ -258,7 +258,7 @@ static void finish(frun *r) {
     check(r, step, "at the end");
     if (wl_check(r->a, &r->m, WL_CHECK_ALL, r->err, sizeof r->err))
         FR_FAIL(r, step, "at the end: %s", r->err);
-    gm_stats s;
+    gm_stats s = {.size = sizeof s};
     memset(&s, 0, sizeof s);
     s.size = sizeof s;
     if (gm_get_stats(r->a, 0, &s) != GM_OK) FR_FAIL(r, step, "gm_get_stats failed");

@@ -275,10 +275,10 @@ static void collector_joins(void **state) {
     char want[256];
     snprintf(want, sizeof want,
              "gpumem_process_allocator_reserved_bytes{gpu=\"0\",uuid=\"GPU-00000001-fake\",pid=\"%d\","
-             "comm=\"la\\\"b\\\\el\\nx\"} 8000\n", (int)getpid());
+             "comm=\"%s\",label=\"la\\\"b\\\\el\\nx\"} 8000\n", (int)getpid(), mine->comm);
     assert_non_null(strstr(b.p, want));
     assert_non_null(strstr(b.p, "# TYPE gpumem_process_allocator_ooms_total counter\n"));
-    assert_non_null(strstr(b.p, "gpumem_device_memory_reserved_bytes{gpu=\"1\",uuid=\"GPU-00000002-fake\"} 100\n"));
+    assert_non_null(strstr(b.p, "gpumem_device_memory_driver_reserved_bytes{gpu=\"1\",uuid=\"GPU-00000002-fake\"} 100\n"));
     /* pid 333's used memory is not available: no series rather than a wrong one */
     assert_null(strstr(b.p, "pid=\"333\""));
     gm__sbuf_free(&b);

@@ -54,7 +54,7 @@ static void check_ok(gm_allocator *al) {
 }
 
 static gm_stats stats(gm_allocator *al) {
-    gm_stats s;
+    gm_stats s = {.size = sizeof s};
     memset(&s, 0, sizeof s);
     s.size = sizeof s;
     assert_int_equal(gm_get_stats(al, 0, &s), GM_OK);

@@ -210,7 +210,7 @@ static void expect_stat(run *r, const char *what, int64_t got, int64_t want) {
 }
 
 static gm_stats stats(run *r) {
-    gm_stats s;
+    gm_stats s = {.size = sizeof s};
     memset(&s, 0, sizeof s);
     s.size = sizeof s;
     int rc = gm_get_stats(r->a, 0, &s);

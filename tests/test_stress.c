@@ -145,7 +145,7 @@ static void record_other(worker *w) {
 
 /* A stats snapshot taken while others run must still be self-consistent. */
 static void snapshot_check(worker *w) {
-    gm_stats s;
+    gm_stats s = {.size = sizeof s};
     memset(&s, 0, sizeof s);
     s.size = sizeof s;
     int rc = gm_get_stats(w->sh->a, 0, &s);
@@ -237,7 +237,7 @@ static void stress(const char *conf) {
     if (wl_free_all(sh.a, &sh.live, err, sizeof err)) fail_msg("%s: %s", conf, err);
     assert_int_equal(gm_empty_cache(sh.a, 0), GM_OK);
     if (wl_check(sh.a, &sh.live, WL_CHECK_ALL, err, sizeof err)) fail_msg("%s drained: %s", conf, err);
-    gm_stats s;
+    gm_stats s = {.size = sizeof s};
     memset(&s, 0, sizeof s);
     s.size = sizeof s;
     assert_int_equal(gm_get_stats(sh.a, 0, &s), GM_OK);

@@ -116,8 +116,8 @@ typedef struct gm_config {
      * chunks' size; run and auto apply at gpumem_slack:inf only, granule
      * otherwise). granule: one chunk per 2 MiB granule, so memory between
      * blocks moves granule by granule under pressure, but a cold first pass
-     * makes one create+map per granule (12-18x slower than PyTorch's on an
-     * H200). run: one chunk per run of unmapped granules a placement needs
+     * makes one create+map per granule (several times slower than PyTorch's
+     * first pass; bench/RESULTS.md has the H200 figures). run: one chunk per run of unmapped granules a placement needs
      * (up to 1 GiB): few calls, same memory with room to spare, but a partly
      * live chunk pins all its granules, so it runs out of memory earlier on
      * a nearly full device. auto (default): like run while memory held is
@@ -138,6 +138,30 @@ GM_API void gm_config_init(gm_config *cfg);
 GM_API int gm_config_parse(gm_config *cfg, const char *str, char *err, size_t errlen);
 /* Format as a canonical PYTORCH_CUDA_ALLOC_CONF string, only non-default keys. */
 GM_API int gm_config_format(const gm_config *cfg, char *buf, size_t len);
+/* The value of one key as text ("inf", "True", "128"), default or not. */
+GM_API int gm_config_get(const gm_config *cfg, const char *key, char *buf, size_t len);
+
+/* The settings table: every key gm_config_parse accepts, in canonical order.
+ * Strings are static. policy is NULL for a key of every policy. */
+typedef struct gm_setting_desc {
+    const char *key, *alias, *policy, *def, *range, *doc;
+} gm_setting_desc;
+GM_API int gm_setting_count(void);
+GM_API int gm_setting_info(int index, gm_setting_desc *out);
+
+/* The policy table: index = gm_policy_kind. tune: the settings `gpumem tune`
+ * tries under this policy (NULL-terminated; "{fit}" stands for a memory
+ * fraction sized to the trace). */
+typedef struct gm_policy_desc {
+    const char *name, *doc;
+    const char *const *tune;
+} gm_policy_desc;
+GM_API int gm_policy_count(void);
+GM_API int gm_policy_info(int kind, gm_policy_desc *out);
+/* The kind of policy `name`, or -1. */
+GM_API int gm_policy_find(const char *name);
+/* The name of policy `kind`, or NULL. */
+GM_API const char *gm_policy_name(int kind);
 
 /* ---- statistics -------------------------------------------------------- */
 
@@ -149,8 +173,10 @@ typedef struct gm_stat {
 enum { GM_POOL_ALL = 0, GM_POOL_SMALL = 1, GM_POOL_LARGE = 2, GM_POOL_COUNT = 3 };
 #define GM_POOL_NAMES {"all", "small_pool", "large_pool"}
 
-/* The single list of statistics; it generates the struct, memory_stats()
- * keys, JSON and Prometheus output. Names are torch.cuda.memory_stats() keys.
+/* The single list of statistics; it generates the struct, the
+ * torch.cuda.memory_stats() keys (gm_stats_to_json) and resets. Names are
+ * torch's keys. What a process publishes to gpumem smi/top/log/exporter is
+ * the subset in GM_MON_STATS (src/monitor/monitor.h), named by these keys.
  *   GM_STAT_ARRAYS:   gm_stat per pool   -> "<name>.<pool>.<current|peak|allocated|freed>"
  *   GM_STAT_SINGLES:  one gm_stat        -> "<name>.<current|peak|allocated|freed>"
  *   GM_STAT_COUNTERS: one int64_t        -> "<name>"                           */
@@ -181,6 +207,18 @@ typedef struct gm_stats {
 
 /* Write all stats as a flat JSON object with torch's memory_stats() keys. */
 GM_API int gm_stats_to_json(const gm_stats *s, char *buf, size_t len);
+
+/* ---- publishing another allocator's statistics ---------------------------
+ * For a process that keeps PyTorch's own allocator (gpumem.publish_native,
+ * `gpumem run --native`): a segment that gpumem smi/top/log/exporter read
+ * like a gpumem allocator's, filled from torch.cuda.memory_stats() values.
+ * gm_native_publisher_key(i) lists the memory_stats keys update() takes, in
+ * order (NULL past the last): the binding reads them, never retypes them. */
+typedef struct gm_native_publisher gm_native_publisher;
+GM_API int gm_native_publisher_open(const char *label, gm_native_publisher **out);
+GM_API const char *gm_native_publisher_key(int i);
+GM_API int gm_native_publisher_update(gm_native_publisher *p, int device, const int64_t *values, int n);
+GM_API void gm_native_publisher_close(gm_native_publisher *p);
 
 /* ---- backends ---------------------------------------------------------- */
 
@@ -303,6 +341,26 @@ typedef struct gm_segment_info {
 typedef int (*gm_segment_cb)(const gm_segment_info *seg, void *arg);
 GM_API int gm_walk_segments(gm_allocator *a, int device, gm_segment_cb cb, void *arg);
 
+/* One block handed out by the allocator (torch's snapshot: a block in state
+ * active_allocated, or active_pending_free while live is false: freed by the
+ * caller but waiting for streams it was recorded on). */
+typedef struct gm_block_info {
+    uint32_t size_of;   /* sizeof(gm_block_info) */
+    gm_devptr address;
+    uint64_t size;      /* bytes set aside for it (torch: block->size) */
+    uint64_t requested; /* bytes the caller asked for */
+    gm_stream stream;   /* allocation stream */
+    int pool;           /* GM_POOL_SMALL / GM_POOL_LARGE */
+    bool live;
+} gm_block_info;
+typedef int (*gm_block_cb)(const gm_block_info *b, void *arg);
+/* The live block that starts at ptr, and its device (device may be NULL).
+ * GM_EFOREIGN if ptr is not the start of a live block. */
+GM_API int gm_block_lookup(gm_allocator *a, gm_devptr ptr, int *device, gm_block_info *out);
+/* Every block of `device` (-1 = all), in no particular order; cb runs under
+ * the device lock and must not call the allocator; a nonzero return stops. */
+GM_API int gm_walk_blocks(gm_allocator *a, int device, gm_block_cb cb, void *arg);
+
 /* ---- publication for out-of-process monitors --------------------------- */
 
 /* Publish this allocator's per-device stats in a POSIX shared-memory
@@ -311,6 +369,60 @@ GM_API int gm_walk_segments(gm_allocator *a, int device, gm_segment_cb cb, void 
  * creation when the environment variable GPUMEM_PUBLISH=1 is set. */
 GM_API int gm_allocator_publish(gm_allocator *a, const char *label);
 GM_API void gm_allocator_unpublish(gm_allocator *a);
+
+/* ---- scopes, categories and allocation history (src/core/scope.c) ------- */
+
+/* Memory categories of `gpumem report` and history tags, in the report's
+ * stacking order. */
+#define GM_CATEGORY_LIST(X)                                                    \
+    X(PARAMETERS, "parameters") X(GRADIENTS, "gradients")                      \
+    X(OPTIMIZER, "optimizer_state") X(ACTIVATIONS, "activations")              \
+    X(TEMPORARIES, "temporaries") X(OTHER, "other")
+typedef enum gm_category {
+#define GM__CATEGORY_ENUM(n, s) GM_CAT_##n,
+    GM_CATEGORY_LIST(GM__CATEGORY_ENUM)
+#undef GM__CATEGORY_ENUM
+    GM_CAT_COUNT
+} gm_category;
+GM_API const char *gm_category_name(int category); /* "?" if out of range */
+GM_API int gm_category_from_name(const char *name); /* -1 if none */
+
+/* Named scopes, per thread and nested (a module's forward, a user region):
+ * allocations recorded in the history carry the calling thread's scope
+ * path. name is copied. GM_EINVAL past GM_SCOPE_MAX_DEPTH or for an empty
+ * name; pop without a push is GM_ESTATE. */
+#define GM_SCOPE_MAX_DEPTH 256
+GM_API int gm_scope_push(const char *name);
+GM_API int gm_scope_pop(void);
+GM_API int gm_scope_depth(void);
+GM_API const char *gm_scope_current(void); /* innermost name, NULL outside any */
+/* The scope of threads that have none open (name NULL: none), for work a
+ * library runs on its own threads, e.g. autograd's backward. */
+GM_API int gm_scope_set_global(const char *name);
+
+/* The allocation history: one process-wide bounded ring of alloc / free /
+ * segment / oom events of every allocator (time, device, size, stream,
+ * scope, category), like torch.cuda.memory._record_memory_history.
+ * enable(n > 0) starts recording into a fresh ring of n entries (the oldest
+ * are dropped first once full); enable(0) stops recording and keeps what
+ * was recorded for dumping. Off, an allocator operation pays one
+ * predictable branch. */
+GM_API int gm_history_enable(size_t max_entries);
+GM_API bool gm_history_enabled(void);
+/* Entries recorded since enable, held now, and dropped (oldest first). */
+GM_API void gm_history_counts(uint64_t *recorded, uint64_t *held, uint64_t *dropped);
+/* Category of the live allocation at ptr (gradients, optimizer state...),
+ * recorded in the ring and applied to that allocation when dumped. */
+GM_API int gm_history_tag(gm_devptr ptr, int category);
+enum { GM_HISTORY_GMT = 0, GM_HISTORY_TORCH = 1 };
+/* Write the ring as a gpumem trace (.gmt) or a torch memory snapshot pickle
+ * (gzip'd if path ends in .gz) that `gpumem report/replay` and PyTorch's
+ * memory viz read. Scopes become frames {name, "<gpumem scope>"}, tags
+ * frames {category, "<gpumem category>"}. */
+GM_API int gm_history_dump(const char *path, int format);
+/* Dump to path automatically when an allocation runs out of memory (NULL:
+ * stop doing so). */
+GM_API int gm_history_dump_on_oom(const char *path, int format);
 
 #ifdef __cplusplus
 }

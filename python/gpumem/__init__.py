@@ -1,10 +1,13 @@
 """gpumem: a caching GPU memory allocator for PyTorch, with its own statistics.
 
     import gpumem.torch
-    gpumem.torch.install("policy:gpumem")   # before the first CUDA tensor
+    gpumem.torch.install()        # before the first CUDA tensor (policy:gpumem)
+
+or, with no code change: python -m gpumem run -- python train.py ARGS
 
 gpumem.torch holds the PyTorch integration (install, memory_stats, ...);
-gpumem._lib the ctypes binding of libgpumem_torch.so.
+gpumem._C the C++ shim that makes gpumem torch's CUDA allocator in full;
+gpumem._lib the ctypes binding of libgpumem_torch.so; gpumem.run the launcher.
 """
 from ._lib import GpumemError, find_library
 

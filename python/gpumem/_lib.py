@@ -17,14 +17,23 @@ import threading
 LIB_NAME = "libgpumem_torch.so"
 OOM_LIB_NAME = "libgpumem_torch_oom.so"
 
-# gm_status values (include/gpumem/gpumem.h)
-STATUS_NAMES = {
-    0: "GM_OK", -1: "GM_EINVAL", -2: "GM_ENOMEM", -3: "GM_ENOHOSTMEM", -4: "GM_EDOUBLEFREE",
-    -5: "GM_EFOREIGN", -6: "GM_EDEVICE", -7: "GM_EBACKEND", -8: "GM_ECONFIG", -9: "GM_ENODRIVER",
-    -10: "GM_EFORMAT", -11: "GM_EIO", -12: "GM_ENOTSUP", -13: "GM_ESTATE", -14: "GM_ENOSPACE",
-}
+# The status codes the library returns (include/gpumem/gpumem.h's GM_STATUS
+# list): names are read from the library itself (gm_status_name), so this
+# file never retypes them. The two values the Python side acts on are
+# checked against the library when it loads.
 GM_ENOMEM = -2
 GM_ENOSPACE = -14
+
+
+def status_name(status):
+    """'GM_ENOMEM' for -2, from the library; 'GM_UNKNOWN' if it has no name."""
+    try:
+        name = load().gm_status_name(int(status))
+    except OSError:
+        return "GM_UNKNOWN"
+    name = name.decode() if name else "GM_UNKNOWN"
+    return name if name.startswith("GM_") else "GM_UNKNOWN"
+
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
@@ -38,7 +47,7 @@ class GpumemError(RuntimeError):
     def __init__(self, status, message):
         super().__init__(message)
         self.status = status
-        self.status_name = STATUS_NAMES.get(status, "GM_UNKNOWN")
+        self.status_name = status_name(status)
 
 
 def _candidates(name, env):
@@ -76,9 +85,18 @@ def find_library():
         if os.path.isfile(cands[0]):
             return cands[0]
         raise FileNotFoundError("GPUMEM_LIB=%s: %s not found there" % (env, LIB_NAME))
+    sanitized = []
     for p in cands:
-        if os.path.isfile(p) and not _sanitized(p):
-            return p
+        if os.path.isfile(p):
+            if not _sanitized(p):
+                return p
+            sanitized.append(p)
+    if sanitized:
+        raise FileNotFoundError(
+            "gpumem: only AddressSanitizer builds of %s were found (%s), and python cannot load them "
+            "(the ASan runtime must come first). Build a plain one: cmake -S . -B build "
+            "-DCMAKE_BUILD_TYPE=Release -DGPUMEM_SANITIZE=OFF && cmake --build build, or pip install "
+            "--no-build-isolation ./python" % (LIB_NAME, ", ".join(sanitized)))
     raise FileNotFoundError(
         "gpumem: %s not found; build it (cmake --build build) and set GPUMEM_LIB to its path. Looked in: %s"
         % (LIB_NAME, ", ".join(cands)))
@@ -117,6 +135,7 @@ _SIGS = {
     "gpumem_torch_last_error": (ctypes.c_char_p, []),
     "gpumem_torch_failed_frees": (ctypes.c_uint64, []),
     "gpumem_torch_set_oom_thrower": (None, [ctypes.c_void_p]),
+    "gm_status_name": (ctypes.c_char_p, [ctypes.c_int]),
 }
 
 
@@ -137,6 +156,10 @@ def load():
                     raise OSError("gpumem: %s lacks %s (stale build?)" % (path, name)) from e
                 f.restype = res
                 f.argtypes = args
+            for want, value in (("GM_ENOMEM", GM_ENOMEM), ("GM_ENOSPACE", GM_ENOSPACE)):
+                if lib.gm_status_name(value) != want.encode():
+                    raise OSError("gpumem: %s numbers %s differently than this package (stale build?)"
+                                  % (path, want))
             _lib, _lib_path = lib, path
         return _lib
 
@@ -154,7 +177,7 @@ def last_error():
 def check(status, what):
     """Raise GpumemError for a failed status, with the library's message."""
     if status != 0:
-        msg = last_error() or "gpumem: %s failed: %s" % (what, STATUS_NAMES.get(status, status))
+        msg = last_error() or "gpumem: %s failed: %s" % (what, status_name(status))
         raise GpumemError(status, msg)
     return status
 
@@ -204,7 +227,7 @@ def check_invariants(device=-1):
     st = load().gpumem_torch_check(device, buf, len(buf))
     if st == 0:
         return ""
-    return buf.value.decode("utf-8", "replace") or STATUS_NAMES.get(st, str(st))
+    return buf.value.decode("utf-8", "replace") or status_name(st)
 
 
 def alloc_raw(size, device=0, stream=0):

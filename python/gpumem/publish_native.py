@@ -2,83 +2,52 @@
 visible to `gpumem smi/top/log/exporter`.
 
 A background thread copies ``torch.cuda.memory_stats(device)`` every
-``interval`` seconds into a shared-memory segment in gpumem's format (see
-src/monitor/monitor.h, layout version 2; this file must change with it).
-Pure Python (mmap + struct): no library to load, nothing to build.
+``interval`` seconds into gpumem's shared-memory segment through the library
+(gm_native_publisher_*): the segment layout and the list of statistics live
+in one place, src/monitor/monitor.h, and the keys read from memory_stats come
+from the library (gm_native_publisher_key), never retyped here.
 
     import gpumem.publish_native as pn
     pub = pn.start(label="llama-finetune")   # returns a NativePublisher
     ...
     pub.stop()                                # also done at interpreter exit
-
-Ordering: each device record is written under a seqlock (sequence made odd,
-values written, sequence made even). CPython writes to the mapping in program
-order; x86-64 keeps store order, so readers never accept a torn record there.
 """
-
 import atexit
-import mmap
+import ctypes
 import os
-import struct
 import threading
-import time
 
-MAGIC = 0x314D48534D454D47  # "GMEMSHM1"
-VERSION = 2
-HEADER_SIZE = 512
-RECORD_SIZE = 128
-DEVICES = 64
-SEGMENT_SIZE = HEADER_SIZE + DEVICES * RECORD_SIZE
-SOURCE_TORCH = 2
+from gpumem import _lib
 
-# magic, version, header_size, segment_size, record_size, ndevices, pid, uid,
-# start_time, created_ns, source, reserved0, comm, label, visible, pad
-_HEADER = struct.Struct("<QIIQIIiIQQII32s128s256s32s")
-# the values after seq/used, in monitor.h's GM__SHM_FIELDS order (version 2:
-# (current, peak) pairs; readers count operations as num_allocs + num_frees)
-_FIELDS = ("update_ns", "allocated", "peak_allocated", "requested", "peak_requested",
-           "active", "peak_active", "num_allocs", "num_frees", "reserved",
-           "peak_reserved", "num_alloc_retries", "num_ooms")
-_VALUES = struct.Struct("<%dq" % len(_FIELDS))
-_SEQ = struct.Struct("<II")
-assert _HEADER.size == HEADER_SIZE and 8 + _VALUES.size <= RECORD_SIZE
-
-# torch.cuda.memory_stats() key for each published field
-_TORCH_KEYS = {
-    "allocated": "allocated_bytes.all.current",
-    "reserved": "reserved_bytes.all.current",
-    "requested": "requested_bytes.all.current",
-    "active": "active_bytes.all.current",
-    "peak_allocated": "allocated_bytes.all.peak",
-    "peak_reserved": "reserved_bytes.all.peak",
-    "peak_requested": "requested_bytes.all.peak",
-    "peak_active": "active_bytes.all.peak",
-    "num_ooms": "num_ooms",
-    "num_alloc_retries": "num_alloc_retries",
-    "num_allocs": "allocation.all.allocated",
-    "num_frees": "allocation.all.freed",
-}
+DEVICES = 64  # records per segment (GM__SHM_DEVICES); devices beyond are not published
 
 
-def _prefix():
-    tag = os.environ.get("GPUMEM_SHM_TAG")
-    uid = os.getuid()
-    return "gpumem-%s.%d." % (tag, uid) if tag else "gpumem.%d." % uid
+def _api():
+    """The library with the native-publisher signatures set."""
+    lib = _lib.load()
+    if not getattr(lib, "_gm_native_sigs", False):
+        lib.gm_native_publisher_open.restype = ctypes.c_int
+        lib.gm_native_publisher_open.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+        lib.gm_native_publisher_key.restype = ctypes.c_char_p
+        lib.gm_native_publisher_key.argtypes = [ctypes.c_int]
+        lib.gm_native_publisher_update.restype = ctypes.c_int
+        lib.gm_native_publisher_update.argtypes = [ctypes.c_void_p, ctypes.c_int,
+                                                   ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
+        lib.gm_native_publisher_close.restype = None
+        lib.gm_native_publisher_close.argtypes = [ctypes.c_void_p]
+        lib._gm_native_sigs = True
+    return lib
 
 
-def _start_time(pid):
-    with open("/proc/%d/stat" % pid, "rb") as f:
-        data = f.read()
-    fields = data[data.rindex(b")") + 2:].split()
-    return int(fields[19])  # field 22; fields[0] is field 3
-
-
-def _comm(pid):
-    try:
-        with open("/proc/%d/comm" % pid) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+def keys():
+    """The torch.cuda.memory_stats() keys published, in the library's order."""
+    lib, out, i = _api(), [], 0
+    while True:
+        k = lib.gm_native_publisher_key(i)
+        if not k:
+            return out
+        out.append(k.decode())
+        i += 1
 
 
 def _torch_devices():
@@ -105,54 +74,30 @@ class NativePublisher:
         self._stats_fn = stats_fn or _torch_stats
         self._stop = threading.Event()
         self._thread = None
-        self._seq = [0] * DEVICES
         self._lock = threading.Lock()
-        pid = os.getpid()
-        self.path = "/dev/shm/%s%d.torch" % (_prefix(), pid)
-        try:
-            os.unlink(self.path)  # ours by pid: whoever made it is gone
-        except FileNotFoundError:
-            pass
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            os.ftruncate(fd, SEGMENT_SIZE)
-            self._map = mmap.mmap(fd, SEGMENT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.unlink(self.path)
-            raise
-        finally:
-            os.close(fd)
-        comm = _comm(pid)
-        label = label if label else comm
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        header = _HEADER.pack(0, VERSION, HEADER_SIZE, SEGMENT_SIZE, RECORD_SIZE, DEVICES, pid,
-                              os.getuid(), _start_time(pid), time.time_ns(), SOURCE_TORCH, 0,
-                              comm.encode()[:31], label.encode()[:127], visible.encode()[:255], b"")
-        self._map[0:HEADER_SIZE] = header
-        self._map[0:8] = struct.pack("<Q", MAGIC)  # last: readers see a whole header
+        self._lib = _api()
+        self._keys = keys()
+        self._values = (ctypes.c_int64 * len(self._keys))()
+        handle = ctypes.c_void_p()
+        _lib.check(self._lib.gm_native_publisher_open(label.encode() if label else None, ctypes.byref(handle)),
+                   "publishing torch's statistics")
+        self._handle = handle
         atexit.register(self.stop)
 
     def publish_once(self):
         """Copy the current stats of every device in use."""
         devices = self._devices if self._devices is not None else _torch_devices()
         with self._lock:
-            if self._map is None:
+            if self._handle is None:
                 return
             for d in devices:
                 if 0 <= d < DEVICES:
                     stats = self._stats_fn(d)
                     if stats:
-                        self._write(d, stats)
-
-    def _write(self, device, stats):
-        off = HEADER_SIZE + device * RECORD_SIZE
-        values = [time.time_ns()] + [int(stats.get(_TORCH_KEYS[f], 0)) for f in _FIELDS[1:]]
-        seq = self._seq[device]
-        _SEQ.pack_into(self._map, off, seq + 1, 1)
-        _VALUES.pack_into(self._map, off + 8, *values)
-        _SEQ.pack_into(self._map, off, seq + 2, 1)
-        self._seq[device] = seq + 2
+                        for i, k in enumerate(self._keys):
+                            self._values[i] = int(stats.get(k, 0))
+                        _lib.check(self._lib.gm_native_publisher_update(self._handle, d, self._values,
+                                                                        len(self._keys)), "publish")
 
     def _run(self):
         while not self._stop.is_set():
@@ -174,13 +119,9 @@ class NativePublisher:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         with self._lock:
-            if self._map is not None:
-                self._map.close()
-                self._map = None
-                try:
-                    os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
+            if self._handle is not None:
+                self._lib.gm_native_publisher_close(self._handle)
+                self._handle = None
 
 
 def start(label=None, interval=0.5, devices=None, stats_fn=None):

@@ -1,13 +1,17 @@
 """PyTorch integration: run PyTorch on gpumem's allocator.
 
     import gpumem.torch as gt
-    gt.install("policy:gpumem")      # before the first CUDA tensor
+    gt.install()                     # before the first CUDA tensor (policy:gpumem)
     ...
-    gt.print_memory_usage("after step")
+    print(torch.cuda.memory_allocated(), torch.cuda.max_memory_reserved())
 
-With a pluggable allocator torch.cuda.memory_allocated() and friends stop
-working ("does not yet support getDeviceStats"); the functions here give the
-same answers from gpumem's own statistics, with the same names and keys.
+With the C++ shim gpumem._C (built by `pip install --no-build-isolation
+./python`) gpumem is torch's CUDA allocator in full: torch.cuda.memory_stats()
+and friends, the profiler's memory columns, _record_memory_history/_snapshot,
+set_per_process_memory_fraction and torch.OutOfMemoryError answer from
+gpumem. Without the shim install() falls back to torch's
+CUDAPluggableAllocator entry points, where torch's own memory API raises; the
+functions here give the same answers from gpumem's statistics either way.
 
 torch is imported lazily, so the stats functions work (device given as an
 int) in processes that never import torch, e.g. the package's CPU tests.
@@ -20,7 +24,7 @@ import sys
 from . import _lib
 from ._lib import GpumemError
 
-_state = {"installed": False, "conf": None, "oom_native": False, "record_hook": None,
+_state = {"installed": False, "conf": None, "mode": None, "oom_native": False, "record_hook": None,
           "orig_record_stream": None, "helpers": []}
 OOM_PREFIX = "gpumem: CUDA out of memory"
 
@@ -48,11 +52,42 @@ def _device(device):
 
 # ---- installation ----------------------------------------------------------
 
-def install(conf=None, backend="cuda"):
+DEFAULT_POLICY = "policy:gpumem"
+
+
+def effective_conf(conf=None):
+    """The settings install() applies: conf, else $GPUMEM_CONF, with
+    policy:gpumem added when neither names a policy (policy:torch gives torch's
+    own placement exactly)."""
+    if conf is None:
+        conf = os.environ.get("GPUMEM_CONF", "")
+    conf = conf.strip()
+    if "policy:" not in conf.replace(" ", ""):
+        conf = DEFAULT_POLICY + ("," + conf if conf else "")
+    return conf
+
+
+def _shim():
+    """The C++ shim module gpumem._C, or None (not built, or GPUMEM_SHIM=0)."""
+    if os.environ.get("GPUMEM_SHIM", "1") == "0":
+        return None
+    try:
+        from . import _C  # noqa: PLC0415 (needs torch imported first)
+        return _C
+    except ImportError as e:
+        _state["shim_error"] = str(e)
+        return None
+
+
+def install(conf=None, backend="cuda", label=None):
     """Make gpumem PyTorch's CUDA allocator. Must run before CUDA is initialised.
 
     conf: PYTORCH_CUDA_ALLOC_CONF-style settings plus policy:torch|gpumem
-    (None: $GPUMEM_CONF, else defaults). Returns the library path.
+    (None: $GPUMEM_CONF; the policy is gpumem unless one is named).
+    label: the name `gpumem smi/top` show for this process (default:
+    $GPUMEM_PUBLISH_LABEL, else the script's name). The process is published
+    to them unless GPUMEM_PUBLISH=0.
+    Returns the library path.
     """
     torch = _torch()
     if _state["installed"]:
@@ -64,16 +99,32 @@ def install(conf=None, backend="cuda"):
         raise RuntimeError(
             "gpumem.torch.install() must be called before CUDA is initialised (before the first CUDA tensor, "
             "torch.cuda.init() or anything that queries the device); call it at the top of the script.")
-    _lib.configure(conf, backend)  # checks conf now: a typo fails here, not at the first tensor
+    if label or not os.environ.get("GPUMEM_PUBLISH_LABEL"):
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c", "-") else ""
+        if label or script:
+            os.environ["GPUMEM_PUBLISH_LABEL"] = label or script
+    _lib.configure(effective_conf(conf), backend)  # checks conf now: a typo fails here, not at the first tensor
     path = _lib.library_path()
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "gpumem_alloc", "gpumem_free")
+    shim = _shim() if backend == "cuda" else None
     try:
-        torch.cuda.memory.change_current_allocator(alloc)
+        if shim is not None:
+            shim.install(path)
+            mode = "shim"
+        else:
+            alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "gpumem_alloc", "gpumem_free")
+            torch.cuda.memory.change_current_allocator(alloc)
+            _state["allocator"] = alloc
+            mode = "pluggable"
     except RuntimeError as e:
         raise RuntimeError("gpumem.torch.install: PyTorch refused to swap its allocator (%s); install() must run "
                            "before the first CUDA allocation" % e) from e
-    _state.update(installed=True, conf=conf, allocator=alloc)
-    _load_helpers()
+    _state.update(installed=True, conf=conf, mode=mode)
+    if mode == "pluggable":
+        _warn("gpumem: the C++ shim gpumem._C is not available (%s); gpumem runs through torch's "
+              "CUDAPluggableAllocator, where torch.cuda.memory_allocated() and the rest of torch's memory API "
+              "raise: use gpumem.torch.memory_allocated() etc., or reinstall with "
+              "pip install --no-build-isolation ./python" % _state.get("shim_error", "GPUMEM_SHIM=0"))
+        _load_helpers()
     return path
 
 
@@ -142,17 +193,20 @@ def _patch_record_stream():
 
 
 def status():
-    """What is active: installed, conf, library, native OOM exception, record_stream hook."""
+    """What is active: installed, mode (shim | pluggable), conf, library, native OOM exception,
+    record_stream path."""
+    shim = _state["mode"] == "shim"
     return {
-        "installed": _state["installed"], "conf": _state["conf"],
+        "installed": _state["installed"], "mode": _state["mode"], "conf": _state["conf"],
         "library": _lib.library_path() if _state["installed"] else None,
-        "native_oom": _state["oom_native"], "record_stream": "c++ hook" if _state["record_hook"] else "python patch",
+        "native_oom": shim or _state["oom_native"],
+        "record_stream": "shim" if shim else ("c++ hook" if _state["record_hook"] else "python patch"),
     }
 
 
 def native_oom():
-    """True when an OOM raises torch.OutOfMemoryError directly (helper loaded)."""
-    return _state["oom_native"]
+    """True when an OOM raises torch.OutOfMemoryError directly (shim, or helper loaded)."""
+    return _state["mode"] == "shim" or _state["oom_native"]
 
 
 # ---- OOM -------------------------------------------------------------------
@@ -302,3 +356,4 @@ def memory_usage_line(tag="", device=None):
 def print_memory_usage(tag="", device=None, file=None):
     """Print one line of memory use, for training loops: print_memory_usage(f"step {i}")."""
     print(memory_usage_line(tag, device), file=file if file is not None else sys.stdout, flush=True)
+from .track import Tracker, scope, scoped, track  # noqa: E402,F401 (issue 13: python/gpumem/track.py)

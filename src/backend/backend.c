@@ -7,7 +7,9 @@
  * the caller holds the device lock for those. Counters in d->stats count
  * successful calls only (torch counts a cudaMalloc once it has succeeded);
  * gm_backend_call_count counts every attempt. */
+#include "history.h"
 #include "internal.h"
+#include "trace/trace.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -45,6 +47,7 @@ const char *gm_bcall_name(int kind) {
 }
 
 int gm_backend_create(gm_backend **out, const gm_backend_ops *ops, void *ctx) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!out || !ops) return gm__set_error(GM_EINVAL, "gm_backend_create: NULL argument");
     /* a table must at least reach its name; later fields may be missing */
     if (ops->version < 1 || ops->size < offsetof(gm_backend_ops, destroy))
@@ -73,6 +76,7 @@ const char *gm_backend_name(const gm_backend *b) {
 }
 
 int gm_backend_device_count(gm_backend *b, int *count) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!b || !count) return GM_EINVAL;
     if (!b->ops.device_count) return GM_ENOTSUP;
     return b->ops.device_count(b->ctx, count);
@@ -120,6 +124,7 @@ int gm_backend_inject_fault(gm_backend *b, int kind, uint64_t nth, int status) {
 }
 
 int gm_backend_inject_fault_ex(gm_backend *b, int kind, uint64_t nth, int status, unsigned flags) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!b) return GM_EINVAL;
     if (flags & ~(unsigned)GM_FAULT_PERSISTENT)
         return gm__set_error(GM_EINVAL, "gm_backend_inject_fault_ex: unknown flags 0x%x", flags);
@@ -178,11 +183,16 @@ static int enter(gm_backend *b, int dev, int kind) {
 int gm__be_mem_info(gm__device *d, uint64_t *free_bytes, uint64_t *total_bytes) {
     GM__BE_CALL(d, MEM_INFO, mem_info, free_bytes, total_bytes);
 }
+/* segment calls also feed the allocation history (core/history.h) */
 int gm__be_malloc(gm__device *d, uint64_t size, gm_devptr *out) {
-    GM__BE_CALL_STAT(d, MALLOC, num_device_alloc, malloc, size, out);
+    GM__BE_CALL_THEN(d, MALLOC, (d->stats.num_device_alloc++,
+                                 gm__history_note(d->index, GM_TA_SEGMENT_ALLOC, *out, size, 0)),
+                     malloc, size, out);
 }
 int gm__be_free(gm__device *d, gm_devptr ptr) {
-    GM__BE_CALL_STAT(d, FREE, num_device_free, free, ptr);
+    GM__BE_CALL_THEN(d, FREE, (d->stats.num_device_free++,
+                               gm__history_note(d->index, GM_TA_SEGMENT_FREE, ptr, 0, 0)),
+                     free, ptr);
 }
 int gm__be_granularity(gm__device *d, uint64_t *bytes) {
     /* not a counted kind: asked once per device, never fails by injection */
@@ -203,10 +213,12 @@ int gm__be_phys_release(gm__device *d, gm_physmem h) {
     GM__BE_CALL_STAT(d, PHYS_RELEASE, num_phys_release, phys_release, h);
 }
 int gm__be_map(gm__device *d, gm_devptr va, uint64_t size, gm_physmem h) {
-    GM__BE_CALL_STAT(d, MAP, num_map, map, va, size, h);
+    GM__BE_CALL_THEN(d, MAP, (d->stats.num_map++, gm__history_note(d->index, GM_TA_SEGMENT_MAP, va, size, 0)),
+                     map, va, size, h);
 }
 int gm__be_unmap(gm__device *d, gm_devptr va, uint64_t size) {
-    GM__BE_CALL_STAT(d, UNMAP, num_unmap, unmap, va, size);
+    GM__BE_CALL_THEN(d, UNMAP, (d->stats.num_unmap++, gm__history_note(d->index, GM_TA_SEGMENT_UNMAP, va, size, 0)),
+                     unmap, va, size);
 }
 int gm__be_event_record(gm__device *d, gm_stream stream, gm_event *out) {
     GM__BE_CALL(d, EVENT_RECORD, event_record, stream, out);

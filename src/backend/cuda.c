@@ -586,6 +586,7 @@ static void drv_load(void *dl, gm__cuda_driver *d) {
 }
 
 int gm_cuda_create(gm_backend **out) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!out) return gm__set_error(GM_EINVAL, "gm_cuda_create: out is NULL");
     *out = NULL;
     void *dl = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);

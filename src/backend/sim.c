@@ -534,6 +534,7 @@ void gm_sim_options_init(gm_sim_options *o) {
 }
 
 int gm_sim_create(gm_backend **out, const gm_sim_options *opts) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!out) return gm__set_error(GM_EINVAL, "gm_sim_create: out is NULL");
     gm_sim_options o;
     gm_sim_options_init(&o);
@@ -569,6 +570,7 @@ int gm_sim_create(gm_backend **out, const gm_sim_options *opts) {
 }
 
 int gm_sim_complete_events(gm_backend *b, int device, gm_stream stream) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     const gm_backend_ops *ops;
     void *ctx = b ? gm__backend_ctx(b, &ops) : NULL;
     if (!ctx || ops->destroy != sim_destroy)
@@ -583,6 +585,7 @@ int gm_sim_complete_events(gm_backend *b, int device, gm_stream stream) {
 
 int gm_sim_call_sizes(gm_backend *b, int device, int kind, uint64_t count[GM_SIM_SIZE_BUCKETS],
                       uint64_t bytes[GM_SIM_SIZE_BUCKETS]) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     const gm_backend_ops *ops;
     void *ctx = b ? gm__backend_ctx(b, &ops) : NULL;
     if (!ctx || ops->destroy != sim_destroy)
@@ -615,6 +618,7 @@ int gm_sim_live_objects(gm_backend *b, int device, gm_sim_live *out) {
 }
 
 int gm_sim_add_address_hint(gm_backend *b, int device, uint64_t size, gm_devptr addr) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     const gm_backend_ops *ops;
     void *ctx = b ? gm__backend_ctx(b, &ops) : NULL;
     if (!ctx || ops->destroy != sim_destroy)

@@ -18,7 +18,10 @@
     X(top, "live terminal view of GPU memory per device and per process")                 \
     X(log, "sample GPU and allocator memory periodically as JSON lines or CSV")           \
     X(exporter, "serve GPU and allocator memory metrics for Prometheus")                  \
-    X(demo, "run a synthetic training-like workload on the simulated device")
+    X(demo, "run a synthetic training-like workload on the simulated device")             \
+    X(config, "list the allocator policies and settings, or check a settings string")     \
+    X(run, "run a PyTorch program on gpumem's allocator, unmodified (python -m gpumem run)") \
+    X(report, "where the memory went: categories, timeline, frames (HTML, text, Perfetto)")
 
 #define GM__CLI_DECL(name, help) int cmd_##name(int argc, char **argv);
 GM_CLI_COMMANDS(GM__CLI_DECL)
@@ -32,10 +35,77 @@ bool cli_parse_size(const char *s, uint64_t *out);
  * and means less than 1 MiB ("--capacity 80" is 80 bytes: 80GiB meant?).
  * Returns true when it warned. */
 bool cli_warn_unitless_size(const char *cmd, const char *opt, const char *arg, uint64_t bytes);
+/* s as a JSON string, quoted and escaped. */
+void cli_json_string(FILE *f, const char *s);
 /* "13.24 GiB" style, into buf; returns buf. */
 const char *cli_format_bytes(uint64_t bytes, char *buf, size_t len);
 /* Print "gpumem NAME: message" to stderr; returns exit code 2 (usage) or 1. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int cli_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- options (cli_opt.c): one table per command, one parser for all ----- */
+enum cli_opt_kind {
+    CLI_FLAG,   /* bool *out = true */
+    CLI_STR,    /* const char **out */
+    CLI_CHOICE, /* const char **out, one of metavar's "a|b|c" */
+    CLI_SIZE,   /* uint64_t *out, parsed by cli_parse_size */
+    CLI_INT,    /* long long *out */
+    CLI_DOUBLE, /* double *out */
+};
+
+struct cli_opt {
+    const char *name;      /* "capacity" for --capacity */
+    char short_name;       /* 'o' for -o, or 0 */
+    enum cli_opt_kind kind;
+    void *out;
+    const char *metavar;   /* shown in --help ("SIZE"); the choices for CLI_CHOICE */
+    const char *help;
+    const char *def;       /* default shown in --help, or NULL */
+    double min, max;       /* accepted range of numeric kinds when min < max */
+};
+
+struct cli_spec {
+    const char *cmd;    /* "replay" */
+    const char *args;   /* positional synopsis, "TRACE" */
+    const char *about;  /* what the command does, shown by --help */
+    const struct cli_opt *opts;
+    size_t nopts;
+    int min_pos, max_pos;
+    const char *epilog; /* exit statuses and the like */
+    bool stop_at_positional; /* the first positional ends the options (a command to run) */
+};
+
+#define CLI_NOPTS(a) (sizeof(a) / sizeof((a)[0]))
+#define CLI_HELP (-1) /* cli_parse printed --help: exit 0 */
+
+/* Parse argv[1..] against spec: options into their outs, positionals into
+ * pos[0..max_pos). Returns 0, CLI_HELP, or 2 after printing one line naming
+ * what is wrong and "see 'gpumem CMD --help'". */
+int cli_parse(const struct cli_spec *spec, int argc, char **argv, char **pos, int *npos);
+void cli_print_help(const struct cli_spec *spec, FILE *f);
+/* The exit code of cli_parse's result for a command that should stop. */
+static inline int cli_parse_exit(int rc) { return rc == CLI_HELP ? 0 : rc; }
+
+/* The options several commands share: one name, one range, one help line. */
+#define CLI_CAPACITY_MIN 1048576.0      /* 1 MiB: "--capacity 80" is a typo for 80GiB */
+#define CLI_CAPACITY_MAX 1099511627776.0 * 64
+#define CLI_DEVICE_MAX 255.0
+#define CLI_INTERVAL_MIN 0.01
+#define CLI_INTERVAL_MAX 3600.0
+#define CLI_OPT_CAPACITY(p)                                                                        \
+    {"capacity", 0, CLI_SIZE, (p), "SIZE", "memory of the simulated GPU, with a unit (80GiB)",     \
+     "141GiB", CLI_CAPACITY_MIN, CLI_CAPACITY_MAX}
+#define CLI_OPT_DEVICE(p)                                                                          \
+    {"device", 0, CLI_INT, (p), "N", "CUDA device index", "0", 0, CLI_DEVICE_MAX}
+#define CLI_OPT_CONF(p)                                                                            \
+    {"conf", 0, CLI_STR, (p), "STR", "allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, "     \
+     "plus policy:NAME (see 'gpumem config --list')", NULL, 0, 0}
+#define CLI_OPT_JSON(p) {"json", 0, CLI_FLAG, (p), NULL, "one JSON object on stdout", NULL, 0, 0}
+#define CLI_OPT_INTERVAL(p, def)                                                                   \
+    {"interval", 0, CLI_DOUBLE, (p), "SEC", "seconds between samples", def, CLI_INTERVAL_MIN,      \
+     CLI_INTERVAL_MAX}
+#define CLI_OPT_NO_NVML(p)                                                                         \
+    {"no-nvml", 0, CLI_FLAG, (p), NULL, "do not load libnvidia-ml.so.1 (allocator data only)",    \
+     NULL, 0, 0}
 
 #endif

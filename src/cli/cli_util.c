@@ -1,6 +1,8 @@
 /* cli_util.c — helpers shared by the subcommands: sizes and error messages. */
 #include "cli.h"
 
+#include "internal.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -49,17 +51,19 @@ bool cli_warn_unitless_size(const char *cmd, const char *opt, const char *arg, u
     return true;
 }
 
-const char *cli_format_bytes(uint64_t bytes, char *buf, size_t len) {
-    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024.0 && u < 5) {
-        v /= 1024.0;
-        u++;
+void cli_json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p == '\n') fputs("\\n", f);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
     }
-    if (u == 0) snprintf(buf, len, "%llu B", (unsigned long long)bytes);
-    else snprintf(buf, len, "%.2f %s", v, units[u]);
-    return buf;
+    fputc('"', f);
+}
+
+const char *cli_format_bytes(uint64_t bytes, char *buf, size_t len) {
+    return gm__format_bytes(bytes > INT64_MAX ? INT64_MAX : (int64_t)bytes, buf, len);
 }
 
 static int vreport(int code, const char *cmd, const char *fmt, va_list ap) {

@@ -6,23 +6,22 @@
 #include "gpumem/gpumem.h"
 #include "trace/trace.h"
 
-#include <string.h>
 
 int cmd_convert(int argc, char **argv) {
-    const char *cmd = argv[0], *in = NULL, *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-            printf("usage: gpumem %s SNAPSHOT -o OUT.gmt\n\n"
-                   "Writes SNAPSHOT (a torch.cuda.memory snapshot pickle, gzip or not, or a gmt\n"
-                   "trace) in the gpumem trace format; 'gpumem replay' and 'tune' read both.\n", cmd);
-            return 0;
-        } else if ((!strcmp(o, "-o") || !strcmp(o, "--output")) && i + 1 < argc) out = argv[++i];
-        else if (o[0] == '-' && o[1]) return cli_usage_error(cmd, "unknown or incomplete option '%s'", o);
-        else if (!in) in = o;
-        else return cli_usage_error(cmd, "more than one input given ('%s')", o);
-    }
-    if (!in || !out) return cli_usage_error(cmd, "usage: gpumem convert SNAPSHOT -o OUT.gmt");
+    const char *cmd = argv[0], *out = NULL;
+    const struct cli_opt opts[] = {
+        {"output", 'o', CLI_STR, &out, "OUT.gmt", "where to write the gpumem trace (required)", NULL, 0, 0},
+    };
+    const struct cli_spec spec = {
+        .cmd = cmd, .args = "SNAPSHOT", .opts = opts, .nopts = CLI_NOPTS(opts), .min_pos = 1, .max_pos = 1,
+        .about = "Writes SNAPSHOT (a torch.cuda.memory snapshot pickle, gzip or not, or a gmt\n"
+                 "trace; '-' reads standard input) in the gpumem trace format; 'gpumem replay'\n"
+                 "and 'tune' read both.",
+    };
+    char *in = NULL;
+    int prc = cli_parse(&spec, argc, argv, &in, NULL);
+    if (prc) return cli_parse_exit(prc);
+    if (!out) return cli_usage_error(cmd, "-o OUT.gmt is required (see 'gpumem %s --help')", cmd);
     gm_trace *t;
     if (gm_trace_load_file(in, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
     int rc = gm_trace_write_gmt(t, out);

@@ -124,69 +124,60 @@ static void report(demo *d, const char *label) {
     fflush(stdout);
 }
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: gpumem demo [--duration SEC] [--device N] [--capacity SIZE] [--model SIZE]\n"
-            "                   [--step-ms MS] [--steps N] [--oom-every N] [--label NAME] [--hold SEC]\n"
-            "                   [--config STR] [--seed N]\n"
-            "  Synthetic training on the simulated device, published for gpumem smi/top/log/exporter.\n"
-            "  --duration SEC  stop after SEC seconds (default: until interrupted)\n"
-            "  --device N      simulated device index to use (default 0)\n"
-            "  --capacity SIZE device size (default 16GiB); --model SIZE weights (default 1GiB)\n"
-            "  --steps N       stop training after N steps; then print the published stats as\n"
-            "                  one JSON line and hold them for --hold SEC (default 3600) or until killed\n"
-            "  --oom-every N   every N steps ask for more than the device has (an OOM)\n"
-            "  --label NAME    the process name the monitors show\n"
-            "  --config STR    allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax (policy:gpumem, ...)\n"
-            "  --seed N        vary the workload's sizes (default 0: the same run every time)\n");
-}
-
-static bool parse_args(int argc, char **argv, demo *d, double *duration, long *steps, double *hold,
+static bool parse_args(int argc, char **argv, demo *d, double *duration, long long *steps, double *hold,
                        const char **label, int *code) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = "";
-        bool ok = v != NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            *code = 0;
-            return false;
-        } else if (ok && !strcmp(a, "--duration")) ok = (*duration = strtod(v, &end)) > 0;
-        else if (ok && !strcmp(a, "--device"))
-            ok = (d->device = (int)strtol(v, &end, 10)) >= 0 && d->device < GM_MAX_DEVICES;
-        else if (ok && !strcmp(a, "--capacity")) ok = cli_parse_size(v, &d->capacity) && d->capacity > 0;
-        else if (ok && !strcmp(a, "--model")) ok = cli_parse_size(v, &d->weights) && d->weights >= 1048576;
-        else if (ok && !strcmp(a, "--step-ms")) ok = (d->step_s = strtod(v, &end) / 1000.0) >= 0;
-        else if (ok && !strcmp(a, "--steps")) ok = (*steps = strtol(v, &end, 10)) > 0;
-        else if (ok && !strcmp(a, "--oom-every")) ok = (d->oom_every = strtol(v, &end, 10)) > 0;
-        else if (ok && !strcmp(a, "--hold")) ok = (*hold = strtod(v, &end)) >= 0;
-        else if (ok && !strcmp(a, "--label")) *label = v;
-        else if (ok && !strcmp(a, "--seed")) d->rng ^= (uint32_t)strtoul(v, &end, 0);
-        else if (ok && !strcmp(a, "--config")) {
-            char err[256];
-            if (gm_config_parse(&d->cfg, v, err, sizeof err) != GM_OK) {
-                *code = cli_usage_error(argv[0], "--config: %s", err);
-                return false;
-            }
-        }
-        else {
-            *code = cli_usage_error(argv[0], "unknown or incomplete argument '%s' (see --help)", a);
-            return false;
-        }
-        if (!ok || *end) {
-            *code = cli_usage_error(argv[0], "bad value '%s' for %s", v ? v : "", a);
-            return false;
-        }
-        i++;
+    const char *conf = "";
+    long long device = 0, oom_every = 0, seed = 0;
+    double step_ms = d->step_s * 1000.0;
+    const struct cli_opt opts[] = {
+        {"duration", 0, CLI_DOUBLE, duration, "SEC", "stop after SEC seconds (default: until interrupted)",
+         NULL, 0.001, 1e9},
+        CLI_OPT_DEVICE(&device),
+        {"capacity", 0, CLI_SIZE, &d->capacity, "SIZE", "memory of the simulated GPU, with a unit",
+         "16GiB", CLI_CAPACITY_MIN, CLI_CAPACITY_MAX},
+        {"model", 0, CLI_SIZE, &d->weights, "SIZE", "bytes of weights", "1GiB", 1048576, CLI_CAPACITY_MAX},
+        {"step-ms", 0, CLI_DOUBLE, &step_ms, "MS", "pause per step", "200", 0, 3.6e6},
+        {"steps", 0, CLI_INT, steps, "N",
+         "stop training after N steps, print the published stats as one JSON line and hold them "
+         "for --hold SEC or until killed", NULL, 1, 1e12},
+        {"hold", 0, CLI_DOUBLE, hold, "SEC", "how long to hold the stats after --steps", "3600", 0, 1e9},
+        {"oom-every", 0, CLI_INT, &oom_every, "N", "every N steps ask for more than the device has (an OOM)",
+         NULL, 1, 1e12},
+        {"label", 0, CLI_STR, label, "NAME", "the process name the monitors show", "gpumem-demo", 0, 0},
+        CLI_OPT_CONF(&conf),
+        {"seed", 0, CLI_INT, &seed, "N", "vary the workload's sizes", "0: the same run every time", 0, 4294967295.0},
+    };
+    const struct cli_spec spec = {
+        .cmd = argv[0], .args = "", .opts = opts, .nopts = CLI_NOPTS(opts),
+        .about = "Synthetic training on a simulated device, published for gpumem smi/top/log/exporter:\n"
+                 "run it, then 'gpumem smi' or 'gpumem top' in another terminal.",
+    };
+    int rc = cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) {
+        *code = cli_parse_exit(rc);
+        return false;
     }
+    char err[256];
+    if (gm_config_parse(&d->cfg, conf, err, sizeof err) != GM_OK) {
+        *code = cli_usage_error(argv[0], "bad --conf: %s", err);
+        return false;
+    }
+    if (device >= GM_MAX_DEVICES) {
+        *code = cli_usage_error(argv[0], "--device must be below %d, not %lld", GM_MAX_DEVICES, device);
+        return false;
+    }
+    d->device = (int)device;
+    d->oom_every = (long)oom_every;
+    d->step_s = step_ms / 1000.0;
+    d->rng ^= (uint32_t)seed;
     return true;
 }
 
-static int run(demo *d, const char *label, double duration, long steps, double hold) {
+static int run(demo *d, const char *label, double duration, long long steps, double hold) {
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if (load_weights(d)) return 1;
-    for (long n = 0; !stop_requested && (steps <= 0 || n < steps); n++) {
+    for (long long n = 0; !stop_requested && (steps <= 0 || n < steps); n++) {
         if (step(d, n)) return 1;
         clock_gettime(CLOCK_MONOTONIC, &now);
         if (duration > 0 && (double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) / 1e9 >= duration)
@@ -202,7 +193,7 @@ static int run(demo *d, const char *label, double duration, long steps, double h
 int cmd_demo(int argc, char **argv) {
     demo d = {.cmd = argv[0], .capacity = 16ull << 30, .weights = 1ull << 30, .step_s = 0.2, .rng = 12345};
     double duration = 0, hold = 3600;
-    long steps = 0;
+    long long steps = 0;
     const char *label = "gpumem-demo";
     int code = 0;
     gm_config_init(&d.cfg);
@@ -223,8 +214,10 @@ int cmd_demo(int argc, char **argv) {
         struct sigaction sa = {.sa_handler = on_signal};
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
-        fprintf(stderr, "gpumem demo: pid %d publishing as '%s' on simulated device %d\n", (int)getpid(), label,
-                d.device);
+        fprintf(stderr,
+                "gpumem demo: pid %d publishing as '%s' on simulated device %d; now run 'gpumem smi' or "
+                "'gpumem top' in another terminal (Ctrl-C stops the demo)\n",
+                (int)getpid(), label, d.device);
         code = run(&d, label, duration, steps, hold);
     }
     if (d.a) gm_allocator_destroy(d.a); /* unpublishes */

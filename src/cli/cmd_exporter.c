@@ -14,18 +14,33 @@
 #include <string.h>
 #include <unistd.h>
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: gpumem exporter [--listen ADDR:PORT] [--interval SEC] [--no-nvml]\n"
-               "  Serve /metrics for Prometheus. ADDR:PORT defaults to 127.0.0.1:9400 (loopback);\n"
-               "  port 0 picks a free port. The address served is printed on stdout.\n");
+/* Parses the exporter's options; returns -1 to go on, else the exit code. */
+static int parse_args(int argc, char **argv, const char **listen, double *interval, bool *nvml) {
+    bool no_nvml = false;
+    const struct cli_opt opts[] = {
+        {"listen", 0, CLI_STR, listen, "ADDR:PORT", "address to serve on; port 0 picks a free port",
+         "127.0.0.1:9400", 0, 0},
+        CLI_OPT_INTERVAL(interval, "1"),
+        CLI_OPT_NO_NVML(&no_nvml),
+    };
+    const struct cli_spec spec = {
+        .cmd = argv[0], .args = "", .opts = opts, .nopts = CLI_NOPTS(opts),
+        .about = "Serves /metrics for Prometheus (loopback by default: the metrics name processes\n"
+                 "and jobs). The address served is printed on stdout.",
+    };
+    int rc = cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return cli_parse_exit(rc);
+    *nvml = !no_nvml;
+    return -1;
 }
 
 #ifndef GM_HAVE_MHD
 int cmd_exporter(int argc, char **argv) {
-    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        usage(stdout);
-        return 0;
-    }
+    const char *listen = "127.0.0.1:9400";
+    double interval = 1.0;
+    bool nvml = true;
+    int rc = parse_args(argc, argv, &listen, &interval, &nvml);
+    if (rc >= 0) return rc;
     return cli_error(argv[0], "this gpumem was built without libmicrohttpd (install libmicrohttpd-dev and rebuild)");
 }
 #else
@@ -103,19 +118,8 @@ int cmd_exporter(int argc, char **argv) {
     const char *listen = "127.0.0.1:9400";
     double interval = 1.0;
     bool nvml = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--listen") && i + 1 < argc) listen = argv[++i];
-        else if (!strcmp(argv[i], "--interval") && i + 1 < argc) {
-            char *end;
-            interval = strtod(argv[++i], &end);
-            if (*end || !(interval >= 0.01 && interval <= 3600))
-                return cli_usage_error(argv[0], "--interval must be seconds between 0.01 and 3600, not '%s'", argv[i]);
-        } else if (!strcmp(argv[i], "--no-nvml")) nvml = false;
-        else return cli_usage_error(argv[0], "unknown or incomplete argument '%s' (see --help)", argv[i]);
-    }
+    int prc = parse_args(argc, argv, &listen, &interval, &nvml);
+    if (prc >= 0) return prc;
     struct sockaddr_in sa;
     if (!parse_listen(listen, &sa))
         return cli_usage_error(argv[0], "--listen wants IPV4ADDR:PORT (e.g. 127.0.0.1:9400), not '%s'", listen);

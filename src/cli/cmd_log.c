@@ -14,17 +14,12 @@
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { stop_requested = sig; }
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: gpumem log [--interval SEC] [--format jsonl|csv] [--output FILE] [--count N] [--no-nvml]\n"
-               "  Sample every SEC seconds (default 1) until interrupted or N samples were written.\n");
-}
-
 static void sleep_until(const struct timespec *t) {
     while (!stop_requested && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, t, NULL) == EINTR) {
     }
 }
 
-static int run(const char *cmd, FILE *out, bool csv, double interval, long count, bool nvml) {
+static int run(const char *cmd, FILE *out, bool csv, double interval, long long count, bool nvml) {
     gm__collector *c;
     if (gm__collector_create(&c, NULL, nvml) != 0) return cli_error(cmd, "out of memory");
     gm__sbuf b = {0};
@@ -32,7 +27,7 @@ static int run(const char *cmd, FILE *out, bool csv, double interval, long count
     struct timespec next;
     clock_gettime(CLOCK_MONOTONIC, &next);
     int code = 0;
-    for (long n = 0; !stop_requested && (count <= 0 || n < count); n++) {
+    for (long long n = 0; !stop_requested && (count <= 0 || n < count); n++) {
         if (n > 0) {
             double t = (double)next.tv_nsec + interval * 1e9;
             next.tv_sec += (time_t)(t / 1e9);
@@ -62,30 +57,23 @@ static int run(const char *cmd, FILE *out, bool csv, double interval, long count
 int cmd_log(int argc, char **argv) {
     double interval = 1.0;
     const char *format = "jsonl", *output = NULL;
-    long count = 0;
-    bool nvml = true;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--interval") && v) {
-            interval = strtod(v, &end);
-            if (*end || !(interval >= 0.001 && interval <= 86400))
-                return cli_usage_error(argv[0], "--interval must be seconds between 0.001 and 86400, not '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--format") && v) format = argv[++i];
-        else if (!strcmp(a, "--output") && v) output = argv[++i];
-        else if (!strcmp(a, "--count") && v) {
-            count = strtol(v, &end, 10);
-            if (*end || count <= 0) return cli_usage_error(argv[0], "--count must be a positive integer, not '%s'", v);
-            i++;
-        } else if (!strcmp(a, "--no-nvml")) nvml = false;
-        else return cli_usage_error(argv[0], "unknown or incomplete argument '%s' (see --help)", a);
-    }
-    bool csv = !strcmp(format, "csv");
-    if (!csv && strcmp(format, "jsonl")) return cli_usage_error(argv[0], "--format must be jsonl or csv, not '%s'", format);
+    long long count = 0;
+    bool no_nvml = false;
+    const struct cli_opt opts[] = {
+        CLI_OPT_INTERVAL(&interval, "1"),
+        {"format", 0, CLI_CHOICE, &format, "jsonl|csv", "one JSON object per sample, or CSV rows", "jsonl", 0, 0},
+        {"output", 'o', CLI_STR, &output, "FILE", "append to FILE instead of standard output", NULL, 0, 0},
+        {"count", 0, CLI_INT, &count, "N", "stop after N samples (default: until interrupted)", NULL, 1, 1e12},
+        CLI_OPT_NO_NVML(&no_nvml),
+    };
+    const struct cli_spec spec = {
+        .cmd = argv[0], .args = "", .opts = opts, .nopts = CLI_NOPTS(opts),
+        .about = "Samples every GPU (NVML) and every process publishing gpumem allocator stats\n"
+                 "every SEC seconds until interrupted or N samples were written.",
+    };
+    int prc = cli_parse(&spec, argc, argv, NULL, NULL);
+    if (prc) return cli_parse_exit(prc);
+    bool csv = !strcmp(format, "csv"), nvml = !no_nvml;
     FILE *out = stdout;
     if (output && !(out = fopen(output, "a")))
         return cli_error(argv[0], "cannot open '%s': %s", output, strerror(errno));

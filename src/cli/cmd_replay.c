@@ -11,33 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int usage(const char *cmd, FILE *f) {
-    fprintf(f,
-            "usage: gpumem %s TRACE [--policy torch|gpumem] [--conf STR] [--capacity SIZE]\n"
-            "                     [--device N] [--json]\n\n"
-            "Replays TRACE (a torch.cuda.memory snapshot pickle, gzip or not, or a .gmt trace)\n"
-            "on a simulated GPU of SIZE bytes (default 141GiB) and reports peak requested,\n"
-            "allocated and reserved memory, segments, retries, OOM and device calls.\n"
-            "  --conf STR    allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax\n"
-            "  --policy P    torch (default: a model of PyTorch's caching allocator) or gpumem\n"
-            "  --json        one JSON object on stdout\n"
-            "Exit status: 0 replayed (even if it predicts an OOM), 1 unreadable trace, 2 bad usage.\n",
-            cmd);
-    return f == stdout ? 0 : 2;
-}
-
-/* A JSON string with escapes. */
-static void cli_json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p == '\n') fputs("\\n", f);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
 /* "device_call_sizes":{"phys_create":{"21":[calls,bytes],...},...}: calls of
  * 2^21..2^22-1 bytes and their total, so a cost model per size can be applied
  * (tools/first_pass_cost.py). */
@@ -62,7 +35,7 @@ static void print_json(const char *path, const gm_trace *t, const gm_config *cfg
     printf("{\"trace\":");
     cli_json_string(stdout, path);
     printf(",\"format\":\"%s\",\"device\":%d,\"events\":%llu,\"policy\":\"%s\",\"conf\":", t->format,
-           device, (unsigned long long)r->events, cfg->policy == GM_POLICY_GPUMEM ? "gpumem" : "torch");
+           device, (unsigned long long)r->events, gm_policy_name((int)cfg->policy));
     cli_json_string(stdout, conf);
     printf(",\"capacity\":%llu,\"peak_requested\":%lld,\"peak_allocated\":%lld,"
            "\"peak_reserved\":%lld,\"trace_peak_requested\":%lld,\"ratio\":%.6f,\"segments\":%lld,"
@@ -96,7 +69,14 @@ static void print_json(const char *path, const gm_trace *t, const gm_config *cfg
            (long long)r->num_phys_create, (long long)r->num_phys_release, (long long)r->num_map,
            (long long)r->num_unmap, r->seconds);
     print_sized(r);
-    printf("}\n");
+    printf(",\"steady_from\":%g,\"steady_peak_reserved\":%lld,\"steady_peak_requested\":%lld,"
+           "\"steady_ratio\":%.6f,\"steady_device_calls\":%lld,\"steady_device_calls_by_kind\":{",
+           r->steady_from, (long long)r->steady_peak_reserved, (long long)r->steady_peak_requested,
+           r->steady_peak_requested ? (double)r->steady_peak_reserved / (double)r->steady_peak_requested : 0.0,
+           (long long)r->steady_device_calls);
+    for (int k = 0; k < GM_REPLAY_CALL_KINDS; k++)
+        printf("%s\"%s\":%lld", k ? "," : "", gm_replay_call_names[k], (long long)r->steady_calls[k]);
+    printf("}}\n");
 }
 
 static void print_text(const char *path, const gm_trace *t, const gm_config *cfg, const char *conf,
@@ -104,8 +84,7 @@ static void print_text(const char *path, const gm_trace *t, const gm_config *cfg
     char a[32], b[32], c[32];
     printf("trace           %s (%s, %llu events on device %d of %d)\n", path, t->format,
            (unsigned long long)r->events, device, t->ndevices);
-    printf("policy          %s, conf \"%s\"\n", cfg->policy == GM_POLICY_GPUMEM ? "gpumem" : "torch",
-           conf);
+    printf("policy          %s, conf \"%s\"\n", gm_policy_name((int)cfg->policy), conf);
     printf("capacity        %s\n", cli_format_bytes(capacity, a, sizeof a));
     printf("peak requested  %-12s (%lld bytes)\n", cli_format_bytes((uint64_t)r->peak_requested, a, sizeof a),
            (long long)r->peak_requested);
@@ -123,6 +102,14 @@ static void print_text(const char *path, const gm_trace *t, const gm_config *cfg
            (long long)r->num_va_reserve, (long long)r->num_va_release,
            (long long)r->num_phys_create, (long long)r->num_phys_release, (long long)r->num_map,
            (long long)r->num_unmap);
+    if (r->steady_started) {
+        printf("steady state    from %.0f%% of the trace: peak reserved %s, requested %s (%.4f), "
+               "device calls %lld\n",
+               r->steady_from * 100.0, cli_format_bytes((uint64_t)r->steady_peak_reserved, a, sizeof a),
+               cli_format_bytes((uint64_t)r->steady_peak_requested, b, sizeof b),
+               r->steady_peak_requested ? (double)r->steady_peak_reserved / (double)r->steady_peak_requested : 0.0,
+               (long long)r->steady_device_calls);
+    }
     if (r->unknown_frees || r->double_allocs)
         printf("trace anomalies %llu frees of unknown addresses, %llu allocs of live addresses "
                "(skipped)\n", (unsigned long long)r->unknown_frees,
@@ -141,42 +128,45 @@ static void print_text(const char *path, const gm_trace *t, const gm_config *cfg
 }
 
 int cmd_replay(int argc, char **argv) {
-    const char *cmd = argv[0], *path = NULL, *conf = "", *policy = NULL;
+    const char *cmd = argv[0], *conf = "", *policy = NULL;
     uint64_t capacity = 0;
-    int device = 0;
+    double steady_from = GM_REPLAY_STEADY_FROM;
+    long long device = 0;
     bool json = false;
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        bool has = i + 1 < argc;
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) return usage(cmd, stdout);
-        else if (!strcmp(o, "--json")) json = true;
-        else if (!strcmp(o, "--conf") && has) conf = argv[++i];
-        else if (!strcmp(o, "--policy") && has) policy = argv[++i];
-        else if (!strcmp(o, "--capacity") && has) {
-            if (!cli_parse_size(argv[++i], &capacity) || capacity == 0)
-                return cli_usage_error(cmd, "bad --capacity '%s' (e.g. 80GiB)", argv[i]);
-        } else if (!strcmp(o, "--device") && has) {
-            char *end;
-            long d = strtol(argv[++i], &end, 10);
-            if (*end || d < 0 || d > 255) return cli_usage_error(cmd, "bad --device '%s'", argv[i]);
-            device = (int)d;
-        } else if (o[0] == '-' && o[1]) {
-            return cli_usage_error(cmd, "unknown or incomplete option '%s' (see --help)", o);
-        } else if (!path) path = o;
-        else return cli_usage_error(cmd, "more than one trace given ('%s')", o);
-    }
-    if (!path) return usage(cmd, stderr);
+    const struct cli_opt opts[] = {
+        {"policy", 0, CLI_STR, &policy, "NAME", "allocator policy (same as --conf policy:NAME)", "torch", 0, 0},
+        CLI_OPT_CONF(&conf),
+        CLI_OPT_CAPACITY(&capacity),
+        CLI_OPT_DEVICE(&device),
+        {"steady-from", 0, CLI_DOUBLE, &steady_from, "F",
+         "the steady state (steady_* figures) starts at this fraction of the trace", "0.5", 0, 0.999},
+        CLI_OPT_JSON(&json),
+    };
+    const struct cli_spec spec = {
+        .cmd = cmd, .args = "TRACE", .opts = opts, .nopts = CLI_NOPTS(opts), .min_pos = 1, .max_pos = 1,
+        .about = "Replays TRACE (a torch.cuda.memory snapshot pickle, gzip or not, or a .gmt trace;\n"
+                 "'-' reads standard input) on a simulated GPU and reports peak requested,\n"
+                 "allocated and reserved memory, segments, retries, OOM and device calls.",
+        .epilog = "Exit status: 0 replayed (even if it predicts an OOM), 1 unreadable trace, 2 bad usage.",
+    };
+    char *path = NULL;
+    int prc = cli_parse(&spec, argc, argv, &path, NULL);
+    if (prc) return cli_parse_exit(prc);
+    if (policy && strstr(conf, "policy")) /* one source for the policy, not a silent override */
+        return cli_usage_error(cmd, "the policy is given twice (--policy %s and in --conf); give it once",
+                               policy);
+    /* --policy P is policy:P ahead of --conf, so P's own keys are accepted after it */
+    char full[1024];
+    snprintf(full, sizeof full, "%s%s%s%s", policy ? "policy:" : "", policy ? policy : "",
+             policy && *conf ? "," : "", conf);
     gm_config cfg;
     gm_config_init(&cfg);
     char err[256] = "";
-    if (gm_config_parse(&cfg, conf, err, sizeof err) != GM_OK)
-        return cli_usage_error(cmd, "bad --conf: %s", err);
-    if (policy) {
-        char pol[64];
-        snprintf(pol, sizeof pol, "policy:%s", policy);
-        if (gm_config_parse(&cfg, pol, err, sizeof err) != GM_OK)
-            return cli_usage_error(cmd, "bad --policy '%s': %s", policy, err);
-    }
+    if (gm_config_parse(&cfg, full, err, sizeof err) != GM_OK)
+        return cli_usage_error(cmd, "bad %s: %s", policy ? "--policy/--conf" : "--conf", err);
+    if (!strcmp(cfg.backend, "cudaMallocAsync"))
+        fprintf(stderr, "gpumem %s: note: backend:cudaMallocAsync is not modelled; replaying torch's "
+                        "caching allocator (backend:native) instead\n", cmd);
     gm_sim_options so;
     gm_sim_options_init(&so);
     if (!capacity) capacity = so.capacity;
@@ -190,7 +180,7 @@ int cmd_replay(int argc, char **argv) {
         return cli_error(cmd, "%s", gm_last_error_detail());
     }
     gm_replay_result r;
-    rc = gm_replay_run(p, &cfg, capacity, &r);
+    rc = gm_replay_run_steady(p, &cfg, capacity, steady_from, &r);
     if (rc) {
         cli_error(cmd, "%s", gm_last_error_detail());
     } else {

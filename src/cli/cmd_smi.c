@@ -7,27 +7,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: gpumem smi [--format table|csv|json] [--no-nvml]\n"
-               "  One-shot view of every GPU (NVML) and every process publishing gpumem\n"
-               "  allocator stats. CSV/JSON give bytes as integers, empty/null when not available.\n"
-               "  --no-nvml   do not load libnvidia-ml.so.1 (allocator data only)\n");
-}
-
 int cmd_smi(int argc, char **argv) {
     const char *format = "table";
-    bool nvml = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--format") && i + 1 < argc) format = argv[++i];
-        else if (!strncmp(argv[i], "--format=", 9)) format = argv[i] + 9;
-        else if (!strcmp(argv[i], "--no-nvml")) nvml = false;
-        else return cli_usage_error(argv[0], "unknown argument '%s' (see --help)", argv[i]);
-    }
-    if (strcmp(format, "table") && strcmp(format, "csv") && strcmp(format, "json"))
-        return cli_usage_error(argv[0], "--format must be table, csv or json, not '%s'", format);
+    bool no_nvml = false;
+    const struct cli_opt opts[] = {
+        {"format", 0, CLI_CHOICE, &format, "table|csv|json",
+         "CSV/JSON give bytes as integers, empty/null when not available", "table", 0, 0},
+        CLI_OPT_NO_NVML(&no_nvml),
+    };
+    const struct cli_spec spec = {
+        .cmd = argv[0], .args = "", .opts = opts, .nopts = CLI_NOPTS(opts),
+        .about = "One-shot view of every GPU (NVML) and every process publishing gpumem\n"
+                 "allocator stats.",
+    };
+    int prc = cli_parse(&spec, argc, argv, NULL, NULL);
+    if (prc) return cli_parse_exit(prc);
+    bool nvml = !no_nvml;
     gm__collector *c;
     gm__mon_sample s;
     if (gm__collector_create(&c, NULL, nvml) != 0) return cli_error(argv[0], "out of memory");

@@ -8,22 +8,37 @@
 
 #include "monitor/monitor.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: gpumem top [--interval SEC] [--no-nvml]\n"
-               "  Live view; keys: q quit, s sort column, r reverse, f filter, d device,\n"
-               "  w graph window, p pause, h help. Default interval 0.5 s (0.1 s is fine).\n");
+/* Parses top's options; returns -1 to go on, else the exit code. */
+static int parse_args(int argc, char **argv, double *interval, bool *nvml) {
+    bool no_nvml = false;
+    const struct cli_opt opts[] = {
+        CLI_OPT_INTERVAL(interval, "0.5"),
+        CLI_OPT_NO_NVML(&no_nvml),
+    };
+    const struct cli_spec spec = {
+        .cmd = argv[0], .args = "", .opts = opts, .nopts = CLI_NOPTS(opts),
+        .about = "Live view of every GPU (NVML) and every process publishing gpumem allocator\n"
+                 "stats. Keys: q quit, s sort column, r reverse, f filter, d device,\n"
+                 "w graph window, p pause, h help.",
+    };
+    int rc = cli_parse(&spec, argc, argv, NULL, NULL);
+    if (rc) return cli_parse_exit(rc);
+    *nvml = !no_nvml;
+    return -1;
 }
 
 #ifndef GM_HAVE_CURSES
 int cmd_top(int argc, char **argv) {
-    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        usage(stdout);
-        return 0;
-    }
+    double interval = 0.5;
+    bool nvml = true;
+    int rc = parse_args(argc, argv, &interval, &nvml);
+    if (rc >= 0) return rc;
     return cli_error(argv[0], "this gpumem was built without ncurses (install libncurses-dev and rebuild); "
                               "try 'gpumem smi' or 'gpumem log'");
 }
@@ -110,6 +125,21 @@ static int row_order(const void *a, const void *b) {
     return sort_ui->reverse ? -c : c;
 }
 
+/* One screen line, cut at the terminal's width: a line never wraps into the
+ * next (a narrow terminal shows the left part of each). */
+static void put_line(int y, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put_line(int y, const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (y < 0 || y >= LINES) return;
+    move(y, 0);
+    clrtoeol();
+    mvaddnstr(y, 0, buf, COLS);
+}
+
 static void printable(char *dst, const char *src, size_t len) {
     size_t i = 0;
     for (; src[i] && i + 1 < len; i++) dst[i] = (unsigned char)src[i] < 0x20 ? '?' : src[i];
@@ -127,7 +157,7 @@ static int draw_devices(const ui *u, int y) {
                 re += u->s.rows[i].v.reserved;
             }
         if (d == u->device) attron(A_BOLD);
-        mvprintw(y, 0, "%cGPU %d %-.20s  total %s  reserved %s  used %s  free %s | allocators: alloc %s reserved %s",
+        put_line(y, "%cGPU %d %-.20s  total %s  drv-reserved %s  used %s  free %s | allocators: alloc %s reserved %s",
                  d == u->device ? '>' : ' ', d, v->have_info ? v->name : "", fmt(v->have_mem, (long long)v->total, b1),
                  fmt(v->have_reserved, (long long)v->reserved, b2), fmt(v->have_mem, (long long)v->used, b3),
                  fmt(v->have_mem, (long long)v->free, b4), fmt(true, al, b5), fmt(true, re, b6));
@@ -136,11 +166,18 @@ static int draw_devices(const ui *u, int y) {
     return y;
 }
 
+/* The process table: the published statistics that have a column
+ * (GM_MON_STATS in monitor.h, the same columns as gpumem smi). */
 static int draw_table(ui *u, int y, int max_rows) {
-    char b1[24], b2[24], b3[24], b4[24], b5[24], name[33];
+    char b1[24], name[33], line[1024];
+    int n = snprintf(line, sizeof line, "%-4s %-8s %-24s %11s", "GPU", "PID", "PROCESS", "NVML used");
+#define HEAD(nm, val, torch, prom, type, help, col) \
+    if (col && n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, " %11s", col ? col : "");
+    GM_MON_STATS(HEAD)
+#undef HEAD
     attron(A_REVERSE);
-    mvprintw(y++, 0, "%-4s %-8s %-24s %11s %11s %11s %11s %11s %5s %5s%*s", "GPU", "PID", "PROCESS", "NVML-USED",
-             "ALLOCATED", "RESERVED", "RES-UNALLOC", "PEAK-RES", "RETRY", "OOM", COLS > 110 ? COLS - 110 : 0, "");
+    put_line(y, "%-*s", COLS < (int)sizeof line ? COLS : (int)sizeof line - 1, line);
+    y++;
     attroff(A_REVERSE);
     sort_ui = u;
     gm__mon_row *rows = u->s.rows;
@@ -151,14 +188,24 @@ static int draw_table(ui *u, int y, int max_rows) {
         if (u->filter[0] && !strcasestr(r->label, u->filter) && !strcasestr(r->comm, u->filter)) continue;
         printable(name, r->label, sizeof name);
         bool a = r->have_alloc;
-        mvprintw(y++, 0, "%-4d %-8d %-24.24s %11s %11s %11s %11s %11s %5lld %5lld", r->device, r->pid, name,
-                 fmt(r->have_nvml_used, (long long)r->nvml_used, b1), fmt(a, r->v.allocated, b2),
-                 fmt(a, r->v.reserved, b3), fmt(a, r->v.reserved - r->v.allocated, b4),
-                 fmt(a, r->v.peak_reserved, b5), a ? (long long)r->v.num_alloc_retries : 0,
-                 a ? (long long)r->v.num_ooms : 0);
+        const gm__shm_values *v = &r->v;
+        n = snprintf(line, sizeof line, "%-4d %-8d %-24.24s %11s", r->device, r->pid, name,
+                     fmt(r->have_nvml_used, (long long)r->nvml_used, b1));
+#define CELL(nm, val, torch, prom, type, help, col)                                                  \
+    if (col && n < (int)sizeof line) {                                                               \
+        if (!a) n += snprintf(line + n, sizeof line - (size_t)n, " %11s", "-");                     \
+        else if (!strcmp(#type, "counter"))                                                          \
+            n += snprintf(line + n, sizeof line - (size_t)n, " %11lld", (long long)(val));           \
+        else n += snprintf(line + n, sizeof line - (size_t)n, " %11s", fmt(true, (long long)(val), b1)); \
+    }
+        GM_MON_STATS(CELL)
+#undef CELL
+        put_line(y++, "%s", line);
         shown++;
     }
-    if (!shown) mvprintw(y++, 0, u->filter[0] ? "(no process matches the filter)" : "(no processes publish yet)");
+    if (!shown)
+        put_line(y++, "%s", u->filter[0] ? "(no process matches the filter)"
+                                         : "(no processes: run a job under gpumem, or 'gpumem demo' to try)");
     return y;
 }
 
@@ -183,8 +230,16 @@ static void draw_graph(const ui *u, int top, int height) {
         seen[c] = true;
         if (r > maxv) maxv = r;
     }
+    /* a bucket with no sample holds the previous one's values: the memory did
+     * not drop to zero between two samples, there was just no sample there */
+    for (int c = 1; al && re && seen && c < width; c++)
+        if (!seen[c] && seen[c - 1]) {
+            al[c] = al[c - 1];
+            re[c] = re[c - 1];
+            seen[c] = true;
+        }
     char b1[24];
-    mvprintw(top, 0, "GPU %d, last %.0fs: '#' allocated, ':' reserved (or NVML used), X = OOM", u->device, win);
+    put_line(top, "GPU %d, last %.0fs: '#' allocated, ':' reserved (or NVML used), X = OOM", u->device, win);
     for (int row = 0; al && re && oom && seen && row < height - 1; row++) {
         int y = top + 1 + row;
         double level = (double)maxv * (height - 1 - row) / (height - 1);
@@ -206,20 +261,20 @@ static void draw_graph(const ui *u, int top, int height) {
 static void draw(ui *u) {
     erase();
     attron(A_BOLD);
-    mvprintw(0, 0, "gpumem top  interval %.2gs  window %.0fs  sort %s%s  filter '%s'%s", u->interval,
+    put_line(0, "gpumem top  interval %.2gs  window %.0fs  sort %s%s  filter '%s'%s", u->interval,
              windows[u->window], sort_names[u->sort], u->reverse ? " (reversed)" : "", u->filter,
              u->paused ? "  [PAUSED]" : "");
     attroff(A_BOLD);
     int y = 1;
-    if (u->s.nvml_note[0]) mvprintw(y++, 0, "%.*s", COLS - 1, u->s.nvml_note);
+    if (u->s.nvml_note[0]) put_line(y++, "%s", u->s.nvml_note);
     y = draw_devices(u, y);
     int graph_h = LINES / 3 > 4 ? LINES / 3 : 4;
     y = draw_table(u, y + 1, LINES - y - graph_h - 4);
     draw_graph(u, LINES - graph_h - 2, graph_h);
-    if (u->editing) mvprintw(LINES - 1, 0, "filter: %s_  (Enter apply, Esc cancel)", u->edit);
+    if (u->editing) put_line(LINES - 1, "filter: %s_  (Enter apply, Esc cancel)", u->edit);
     else if (u->help)
-        mvprintw(LINES - 1, 0, "q quit | s sort column | r reverse | f filter | d next GPU | w window | p pause | h help");
-    else mvprintw(LINES - 1, 0, "q quit  s sort  r reverse  f filter  d device  w window  p pause  h help");
+        put_line(LINES - 1, "q quit | s sort column | r reverse | f filter | d next GPU | w window | p pause | h help");
+    else put_line(LINES - 1, "q quit  s sort  r reverse  f filter  d device  w window  p pause  h help");
     refresh();
 }
 
@@ -277,18 +332,20 @@ int cmd_top(int argc, char **argv) {
     u.interval = 0.5;
     u.window = 1;
     bool nvml = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--interval") && i + 1 < argc) {
-            char *end;
-            u.interval = strtod(argv[++i], &end);
-            if (*end || !(u.interval >= 0.05 && u.interval <= 60))
-                return cli_usage_error(argv[0], "--interval must be seconds between 0.05 and 60, not '%s'", argv[i]);
-        } else if (!strcmp(argv[i], "--no-nvml")) nvml = false;
-        else return cli_usage_error(argv[0], "unknown or incomplete argument '%s' (see --help)", argv[i]);
-    }
+    int rc = parse_args(argc, argv, &u.interval, &nvml);
+    if (rc >= 0) return rc;
+    /* A live view needs a terminal; say what to use instead of writing escape codes into a pipe. */
+    if (!isatty(STDOUT_FILENO) || !isatty(STDIN_FILENO))
+        return cli_usage_error(argv[0], "needs a terminal; for a pipe or a file use 'gpumem smi' "
+                                        "(one sample) or 'gpumem log' (periodic)");
+    const char *term = getenv("TERM");
+    if (!term || !*term)
+        return cli_usage_error(argv[0], "TERM is not set, so the terminal type is unknown; set it "
+                                        "(e.g. TERM=xterm-256color) or use 'gpumem smi'");
+    SCREEN *scr = newterm(NULL, stdout, stdin);
+    if (!scr)
+        return cli_usage_error(argv[0], "terminal type '%s' is unknown to ncurses; try "
+                                        "TERM=xterm-256color or use 'gpumem smi'", term);
     gm__collector *c;
     gm__sampler *smp;
     if (gm__collector_create(&c, NULL, nvml) != 0) return cli_error(argv[0], "out of memory");
@@ -296,7 +353,7 @@ int cmd_top(int argc, char **argv) {
         gm__collector_destroy(c);
         return cli_error(argv[0], "cannot start the sampler thread");
     }
-    initscr();
+    set_term(scr);
     cbreak();
     noecho();
     keypad(stdscr, TRUE);
@@ -310,6 +367,7 @@ int cmd_top(int argc, char **argv) {
         if (ch != ERR && !key(&u, ch)) break;
     }
     endwin();
+    delscreen(scr);
     gm__sampler_stop(smp);
     gm__collector_destroy(c);
     gm__sample_free(&u.s);

@@ -10,6 +10,8 @@
  * a pointer through each device's [lo, hi) address range (lock-free reads),
  * then its pointer map under the device lock. */
 #include "frontend.h"
+#include "history.h"
+#include "trace/trace.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +56,7 @@ static int device_create(gm_allocator *a, int index, gm__device **out) {
     d->alloc = a;
     d->backend = a->backend;
     d->cfg = &a->cfg;
-    d->pops = a->cfg.policy == GM_POLICY_GPUMEM ? &gm__policy_gpumem : &gm__policy_torch;
+    d->pops = gm__policy_get((int)a->cfg.policy); /* checked by gm__config_check */
     d->fe = fe;
     d->memory_fraction = 1.0;
     d->stats.size = sizeof d->stats;
@@ -121,6 +123,7 @@ static int device_list(gm_allocator *a, int device, gm__device **list, int *n) {
 /* ---- create / destroy ------------------------------------------------------- */
 
 int gm_allocator_create(gm_allocator **out, gm_backend *backend, const gm_config *cfg) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!out || !backend) return gm__set_error(GM_EINVAL, "gm_allocator_create: NULL argument");
     *out = NULL;
     gm_config c;
@@ -199,28 +202,52 @@ static const char *fmt_size(uint64_t n, char *buf, size_t len) {
     return buf;
 }
 
-/* The OOM explanation, in torch's words where they apply (lock held). */
+/* The OOM explanation, in torch's words where they apply (lock held): what
+ * was asked, the device, the limit if one is set, what is allocated and what
+ * is reserved but unallocated, and the one setting that addresses the latter
+ * under the policy in use (never the one already in use). */
 static int explain_oom(gm__device *d, uint64_t size) {
     uint64_t free_b = 0, total_b = d->total_memory;
     gm__be_mem_info(d, &free_b, &total_b); /* best effort: the message still helps */
     int64_t alloc = d->stats.allocated_bytes[GM_POOL_ALL].current;
     int64_t resv = d->stats.reserved_bytes[GM_POOL_ALL].current;
-    char s1[32], s2[32], s3[32], s4[32], s5[32], lim[96] = "";
-    if (d->fraction_set)
+    char s1[32], s2[32], s3[32], s4[32], s5[32], lim[96] = "", advice[256];
+    if (d->fraction_set && d->memory_fraction < 1.0)
         snprintf(lim, sizeof lim, " This process is limited to %s (memory fraction %.3g).",
                  fmt_size(d->allowed_memory_maximum, s5, sizeof s5), d->memory_fraction);
+    const gm_config *c = d->cfg;
+    const char *policy = gm_policy_name((int)c->policy);
+    bool fragmented = resv - alloc > resv / 8 && (uint64_t)(resv - alloc) >= size / 4;
+    if (!fragmented)
+        snprintf(advice, sizeof advice,
+                 "Little is cached: the live tensors need this memory (a smaller batch, activation "
+                 "checkpointing or lower precision would help; `gpumem estimate` puts numbers on them).");
+    else if (c->policy == GM_POLICY_TORCH && !c->expandable_segments)
+        snprintf(advice, sizeof advice,
+                 "If reserved but unallocated memory is large try setting GPUMEM_CONF=policy:gpumem "
+                 "(or expandable_segments:True) to avoid fragmentation.");
+    else if (c->policy == GM_POLICY_TORCH)
+        snprintf(advice, sizeof advice,
+                 "Reserved but unallocated memory is large even with expandable_segments: try "
+                 "GPUMEM_CONF=policy:gpumem.");
+    else if (c->gpumem_slack > 0.0)
+        snprintf(advice, sizeof advice,
+                 "Reserved but unallocated memory is large: gpumem_slack:0 makes the gpumem policy "
+                 "move idle memory instead of holding it (more device calls per step).");
+    else
+        snprintf(advice, sizeof advice, "Memory is split between streams or pinned by live blocks.");
     return gm__set_error(
         GM_ENOMEM,
         "Out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s is "
-        "free.%s Of the allocated memory %s is allocated by gpumem, and %s is reserved by gpumem "
-        "but unallocated. If reserved but unallocated memory is large try setting "
-        "GPUMEM_CONF=policy:gpumem (or expandable_segments:True) to avoid fragmentation.",
+        "free.%s Of the allocated memory %s is allocated by gpumem (policy %s), and %s is reserved "
+        "but unallocated. %s",
         fmt_size(size, s1, sizeof s1), d->index, fmt_size(total_b, s2, sizeof s2),
-        fmt_size(free_b, s3, sizeof s3), lim, fmt_size((uint64_t)alloc, s4, sizeof s4),
-        fmt_size((uint64_t)(resv - alloc), s5, sizeof s5));
+        fmt_size(free_b, s3, sizeof s3), lim, fmt_size((uint64_t)alloc, s4, sizeof s4), policy ? policy : "?",
+        fmt_size((uint64_t)(resv - alloc), s5, sizeof s5), advice);
 }
 
 int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_devptr *out) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a || !out) return gm__set_error(GM_EINVAL, "gm_malloc: NULL argument");
     *out = 0;
     if (size == 0) return GM_OK;
@@ -242,6 +269,7 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
         }
         publish(d);
         gm__devlock_unlock(&d->lock);
+        if (rc == GM_ENOMEM) gm__history_oom(device, size, stream);
         return rc;
     }
     b->live = 1;
@@ -249,6 +277,7 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
     b->uses = NULL;
     gm__ptrmap_insert(&fe->map, b);
     account_alloc(d, b);
+    gm__history_note(d->index, GM_TA_ALLOC, b->ptr, size, stream);
     if (b->ptr < atomic_load_explicit(&fe->lo, memory_order_relaxed))
         atomic_store_explicit(&fe->lo, b->ptr, memory_order_release);
     if (b->ptr + b->size > atomic_load_explicit(&fe->hi, memory_order_relaxed))
@@ -261,7 +290,7 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
 
 /* Find the device holding live block `ptr` and return it locked, or NULL;
  * *slot is where its pointer map holds it (valid while the lock is held). */
-static gm__device *lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **out, uint64_t *slot) {
+gm__device *gm__lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **out, uint64_t *slot) {
     for (int i = 0; i < a->ndevices; i++) {
         gm__device *d = dev_peek(a, i);
         if (!d) continue;
@@ -312,11 +341,12 @@ static int classify_unknown(gm_allocator *a, gm_devptr ptr, const char *what) {
 }
 
 int gm_free(gm_allocator *a, gm_devptr ptr) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_free: NULL allocator");
     if (ptr == 0) return GM_OK; /* like free(NULL) and torch's size-0 tensors */
     gm__block_hdr *b;
     uint64_t slot;
-    gm__device *d = lock_owner(a, ptr, &b, &slot);
+    gm__device *d = gm__lock_owner(a, ptr, &b, &slot);
     if (!d) return classify_unknown(a, ptr, "gm_free");
     gm__fe_dev *fe = d->fe;
     struct gm__stream_uses *u = b->uses;
@@ -332,6 +362,7 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
     gm__ptrmap_remove_at(&fe->map, slot);
     b->live = 0;
     account_free(d, b); /* request-level stats drop at free time, like torch */
+    gm__history_note_free(d->index, b->ptr, b->requested, b->stream, !wait);
     if (!wait) {
         if (u) gm__uses_free(b);
         d->pops->free(d->pstate, b);
@@ -342,11 +373,12 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
 }
 
 int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_record_stream: NULL allocator");
     if (ptr == 0) return GM_OK;
     gm__block_hdr *b;
     uint64_t slot;
-    gm__device *d = lock_owner(a, ptr, &b, &slot);
+    gm__device *d = gm__lock_owner(a, ptr, &b, &slot);
     if (!d) return classify_unknown(a, ptr, "gm_record_stream");
     int rc = GM_OK;
     if (stream != b->stream) rc = gm__uses_add(b, stream); /* own stream: nothing to wait for */
@@ -357,6 +389,7 @@ int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream) {
 /* ---- cache, fraction, info ----------------------------------------------- */
 
 int gm_empty_cache(gm_allocator *a, int device) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_empty_cache: NULL allocator");
     gm__device *list[GM_MAX_DEVICES];
     int n, rc = device_list(a, device, list, &n);
@@ -372,6 +405,7 @@ int gm_empty_cache(gm_allocator *a, int device) {
 }
 
 int gm_set_memory_fraction(gm_allocator *a, int device, double fraction) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_set_memory_fraction: NULL allocator");
     if (!(fraction >= 0.0 && fraction <= 1.0))
         return gm__set_error(GM_EINVAL, "memory fraction %g not in [0, 1]", fraction);
@@ -385,6 +419,7 @@ int gm_set_memory_fraction(gm_allocator *a, int device, double fraction) {
 }
 
 int gm_mem_get_info(gm_allocator *a, int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_mem_get_info: NULL allocator");
     gm__device *d;
     int rc = get_device(a, device, &d);
@@ -402,19 +437,28 @@ int gm_mem_get_info(gm_allocator *a, int device, uint64_t *free_bytes, uint64_t 
 /* ---- stats --------------------------------------------------------------- */
 
 int gm_get_stats(gm_allocator *a, int device, gm_stats *out) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a || !out) return gm__set_error(GM_EINVAL, "gm_get_stats: NULL argument");
+    /* out->size says which version of gm_stats the caller was built with: an
+     * older, shorter one gets its prefix; anything else is a caller's bug. */
+    uint32_t want = out->size;
+    if (want < offsetof(gm_stats, allocation) + sizeof out->allocation || want > sizeof(gm_stats))
+        return gm__set_error(GM_EINVAL, "gm_get_stats: out->size is %u; set it to sizeof(gm_stats) (%zu)", want,
+                             sizeof(gm_stats));
     if (device < 0 || device >= a->ndevices)
         return gm__set_error(GM_EDEVICE, "device %d out of range (backend has %d)", device, a->ndevices);
+    gm_stats s = {.size = sizeof s};
     gm__device *d = dev_peek(a, device);
     if (!d) { /* never used: all zero, without creating it */
-        memset(out, 0, sizeof *out);
-        out->size = sizeof *out;
-        out->max_split_size = a->cfg.max_split_size == UINT64_MAX ? -1 : (int64_t)a->cfg.max_split_size;
-        return GM_OK;
+        memset(&s, 0, sizeof s);
+        s.max_split_size = a->cfg.max_split_size == UINT64_MAX ? -1 : (int64_t)a->cfg.max_split_size;
+    } else {
+        gm__devlock_lock(&d->lock);
+        s = d->stats;
+        gm__devlock_unlock(&d->lock);
     }
-    gm__devlock_lock(&d->lock);
-    *out = d->stats;
-    gm__devlock_unlock(&d->lock);
+    s.size = want;
+    memcpy(out, &s, want);
     return GM_OK;
 }
 
@@ -442,6 +486,7 @@ static void reset_accumulated(gm_stats *s) {
 }
 
 static int for_each_locked(gm_allocator *a, int device, void (*fn)(gm_stats *)) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "NULL allocator");
     gm__device *list[GM_MAX_DEVICES];
     int n, rc = device_list(a, device, list, &n);
@@ -456,11 +501,13 @@ static int for_each_locked(gm_allocator *a, int device, void (*fn)(gm_stats *)) 
 
 int gm_reset_peak_stats(gm_allocator *a, int device) { return for_each_locked(a, device, reset_peak); }
 int gm_reset_accumulated_stats(gm_allocator *a, int device) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     return for_each_locked(a, device, reset_accumulated);
 }
 
 int gm_memory_summary(gm_allocator *a, int device, bool abbreviated, char *buf, size_t len) {
-    gm_stats s;
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    gm_stats s = {.size = sizeof s};
     int rc = gm_get_stats(a, device, &s);
     if (rc != GM_OK) return rc;
     return gm__format_summary(&s, device, abbreviated, buf, len);
@@ -531,6 +578,7 @@ static int check_device(gm__device *d, char *err, size_t errlen) {
 }
 
 int gm_check(gm_allocator *a, int device, char *err, size_t errlen) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (errlen) err[0] = '\0';
     if (!a) return gm__set_error(GM_EINVAL, "gm_check: NULL allocator");
     gm__device *list[GM_MAX_DEVICES];
@@ -544,6 +592,7 @@ int gm_check(gm_allocator *a, int device, char *err, size_t errlen) {
 }
 
 int gm_walk_segments(gm_allocator *a, int device, gm_segment_cb cb, void *arg) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a || !cb) return gm__set_error(GM_EINVAL, "gm_walk_segments: NULL argument");
     gm__device *list[GM_MAX_DEVICES];
     int n, rc = device_list(a, device, list, &n);

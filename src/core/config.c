@@ -14,6 +14,7 @@
 #include "frontend.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -211,79 +212,193 @@ static int parse_roundup(parser *ps, const char *key, uint32_t div[GM_ROUNDUP_IN
     return GM_OK;
 }
 
-static int parse_key(parser *ps, const char *key, gm_config *c) {
+/* ---- the settings table ----------------------------------------------------
+ * Every key, once: its type (which parser, checker and formatter it uses), the
+ * field it sets, the policy it applies to, its default and range as shown to
+ * users, and what it does. gm_config_parse, gm__config_check, gm_config_format
+ * and gm_setting_info (and through it `gpumem config --list`) all read this
+ * table; its order is the canonical order of gm_config_format.
+ * gm_config_init writes the typed defaults; test_config checks that each one
+ * reads back as its `def` text here. */
+
+typedef enum setting_type {
+    T_POLICY,   /* a name in the policy table */
+    T_BACKEND,  /* native | cudaMallocAsync, into char[32] */
+    T_MB,       /* integer MB >= 20 into uint64_t bytes; UINT64_MAX = unlimited */
+    T_FRACTION, /* double: (0, 1) for the GC threshold (0 = off), [0, 1] for the memory fraction */
+    T_ROUNDUP,  /* roundup_power2_divisions: N or [MB:N,...,>:N] */
+    T_BOOL,     /* True | False */
+    T_POW2,     /* uint32_t power of two <= MAX_REGISTER_THREADS */
+    T_POSINT,   /* integer > 0, validated and ignored (no field) */
+    T_SLACK,    /* double >= 0, or inf */
+    T_CHUNKS,   /* auto | granule | run (gm_gpumem_chunks) */
+} setting_type;
+
+typedef struct setting {
+    const char *key;
+    const char *alias;  /* torch's HIP spelling, or NULL */
+    setting_type type;
+    size_t offset;      /* of the field in gm_config; unused for T_POSINT */
+    const char *policy; /* the one policy it applies to, or NULL for all */
+    const char *def;    /* default, as gm_config_get writes it */
+    const char *range;
+    const char *doc;
+} setting;
+
+#define F(field) offsetof(gm_config, field)
+static const setting settings[] = {
+    {"policy", NULL, T_POLICY, F(policy), NULL, "torch", "a policy name (gpumem config --list)",
+     "which allocator policy places blocks"},
+    {"backend", NULL, T_BACKEND, F(backend), NULL, "native", "native|cudaMallocAsync",
+     "torch's allocator backend; cudaMallocAsync is accepted but replayed as native (not modelled)"},
+    {"max_split_size_mb", NULL, T_MB, F(max_split_size), NULL, "unlimited", "integer MB >= 20",
+     "cached blocks at least this large are never split (policy:torch); both policies count "
+     "allocations this large as oversize_allocations"},
+    {"max_non_split_rounding_mb", NULL, T_MB, F(max_non_split_rounding), "torch", "20", "integer MB >= 20",
+     "a request for an unsplittable size may take a cached block this much larger"},
+    {"garbage_collection_threshold", NULL, T_FRACTION, F(garbage_collection_threshold), "torch", "0",
+     "number in (0, 1)", "free cached blocks once reserved memory passes this share of the allowed memory"},
+    {"roundup_power2_divisions", NULL, T_ROUNDUP, F(roundup_power2_divisions), "torch", "0",
+     "power of two, or [MB:N,...,>:N]", "round request sizes up to one of N steps per power of two"},
+    {"expandable_segments", NULL, T_BOOL, F(expandable_segments), "torch", "False", "True|False",
+     "grow segments by mapping memory into a reserved range instead of new cudaMallocs"},
+    {"release_lock_on_cudamalloc", "release_lock_on_hipmalloc", T_BOOL, F(release_lock_on_cudamalloc),
+     "torch", "False", "True|False", "accepted as torch does; no effect on placement"},
+    {"pinned_use_cuda_host_register", "pinned_use_hip_host_register", T_BOOL,
+     F(pinned_use_cuda_host_register), NULL, "False", "True|False", "host-side (pinned memory): kept, no effect"},
+    {"pinned_num_register_threads", NULL, T_POW2, F(pinned_num_register_threads), NULL, "1",
+     "power of two <= 128", "host-side (pinned memory): kept, no effect"},
+    {"pinned_use_background_threads", NULL, T_BOOL, F(pinned_use_background_threads), NULL, "False",
+     "True|False", "host-side (pinned memory): kept, no effect"},
+    {"graph_capture_record_stream_reuse", NULL, T_BOOL, F(graph_capture_record_stream_reuse), NULL, "False",
+     "True|False", "accepted as torch does; no effect outside CUDA graphs"},
+    {"per_process_memory_fraction", NULL, T_FRACTION, F(per_process_memory_fraction), NULL, "1",
+     "number in [0, 1]", "share of the device this process may reserve"},
+    {"pinned_reserve_segment_size_mb", NULL, T_POSINT, 0, NULL, "-", "integer > 0",
+     "host-side (pinned memory): validated, no effect"},
+    {"gpumem_slack", NULL, T_SLACK, F(gpumem_slack), "gpumem", "inf", "number >= 0, or inf",
+     "memory held over the peak of live granules before idle memory moves instead of growing "
+     "(0: least memory, moves every step; inf: no device calls once warm)"},
+    {"gpumem_chunks", NULL, T_CHUNKS, F(gpumem_chunks), "gpumem", "auto", "auto|granule|run",
+     "size of the physical chunks (gm_config.gpumem_chunks in gpumem.h)"},
+};
+#undef F
+#define NSETTINGS (sizeof settings / sizeof settings[0])
+
+static const char *const chunk_names[] = {"granule", "run", "auto"}; /* by gm_gpumem_chunks */
+
+static const setting *find_setting(const char *key) {
+    for (size_t i = 0; i < NSETTINGS; i++)
+        if (!strcmp(settings[i].key, key) || (settings[i].alias && !strcmp(settings[i].alias, key)))
+            return &settings[i];
+    return NULL;
+}
+
+static void *field_of(gm_config *c, const setting *s) { return (char *)c + s->offset; }
+static const void *cfield_of(const gm_config *c, const setting *s) { return (const char *)c + s->offset; }
+static bool is_gc(const setting *s) { return s->offset == offsetof(gm_config, garbage_collection_threshold); }
+
+static int parse_setting(parser *ps, const setting *s, const char *key, gm_config *c) {
     const char *v;
     uint64_t n;
     double d;
     int rc;
-    if (!strcmp(key, "max_split_size_mb")) return parse_mb(ps, key, &c->max_split_size);
-    if (!strcmp(key, "max_non_split_rounding_mb")) return parse_mb(ps, key, &c->max_non_split_rounding);
-    if (!strcmp(key, "roundup_power2_divisions")) return parse_roundup(ps, key, c->roundup_power2_divisions);
-    if (!strcmp(key, "expandable_segments")) return parse_bool(ps, key, &c->expandable_segments);
-    if (!strcmp(key, "release_lock_on_cudamalloc") || !strcmp(key, "release_lock_on_hipmalloc"))
-        return parse_bool(ps, key, &c->release_lock_on_cudamalloc);
-    if (!strcmp(key, "pinned_use_cuda_host_register") || !strcmp(key, "pinned_use_hip_host_register"))
-        return parse_bool(ps, key, &c->pinned_use_cuda_host_register);
-    if (!strcmp(key, "pinned_use_background_threads"))
-        return parse_bool(ps, key, &c->pinned_use_background_threads);
-    if (!strcmp(key, "graph_capture_record_stream_reuse"))
-        return parse_bool(ps, key, &c->graph_capture_record_stream_reuse);
+    void *f = field_of(c, s);
+    switch (s->type) {
+    case T_MB: return parse_mb(ps, key, f);
+    case T_ROUNDUP: return parse_roundup(ps, key, f);
+    case T_BOOL: return parse_bool(ps, key, f);
+    default: break;
+    }
     if ((rc = value(ps, key, &v)) != GM_OK) return rc;
-    if (!strcmp(key, "garbage_collection_threshold")) {
-        if (!parse_double(v, &d) || !(d > 0.0 && d < 1.0))
-            return fail(ps, "%s: bad value '%s' (expected a number in (0, 1))", key, v);
-        c->garbage_collection_threshold = d;
-    } else if (!strcmp(key, "per_process_memory_fraction")) {
-        if (!parse_double(v, &d) || !(d >= 0.0 && d <= 1.0))
-            return fail(ps, "%s: bad value '%s' (expected a number in [0, 1])", key, v);
-        c->per_process_memory_fraction = d;
-    } else if (!strcmp(key, "pinned_num_register_threads")) {
-        if (!parse_u64(v, &n) || !is_pow2(n) || n > MAX_REGISTER_THREADS)
-            return fail(ps, "%s: bad value '%s' (expected a power of two <= %d)", key, v, MAX_REGISTER_THREADS);
-        c->pinned_num_register_threads = (uint32_t)n;
-    } else if (!strcmp(key, "pinned_reserve_segment_size_mb")) {
-        /* host-side, no field: validated like torch, then ignored */
-        if (!parse_u64(v, &n) || n == 0) return fail(ps, "%s: bad value '%s' (expected an integer > 0)", key, v);
-    } else if (!strcmp(key, "backend")) {
+    switch (s->type) {
+    case T_POLICY: {
+        int k = gm_policy_find(v);
+        if (k < 0) {
+            char names[160];
+            gm__policy_names(names, sizeof names);
+            return fail(ps, "%s: bad value '%s' (expected %s)", key, v, names);
+        }
+        *(gm_policy_kind *)f = (gm_policy_kind)k;
+        return GM_OK;
+    }
+    case T_BACKEND:
         if (strcmp(v, "native") && strcmp(v, "cudaMallocAsync"))
             return fail(ps, "%s: bad value '%s' (expected native or cudaMallocAsync)", key, v);
-        snprintf(c->backend, sizeof c->backend, "%s", v);
-    } else if (!strcmp(key, "gpumem_slack")) {
+        snprintf(f, sizeof c->backend, "%s", v);
+        return GM_OK;
+    case T_FRACTION:
+        if (!parse_double(v, &d) || !(is_gc(s) ? d > 0.0 && d < 1.0 : d >= 0.0 && d <= 1.0))
+            return fail(ps, "%s: bad value '%s' (expected a %s)", key, v, s->range);
+        *(double *)f = d;
+        return GM_OK;
+    case T_POW2:
+        if (!parse_u64(v, &n) || !is_pow2(n) || n > MAX_REGISTER_THREADS)
+            return fail(ps, "%s: bad value '%s' (expected a power of two <= %d)", key, v, MAX_REGISTER_THREADS);
+        *(uint32_t *)f = (uint32_t)n;
+        return GM_OK;
+    case T_POSINT:
+        if (!parse_u64(v, &n) || n == 0) return fail(ps, "%s: bad value '%s' (expected an integer > 0)", key, v);
+        return GM_OK;
+    case T_SLACK:
         if (!strcmp(v, "inf")) d = INFINITY;
         else if (!parse_double(v, &d) || !(d >= 0.0))
             return fail(ps, "%s: bad value '%s' (expected a number >= 0, or inf)", key, v);
-        c->gpumem_slack = d;
-    } else if (!strcmp(key, "gpumem_chunks")) {
-        if (!strcmp(v, "granule")) c->gpumem_chunks = GM_GPUMEM_CHUNKS_GRANULE;
-        else if (!strcmp(v, "run")) c->gpumem_chunks = GM_GPUMEM_CHUNKS_RUN;
-        else if (!strcmp(v, "auto")) c->gpumem_chunks = GM_GPUMEM_CHUNKS_AUTO;
-        else return fail(ps, "%s: bad value '%s' (expected granule, run or auto)", key, v);
-    } else if (!strcmp(key, "policy")) {
-        if (!strcmp(v, "torch")) c->policy = GM_POLICY_TORCH;
-        else if (!strcmp(v, "gpumem")) c->policy = GM_POLICY_GPUMEM;
-        else return fail(ps, "%s: bad value '%s' (expected torch or gpumem)", key, v);
-    } else {
-        return fail(ps, "unknown key '%s'", key);
+        *(double *)f = d;
+        return GM_OK;
+    case T_CHUNKS:
+        for (unsigned i = 0; i < 3; i++)
+            if (!strcmp(v, chunk_names[i])) {
+                *(gm_gpumem_chunks *)f = (gm_gpumem_chunks)i;
+                return GM_OK;
+            }
+        return fail(ps, "%s: bad value '%s' (expected granule, run or auto)", key, v);
+    default: return fail(ps, "%s: unhandled setting type", key);
     }
-    return GM_OK;
 }
 
-static const char *const known_keys[] = {
-    "max_split_size_mb", "max_non_split_rounding_mb", "garbage_collection_threshold",
-    "roundup_power2_divisions", "expandable_segments", "release_lock_on_cudamalloc",
-    "release_lock_on_hipmalloc", "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
-    "pinned_num_register_threads", "pinned_use_background_threads", "pinned_reserve_segment_size_mb",
-    "graph_capture_record_stream_reuse", "per_process_memory_fraction", "backend", "policy",
-    "gpumem_slack", "gpumem_chunks",
-};
+/* Is the field of s in range? (A config built in C may skip the parser.) */
+static bool setting_ok(const gm_config *c, const setting *s) {
+    const void *f = cfield_of(c, s);
+    switch (s->type) {
+    case T_POLICY: return gm__policy_get((int)*(const gm_policy_kind *)f) != NULL;
+    case T_BACKEND: return !strcmp(f, "native") || !strcmp(f, "cudaMallocAsync");
+    case T_MB: return *(const uint64_t *)f >= MIN_SPLIT_MB * MB;
+    case T_FRACTION: {
+        double d = *(const double *)f;
+        return is_gc(s) ? d >= 0.0 && d < 1.0 : d >= 0.0 && d <= 1.0; /* gc 0 = off */
+    }
+    case T_ROUNDUP:
+        for (int i = 0; i < GM_ROUNDUP_INTERVALS; i++)
+            if (c->roundup_power2_divisions[i] && !is_pow2(c->roundup_power2_divisions[i])) return false;
+        return true;
+    case T_POW2: return is_pow2(*(const uint32_t *)f) && *(const uint32_t *)f <= MAX_REGISTER_THREADS;
+    case T_SLACK: return *(const double *)f >= 0.0; /* NaN fails; +inf is valid */
+    case T_CHUNKS: return (unsigned)*(const gm_gpumem_chunks *)f < 3u;
+    default: return true;
+    }
+}
 
-static bool known(const char *key) {
-    for (size_t i = 0; i < sizeof known_keys / sizeof *known_keys; i++)
-        if (!strcmp(known_keys[i], key)) return true;
-    return false;
+static bool setting_is_default(const gm_config *c, const gm_config *def, const setting *s) {
+    size_t size;
+    switch (s->type) {
+    case T_POSINT: return true;
+    case T_BACKEND: return !strcmp(cfield_of(c, s), cfield_of(def, s));
+    case T_FRACTION:
+    case T_SLACK: return *(const double *)cfield_of(c, s) == *(const double *)cfield_of(def, s);
+    case T_POLICY: size = sizeof c->policy; break;
+    case T_MB: size = sizeof(uint64_t); break;
+    case T_ROUNDUP: size = sizeof c->roundup_power2_divisions; break;
+    case T_BOOL: size = sizeof(bool); break;
+    case T_POW2: size = sizeof(uint32_t); break;
+    case T_CHUNKS: size = sizeof c->gpumem_chunks; break;
+    default: return true;
+    }
+    return !memcmp(cfield_of(c, s), cfield_of(def, s), size);
 }
 
 int gm_config_parse(gm_config *cfg, const char *str, char *err, size_t errlen) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (errlen) err[0] = '\0';
     if (!cfg) return GM_EINVAL;
     if (!str || !*str) return GM_OK;
@@ -294,12 +409,24 @@ int gm_config_parse(gm_config *cfg, const char *str, char *err, size_t errlen) {
     }
     gm_config c = *cfg;
     int rc = GM_OK;
+    const setting *seen[NSETTINGS], *st;
+    size_t nseen = 0;
     while (rc == GM_OK && peek(&ps)) {
         const char *key = next(&ps);
         if (is_punct(*key)) rc = fail(&ps, "unexpected '%s'", key);
-        else if (!known(key)) rc = fail(&ps, "unknown key '%s'", key);
-        else rc = parse_key(&ps, key, &c);
+        else if (!(st = find_setting(key))) rc = fail(&ps, "unknown key '%s'", key);
+        else {
+            rc = parse_setting(&ps, st, key, &c);
+            if (nseen < NSETTINGS) seen[nseen++] = st;
+        }
         if (rc == GM_OK && peek(&ps)) rc = expect(&ps, ",", key);
+    }
+    /* A key of another policy would be silently ignored: refuse it instead. */
+    for (size_t i = 0; rc == GM_OK && i < nseen; i++) {
+        const char *pol = gm_policy_name((int)c.policy);
+        if (seen[i]->policy && pol && strcmp(seen[i]->policy, pol))
+            rc = fail(&ps, "%s applies to policy:%s only (the policy here is %s); add policy:%s or drop it",
+                      seen[i]->key, seen[i]->policy, pol, seen[i]->policy);
     }
     if (rc != GM_OK) return gm__set_error(rc, "%s", errlen ? err : "invalid allocator configuration");
     *cfg = c;
@@ -307,25 +434,12 @@ int gm_config_parse(gm_config *cfg, const char *str, char *err, size_t errlen) {
 }
 
 int gm__config_check(const gm_config *c, char *err, size_t errlen) {
-    const char *bad = NULL;
-    if (c->policy != GM_POLICY_TORCH && c->policy != GM_POLICY_GPUMEM) bad = "policy";
-    else if (c->max_split_size < MIN_SPLIT_MB * MB) bad = "max_split_size";
-    else if (c->max_non_split_rounding < MIN_SPLIT_MB * MB) bad = "max_non_split_rounding";
-    else if (!(c->garbage_collection_threshold >= 0.0 && c->garbage_collection_threshold < 1.0))
-        bad = "garbage_collection_threshold";
-    else if (!(c->per_process_memory_fraction >= 0.0 && c->per_process_memory_fraction <= 1.0))
-        bad = "per_process_memory_fraction";
-    else if (strcmp(c->backend, "native") && strcmp(c->backend, "cudaMallocAsync")) bad = "backend";
-    else if (!(c->gpumem_slack >= 0.0)) bad = "gpumem_slack"; /* NaN too; +inf is valid */
-    else if (c->gpumem_chunks != GM_GPUMEM_CHUNKS_GRANULE && c->gpumem_chunks != GM_GPUMEM_CHUNKS_RUN &&
-             c->gpumem_chunks != GM_GPUMEM_CHUNKS_AUTO)
-        bad = "gpumem_chunks";
-    for (int i = 0; !bad && i < GM_ROUNDUP_INTERVALS; i++)
-        if (c->roundup_power2_divisions[i] && !is_pow2(c->roundup_power2_divisions[i]))
-            bad = "roundup_power2_divisions";
-    if (!bad) return GM_OK;
-    if (errlen) snprintf(err, errlen, "invalid configuration: %s out of range", bad);
-    return GM_ECONFIG;
+    for (size_t i = 0; i < NSETTINGS; i++) {
+        if (setting_ok(c, &settings[i])) continue;
+        if (errlen) snprintf(err, errlen, "invalid configuration: %s out of range", settings[i].key);
+        return GM_ECONFIG;
+    }
+    return GM_OK;
 }
 
 /* ---- format -------------------------------------------------------------- */
@@ -361,44 +475,77 @@ static void format_roundup(gm__putbuf *o, const uint32_t *d) {
     gm__put(o, "]");
 }
 
+/* "key:value" for one setting, whatever its value (roundup: "key:..." too). */
+static void format_setting(gm__putbuf *o, const gm_config *cfg, const setting *s) {
+    const void *f = cfield_of(cfg, s);
+    if (s->type == T_POSINT) return;
+    if (s->type == T_ROUNDUP) {
+        format_roundup(o, f);
+        return;
+    }
+    sep(o);
+    gm__put(o, "%s:", s->key);
+    switch (s->type) {
+    case T_POLICY: {
+        const char *name = gm_policy_name((int)*(const gm_policy_kind *)f);
+        gm__put(o, "%s", name ? name : "?");
+        break;
+    }
+    case T_BACKEND: gm__put(o, "%s", (const char *)f); break;
+    case T_MB: {
+        uint64_t v = *(const uint64_t *)f;
+        if (v == UINT64_MAX) gm__put(o, "unlimited");
+        else gm__put(o, "%llu", (unsigned long long)(v / MB));
+        break;
+    }
+    case T_FRACTION: put_double(o, *(const double *)f); break;
+    case T_BOOL: gm__put(o, "%s", *(const bool *)f ? "True" : "False"); break;
+    case T_POW2: gm__put(o, "%u", *(const uint32_t *)f); break;
+    case T_SLACK:
+        if (isinf(*(const double *)f)) gm__put(o, "inf");
+        else put_double(o, *(const double *)f);
+        break;
+    case T_CHUNKS: gm__put(o, "%s", chunk_names[(unsigned)*(const gm_gpumem_chunks *)f % 3u]); break;
+    default: break;
+    }
+}
+
 int gm_config_format(const gm_config *cfg, char *buf, size_t len) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!cfg || (!buf && len)) return GM_EINVAL;
     gm_config def;
     gm_config_init(&def);
     gm__putbuf o = {buf, len, 0, false};
     if (len) buf[0] = '\0';
-    if (cfg->policy != def.policy) gm__put(&o, "policy:%s", cfg->policy == GM_POLICY_GPUMEM ? "gpumem" : "torch");
-    if (strcmp(cfg->backend, def.backend)) sep(&o), gm__put(&o, "backend:%s", cfg->backend);
-    if (cfg->max_split_size != def.max_split_size)
-        sep(&o), gm__put(&o, "max_split_size_mb:%llu", (unsigned long long)(cfg->max_split_size / MB));
-    if (cfg->max_non_split_rounding != def.max_non_split_rounding)
-        sep(&o), gm__put(&o, "max_non_split_rounding_mb:%llu", (unsigned long long)(cfg->max_non_split_rounding / MB));
-    if (cfg->garbage_collection_threshold != def.garbage_collection_threshold)
-        sep(&o), gm__put(&o, "garbage_collection_threshold:"), put_double(&o, cfg->garbage_collection_threshold);
-    if (memcmp(cfg->roundup_power2_divisions, def.roundup_power2_divisions, sizeof def.roundup_power2_divisions))
-        format_roundup(&o, cfg->roundup_power2_divisions);
-#define GM__FMT_BOOL(field, key)                                               \
-    if (cfg->field != def.field) sep(&o), gm__put(&o, key ":%s", cfg->field ? "True" : "False");
-    GM__FMT_BOOL(expandable_segments, "expandable_segments")
-    GM__FMT_BOOL(release_lock_on_cudamalloc, "release_lock_on_cudamalloc")
-    GM__FMT_BOOL(pinned_use_cuda_host_register, "pinned_use_cuda_host_register")
-#undef GM__FMT_BOOL
-    if (cfg->pinned_num_register_threads != def.pinned_num_register_threads)
-        sep(&o), gm__put(&o, "pinned_num_register_threads:%u", cfg->pinned_num_register_threads);
-    if (cfg->pinned_use_background_threads)
-        sep(&o), gm__put(&o, "pinned_use_background_threads:True");
-    if (cfg->graph_capture_record_stream_reuse)
-        sep(&o), gm__put(&o, "graph_capture_record_stream_reuse:True");
-    if (cfg->per_process_memory_fraction != def.per_process_memory_fraction)
-        sep(&o), gm__put(&o, "per_process_memory_fraction:"), put_double(&o, cfg->per_process_memory_fraction);
-    if (cfg->gpumem_slack != def.gpumem_slack) {
-        sep(&o), gm__put(&o, "gpumem_slack:");
-        if (isinf(cfg->gpumem_slack)) gm__put(&o, "inf");
-        else put_double(&o, cfg->gpumem_slack);
-    }
-    if (cfg->gpumem_chunks != def.gpumem_chunks) {
-        static const char *const names[] = {"granule", "run", "auto"};
-        sep(&o), gm__put(&o, "gpumem_chunks:%s", names[(unsigned)cfg->gpumem_chunks % 3u]);
-    }
+    for (size_t i = 0; i < NSETTINGS; i++)
+        if (!setting_is_default(cfg, &def, &settings[i])) format_setting(&o, cfg, &settings[i]);
     return gm__put_finish(&o, "gm_config_format");
+}
+
+/* ---- the table, for front ends (gpumem config --list, Python) ------------ */
+
+int gm_setting_count(void) { return (int)NSETTINGS; }
+
+int gm_setting_info(int i, gm_setting_desc *out) {
+    if (i < 0 || (size_t)i >= NSETTINGS || !out) return gm__set_error(GM_EINVAL, "gm_setting_info: no setting %d", i);
+    const setting *s = &settings[i];
+    *out = (gm_setting_desc){s->key, s->alias, s->policy, s->def, s->range, s->doc};
+    return GM_OK;
+}
+
+int gm_config_get(const gm_config *cfg, const char *key, char *buf, size_t len) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    const setting *s = key ? find_setting(key) : NULL;
+    if (!cfg || !s || !buf || !len)
+        return gm__set_error(GM_EINVAL, "gm_config_get: unknown key '%s'", key ? key : "(null)");
+    char tmp[512];
+    gm__putbuf t = {tmp, sizeof tmp, 0, false};
+    tmp[0] = '\0';
+    format_setting(&t, cfg, s);
+    int rc = gm__put_finish(&t, "gm_config_get");
+    if (rc != GM_OK) return rc;
+    const char *colon = strchr(tmp, ':');
+    gm__putbuf o = {buf, len, 0, false};
+    gm__put(&o, "%s", s->type == T_POSINT ? s->def : colon ? colon + 1 : tmp);
+    return gm__put_finish(&o, "gm_config_get");
 }

@@ -5,6 +5,8 @@
  * malloc, like torch's process_events, or waited for by empty_cache and by a
  * policy's retry path). */
 #include "frontend.h"
+#include "history.h"
+#include "trace/trace.h"
 
 #include <stdlib.h>
 
@@ -102,6 +104,7 @@ int gm__device_process_events(gm__device *d, bool synchronize) {
         bool complete = false;
         if (rc == GM_OK) rc = advance(d, b->uses, synchronize, &complete);
         if (complete) {
+            gm__history_note(d->index, GM_TA_FREE_COMPLETED, b->ptr, b->requested, b->stream);
             gm__uses_free(b);
             d->pops->free(d->pstate, b);
         } else {

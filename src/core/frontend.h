@@ -70,16 +70,6 @@ static inline gm__block_hdr *gm__ptrmap_find(const gm__ptrmap *m, gm_devptr key)
     return i == UINT64_MAX ? NULL : m->slots[i].block;
 }
 
-/* Remove key if present; returns the block or NULL. */
-static inline gm__block_hdr *gm__ptrmap_remove(gm__ptrmap *m, gm_devptr key) {
-    if (!key) return NULL;
-    uint64_t i = gm__ptrmap_slot(m, key);
-    if (i == UINT64_MAX) return NULL;
-    gm__block_hdr *b = m->slots[i].block;
-    gm__ptrmap_remove_at(m, i);
-    return b;
-}
-
 /* ---- record_stream bookkeeping -------------------------------------------- */
 
 /* Extra streams a live block was used on; at free time one event per stream
@@ -121,6 +111,10 @@ typedef struct gm__putbuf {
 } gm__putbuf;
 void gm__put(gm__putbuf *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int gm__put_finish(gm__putbuf *o, const char *what);
+
+/* allocator.c: the device holding live block ptr, returned locked (its
+ * header in *out, its pointer-map slot in *slot), or NULL. */
+gm__device *gm__lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **out, uint64_t *slot);
 
 /* config.c: GM_OK, or GM_ECONFIG naming the first field out of range. */
 int gm__config_check(const gm_config *cfg, char *err, size_t errlen);

@@ -21,6 +21,8 @@
 
 /* Set the calling thread's gm_last_error_detail() text; returns status. */
 int gm__set_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "512 B", "13.24 GiB": the one byte formatter (putbuf.c); returns buf. */
+const char *gm__format_bytes(int64_t bytes, char *buf, size_t len);
 void gm__clear_error(void);
 /* For `check` ops: write the broken invariant into err; returns GM_ESTATE. */
 int gm__check_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -141,6 +143,21 @@ struct gm__policy_ops {
 
 extern const gm__policy_ops gm__policy_torch;
 extern const gm__policy_ops gm__policy_gpumem;
+
+/* The policy table (policy.c): index = gm_policy_kind. */
+typedef struct gm__policy_desc {
+    const char *name;          /* policy:NAME */
+    const gm__policy_ops *ops;
+    const char *doc;           /* one line for `gpumem config --list` */
+    const char *const *tune;   /* settings `gpumem tune` tries, NULL-terminated */
+} gm__policy_desc;
+/* The ops of policy `kind`, or NULL. */
+const gm__policy_ops *gm__policy_get(int kind);
+/* Add a policy (tests); returns its kind, or GM_EINVAL. */
+int gm__policy_register(const gm__policy_desc *p);
+void gm__policy_unregister_last(void);
+/* "torch or gpumem", for error messages. */
+void gm__policy_names(char *buf, size_t len);
 
 /* ---- backend wrapper (src/backend/backend.c) --------------------------- *
  * The only way the core reaches a backend. Each counts the call in the

@@ -34,8 +34,8 @@
  *    granule otherwise). granule: every chunk is one granule. run: a
  *    placement's run of unmapped granules gets one chunk (up to
  *    GP_RUN_GRANULES = 1 GiB) and placement stops avoiding partly used idle
- *    chunks (at inf they do not move anyway): 6-33x fewer create+map calls on
- *    a cold start, same peak memory while the device has room, but it may run
+ *    chunks (at inf they do not move anyway): far fewer create+map calls on
+ *    a cold start (bench/gpumem_policy_tradeoff.md), same peak memory while the device has room, but it may run
  *    out of memory earlier on a nearly full device: a chunk with one live
  *    block pins all its granules, where granule chunks could move singly.
  *    auto (default): run's chunks, at most 1/GP_AUTO_HEADROOM of the free
@@ -49,10 +49,11 @@
  *    at 1.0-1.1x its peak fits with auto (bench/gpumem_policy_tradeoff.md).
  *  - The price of moving is device calls: memory between live blocks moves to where
  *    it is needed, one granule per call, on a cold start and in later steps
- *    whenever the live set moves to other granules. GP_BIG_BYTES /
- *    GP_MAX_CHUNK_GRANULES (policy_gpumem.h) give big blocks one chunk for
- *    their interior instead: far fewer calls, but more memory, since a chunk
- *    that is partly used can neither move nor be given back.
+ *    whenever the live set moves to other granules. One chunk per big block's
+ *    interior was measured as the alternative (bench/gpumem_policy_tradeoff.md):
+ *    far fewer calls, but more memory, since a chunk that is partly used can
+ *    neither move nor be given back; gpumem_chunks:auto keeps its speed only
+ *    while the device has room.
  *  - Small blocks are freed into per-arena exact size-class lists and reused
  *    in O(1); the lists are flushed back into the arena whenever a placement
  *    would need more mapping, and on empty_cache / OOM.

@@ -21,22 +21,8 @@
 #define GP_NBINS 1152       /* see gm__gp_bin_of */
 #define GP_NWORDS (GP_NBINS / 64)
 #define GP_NORDERS 48
-/* Tuning knobs (compile time; measured trade-offs in the report of
- * tools/gmpol and at the top of policy_gpumem.c):
- *  GP_MAX_CHUNK_GRANULES  largest chunk created for a big block's interior;
- *  GP_BIG_BYTES           blocks from this size get interior chunks (default:
- *                         none, every chunk is one granule: lowest memory, most
- *                         device calls on a cold start);
- *  GP_TARGET_PERMILLE     new memory instead of moving idle chunks while held
- *                         stays within this over the peak of requested bytes
- *                         (the runtime knob is gpumem_slack, over the peak of
- *                         live granules: gp_state.slack). */
-#ifndef GP_MAX_CHUNK_GRANULES
-#define GP_MAX_CHUNK_GRANULES 1024
-#endif
-#ifndef GP_BIG_BYTES
-#define GP_BIG_BYTES UINT64_MAX
-#endif
+/* Tuning knobs (compile time; measured trade-offs in
+ * bench/gpumem_policy_tradeoff.md and at the top of policy_gpumem.c). */
 /*  GP_RUN_GRANULES        with gpumem_chunks:run (at gpumem_slack:inf), the largest chunk created for a
  *                         run of unmapped granules one placement needs (one
  *                         create + one map instead of one per granule on a
@@ -56,9 +42,6 @@
 #endif
 #ifndef GP_AUTO_HEADROOM
 #define GP_AUTO_HEADROOM 1024
-#endif
-#ifndef GP_TARGET_PERMILLE
-#define GP_TARGET_PERMILLE 0
 #endif
 
 enum { GP_FREE = 0, GP_USED = 1, GP_CACHED = 2 };

@@ -368,13 +368,12 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
         int32_t i = take_le(st, GP_LIST_LOOSE, n, a, pg0, pg1);
         /* Below a budget, new memory is cheaper than moving idle chunks
          * around every step: the budget is a small slack over the peak of
-         * live granules, or GP_TARGET_PERMILLE over the peak of bytes
-         * requested (the ratio the policy aims for), whichever is larger. */
+         * live granules, or the peak of bytes requested, whichever is larger. */
         uint64_t need = st->live_gran + (pg1 - pg0 + 1);
         uint64_t base = st->peak_live_gran > need ? st->peak_live_gran : need;
         uint64_t budget = slack_budget(st, base);
         uint64_t req = (uint64_t)st->d->stats.requested_bytes[GM_POOL_ALL].peak;
-        uint64_t target = (req + req / 1000 * GP_TARGET_PERMILLE) >> st->gshift;
+        uint64_t target = req >> st->gshift;
         if (target > budget) budget = target;
         uint64_t held = st->held_bytes >> st->gshift;
         if (i < 0 && held + n <= budget) {
@@ -433,7 +432,6 @@ int gm__gp_ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes)
     uint64_t pg1 = (p - a->base + bytes - 1) >> st->gshift;
     uint64_t off = p - a->base;
     uint64_t ig0 = (off + st->gran - 1) >> st->gshift, ig1 = (off + bytes) >> st->gshift;
-    bool big = bytes >= GP_BIG_BYTES;
     uint64_t g = pg0;
     while (g <= pg1) {
         int32_t c = a->gran[g];
@@ -441,11 +439,9 @@ int gm__gp_ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes)
             g = (uint64_t)(st->chunks[c].g0 + (int64_t)st->chunks[c].n);
             continue;
         }
-        /* a big block's interior granules (no other block can share them
-         * while it lives) get one chunk; anything else granule by granule,
-         * so that memory between blocks can move where it is needed */
-        bool inner = big && g >= ig0 && g < ig1;
-        uint64_t e = g, cap = inner ? GP_MAX_CHUNK_GRANULES : 1;
+        /* granule by granule (gpumem_chunks:granule), so that memory between
+         * blocks can move where it is needed; auto and run make larger chunks */
+        uint64_t e = g, cap = 1;
         if (st->autoc && gm__gp_tight(st)) {
             /* gpumem_chunks:auto near full: only the block's interior (no
              * other block can touch it while this one lives) in one chunk */
@@ -459,7 +455,7 @@ int gm__gp_ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes)
             e = unmapped_end(a, g, pg1 + 1);
             cap = st->autoc ? headroom_cap(st) : GP_RUN_GRANULES;
         } else {
-            while (e <= pg1 && a->gran[e] < 0 && (inner ? e < ig1 : !(big && e >= ig0 && e < ig1))) e++;
+            while (e <= pg1 && a->gran[e] < 0) e++;
         }
         int rc = acquire_run(st, a, g, e - g, pg0, pg1, cap);
         if (rc) return rc;

@@ -13,6 +13,7 @@
 /* ---- JSON ------------------------------------------------------------------ */
 
 int gm_stats_to_json(const gm_stats *s, char *buf, size_t len) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!s || (!buf && len)) return gm__set_error(GM_EINVAL, "gm_stats_to_json: NULL argument");
     static const char *const pools[] = GM_POOL_NAMES;
     gm__putbuf o = {buf, len, 0, false};

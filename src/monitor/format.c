@@ -94,7 +94,7 @@ static void json_device(gm__sbuf *b, const gm__mon_dev *d, const char *sep) {
     gm__sbuf_printf(b, ",");
     json_opt_int(b, "total", d->have_mem, (long long)d->total);
     gm__sbuf_printf(b, ",");
-    json_opt_int(b, "reserved", d->have_reserved, (long long)d->reserved);
+    json_opt_int(b, "driver_reserved", d->have_reserved, (long long)d->reserved);
     gm__sbuf_printf(b, ",");
     json_opt_int(b, "used", d->have_mem, (long long)d->used);
     gm__sbuf_printf(b, ",");
@@ -117,23 +117,14 @@ static void json_row(gm__sbuf *b, const gm__mon_row *r, const char *sep) {
     json_opt_str(b, "source", src != NULL, src ? src : "");
     gm__sbuf_printf(b, ",");
     json_opt_int(b, "nvml_used", r->have_nvml_used, (long long)r->nvml_used);
-#define F(key, val)             \
-    gm__sbuf_printf(b, ",");    \
-    json_opt_int(b, key, a, (long long)(val));
-    F("allocated", r->v.allocated)
-    F("reserved", r->v.reserved)
-    F("requested", r->v.requested)
-    F("active", r->v.active)
-    F("reserved_unallocated", r->v.reserved - r->v.allocated)
-    F("peak_allocated", r->v.peak_allocated)
-    F("peak_reserved", r->v.peak_reserved)
-    F("peak_requested", r->v.peak_requested)
-    F("num_alloc_retries", r->v.num_alloc_retries)
-    F("num_ooms", r->v.num_ooms)
-    F("num_allocs", r->v.num_allocs)
-    F("num_frees", r->v.num_frees)
-    F("last_update_ns", r->v.update_ns)
+    const gm__shm_values *v = &r->v;
+#define F(name, val, torch, prom, type, help, col) \
+    gm__sbuf_printf(b, ",");                       \
+    json_opt_int(b, #name, a, (long long)(val));
+    GM_MON_STATS(F)
 #undef F
+    gm__sbuf_printf(b, ",");
+    json_opt_int(b, "last_update_ns", a, (long long)v->update_ns);
     gm__sbuf_printf(b, ",");
     json_opt_int(b, "outside_allocator", outside, (long long)r->nvml_used - r->v.reserved);
     gm__sbuf_printf(b, "}%s", sep);
@@ -176,10 +167,18 @@ static void csv_int(gm__sbuf *b, bool have, long long v) {
     else gm__sbuf_printf(b, ",");
 }
 
+/* Device columns (NVML), then the process's: pid, label, NVML used, the
+ * published statistics (GM_MON_STATS) and outside_allocator. */
+#define GM__CSV_DEVICE_COLS "time_ns,gpu,uuid,total,driver_reserved,used,free"
+#define GM__CSV_COUNT(...) +1
+enum { CSV_PROC_COLS = 3 GM_MON_STATS(GM__CSV_COUNT) + 1 };
+
 void gm__format_csv_header(gm__sbuf *b) {
-    gm__sbuf_printf(b, "time_ns,gpu,uuid,total,reserved,used,free,pid,label,nvml_used,allocated,"
-                       "alloc_reserved,requested,reserved_unallocated,peak_allocated,peak_reserved,"
-                       "num_alloc_retries,num_ooms,outside_allocator\n");
+    gm__sbuf_printf(b, GM__CSV_DEVICE_COLS ",pid,label,nvml_used");
+#define H(name, ...) gm__sbuf_printf(b, "," #name);
+    GM_MON_STATS(H)
+#undef H
+    gm__sbuf_printf(b, ",outside_allocator\n");
 }
 
 static void csv_line(gm__sbuf *b, const gm__mon_sample *s, const gm__mon_dev *d, const gm__mon_row *r) {
@@ -190,21 +189,18 @@ static void csv_line(gm__sbuf *b, const gm__mon_sample *s, const gm__mon_dev *d,
     csv_int(b, d && d->have_mem, d ? (long long)d->used : 0);
     csv_int(b, d && d->have_mem, d ? (long long)d->free : 0);
     if (!r) {
-        gm__sbuf_printf(b, ",,,,,,,,,,,,\n");
+        for (int i = 0; i < CSV_PROC_COLS; i++) gm__sbuf_printf(b, ",");
+        gm__sbuf_printf(b, "\n");
         return;
     }
     gm__sbuf_printf(b, ",%d,", r->pid);
     csv_str(b, r->label);
     bool a = r->have_alloc;
+    const gm__shm_values *v = &r->v;
     csv_int(b, r->have_nvml_used, (long long)r->nvml_used);
-    csv_int(b, a, r->v.allocated);
-    csv_int(b, a, r->v.reserved);
-    csv_int(b, a, r->v.requested);
-    csv_int(b, a, r->v.reserved - r->v.allocated);
-    csv_int(b, a, r->v.peak_allocated);
-    csv_int(b, a, r->v.peak_reserved);
-    csv_int(b, a, r->v.num_alloc_retries);
-    csv_int(b, a, r->v.num_ooms);
+#define C(name, val, ...) csv_int(b, a, (long long)(val));
+    GM_MON_STATS(C)
+#undef C
     csv_int(b, a && r->have_nvml_used, (long long)r->nvml_used - r->v.reserved);
     gm__sbuf_printf(b, "\n");
 }
@@ -224,16 +220,14 @@ void gm__format_csv(const gm__mon_sample *s, gm__sbuf *b) {
 /* ---- text table -------------------------------------------------------- */
 
 static const char *human(bool have, long long v, char *buf, size_t len) {
-    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    if (!have) return "-";
-    double x = (double)(v < 0 ? -v : v);
-    int i = 0;
-    while (x >= 1024.0 && i < 4) {
-        x /= 1024.0;
-        i++;
-    }
-    if (i == 0) snprintf(buf, len, "%s%lld B", v < 0 ? "-" : "", v < 0 ? -v : v);
-    else snprintf(buf, len, "%s%.2f %s", v < 0 ? "-" : "", x, u[i]);
+    return have ? gm__format_bytes(v, buf, len) : "-";
+}
+
+/* A statistic's table cell: bytes for a gauge, a count for a counter. */
+enum { GM__MON_gauge, GM__MON_counter };
+static const char *cell(bool have, long long v, int type, char *buf, size_t len) {
+    if (type == GM__MON_gauge || !have) return human(have, v, buf, len);
+    snprintf(buf, len, "%lld", v);
     return buf;
 }
 
@@ -245,7 +239,7 @@ static void printable(char *dst, const char *src, size_t len) {
 }
 
 void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
-    char t[64], b1[24], b2[24], b3[24], b4[24], b5[24], b6[24];
+    char t[64], b1[24], b2[24], b3[24], b4[24], b6[24];
     time_t sec = (time_t)(s->time_ns / 1000000000ull);
     struct tm tm;
     localtime_r(&sec, &tm);
@@ -253,7 +247,7 @@ void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
     gm__sbuf_printf(b, "gpumem %s  %s\n", GM_VERSION_STRING, t);
     if (s->nvml_note[0]) gm__sbuf_printf(b, "note: %s\n", s->nvml_note);
     gm__sbuf_printf(b, "%-4s %-24s %-13s %12s %12s %12s %12s %5s\n", "GPU", "Name", "Bus-Id", "Total",
-                    "Reserved", "Used", "Free", "Util");
+                    "Drv-reserved", "Used", "Free", "Util");
     for (int i = 0; i < s->ndevices; i++) {
         const gm__mon_dev *d = &s->devs[i];
         char util[8] = "-";
@@ -265,24 +259,30 @@ void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
                         human(d->have_mem, (long long)d->used, b3, 24),
                         human(d->have_mem, (long long)d->free, b4, 24), util);
     }
-    gm__sbuf_printf(b, "\n%-4s %-8s %-16s %11s %11s %11s %11s %11s %7s %5s %11s\n", "GPU", "PID", "Process",
-                    "NVML used", "Allocated", "Reserved", "Res-unalloc", "Peak res", "Retries", "OOMs", "Outside");
-    if (!s->nrows) gm__sbuf_printf(b, "(no processes)\n");
+    /* the process table: NVML's use, the statistics with a column, then
+     * what NVML sees beyond the allocator (context, libraries, other allocators) */
+    gm__sbuf_printf(b, "\n%-4s %-8s %-16s %11s", "GPU", "PID", "Process", "NVML used");
+#define HEAD(name, val, torch, prom, type, help, col) \
+    if (col) gm__sbuf_printf(b, " %11s", col ? col : "");
+    GM_MON_STATS(HEAD)
+#undef HEAD
+    gm__sbuf_printf(b, " %11s\n", "Outside");
+    if (!s->nrows)
+        gm__sbuf_printf(b, "(no processes: a process shows here once it uses gpumem's allocator, or runs "
+                           "under 'gpumem run'; try 'gpumem demo' in another terminal)\n");
     for (int i = 0; i < s->nrows; i++) {
         const gm__mon_row *r = &s->rows[i];
-        char name[17], retries[16] = "-", ooms[16] = "-";
+        const gm__shm_values *v = &r->v;
+        char name[17];
         printable(name, r->label, sizeof name);
         bool a = r->have_alloc;
-        if (a) {
-            snprintf(retries, sizeof retries, "%lld", (long long)r->v.num_alloc_retries);
-            snprintf(ooms, sizeof ooms, "%lld", (long long)r->v.num_ooms);
-        }
-        gm__sbuf_printf(b, "%-4d %-8d %-16s %11s %11s %11s %11s %11s %7s %5s %11s\n", r->device, r->pid,
-                        name, human(r->have_nvml_used, (long long)r->nvml_used, b1, 24),
-                        human(a, r->v.allocated, b2, 24), human(a, r->v.reserved, b3, 24),
-                        human(a, r->v.reserved - r->v.allocated, b4, 24),
-                        human(a, r->v.peak_reserved, b5, 24), retries, ooms,
-                        human(a && r->have_nvml_used, (long long)r->nvml_used - r->v.reserved, b6, 24));
+        gm__sbuf_printf(b, "%-4d %-8d %-16s %11s", r->device, r->pid, name,
+                        human(r->have_nvml_used, (long long)r->nvml_used, b1, 24));
+#define CELL(name, val, torch, prom, type, help, col) \
+    if (col) gm__sbuf_printf(b, " %11s", cell(a, (long long)(val), GM__MON_##type, b1, 24));
+        GM_MON_STATS(CELL)
+#undef CELL
+        gm__sbuf_printf(b, " %11s\n", human(a && r->have_nvml_used, (long long)r->nvml_used - r->v.reserved, b6, 24));
     }
 }
 
@@ -303,10 +303,14 @@ static void prom_family(gm__sbuf *b, const char *name, const char *type, const c
     gm__sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void prom_dev_labels(gm__sbuf *b, const gm__mon_dev *d) {
-    gm__sbuf_printf(b, "gpu=\"%d\",uuid=\"", d->index);
-    gm__prom_escape(b, d->uuid);
-    gm__sbuf_printf(b, "\"");
+/* gpu="N" and uuid="..." when NVML gave one (no empty label) */
+static void prom_gpu_labels(gm__sbuf *b, int gpu, const char *uuid) {
+    gm__sbuf_printf(b, "gpu=\"%d\"", gpu);
+    if (uuid && uuid[0]) {
+        gm__sbuf_printf(b, ",uuid=\"");
+        gm__prom_escape(b, uuid);
+        gm__sbuf_printf(b, "\"");
+    }
 }
 
 static const gm__mon_dev *dev_of(const gm__mon_sample *s, int index) {
@@ -323,61 +327,43 @@ static void prom_devices(const gm__mon_sample *s, gm__sbuf *b, int which, const 
         uint64_t v[] = {d->total, d->reserved, d->used, d->free};
         if (!d->have_mem || (which == DEV_RESERVED && !d->have_reserved)) continue;
         gm__sbuf_printf(b, "%s{", name);
-        prom_dev_labels(b, d);
+        prom_gpu_labels(b, d->index, d->uuid);
         gm__sbuf_printf(b, "} %llu\n", (unsigned long long)v[which]);
     }
 }
 
-enum { P_ALLOCATED, P_RESERVED, P_PEAK_RESERVED, P_REQUESTED, P_PEAK_ALLOCATED, P_OOMS, P_RETRIES, P_NVML };
-
-static bool row_value(const gm__mon_row *r, int which, long long *out) {
-    if (which == P_NVML) {
-        *out = (long long)r->nvml_used;
-        return r->have_nvml_used;
-    }
-    long long v[] = {r->v.allocated, r->v.reserved, r->v.peak_reserved, r->v.requested,
-                     r->v.peak_allocated, r->v.num_ooms, r->v.num_alloc_retries};
-    *out = v[which];
-    return r->have_alloc;
-}
-
-static void prom_rows(const gm__mon_sample *s, gm__sbuf *b, int which, const char *name, const char *type,
-                      const char *help) {
-    prom_family(b, name, type, help);
-    for (int i = 0; i < s->nrows; i++) {
-        const gm__mon_row *r = &s->rows[i];
-        long long v;
-        if (!row_value(r, which, &v)) continue;
-        gm__sbuf_printf(b, "%s{gpu=\"%d\",uuid=\"", name, r->device);
-        gm__prom_escape(b, dev_of(s, r->device)->uuid);
-        gm__sbuf_printf(b, "\",pid=\"%d\",comm=\"", r->pid);
-        gm__prom_escape(b, r->label);
-        gm__sbuf_printf(b, "\"} %lld\n", v);
-    }
+/* One process series: {gpu, uuid, pid, comm (the executable), label (what
+ * the process calls itself)} value. */
+static void prom_row(const gm__mon_sample *s, gm__sbuf *b, const char *name, const gm__mon_row *r, long long v) {
+    gm__sbuf_printf(b, "%s{", name);
+    prom_gpu_labels(b, r->device, dev_of(s, r->device)->uuid);
+    gm__sbuf_printf(b, ",pid=\"%d\",comm=\"", r->pid);
+    gm__prom_escape(b, r->comm);
+    gm__sbuf_printf(b, "\",label=\"");
+    gm__prom_escape(b, r->label);
+    gm__sbuf_printf(b, "\"} %lld\n", v);
 }
 
 void gm__format_prometheus(const gm__mon_sample *s, gm__sbuf *b) {
     prom_devices(s, b, DEV_TOTAL, "gpumem_device_memory_total_bytes", "Device memory in total (NVML).");
-    prom_devices(s, b, DEV_RESERVED, "gpumem_device_memory_reserved_bytes",
+    prom_devices(s, b, DEV_RESERVED, "gpumem_device_memory_driver_reserved_bytes",
                  "Device memory reserved by the driver (NVML memory info v2).");
     prom_devices(s, b, DEV_USED, "gpumem_device_memory_used_bytes", "Device memory used by processes (NVML).");
     prom_devices(s, b, DEV_FREE, "gpumem_device_memory_free_bytes", "Device memory free (NVML).");
-    prom_rows(s, b, P_ALLOCATED, "gpumem_process_allocator_allocated_bytes", "gauge",
-              "Bytes in live allocations of the process's allocator.");
-    prom_rows(s, b, P_RESERVED, "gpumem_process_allocator_reserved_bytes", "gauge",
-              "Bytes the process's allocator holds from the device, cached or not.");
-    prom_rows(s, b, P_PEAK_RESERVED, "gpumem_process_allocator_peak_reserved_bytes", "gauge",
-              "Highest reserved bytes since the peak was last reset.");
-    prom_rows(s, b, P_PEAK_ALLOCATED, "gpumem_process_allocator_peak_allocated_bytes", "gauge",
-              "Highest allocated bytes since the peak was last reset.");
-    prom_rows(s, b, P_REQUESTED, "gpumem_process_allocator_requested_bytes", "gauge",
-              "Bytes the callers asked for, before rounding.");
-    prom_rows(s, b, P_NVML, "gpumem_process_device_memory_bytes", "gauge",
-              "Device memory used by the process as NVML reports it (context and libraries included).");
-    prom_rows(s, b, P_OOMS, "gpumem_process_allocator_ooms_total", "counter",
-              "Allocations that failed with out of memory.");
-    prom_rows(s, b, P_RETRIES, "gpumem_process_allocator_retries_total", "counter",
-              "Allocations that succeeded only after freeing the cache.");
+#define FAMILY(name, val, torch, prom, type, help, col)                                 \
+    prom_family(b, "gpumem_process_allocator_" prom, #type, help);                      \
+    for (int i = 0; i < s->nrows; i++) {                                               \
+        const gm__shm_values *v = &s->rows[i].v;                                       \
+        if (s->rows[i].have_alloc)                                                     \
+            prom_row(s, b, "gpumem_process_allocator_" prom, &s->rows[i], (long long)(val)); \
+    }
+    GM_MON_STATS(FAMILY)
+#undef FAMILY
+    prom_family(b, "gpumem_process_device_memory_bytes", "gauge",
+                "Device memory used by the process as NVML reports it (context and libraries included).");
+    for (int i = 0; i < s->nrows; i++)
+        if (s->rows[i].have_nvml_used) prom_row(s, b, "gpumem_process_device_memory_bytes", &s->rows[i],
+                                                (long long)s->rows[i].nvml_used);
     prom_family(b, "gpumem_nvml_available", "gauge", "1 if NVML was loaded, 0 if not.");
     gm__sbuf_printf(b, "gpumem_nvml_available %d\n", s->nvml ? 1 : 0);
     prom_family(b, "gpumem_producers", "gauge", "Processes publishing allocator stats.");

@@ -73,6 +73,48 @@ typedef struct gm__shm_values {
 #undef GM__SHM_FIELD
 } gm__shm_values;
 
+/* ---- the published statistics: one list for every monitor output ----------
+ * Each allocator statistic a process publishes, once: X(name, value, torch
+ * key, Prometheus suffix, type, help, table column).
+ *   name    the key in smi/log JSON and the CSV column
+ *   value   an expression over `v` (a const gm__shm_values *)
+ *   torch   its torch.cuda.memory_stats() key, or NULL when derived
+ *   prom    the family gpumem_process_allocator_<prom>; type gauge (bytes)
+ *           or counter (events); help is its HELP text
+ *   column  its header in the smi/top process table, or NULL
+ * JSON, CSV, the table and Prometheus are written from this list
+ * (format.c), and test_mon_stats checks every entry against memory_stats,
+ * the shm record and each output. NVML's figures are not here: they carry
+ * nvml_/driver_ names of their own. */
+#define GM_MON_STATS(X)                                                                               \
+    X(allocated, v->allocated, "allocated_bytes.all.current", "allocated_bytes", gauge,              \
+      "Bytes in live allocations of the process's allocator.", "Allocated")                          \
+    X(reserved, v->reserved, "reserved_bytes.all.current", "reserved_bytes", gauge,                  \
+      "Bytes the process's allocator holds from the device, cached or not.", "Reserved")             \
+    X(requested, v->requested, "requested_bytes.all.current", "requested_bytes", gauge,              \
+      "Bytes the callers asked for, before rounding.", NULL)                                         \
+    X(active, v->active, "active_bytes.all.current", "active_bytes", gauge,                          \
+      "Bytes in blocks in use, freed blocks still used by a stream included.", NULL)                 \
+    X(reserved_unallocated, v->reserved - v->allocated, NULL, "reserved_unallocated_bytes", gauge,   \
+      "Reserved bytes not in live allocations: the allocator's cache and fragmentation.",            \
+      "Res-unalloc")                                                                                 \
+    X(peak_allocated, v->peak_allocated, "allocated_bytes.all.peak", "peak_allocated_bytes", gauge,  \
+      "Highest allocated bytes since the peak was last reset.", NULL)                                \
+    X(peak_reserved, v->peak_reserved, "reserved_bytes.all.peak", "peak_reserved_bytes", gauge,      \
+      "Highest reserved bytes since the peak was last reset.", "Peak res")                           \
+    X(peak_requested, v->peak_requested, "requested_bytes.all.peak", "peak_requested_bytes", gauge,  \
+      "Highest requested bytes since the peak was last reset.", NULL)                                \
+    X(peak_active, v->peak_active, "active_bytes.all.peak", "peak_active_bytes", gauge,              \
+      "Highest active bytes since the peak was last reset.", NULL)                                   \
+    X(num_alloc_retries, v->num_alloc_retries, "num_alloc_retries", "retries_total", counter,        \
+      "Allocations that succeeded only after freeing the cache.", "Retries")                         \
+    X(num_ooms, v->num_ooms, "num_ooms", "ooms_total", counter,                                      \
+      "Allocations that failed with out of memory.", "OOMs")                                         \
+    X(num_allocs, v->num_allocs, "allocation.all.allocated", "allocations_total", counter,           \
+      "Allocations made.", NULL)                                                                     \
+    X(num_frees, v->num_frees, "allocation.all.freed", "frees_total", counter, "Allocations freed.", \
+      NULL)
+
 typedef struct gm__shm_record {
     uint32_t seq;  /* seqlock: odd while the writer is inside */
     uint32_t used; /* 1 once the device published anything */

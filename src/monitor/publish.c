@@ -113,7 +113,7 @@ static int create_segment(gm__publisher *p) {
     return GM_OK;
 }
 
-static void fill_header(gm__shm_header *h, const char *label) {
+static void fill_header(gm__shm_header *h, const char *label, uint32_t source) {
     h->version = GM__SHM_VERSION;
     h->header_size = GM__SHM_HEADER_SIZE;
     h->segment_size = GM__SHM_SIZE;
@@ -125,7 +125,7 @@ static void fill_header(gm__shm_header *h, const char *label) {
     gm__proc_start_time((int)getpid(), &st);
     h->start_time = st;
     h->created_ns = realtime_ns();
-    h->source = GM__SRC_GPUMEM;
+    h->source = source;
     gm__proc_comm((int)getpid(), h->comm, sizeof h->comm);
     snprintf(h->label, sizeof h->label, "%s", label && *label ? label : h->comm);
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -146,17 +146,27 @@ static void publish_existing(gm_allocator *a, gm__publisher *p) {
     }
 }
 
-int gm_allocator_publish(gm_allocator *a, const char *label) {
-    if (!a) return gm__set_error(GM_EINVAL, "gm_allocator_publish: allocator is NULL");
-    if (a->publisher) return GM_OK;
+/* A new segment with its header filled, for either kind of publisher. */
+static int new_publisher(const char *label, uint32_t source, gm__publisher **out) {
     gm__publisher *p = calloc(1, sizeof *p);
-    if (!p) return gm__set_error(GM_ENOHOSTMEM, "gm_allocator_publish: out of host memory");
+    if (!p) return gm__set_error(GM_ENOHOSTMEM, "publishing: out of host memory");
     int rc = create_segment(p);
     if (rc != GM_OK) {
         free(p);
         return rc;
     }
-    fill_header(p->hdr, label);
+    fill_header(p->hdr, label, source);
+    *out = p;
+    return GM_OK;
+}
+
+int gm_allocator_publish(gm_allocator *a, const char *label) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    if (!a) return gm__set_error(GM_EINVAL, "gm_allocator_publish: allocator is NULL");
+    if (a->publisher) return GM_OK;
+    gm__publisher *p;
+    int rc = new_publisher(label, GM__SRC_GPUMEM, &p);
+    if (rc != GM_OK) return rc;
     /* the front end reads a->publisher under each device lock; the release
      * store makes the mapped, filled segment visible with the pointer */
     pthread_mutex_lock(&a->devices_lock);
@@ -254,6 +264,77 @@ int gm__publish_from_env(struct gm_allocator *a) {
     if (!e || strcmp(e, "1") != 0) return GM_OK;
     return gm_allocator_publish(a, getenv("GPUMEM_PUBLISH_LABEL"));
 }
+
+/* ---- publishing another allocator's statistics (PyTorch's own) -----------
+ * The same segment, marked source torch, whose records are filled from
+ * torch.cuda.memory_stats() values: gpumem.publish_native and
+ * `gpumem run --native`. The keys come from GM_MON_STATS, matched to the
+ * record's fields by name, so no list of them exists outside monitor.h. */
+
+static const struct { const char *name; size_t offset; } shm_fields[] = {
+#define GM__SHM_FIELD_ENTRY(n) {#n, offsetof(gm__shm_values, n)},
+    GM__SHM_FIELDS(GM__SHM_FIELD_ENTRY)
+#undef GM__SHM_FIELD_ENTRY
+};
+static const struct { const char *name, *torch; } mon_stats[] = {
+#define GM__MON_ENTRY(name, val, torch, ...) {#name, torch},
+    GM_MON_STATS(GM__MON_ENTRY)
+#undef GM__MON_ENTRY
+};
+#define NSHM (sizeof shm_fields / sizeof shm_fields[0])
+
+/* The torch key of record field i, or NULL (update_ns: the time). */
+static const char *torch_key_of(size_t i) {
+    for (size_t j = 0; j < sizeof mon_stats / sizeof mon_stats[0]; j++)
+        if (!strcmp(mon_stats[j].name, shm_fields[i].name)) return mon_stats[j].torch;
+    return NULL;
+}
+
+const char *gm_native_publisher_key(int i) {
+    int k = 0;
+    for (size_t f = 0; f < NSHM; f++) {
+        const char *key = torch_key_of(f);
+        if (key && k++ == i) return key;
+    }
+    return NULL;
+}
+
+int gm_native_publisher_open(const char *label, gm_native_publisher **out) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    if (!out) return gm__set_error(GM_EINVAL, "gm_native_publisher_open: out is NULL");
+    *out = NULL;
+    gm__publisher *p;
+    int rc = new_publisher(label, GM__SRC_TORCH, &p);
+    if (rc == GM_OK) *out = (gm_native_publisher *)p;
+    return rc;
+}
+
+int gm_native_publisher_update(gm_native_publisher *np, int device, const int64_t *values, int n) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    gm__publisher *p = (gm__publisher *)np;
+    if (!p || !values || (unsigned)device >= GM__SHM_DEVICES)
+        return gm__set_error(GM_EINVAL, "gm_native_publisher_update: bad publisher, values or device %d", device);
+    int want = 0;
+    while (gm_native_publisher_key(want)) want++;
+    if (n != want)
+        return gm__set_error(GM_EINVAL, "gm_native_publisher_update: %d values, expected %d (gm_native_publisher_key)",
+                             n, want);
+    gm__shm_record *r = &p->rec[device];
+    uint32_t seq = __atomic_load_n(&r->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->seq, seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    int k = 0;
+    for (size_t f = 0; f < NSHM; f++) {
+        int64_t *field = (int64_t *)((char *)&r->v + shm_fields[f].offset);
+        int64_t v = torch_key_of(f) ? values[k++] : (int64_t)realtime_ns(); /* update_ns */
+        __atomic_store_n(field, v, __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(&r->used, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->seq, seq + 2, __ATOMIC_RELEASE);
+    return GM_OK;
+}
+
+void gm_native_publisher_close(gm_native_publisher *p) { gm__publisher_close((gm__publisher *)p); }
 
 int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tries) {
     for (int i = 0; i < max_tries; i++) {

@@ -96,6 +96,13 @@ static int create_locked(void) {
         g_backend = NULL;
         return st;
     }
+    /* Visible to gpumem smi/top/log/exporter by default (GPUMEM_PUBLISH=0
+     * turns it off; 2-3 ns per operation, bench/RESULTS.md). The label is
+     * GPUMEM_PUBLISH_LABEL (install(label=...), gpumem run --label, the
+     * script's name), else the executable's name. A monitor must never stop
+     * the training: a failure to publish is not an error here. */
+    const char *pub = getenv("GPUMEM_PUBLISH");
+    if (!pub || strcmp(pub, "0") != 0) (void)gm_allocator_publish(a, getenv("GPUMEM_PUBLISH_LABEL"));
     __atomic_store_n(&g_alloc, a, __ATOMIC_RELEASE);
     return GM_OK;
 }
@@ -215,7 +222,9 @@ static int alloc_raw(int64_t size, int device, uint64_t stream, uint64_t *out) {
     if (st == GM_ENOMEM) {
         /* the core's detail already says what was asked for and what is held */
         const char *d = gm_last_error_detail();
-        if (*d) return fail(st, "gpumem: CUDA out of memory on device %d. %s", device, d);
+        const char *lead = "Out of memory. ";
+        if (!strncmp(d, lead, strlen(lead))) d += strlen(lead);
+        if (*d) return fail(st, "gpumem: CUDA out of memory. %s", d);
         char want[32];
         fmt_bytes(want, sizeof want, (double)size);
         return fail(st, "gpumem: CUDA out of memory. Tried to allocate %s on device %d.", want, device);
@@ -294,7 +303,7 @@ int gpumem_torch_stats_json(int device, char *buf, size_t len) {
     gm_allocator *a;
     int st = get(&a);
     if (st != GM_OK) return st;
-    gm_stats s;
+    gm_stats s = {.size = sizeof s};
     memset(&s, 0, sizeof s);
     s.size = sizeof s;
     st = gm_get_stats(a, device, &s);
@@ -338,3 +347,49 @@ void gpumem_torch_set_oom_thrower(gpumem_oom_thrower fn) { __atomic_store_n(&g_t
 gpumem_oom_thrower gpumem__torch_oom_thrower(void) { return __atomic_load_n(&g_thrower, __ATOMIC_ACQUIRE); }
 void gpumem__torch_note_failed_free(void) { __atomic_add_fetch(&g_failed_frees, 1, __ATOMIC_RELAXED); }
 uint64_t gpumem_torch_failed_frees(void) { return __atomic_load_n(&g_failed_frees, __ATOMIC_RELAXED); }
+
+/* ---- for the C++ shim ------------------------------------------------------ */
+
+int gpumem_torch_get_stats(int device, gm_stats *out) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    memset(out, 0, sizeof *out);
+    out->size = sizeof *out;
+    st = gm_get_stats(a, device, out);
+    return st == GM_OK ? GM_OK : fail_lib(st, "get_stats");
+}
+
+int gpumem_torch_block(uint64_t ptr, int *device, gm_block_info *out) {
+    gm_allocator *a = __atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE);
+    if (!a) return fail(GM_ESTATE, "gpumem: no allocator yet");
+    return gm_block_lookup(a, ptr, device, out); /* GM_EFOREIGN is an answer, not an error */
+}
+
+int gpumem_torch_walk_segments(int device, gm_segment_cb cb, void *arg) {
+    gm_allocator *a = __atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE);
+    if (!a) return GM_OK; /* nothing allocated yet */
+    int st = gm_walk_segments(a, device, cb, arg);
+    return st == GM_OK ? GM_OK : fail_lib(st, "walk_segments");
+}
+
+int gpumem_torch_walk_blocks(int device, gm_block_cb cb, void *arg) {
+    gm_allocator *a = __atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE);
+    if (!a) return GM_OK;
+    int st = gm_walk_blocks(a, device, cb, arg);
+    return st == GM_OK ? GM_OK : fail_lib(st, "walk_blocks");
+}
+
+int gpumem_torch_config(gm_config *out, char *conf_str, size_t len) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    *out = *gm_allocator_config(a);
+    if (conf_str && len) {
+        st = gm_config_format(out, conf_str, len);
+        if (st != GM_OK) return fail_lib(st, "config_format");
+    }
+    return GM_OK;
+}
+
+void gpumem_torch_note_failed_free(void) { gpumem__torch_note_failed_free(); }

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gpumem/gpumem.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -43,6 +45,18 @@ GPUMEM_TORCH_API int gpumem_torch_check(int device, char *buf, size_t len);
 GPUMEM_TORCH_API const char *gpumem_torch_last_error(void);
 /* Frees that failed inside gpumem_free (which must not throw). */
 GPUMEM_TORCH_API uint64_t gpumem_torch_failed_frees(void);
+
+/* For the C++ shim (python/csrc/gpumem_shim.cpp), which resolves these with
+ * dlsym from the same library the ctypes side loaded, so both see one
+ * allocator: stats as a struct, one live block by address, every segment and
+ * block of a device (callbacks run under the device lock and must not call
+ * back), the settings in effect, and the failed-free counter. */
+GPUMEM_TORCH_API int gpumem_torch_get_stats(int device, gm_stats *out);
+GPUMEM_TORCH_API int gpumem_torch_block(uint64_t ptr, int *device, gm_block_info *out);
+GPUMEM_TORCH_API int gpumem_torch_walk_segments(int device, gm_segment_cb cb, void *arg);
+GPUMEM_TORCH_API int gpumem_torch_walk_blocks(int device, gm_block_cb cb, void *arg);
+GPUMEM_TORCH_API int gpumem_torch_config(gm_config *out, char *conf_str, size_t len);
+GPUMEM_TORCH_API void gpumem_torch_note_failed_free(void);
 
 /* GPUMEM_PROFILE=1 in the environment (read when the library loads) or
  * profile_enable(1): count alloc_raw/free_raw calls (the pluggable entry

@@ -7,6 +7,8 @@
 // as torch.OutOfMemoryError; otherwise std::runtime_error (RuntimeError).
 #include "gpumem_torch.h"
 
+#include "gpumem/gpumem.h"
+
 #include <stdexcept>
 #include <string>
 #include <sys/types.h>
@@ -19,7 +21,7 @@ extern "C" GPUMEM_TORCH_API void *gpumem_alloc(ssize_t size, int device, cudaStr
     if (st == 0) return (void *)(uintptr_t)p;
     std::string msg = gpumem_torch_last_error();
     if (msg.empty()) msg = "gpumem: allocation failed";
-    if (st == -2 /* GM_ENOMEM */) {
+    if (st == GM_ENOMEM) {
         gpumem_oom_thrower t = gpumem__torch_oom_thrower();
         if (t) t(msg.c_str()); // throws; returns only if it is broken
     }

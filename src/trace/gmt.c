@@ -10,6 +10,7 @@
 
 #include "internal.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -365,11 +366,13 @@ int gm_trace_load_mem(const void *data, size_t len, gm_trace **out) {
 
 int gm_trace_load_file(const char *path, gm_trace **out) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return gm__set_error(GM_EIO, "cannot open %s", path);
+    /* "-" is standard input, as for every command-line tool. */
+    bool is_stdin = !strcmp(path, "-");
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
+    if (!f) return gm__set_error(GM_EIO, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > GM_LIMIT_TRACE_FILE_BYTES) {
-        fclose(f);
+        if (!is_stdin) fclose(f);
         return gm__set_error(GM_EFORMAT, "%s is %llu bytes, more than the %llu-byte limit on trace "
                              "files (GM_LIMIT_TRACE_FILE_BYTES); compress it (gzip) or convert it "
                              "to .gmt on a machine with the memory", path,
@@ -396,8 +399,8 @@ int gm_trace_load_file(const char *path, gm_trace **out) {
         len += n;
         if (n == 0) break;
     }
-    if (!rc && ferror(f)) rc = gm__set_error(GM_EIO, "error reading %s", path);
-    fclose(f);
+    if (!rc && ferror(f)) rc = gm__set_error(GM_EIO, "error reading %s: %s", path, strerror(errno));
+    if (!is_stdin) fclose(f);
     if (!rc) {
         rc = gm_trace_load_mem(buf, len, out);
         if (rc == GM_EFORMAT) {

@@ -199,6 +199,9 @@ const int gm_replay_sized_kinds[GM_REPLAY_SIZED] = {GM_BCALL_MALLOC, GM_BCALL_FR
 const char *const gm_replay_sized_names[GM_REPLAY_SIZED] = {"device_alloc", "device_free", "phys_create",
                                                             "phys_release", "map", "unmap"};
 
+const char *const gm_replay_call_names[GM_REPLAY_CALL_KINDS] = {
+    "device_alloc", "device_free", "va_reserve", "va_release", "phys_create", "phys_release", "map", "unmap"};
+
 static void fill_stats(gm_replay_result *r, const gm_stats *s) {
     r->peak_requested = s->requested_bytes[GM_POOL_ALL].peak;
     r->peak_allocated = s->allocated_bytes[GM_POOL_ALL].peak;
@@ -216,10 +219,60 @@ static void fill_stats(gm_replay_result *r, const gm_stats *s) {
     r->num_unmap = s->num_unmap;
 }
 
-static void run_ops(const gm_replay_prog *p, gm_allocator *a, gm_devptr *ptrs, gm_replay_result *r) {
+/* The device calls of a replay so far, by kind (the steady-state split). */
+static void calls_of(const gm_stats *s, int64_t out[GM_REPLAY_CALL_KINDS]) {
+    int64_t v[GM_REPLAY_CALL_KINDS] = {s->num_device_alloc, s->num_device_free, s->num_va_reserve,
+                                        s->num_va_release,   s->num_phys_create, s->num_phys_release,
+                                        s->num_map,          s->num_unmap};
+    memcpy(out, v, sizeof v);
+}
+
+/* The device's live statistics (replay is single-threaded: read without
+ * the lock). Peaks are not reset at the split, because the gpumem policy
+ * reads the requested peak to place blocks: the steady peaks are tracked
+ * here instead, two loads per op. */
+static const gm_stats *live_stats(gm_allocator *a) {
+    gm__device *d = __atomic_load_n(&a->devices[0], __ATOMIC_ACQUIRE);
+    return d ? &d->stats : NULL;
+}
+
+/* The whole run's peaks at the split: a peak that rises past them was
+ * reached in the steady state (a transient inside one op included). */
+typedef struct steady_ctx {
+    int64_t res_peak0, req_peak0;
+} steady_ctx;
+
+/* At the first op of the steady state: the calls so far. */
+static void steady_split(gm_allocator *a, gm_replay_result *r, steady_ctx *c) {
+    const gm_stats *s = live_stats(a);
+    gm_stats zero;
+    memset(&zero, 0, sizeof zero);
+    if (!s) s = &zero;
+    calls_of(s, r->steady_calls);
+    r->steady_peak_reserved = s->reserved_bytes[GM_POOL_ALL].current;
+    r->steady_peak_requested = s->requested_bytes[GM_POOL_ALL].current;
+    c->res_peak0 = s->reserved_bytes[GM_POOL_ALL].peak;
+    c->req_peak0 = s->requested_bytes[GM_POOL_ALL].peak;
+    r->steady_started = true;
+}
+
+static void steady_track(gm_allocator *a, gm_replay_result *r, const steady_ctx *c) {
+    const gm_stats *s = live_stats(a);
+    if (!s) return;
+    int64_t res = s->reserved_bytes[GM_POOL_ALL].current, req = s->requested_bytes[GM_POOL_ALL].current;
+    if (s->reserved_bytes[GM_POOL_ALL].peak > c->res_peak0) res = s->reserved_bytes[GM_POOL_ALL].peak;
+    if (s->requested_bytes[GM_POOL_ALL].peak > c->req_peak0) req = s->requested_bytes[GM_POOL_ALL].peak;
+    if (res > r->steady_peak_reserved) r->steady_peak_reserved = res;
+    if (req > r->steady_peak_requested) r->steady_peak_requested = req;
+}
+
+static void run_ops(const gm_replay_prog *p, gm_allocator *a, gm_devptr *ptrs, gm_replay_result *r,
+                    uint64_t steady_ev, steady_ctx *sc) {
     for (size_t i = 0; i < p->nops; i++) {
         const rop *o = &p->ops[i];
         int rc;
+        if (r->steady_started) steady_track(a, r, sc);
+        else if ((o->ev & ~OP_FREE) >= steady_ev) steady_split(a, r, sc);
         if (o->ev & OP_FREE) {
             gm_devptr ptr = ptrs[o->slot];
             if (!ptr) continue; /* a 0-byte allocation */
@@ -247,7 +300,15 @@ static void run_ops(const gm_replay_prog *p, gm_allocator *a, gm_devptr *ptrs, g
 
 int gm_replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity,
                   gm_replay_result *r) {
+    return gm_replay_run_steady(p, cfg, capacity, GM_REPLAY_STEADY_FROM, r);
+}
+
+int gm_replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity, double steady_from,
+                         gm_replay_result *r) {
     memset(r, 0, sizeof *r);
+    if (!(steady_from >= 0.0 && steady_from < 1.0))
+        return gm__set_error(GM_EINVAL, "steady_from %g: want a fraction of the trace in [0, 1)", steady_from);
+    r->steady_from = steady_from;
     r->events = p->events;
     r->unknown_frees = p->unknown_frees;
     r->double_allocs = p->double_allocs;
@@ -277,12 +338,24 @@ int gm_replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capaci
                              *msg ? ": " : "", msg);
     }
     double t0 = now_s();
-    run_ops(p, a, ptrs, r);
+    uint64_t steady_ev = (uint64_t)((double)p->events * steady_from);
+    steady_ctx sc = {0, 0};
+    run_ops(p, a, ptrs, r, steady_ev, &sc);
+    if (r->steady_started && !r->oom && !r->error) steady_track(a, r, &sc); /* after the last op */
     r->seconds = now_s() - t0;
-    gm_stats st;
+    gm_stats st = {.size = sizeof st};
     memset(&st, 0, sizeof st);
     st.size = sizeof st;
-    if (gm_get_stats(a, 0, &st) == GM_OK) fill_stats(r, &st);
+    if (gm_get_stats(a, 0, &st) == GM_OK) {
+        fill_stats(r, &st);
+        /* the steady state: from the split to the end (never reached: none) */
+        int64_t end[GM_REPLAY_CALL_KINDS];
+        calls_of(&st, end);
+        for (int k = 0; k < GM_REPLAY_CALL_KINDS; k++) {
+            r->steady_calls[k] = r->steady_started ? end[k] - r->steady_calls[k] : 0;
+            r->steady_device_calls += r->steady_calls[k];
+        }
+    }
     for (int k = 0; k < GM_REPLAY_SIZED; k++)
         gm_sim_call_sizes(be, 0, gm_replay_sized_kinds[k], r->sized_n[k], r->sized_bytes[k]);
     free(ptrs);

@@ -127,6 +127,13 @@ uint64_t gm_replay_prog_bad_events(const gm_replay_prog *p, const char **first);
 extern const int gm_replay_sized_kinds[GM_REPLAY_SIZED];
 extern const char *const gm_replay_sized_names[GM_REPLAY_SIZED];
 
+/* The steady state: the events from this fraction of the trace on (after
+ * warm-up), where a training loop repeats its steps. */
+#define GM_REPLAY_STEADY_FROM 0.5
+/* Device call kinds, in the order of gm_replay_call_names and steady_calls. */
+#define GM_REPLAY_CALL_KINDS 8
+extern const char *const gm_replay_call_names[GM_REPLAY_CALL_KINDS];
+
 typedef struct gm_replay_result {
     int64_t peak_requested, peak_allocated, peak_reserved;
     int64_t trace_peak_requested; /* computed from the trace alone */
@@ -151,6 +158,14 @@ typedef struct gm_replay_result {
     int error;                       /* a non-OOM failure (GM_*), 0 if none */
     char error_detail[256];
     double seconds;                  /* wall time of the replay loop */
+    /* the steady state (events from steady_from x the trace's on): peaks
+     * and device calls there; a trace that repeats its steps should make
+     * none once its memory is laid out */
+    double steady_from;
+    bool steady_started;             /* the replay got that far (no OOM before) */
+    int64_t steady_peak_reserved, steady_peak_requested;
+    int64_t steady_device_calls;     /* all kinds */
+    int64_t steady_calls[GM_REPLAY_CALL_KINDS];
 } gm_replay_result;
 
 /* Replay on a fresh sim device of `capacity` bytes (0 = 141 GiB) with cfg
@@ -158,5 +173,26 @@ typedef struct gm_replay_result {
  * only when the allocator or backend cannot be created. */
 int gm_replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity,
                   gm_replay_result *r);
+/* The same with the steady state from another fraction of the trace, [0, 1). */
+int gm_replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity, double steady_from,
+                         gm_replay_result *r);
+
+/* ---- tune (tune.c) ------------------------------------------------------
+ * Replays a program under every setting of the policy table's tune lists and
+ * ranks them: those that fit first, by peak reserved, then by conf. */
+typedef struct gm_tune_entry {
+    char conf[192];      /* the setting, as a user writes it ("" = torch defaults) */
+    gm_config cfg;
+    gm_replay_result r;
+    int rc;              /* gm_replay_run's status; err says why when not GM_OK */
+    char err[256];
+} gm_tune_entry;
+
+/* *out: calloc'ed, *n entries, ranked; free() it. */
+int gm_tune_run(const gm_replay_prog *p, uint64_t capacity, int threads, gm_tune_entry **out, int *n);
+/* Ran out of memory, or failed: not a candidate. */
+bool gm_tune_failed(const gm_tune_entry *e);
+/* Device calls of a (cold) replay: allocations, VMM creates, maps, unmaps. */
+int64_t gm_tune_device_calls(const gm_replay_result *r);
 
 #endif /* GPUMEM_TRACE_TRACE_H */

@@ -31,7 +31,7 @@ curl -fsS "$url" -o "$tmp/metrics.txt"
 curl -fsS -D "$tmp/headers.txt" -o /dev/null "$url"
 grep -qi '^content-type: text/plain; version=0.0.4' "$tmp/headers.txt" || { echo "FAIL: content type"; cat "$tmp/headers.txt"; exit 1; }
 promtool check metrics <"$tmp/metrics.txt" || { echo "FAIL: promtool check metrics"; cat "$tmp/metrics.txt"; exit 1; }
-grep -q 'comm="job \\"q\\" back\\\\slash\\nnewline"' "$tmp/metrics.txt" || { echo "FAIL: label not escaped"; cat "$tmp/metrics.txt"; exit 1; }
+grep -q 'label="job \\"q\\" back\\\\slash\\nnewline"' "$tmp/metrics.txt" || { echo "FAIL: label not escaped"; cat "$tmp/metrics.txt"; exit 1; }
 
 pport=$(free_port)
 cat >"$tmp/prometheus.yml" <<YML
@@ -68,7 +68,7 @@ checks = {"allocated": "allocated", "reserved": "reserved", "peak_reserved": "pe
 for q, key in checks.items():
     (res,) = json.load(open(f"{tmp}/q_{q}.json"))["data"]["result"]
     m, (_, value) = res["metric"], res["value"]
-    assert m["comm"] == label, (m["comm"], label)
+    assert m["label"] == label, (m["label"], label)
     assert m["gpu"] == "0" and m["job"] == "gpumem", m
     assert int(float(value)) == w[key], f"{q}: prometheus {value} != published {w[key]}"
 assert w["num_ooms"] >= 1

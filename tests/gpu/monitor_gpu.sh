@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # monitor_gpu.sh — on the GPU machine: build gpumem, start two training
-# processes (one on libgpumem with GPUMEM_PUBLISH=1, one on PyTorch's own
-# allocator with gpumem.publish_native), hold them steady, and check that
+# processes (one on libgpumem, published by default with nothing set but
+# install(label=...), one on PyTorch's own allocator with
+# gpumem.publish_native), hold them steady, and check that
 #  - `gpumem smi --format json` agrees with nvidia-smi's
 #    memory.total/reserved/used/free for every GPU, and
 #  - each training process shows its allocator numbers, equal to what the
@@ -20,7 +21,16 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/gpumem-monitor}
 BUILD=${GPUMEM_BUILD:-$SRC/build-gpu-monitor}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$SRC/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+# The installed package (pip install --no-build-isolation ./python: the shim,
+# so torch's own memory API answers from gpumem) when there is one; else the
+# source tree's package over this build's library.
+if (cd /tmp && python3 -c 'import torch, gpumem._C') 2>/dev/null; then
+    INSTALLED=1
+else
+    INSTALLED=0
+    export PYTHONPATH="$SRC/python${PYTHONPATH:+:$PYTHONPATH}"
+fi
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
@@ -33,7 +43,8 @@ echo "== build ($BUILD)"
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPUMEM_TESTS=OFF >"$OUT/cmake.log" 2>&1 &&
     cmake --build "$BUILD" -j"$(nproc)" >"$OUT/build.log" 2>&1 || { echo "build failed"; tail -30 "$OUT/build.log"; exit 1; }
 GPUMEM="$BUILD/gpumem"
-export GPUMEM_LIB="$BUILD"   # holds libgpumem_torch.so
+[ "$INSTALLED" = 1 ] || export GPUMEM_LIB="$BUILD"   # holds libgpumem_torch.so
+echo "python package: $([ "$INSTALLED" = 1 ] && echo installed || echo "source tree + $BUILD")"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 
 # the training job: an MLP with AdamW; after a few steps it records what its
@@ -43,7 +54,7 @@ import json, os, sys, time
 mode, out = sys.argv[1], sys.argv[2]
 if mode == "gpumem":
     import gpumem.torch as gt
-    gt.install("policy:torch")
+    gt.install("policy:gpumem", label="gpumem-train")   # no GPUMEM_PUBLISH: published by default
 import torch
 if mode == "native":
     import gpumem.publish_native as pn
@@ -58,17 +69,15 @@ for step in range(20):
     opt.step()
     opt.zero_grad(set_to_none=True)
 torch.cuda.synchronize()
-if mode == "gpumem":
-    s = gt.memory_stats(0)
-else:
-    s = torch.cuda.memory_stats(0)
+s = torch.cuda.memory_stats(0)   # under gpumem: answered by gpumem's shim
+if mode == "native":
     pub.publish_once()
-keys = ["allocated_bytes.all.current", "reserved_bytes.all.current", "reserved_bytes.all.peak", "num_ooms"]
-json.dump({"pid": os.getpid(), **{k: int(s.get(k, -1)) for k in keys}}, open(out + ".tmp", "w"))
+json.dump({"pid": os.getpid(), **{k: int(v) for k, v in s.items() if isinstance(v, (int, float))}},
+          open(out + ".tmp", "w"))
 os.rename(out + ".tmp", out)
 time.sleep(float(os.environ.get("GPUMEM_MONITOR_HOLD", "120")))
 PY
-GPUMEM_PUBLISH=1 GPUMEM_PUBLISH_LABEL=gpumem-train python3 "$OUT/train.py" gpumem "$OUT/gpumem.json" >"$OUT/train_gpumem.log" 2>&1 &
+env -u GPUMEM_PUBLISH -u GPUMEM_PUBLISH_LABEL python3 "$OUT/train.py" gpumem "$OUT/gpumem.json" >"$OUT/train_gpumem.log" 2>&1 &
 pids+=($!)
 python3 "$OUT/train.py" native "$OUT/native.json" >"$OUT/train_native.log" 2>&1 &
 pids+=($!)
@@ -137,15 +146,15 @@ check(len(rows) == len(smi["devices"]), "GPU count: nvidia-smi %d, gpumem %d" % 
 for i, (r, d) in enumerate(zip(rows, smi["devices"])):
     nv = dict(zip(("total", "reserved", "used", "free"), (int(v.strip()) if v.strip().isdigit() else None for v in r)))
     for k in ("total", "reserved", "used", "free"):
-        g = d[k]
+        g = d["driver_reserved" if k == "reserved" else k]
         if nv[k] is None or g is None:
             check(nv[k] is None and g is None, f"gpu{i} {k}: nvidia-smi {nv[k]} MiB, gpumem {g}")
             continue
         # nvidia-smi rounds to MiB; used/free may move by a little between the two reads
         tol = 1 if k in ("total", "reserved") else 64
         check(abs(g // MiB - nv[k]) <= tol, f"gpu{i} {k}: nvidia-smi {nv[k]} MiB, gpumem {g / MiB:.1f} MiB")
-    if None not in (d["total"], d["reserved"], d["used"], d["free"]):
-        check(d["total"] == d["reserved"] + d["used"] + d["free"], f"gpu{i} total == reserved + used + free")
+    if None not in (d["total"], d["driver_reserved"], d["used"], d["free"]):
+        check(d["total"] == d["driver_reserved"] + d["used"] + d["free"], f"gpu{i} total == reserved + used + free")
 for mode, label, source in (("gpumem", "gpumem-train", "gpumem"), ("native", "native-train", "torch")):
     own = json.load(open(f"{out}/{mode}.json"))
     rs = [p for p in smi["processes"] if p["pid"] == own["pid"] and p["gpu"] == 0]
@@ -155,10 +164,15 @@ for mode, label, source in (("gpumem", "gpumem-train", "gpumem"), ("native", "na
     p = rs[0]
     print(f"     {mode}: {json.dumps(p)}")
     check(p["label"] == label and p["source"] == source, f"{mode}: label {p['label']!r} source {p['source']}")
-    check(p["allocated"] == own["allocated_bytes.all.current"],
-          f"{mode}: allocated {p['allocated']} == process's own {own['allocated_bytes.all.current']}")
-    check(p["reserved"] == own["reserved_bytes.all.current"],
-          f"{mode}: reserved {p['reserved']} == process's own {own['reserved_bytes.all.current']}")
+    # every published statistic with a memory_stats key equals the process's own memory_stats()
+    torch_keys = {"allocated": "allocated_bytes.all.current", "reserved": "reserved_bytes.all.current",
+                  "requested": "requested_bytes.all.current", "active": "active_bytes.all.current",
+                  "peak_allocated": "allocated_bytes.all.peak", "peak_reserved": "reserved_bytes.all.peak",
+                  "peak_requested": "requested_bytes.all.peak", "peak_active": "active_bytes.all.peak",
+                  "num_alloc_retries": "num_alloc_retries", "num_ooms": "num_ooms",
+                  "num_allocs": "allocation.all.allocated", "num_frees": "allocation.all.freed"}
+    for name, key in torch_keys.items():
+        check(p[name] == own.get(key), f"{mode}: {name} {p[name]} == memory_stats()[{key!r}] {own.get(key)}")
     check(p["nvml_used"] is not None and p["nvml_used"] >= p["reserved"],
           f"{mode}: NVML used {p['nvml_used']} >= reserved {p['reserved']}")
     if p["outside_allocator"] is not None:

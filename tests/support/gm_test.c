@@ -5,6 +5,7 @@
 #include <cmocka.h>
 
 #include "gm_test.h"
+#include "trace/trace.h"
 
 #include <stdio.h>
 
@@ -51,8 +52,17 @@ void gm_test_check_at(gm_allocator *a, const char *file, int line) {
 }
 
 gm_stats gm_test_stats(gm_allocator *a) {
-    gm_stats s;
+    gm_stats s = {.size = sizeof s};
     int rc = gm_get_stats(a, 0, &s);
     if (rc != GM_OK) fail_msg("gm_get_stats: %s", gm_status_name(rc));
     return s;
+}
+
+gm_replay_prog *gm_test_compile(gm__trace_builder *b) {
+    gm_trace *t;
+    assert_int_equal(gm__tb_finish(b, "test", &t), GM_OK);
+    gm_replay_prog *p;
+    assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
+    gm_trace_free(t);
+    return p;
 }

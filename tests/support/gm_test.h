@@ -44,4 +44,10 @@ void gm_test_check_at(gm_allocator *a, const char *file, int line);
 /* Fetch stats of device 0, failing the test on error. */
 gm_stats gm_test_stats(gm_allocator *a);
 
+/* Finish a trace built with gm__tb_* and compile device 0's program,
+ * failing the test on error (the builder is consumed). */
+struct gm__trace_builder;
+struct gm_replay_prog;
+struct gm_replay_prog *gm_test_compile(struct gm__trace_builder *b);
+
 #endif /* GM_TEST_H */

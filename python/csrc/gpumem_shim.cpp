@@ -1,0 +1,530 @@
+// gpumem_shim.cpp — gpumem as PyTorch's CUDA allocator in full (the module
+// gpumem._C, built against the installed torch by python/setup.py).
+//
+// A subclass of torch's CUDAPluggableAllocator whose allocation, free,
+// statistics, memory fraction, record_stream, empty_cache, history, snapshot,
+// OOM observers and OOM exception all answer from libgpumem_torch.so, so that
+// torch.cuda.memory_allocated(), memory_stats(), memory_summary(),
+// max_memory_allocated(), reset_peak_memory_stats(),
+// set_per_process_memory_fraction(), _record_memory_history()/_snapshot(),
+// the profiler's memory columns and torch.OutOfMemoryError keep working.
+//
+// The C library is not linked: install(path) dlopens the very file the
+// ctypes side (gpumem._lib) loaded and resolves its gpumem_torch_* entry
+// points, so both sides see one allocator. Everything the shim adds to a
+// call is behind a flag that is off unless torch's profiler records memory
+// or memory history is on; otherwise an allocation is one call into the
+// library, as with the plain pluggable entry points.
+//
+// Not supported (each fails with a message naming gpumem): CUDA graph
+// capture into a private pool (torch.cuda.graph, torch.compile's
+// reduce-overhead mode), IPC handles, checkpointed pool state.
+#include <torch/extension.h>
+
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "gpumem/gpumem.h"
+
+namespace gpumem_shim {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+using PA = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+
+// ---- the library's entry points (src/torch/gpumem_torch.h) ----------------
+
+struct Api {
+  int (*alloc_raw)(int64_t, int, uint64_t, uint64_t*);
+  int (*free_raw)(uint64_t);
+  int (*record_stream)(uint64_t, uint64_t);
+  int (*empty_cache)(int);
+  int (*set_memory_fraction)(double, int);
+  int (*mem_get_info)(int, uint64_t*, uint64_t*);
+  int (*device_count)(int*);
+  int (*reset_peak)(int);
+  int (*reset_accumulated)(int);
+  const char* (*last_error)();
+  int (*get_stats)(int, gm_stats*);
+  int (*block)(uint64_t, int*, gm_block_info*);
+  int (*walk_segments)(int, gm_segment_cb, void*);
+  int (*walk_blocks)(int, gm_block_cb, void*);
+  int (*config)(gm_config*, char*, size_t);
+  void (*note_failed_free)();
+};
+Api api;
+std::string api_path;
+
+template <class F>
+void resolve(void* h, const char* name, F*& out) {
+  out = reinterpret_cast<F*>(dlsym(h, name));
+  TORCH_CHECK(out, "gpumem: ", api_path, " lacks ", name, " (a stale build? rebuild with pip install ./python)");
+}
+
+void load_api(const std::string& path) {
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  TORCH_CHECK(h, "gpumem: could not load ", path, ": ", dlerror());
+  api_path = path;
+  resolve(h, "gpumem_torch_alloc_raw", api.alloc_raw);
+  resolve(h, "gpumem_torch_free_raw", api.free_raw);
+  resolve(h, "gpumem_torch_record_stream", api.record_stream);
+  resolve(h, "gpumem_torch_empty_cache", api.empty_cache);
+  resolve(h, "gpumem_torch_set_memory_fraction", api.set_memory_fraction);
+  resolve(h, "gpumem_torch_mem_get_info", api.mem_get_info);
+  resolve(h, "gpumem_torch_device_count", api.device_count);
+  resolve(h, "gpumem_torch_reset_peak", api.reset_peak);
+  resolve(h, "gpumem_torch_reset_accumulated", api.reset_accumulated);
+  resolve(h, "gpumem_torch_last_error", api.last_error);
+  resolve(h, "gpumem_torch_get_stats", api.get_stats);
+  resolve(h, "gpumem_torch_block", api.block);
+  resolve(h, "gpumem_torch_walk_segments", api.walk_segments);
+  resolve(h, "gpumem_torch_walk_blocks", api.walk_blocks);
+  resolve(h, "gpumem_torch_config", api.config);
+  resolve(h, "gpumem_torch_note_failed_free", api.note_failed_free);
+}
+
+std::string last_error(const char* what) {
+  const char* e = api.last_error();
+  return (e && *e) ? std::string(e) : std::string("gpumem: ") + what + " failed";
+}
+
+void check(int st, const char* what) {
+  TORCH_CHECK(st == 0, last_error(what));
+}
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr int kGmENOMEM = -2;
+
+void gm_deleter(void* ptr);
+
+// ---- the allocator -----------------------------------------------------------
+
+class GpumemAllocator : public PA {
+ public:
+  GpumemAllocator()
+      : PA([](size_t, int, cudaStream_t) -> void* { return nullptr; },
+           [](void*, size_t, int, cudaStream_t) {}) {}
+
+  // Allocation and free: the hot path.
+  void* gm_alloc(size_t n, c10::DeviceIndex device, cudaStream_t stream) {
+    uint64_t p = 0;
+    int st = api.alloc_raw(static_cast<int64_t>(n), device, reinterpret_cast<uint64_t>(stream), &p);
+    if (C10_UNLIKELY(st != 0)) on_alloc_failure(st, n, device, stream);
+    if (C10_UNLIKELY(p && (history_on_.load(std::memory_order_relaxed) || c10::memoryProfilingEnabled())))
+      after_alloc(p, n, device, stream);
+    return reinterpret_cast<void*>(p);
+  }
+
+  void gm_free(void* ptr) {
+    if (!ptr) return;
+    uint64_t p = reinterpret_cast<uint64_t>(ptr);
+    bool hist = history_on_.load(std::memory_order_relaxed);
+    bool prof = c10::memoryProfilingEnabled();
+    gm_block_info bi{};
+    int dev = -1;
+    bool known = false;
+    if (C10_UNLIKELY(hist || prof)) {
+      bi.size_of = sizeof bi;
+      known = api.block(p, &dev, &bi) == 0;
+    }
+    if (C10_UNLIKELY(api.free_raw(p) != 0)) {
+      api.note_failed_free(); // must not throw: torch frees from destructors
+      return;
+    }
+    if (C10_UNLIKELY(known)) after_free(p, dev, bi, hist, prof);
+  }
+
+  c10::DataPtr allocate(size_t n) override {
+    c10::DeviceIndex device = -1;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
+    void* p = gm_alloc(n, device, stream);
+    return {p, p, &gm_deleter, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &gm_deleter; }
+  void* raw_alloc(size_t n) override {
+    c10::DeviceIndex device = -1;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return gm_alloc(n, device, c10::cuda::getCurrentCUDAStream(device));
+  }
+  void* raw_alloc_with_stream(size_t n, cudaStream_t stream) override {
+    c10::DeviceIndex device = -1;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return gm_alloc(n, device, stream);
+  }
+  void raw_delete(void* ptr) override { gm_free(ptr); }
+
+  // Settings and statistics.
+  double getMemoryFraction(c10::DeviceIndex device) override {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = fraction_.find(device);
+    return it == fraction_.end() ? default_fraction() : it->second;
+  }
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    TORCH_CHECK(fraction >= 0 && fraction <= 1, "gpumem: invalid fraction ", fraction, ", expected 0 <= fraction <= 1");
+    check(api.set_memory_fraction(fraction, device), "set_per_process_memory_fraction");
+    std::lock_guard<std::mutex> g(mu_);
+    fraction_[device] = fraction;
+  }
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override { check(api.empty_cache(-1), "empty_cache"); }
+  // torch: the largest free cached block, at least the device's free memory
+  // (cuDNN's benchmark mode sizes its workspace with this). gpumem keeps no
+  // per-block free list to ask, so: max(device free, reserved - allocated).
+  void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
+    uint64_t fr = 0, tot = 0;
+    check(api.mem_get_info(device, &fr, &tot), "mem_get_info");
+    gm_stats s = stats(device);
+    int64_t cached = s.reserved_bytes[GM_POOL_ALL].current - s.allocated_bytes[GM_POOL_ALL].current;
+    *largestBlock = std::max<size_t>(fr, cached > 0 ? static_cast<size_t>(cached) : 0);
+  }
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    if (!ptr.get() || ptr.get_deleter() != &gm_deleter) return; // not ours (torch ignores these too)
+    check(api.record_stream(reinterpret_cast<uint64_t>(ptr.get_context()),
+                            reinterpret_cast<uint64_t>(stream.stream())),
+          "record_stream");
+  }
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    gm_stats s = stats(device);
+    c10::CachingDeviceAllocator::DeviceStats o;
+    for (int p = 0; p < GM_POOL_COUNT; p++) {
+      cp(o.allocation[p], s.allocation[p]);
+      cp(o.segment[p], s.segment[p]);
+      cp(o.active[p], s.active[p]);
+      cp(o.inactive_split[p], s.inactive_split[p]);
+      cp(o.allocated_bytes[p], s.allocated_bytes[p]);
+      cp(o.reserved_bytes[p], s.reserved_bytes[p]);
+      cp(o.active_bytes[p], s.active_bytes[p]);
+      cp(o.inactive_split_bytes[p], s.inactive_split_bytes[p]);
+      cp(o.requested_bytes[p], s.requested_bytes[p]);
+    }
+    cp(o.oversize_allocations, s.oversize_allocations);
+    cp(o.oversize_segments, s.oversize_segments);
+    o.num_alloc_retries = s.num_alloc_retries;
+    o.num_ooms = s.num_ooms;
+    o.num_sync_all_streams = s.num_sync_all_streams;
+    o.num_device_alloc = s.num_device_alloc;
+    o.num_device_free = s.num_device_free;
+    o.max_split_size = s.max_split_size;
+    return o;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    check(api.reset_accumulated(device), "reset_accumulated_memory_stats");
+  }
+  void resetPeakStats(c10::DeviceIndex device) override { check(api.reset_peak(device), "reset_peak_memory_stats"); }
+
+  // CUDA graphs: refused (gpumem has no graph-private pools yet).
+  void beginAllocateToPool(c10::DeviceIndex, c10::MempoolId_t, std::function<bool(cudaStream_t)>) override {
+    TORCH_CHECK(false,
+                "gpumem: CUDA graph capture (torch.cuda.graph, torch.compile(mode=\"reduce-overhead\")) needs "
+                "graph-private memory pools, which gpumem's allocator does not have yet. Run this process with "
+                "PyTorch's own allocator: `gpumem run --native -- python ...` (or do not call "
+                "gpumem.torch.install()), or compile without CUDA graphs (mode=\"default\" or "
+                "\"max-autotune-no-cudagraphs\").");
+  }
+  void endAllocateToPool(c10::DeviceIndex, c10::MempoolId_t) override {}
+  void releasePool(c10::DeviceIndex, c10::MempoolId_t) override {}
+
+  // History and snapshot.
+  bool isHistoryEnabled() override { return history_on_.load(); }
+  void recordHistory(bool enabled, cca::CreateContextFn recorder, size_t max_entries, cca::RecordContext when,
+                     bool clearHistory, const std::vector<std::string>& skip_actions) override {
+    std::vector<cca::TraceEntry::Action> skip;
+    for (const auto& a : skip_actions) skip.push_back(c10::CachingDeviceAllocator::parseTraceEntryAction(a));
+    std::lock_guard<std::mutex> g(hist_mu_);
+    skip_ = std::move(skip);
+    recorder_ = enabled ? recorder : nullptr;
+    when_ = enabled ? when : cca::RecordContext::NEVER;
+    max_entries_ = std::max<size_t>(1, max_entries);
+    if (!enabled || clearHistory) {
+      rings_.clear();
+      if (!enabled) contexts_.clear();
+    }
+    history_on_.store(enabled);
+  }
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> g(mu_);
+    observers_.push_back(std::move(observer));
+  }
+  cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override;
+  std::string name() override { return "gpumem"; }
+
+ private:
+  template <class S>
+  static void cp(S& d, const gm_stat& s) {
+    d.current = s.current;
+    d.peak = s.peak;
+    d.allocated = s.allocated;
+    d.freed = s.freed;
+  }
+  static gm_stats stats(int device) {
+    gm_stats s{};
+    s.size = sizeof s;
+    check(api.get_stats(device, &s), "memory_stats");
+    return s;
+  }
+  double default_fraction() {
+    gm_config c{};
+    c.size = sizeof c;
+    return api.config(&c, nullptr, 0) == 0 ? c.per_process_memory_fraction : 1.0;
+  }
+
+  struct Ring {
+    std::vector<cca::TraceEntry> v;
+    size_t next = 0;
+  };
+  void record(cca::TraceEntry::Action action, int device, uint64_t addr, uint64_t size, cudaStream_t stream,
+              std::shared_ptr<c10::GatheredContext> ctx) {
+    cca::TraceEntry te(action, static_cast<c10::DeviceIndex>(device), addr, size, stream, c10::MempoolId_t{0, 0},
+                       c10::getApproximateTime(), std::move(ctx));
+    te.time_.t_ = now_us(); // snapshot() hands times out in microseconds
+    if (device < 0 || std::find(skip_.begin(), skip_.end(), action) != skip_.end()) return;
+    if (rings_.size() <= static_cast<size_t>(device)) rings_.resize(device + 1);
+    Ring& r = rings_[device];
+    if (r.v.size() < max_entries_) {
+      r.v.push_back(std::move(te));
+    } else {
+      r.v[r.next] = std::move(te);
+      r.next = (r.next + 1) % max_entries_;
+    }
+  }
+
+  void after_alloc(uint64_t p, size_t n, int device, cudaStream_t stream) {
+    gm_block_info bi{};
+    bi.size_of = sizeof bi;
+    uint64_t size = n;
+    if (api.block(p, nullptr, &bi) == 0) size = bi.size;
+    if (c10::memoryProfilingEnabled()) {
+      gm_stats s = stats(device);
+      c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(p), static_cast<int64_t>(size),
+                                       s.allocated_bytes[GM_POOL_ALL].current, s.reserved_bytes[GM_POOL_ALL].current,
+                                       c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+    }
+    if (history_on_.load(std::memory_order_relaxed)) {
+      cca::CreateContextFn rec;
+      cca::RecordContext when;
+      {
+        std::lock_guard<std::mutex> g(hist_mu_);
+        rec = recorder_;
+        when = when_;
+      }
+      // gather outside our lock: it may take the GIL
+      std::shared_ptr<c10::GatheredContext> ctx = (rec && when != cca::RecordContext::NEVER) ? rec() : nullptr;
+      std::lock_guard<std::mutex> g(hist_mu_);
+      if (!history_on_.load()) return;
+      if (ctx) contexts_[p] = ctx;
+      record(cca::TraceEntry::ALLOC, device, p, size, stream,
+             when == cca::RecordContext::ALLOC || when == cca::RecordContext::ALL ? ctx : nullptr);
+    }
+  }
+
+  void after_free(uint64_t p, int device, const gm_block_info& bi, bool hist, bool prof) {
+    if (prof) {
+      gm_stats s = stats(device);
+      c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(p), -static_cast<int64_t>(bi.size),
+                                       s.allocated_bytes[GM_POOL_ALL].current, s.reserved_bytes[GM_POOL_ALL].current,
+                                       c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+    }
+    if (hist) {
+      cca::CreateContextFn rec;
+      cca::RecordContext when;
+      {
+        std::lock_guard<std::mutex> g(hist_mu_);
+        rec = recorder_;
+        when = when_;
+      }
+      std::shared_ptr<c10::GatheredContext> ctx = (rec && when == cca::RecordContext::ALL) ? rec() : nullptr;
+      std::lock_guard<std::mutex> g(hist_mu_);
+      contexts_.erase(p);
+      if (!history_on_.load()) return;
+      auto stream = reinterpret_cast<cudaStream_t>(bi.stream);
+      record(cca::TraceEntry::FREE_REQUESTED, device, p, bi.size, stream, ctx);
+      // gpumem does not report when a free held back by record_stream
+      // completes; the trace marks it complete at once
+      record(cca::TraceEntry::FREE_COMPLETED, device, p, bi.size, stream, ctx);
+    }
+  }
+
+  void on_alloc_failure(int st, size_t n, c10::DeviceIndex device, cudaStream_t stream) {
+    std::string msg = last_error("allocation");
+    if (st != kGmENOMEM) TORCH_CHECK(false, msg);
+    uint64_t fr = 0, tot = 0;
+    api.mem_get_info(device, &fr, &tot);
+    gm_stats s{};
+    s.size = sizeof s;
+    api.get_stats(device, &s);
+    c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(n), s.allocated_bytes[GM_POOL_ALL].current,
+                                     s.reserved_bytes[GM_POOL_ALL].current,
+                                     c10::Device(c10::DeviceType::CUDA, device));
+    if (history_on_.load()) {
+      std::lock_guard<std::mutex> g(hist_mu_);
+      record(cca::TraceEntry::OOM, device, fr, n, stream, nullptr);
+    }
+    std::vector<cca::OutOfMemoryObserver> obs;
+    double frac;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      obs = observers_;
+      auto it = fraction_.find(device);
+      frac = it == fraction_.end() ? 1.0 : it->second;
+    }
+    size_t limit = frac < 1.0 ? static_cast<size_t>(frac * static_cast<double>(tot)) : tot;
+    for (const auto& o : obs) o(device, n, limit, fr);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+  }
+
+  std::mutex mu_; // fraction_, observers_
+  std::unordered_map<int, double> fraction_;
+  std::vector<cca::OutOfMemoryObserver> observers_;
+
+  std::atomic<bool> history_on_{false};
+  std::mutex hist_mu_; // everything below
+  cca::CreateContextFn recorder_ = nullptr;
+  cca::RecordContext when_ = cca::RecordContext::NEVER;
+  size_t max_entries_ = 1;
+  std::vector<cca::TraceEntry::Action> skip_;
+  std::vector<Ring> rings_;
+  std::unordered_map<uint64_t, std::shared_ptr<c10::GatheredContext>> contexts_;
+
+  friend struct SnapshotBuilder;
+};
+
+std::shared_ptr<GpumemAllocator> g_alloc;
+
+void gm_deleter(void* ptr) { g_alloc->gm_free(ptr); }
+
+int seg_cb(const gm_segment_info* s, void* arg) {
+  static_cast<std::vector<gm_segment_info>*>(arg)->push_back(*s);
+  return 0;
+}
+int blk_cb(const gm_block_info* b, void* arg) {
+  static_cast<std::vector<gm_block_info>*>(arg)->push_back(*b);
+  return 0;
+}
+
+// Segments are gpumem's (gm_walk_segments: a cudaMalloc'd segment under
+// policy:torch, an arena's virtual range under policy:gpumem); blocks are the
+// live and stream-waiting allocations in each, with the gaps between them as
+// inactive blocks, so each segment's blocks tile it as torch's viewer expects.
+cca::SnapshotInfo GpumemAllocator::snapshot(c10::MempoolId_t, bool include_traces) {
+  cca::SnapshotInfo r;
+  int ndev = 0;
+  check(api.device_count(&ndev), "device_count");
+  std::unordered_map<uint64_t, std::shared_ptr<c10::GatheredContext>> ctx;
+  {
+    std::lock_guard<std::mutex> g(hist_mu_);
+    ctx = contexts_;
+    r.device_traces.resize(ndev);
+    for (size_t d = 0; include_traces && d < rings_.size() && d < static_cast<size_t>(ndev); d++) {
+      const Ring& ring = rings_[d];
+      auto& out = r.device_traces[d];
+      for (size_t i = 0; i < ring.v.size(); i++) out.push_back(ring.v[(ring.next + i) % ring.v.size()]);
+    }
+  }
+  for (int d = 0; d < ndev; d++) {
+    std::vector<gm_segment_info> segs;
+    std::vector<gm_block_info> blks;
+    check(api.walk_segments(d, seg_cb, &segs), "snapshot");
+    check(api.walk_blocks(d, blk_cb, &blks), "snapshot");
+    std::sort(segs.begin(), segs.end(), [](auto& a, auto& b) { return a.address < b.address; });
+    std::sort(blks.begin(), blks.end(), [](auto& a, auto& b) { return a.address < b.address; });
+    size_t bi = 0;
+    for (const auto& s : segs) {
+      cca::SegmentInfo si;
+      si.device = static_cast<c10::DeviceIndex>(d);
+      si.address = s.address;
+      si.total_size = s.total_size;
+      si.stream = reinterpret_cast<void*>(s.stream);
+      si.is_large = s.pool == GM_POOL_LARGE;
+      si.is_expandable = s.expandable;
+      uint64_t at = s.address, end = s.address + s.total_size;
+      while (bi < blks.size() && blks[bi].address < s.address) bi++; // outside every segment: skip
+      for (; bi < blks.size() && blks[bi].address < end; bi++) {
+        const gm_block_info& b = blks[bi];
+        if (b.address > at) {
+          cca::BlockInfo gap;
+          gap.size = b.address - at;
+          si.blocks.push_back(gap);
+        }
+        cca::BlockInfo bl;
+        bl.size = b.size;
+        bl.requested_size = b.requested;
+        bl.allocated = b.live;
+        bl.active = true;
+        auto it = ctx.find(b.address);
+        if (it != ctx.end()) bl.context_when_allocated = it->second;
+        si.blocks.push_back(bl);
+        si.active_size += b.size;
+        if (b.live) {
+          si.allocated_size += b.size;
+          si.requested_size += b.requested;
+        }
+        at = b.address + b.size;
+      }
+      if (at < end) {
+        cca::BlockInfo gap;
+        gap.size = end - at;
+        si.blocks.push_back(gap);
+      }
+      r.segments.push_back(std::move(si));
+    }
+  }
+  gm_config c{};
+  c.size = sizeof c;
+  char conf[512] = "";
+  r.config_metadata = cca::AllocatorConfigInfo{};
+  if (api.config(&c, conf, sizeof conf) == 0) {
+    r.config_metadata.garbage_collection_threshold = c.garbage_collection_threshold;
+    r.config_metadata.max_split_size = c.max_split_size == UINT64_MAX ? SIZE_MAX : c.max_split_size;
+    r.config_metadata.expandable_segments = c.expandable_segments;
+    r.config_metadata.release_lock_on_malloc = c.release_lock_on_cudamalloc;
+    r.config_metadata.last_allocator_settings = conf;
+    for (int i = 0; i < GM_ROUNDUP_INTERVALS; i++)
+      r.config_metadata.roundup_power2_divisions.push_back(c.roundup_power2_divisions[i]);
+  }
+  return r;
+}
+
+// ---- Python ------------------------------------------------------------------
+
+void install(const std::string& path) {
+  TORCH_CHECK(!g_alloc, "gpumem: the shim is already installed (", api_path, ")");
+  load_api(path);
+  auto a = std::make_shared<GpumemAllocator>();
+  torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
+  g_alloc = a;
+}
+
+bool installed() { return static_cast<bool>(g_alloc); }
+
+// True when torch's current CUDA allocator is this shim.
+bool active() { return g_alloc && cca::get() == g_alloc.get(); }
+
+} // namespace gpumem_shim
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "gpumem as PyTorch's CUDA allocator (see python/csrc/gpumem_shim.cpp)";
+  m.def("install", &gpumem_shim::install, "Make gpumem (the library at path) torch's CUDA allocator");
+  m.def("installed", &gpumem_shim::installed);
+  m.def("active", &gpumem_shim::active);
+  m.def("library_path", []() { return gpumem_shim::api_path; });
+}

@@ -1,0 +1,1 @@
+"""Holds the sitecustomize.py that `gpumem run` puts first on PYTHONPATH."""

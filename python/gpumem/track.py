@@ -1,0 +1,349 @@
+"""Where the memory went, live: categories, scopes and history under gpumem.
+
+    import gpumem.torch as gt
+    gt.install()                                  # gpumem is PyTorch's allocator
+    model = Net().cuda(); opt = torch.optim.AdamW(model.parameters())
+    tr = gt.track(model, opt)                     # one call; no other change to the loop
+    for batch in data:
+        loss = model(batch).sum(); loss.backward(); opt.step(); opt.zero_grad()
+    print(tr.breakdown())                         # bytes per category now, and the peak
+    tr.dump("history.pickle.gz")                  # then: gpumem report history.pickle.gz -o r.html
+
+    with gt.scope("data"): ...                    # user scopes, nested, per thread
+    @gt.scoped("eval")
+    def evaluate(): ...
+
+track() switches on gpumem's allocation history (a bounded ring, dumped on
+demand and, with oom_dump=PATH, when an allocation runs out of memory) and
+adds hooks that need nothing else from the training loop:
+
+- every module's forward runs in a scope named by its path in the model
+  ("transformer.h.3.attn"), all inside the phase scope "forward";
+- backward (torch.autograd.backward, which Tensor.backward calls) runs in the
+  phase scope "backward" (set process-wide for the call, since autograd
+  allocates on its own threads); optimizer.step in "optimizer.step";
+- anything else runs in the scope "untracked" (inputs, zero_grad, the
+  loop's own work), so that no allocation inherits a phase it was not in;
+- parameters, their .grad and the optimizer's state tensors are tagged with
+  their category by their storage's address.
+
+`gpumem report` attributes the dump: tags decide parameters / gradients /
+optimizer state; what forward allocates and is still alive when backward
+starts is activations, the rest of each phase temporaries (docs/report.md).
+The phase scope names are the C library's GM_SCOPE_FORWARD / _BACKWARD /
+_OPTIMIZER (src/report/report.h).
+"""
+import contextlib
+import ctypes
+import functools
+import threading
+
+from . import _lib
+from ._lib import GpumemError
+
+PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "forward", "backward", "optimizer.step"
+# the scope of allocations outside every other scope while tracking (inputs,
+# zero_grad, user code): without it they would carry no scope, and the
+# report would give them the phase of the event before them
+UNTRACKED = "untracked"
+# gm_category values (GM_CATEGORY_LIST in include/gpumem/gpumem.h), by name
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+HISTORY_GMT, HISTORY_TORCH = 0, 1
+
+_SIGS = {
+    "gm_scope_push": (ctypes.c_int, [ctypes.c_char_p]),
+    "gm_scope_pop": (ctypes.c_int, []),
+    "gm_scope_depth": (ctypes.c_int, []),
+    "gm_scope_current": (ctypes.c_char_p, []),
+    "gm_scope_set_global": (ctypes.c_int, [ctypes.c_char_p]),
+    "gm_history_enable": (ctypes.c_int, [ctypes.c_size_t]),
+    "gm_history_enabled": (ctypes.c_bool, []),
+    "gm_history_counts": (None, [ctypes.POINTER(ctypes.c_uint64)] * 3),
+    "gm_history_tag": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_int]),
+    "gm_history_dump": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
+    "gm_history_dump_on_oom": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
+    "gm_last_error_detail": (ctypes.c_char_p, []),
+}
+_bound = None
+_bind_lock = threading.Lock()
+
+
+def _c():
+    """libgpumem_torch.so with the scope / history functions' signatures."""
+    global _bound
+    with _bind_lock:
+        if _bound is None:
+            lib = _lib.load()
+            for name, (res, args) in _SIGS.items():
+                f = getattr(lib, name, None)
+                if f is None:
+                    raise OSError("gpumem: %s lacks %s (stale build?)" % (_lib.library_path(), name))
+                f.restype, f.argtypes = res, args
+            _bound = lib
+        return _bound
+
+
+def _check(status, what):
+    if status != 0:
+        detail = _c().gm_last_error_detail()
+        raise GpumemError(status, "gpumem: %s: %s" % (what, detail.decode("utf-8", "replace") if detail else status))
+
+
+def _format(path, fmt):
+    if fmt is None:
+        return HISTORY_GMT if str(path).endswith(".gmt") else HISTORY_TORCH
+    return {"gmt": HISTORY_GMT, "torch": HISTORY_TORCH}[fmt]
+
+
+# ---- scopes ------------------------------------------------------------------
+
+def scope_push(name):
+    _check(_c().gm_scope_push(str(name).encode("utf-8")), "scope_push(%r)" % name)
+
+
+def scope_pop():
+    _check(_c().gm_scope_pop(), "scope_pop")
+
+
+def scope_depth():
+    return _c().gm_scope_depth()
+
+
+def current_scope():
+    s = _c().gm_scope_current()
+    return s.decode("utf-8", "replace") if s else None
+
+
+@contextlib.contextmanager
+def scope(name):
+    """Allocations inside are recorded in scope `name` (nested, per thread)."""
+    scope_push(name)
+    try:
+        yield
+    finally:
+        scope_pop()
+
+
+def scoped(name=None):
+    """Decorator: the function runs in scope `name` (default: its qualified name)."""
+    def deco(fn):
+        label = name or getattr(fn, "__qualname__", fn.__name__)
+
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            with scope(label):
+                return fn(*a, **k)
+        return wrapper
+    if callable(name):  # used as @scoped without arguments
+        fn, name = name, None
+        return deco(fn)
+    return deco
+
+
+# ---- history -----------------------------------------------------------------
+
+def history_enable(max_entries=1_000_000):
+    """Record alloc / free / segment events into a ring of max_entries (0: stop)."""
+    _check(_c().gm_history_enable(int(max_entries)), "history_enable(%d)" % max_entries)
+
+
+def history_counts():
+    """(recorded, held, dropped) since the history was enabled."""
+    v = [ctypes.c_uint64() for _ in range(3)]
+    _c().gm_history_counts(*[ctypes.byref(x) for x in v])
+    return tuple(x.value for x in v)
+
+
+def history_dump(path, fmt=None):
+    """Write the ring: .gmt, else a torch snapshot pickle (gzip'd if path ends in .gz)."""
+    _check(_c().gm_history_dump(str(path).encode("utf-8"), _format(path, fmt)), "history_dump(%r)" % str(path))
+
+
+def history_dump_on_oom(path, fmt=None):
+    """Dump the ring to path when an allocation runs out of memory (None: stop)."""
+    p = None if path is None else str(path).encode("utf-8")
+    _check(_c().gm_history_dump_on_oom(p, _format(path, fmt) if path else 0), "history_dump_on_oom")
+
+
+def tag(tensor_or_ptr, category):
+    """Record the category of the allocation holding a tensor (its storage) or at an address."""
+    cat = CATEGORIES.index(category) if isinstance(category, str) else int(category)
+    ptr = tensor_or_ptr
+    if not isinstance(ptr, int):
+        ptr = tensor_or_ptr.untyped_storage().data_ptr()
+    _check(_c().gm_history_tag(ptr, cat), "tag")
+
+
+# ---- tracking a model ------------------------------------------------------------
+
+def _tensors(obj):
+    """CUDA tensors inside an optimizer state value (tensors, lists, dicts)."""
+    import torch  # noqa: PLC0415
+    if isinstance(obj, torch.Tensor):
+        if obj.is_cuda:
+            yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def _storages(tensors):
+    """{storage address: bytes} of distinct storages."""
+    out = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        out[s.data_ptr()] = s.nbytes()
+    return out
+
+
+class Tracker:
+    """What track() returns: hooks on one model (and optimizer), history on."""
+
+    def __init__(self, model, optimizer=None, history=1_000_000, module_scopes=True, oom_dump=None):
+        from . import torch as gt  # noqa: PLC0415
+        if not gt.is_installed():
+            raise RuntimeError("gpumem.torch.track needs gpumem as PyTorch's allocator: call gpumem.torch.install() "
+                               "at the top of the script, before the first CUDA tensor")
+        self.model, self.optimizer = model, None
+        self._handles, self._tagged, self._local = [], {}, threading.local()
+        self._orig_backward = None
+        if history:
+            history_enable(history)
+        _check(_c().gm_scope_set_global(UNTRACKED.encode()), "scope_set_global")
+        if oom_dump:
+            history_dump_on_oom(oom_dump)
+        names = {m: n for n, m in model.named_modules()}
+        for m, path in names.items():
+            if m is model:
+                self._handles.append(m.register_forward_pre_hook(self._root_pre))
+                self._handles.append(m.register_forward_hook(self._root_post))
+            elif module_scopes:
+                self._handles.append(m.register_forward_pre_hook(functools.partial(self._pre, path)))
+                self._handles.append(m.register_forward_hook(self._post))
+        self._patch_backward()
+        if optimizer is not None:
+            self.track_optimizer(optimizer)
+        self.tag_parameters()
+
+    # forward: the phase scope around the root module, a scope per submodule
+    def _root_pre(self, module, args):
+        self._local.base = scope_depth()
+        scope_push(PHASE_FORWARD)
+        self.tag_parameters()
+
+    def _root_post(self, module, args, out):
+        base = getattr(self._local, "base", 0)
+        while scope_depth() > base:  # also closes scopes an exception left open
+            scope_pop()
+
+    @staticmethod
+    def _pre(path, module, args):
+        scope_push(path)
+
+    @staticmethod
+    def _post(module, args, out):
+        if scope_depth():
+            scope_pop()
+
+    # backward runs on autograd's threads: a process-wide scope for the call
+    def _patch_backward(self):
+        import torch  # noqa: PLC0415
+        orig = torch.autograd.backward
+
+        @functools.wraps(orig)
+        def backward(*a, **k):
+            _check(_c().gm_scope_set_global(PHASE_BACKWARD.encode()), "scope_set_global")
+            try:
+                with scope(PHASE_BACKWARD):  # the calling thread's own allocations
+                    return orig(*a, **k)
+            finally:
+                _c().gm_scope_set_global(UNTRACKED.encode() if self._handles else None)
+        self._orig_backward = orig
+        torch.autograd.backward = backward
+
+    def track_optimizer(self, optimizer):
+        self.optimizer = optimizer
+        self._handles.append(optimizer.register_step_pre_hook(self._opt_pre))
+        self._handles.append(optimizer.register_step_post_hook(self._opt_post))
+
+    def _opt_pre(self, opt, args, kwargs):
+        self.tag_gradients()
+        scope_push(PHASE_OPTIMIZER)
+
+    def _opt_post(self, opt, args, kwargs):
+        if current_scope() == PHASE_OPTIMIZER:
+            scope_pop()
+        self.tag_optimizer_state()
+
+    # tags: by storage address. A tag names the allocation live at that
+    # address, and a freed gradient's address is reused by the next step's:
+    # gradients and state are tagged every step, parameters when they move.
+    def _tag_all(self, tensors, category):
+        for ptr in _storages(tensors):
+            _check(_c().gm_history_tag(ptr, CATEGORIES.index(category)), "tag")
+
+    def tag_parameters(self):
+        ptrs = _storages([p for p in self.model.parameters() if p.is_cuda])
+        if set(ptrs) != self._tagged.get("parameters"):
+            for ptr in ptrs:
+                _check(_c().gm_history_tag(ptr, CATEGORIES.index("parameters")), "tag")
+            self._tagged["parameters"] = set(ptrs)
+
+    def tag_gradients(self):
+        self._tag_all([p.grad for p in self.model.parameters() if p.grad is not None and p.grad.is_cuda],
+                      "gradients")
+
+    def tag_optimizer_state(self):
+        if self.optimizer is not None:
+            self._tag_all(list(_tensors(list(self.optimizer.state.values()))), "optimizer_state")
+
+    # what is live now, by category, from the tensors themselves
+    def breakdown(self, device=None):
+        """Bytes per category now (parameters, gradients, optimizer_state from their
+        storages), gpumem's allocated bytes now and at the peak, and the rest."""
+        from . import torch as gt  # noqa: PLC0415
+        params = _storages([p for p in self.model.parameters() if p.is_cuda])
+        grads = _storages([p.grad for p in self.model.parameters() if p.grad is not None and p.grad.is_cuda])
+        state = _storages(_tensors(list(self.optimizer.state.values()))) if self.optimizer is not None else {}
+        out = {"parameters": sum(params.values()), "gradients": sum(grads.values()),
+               "optimizer_state": sum(state.values())}
+        out["allocated"] = gt.memory_allocated(device)
+        out["max_allocated"] = gt.max_memory_allocated(device)
+        out["rest"] = out["allocated"] - out["parameters"] - out["gradients"] - out["optimizer_state"]
+        return out
+
+    def dump(self, path, fmt=None):
+        """The history as a torch snapshot (or .gmt) for `gpumem report`."""
+        self.tag_gradients()
+        self.tag_optimizer_state()
+        history_dump(path, fmt)
+
+    def close(self, stop_history=True):
+        """Remove the hooks (and stop recording; what was recorded can still be dumped)."""
+        import torch  # noqa: PLC0415
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._orig_backward is not None:
+            torch.autograd.backward = self._orig_backward
+            self._orig_backward = None
+        _c().gm_scope_set_global(None)
+        if stop_history:
+            history_enable(0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def track(model, optimizer=None, history=1_000_000, module_scopes=True, oom_dump=None):
+    """Tag model's parameters, gradients and optimizer's state, open scopes for
+    every module forward and for backward / optimizer.step, and record gpumem's
+    allocation history in a ring of `history` entries. Returns a Tracker
+    (breakdown(), dump(path), close())."""
+    return Tracker(model, optimizer, history=history, module_scopes=module_scopes, oom_dump=oom_dump)

@@ -1,0 +1,112 @@
+/* cmd_report.c — 'gpumem report': where the memory went, from a PyTorch
+ * memory snapshot or a gpumem trace. Attribution by category, the timeline
+ * replayed under the torch policy, the frame/scope table, as one
+ * self-contained HTML file, as text, or as a Chrome/Perfetto trace. The
+ * work lives in src/report/. */
+#include "cli.h"
+
+#include "gpumem/gpumem.h"
+#include "report/report.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static FILE *open_out(const char *cmd, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) cli_error(cmd, "cannot write '%s': %s", path, strerror(errno));
+    return f;
+}
+
+static int close_out(const char *cmd, const char *path, FILE *f, int wrc) {
+    int rc = fclose(f);
+    if (wrc || rc) return cli_error(cmd, "writing '%s' failed: %s", path, strerror(errno));
+    return 0;
+}
+
+int cmd_report(int argc, char **argv) {
+    const char *cmd = argv[0], *html = NULL, *perfetto = NULL, *conf = NULL;
+    char *path = NULL;
+    bool text = false, json = false;
+    long long device = 0, points = 6000, rows_max = 0;
+    const struct cli_opt opts[] = {
+        {"output", 'o', CLI_STR, &html, "FILE.html", "self-contained HTML report (no network needed to view it)",
+         NULL, 0, 0},
+        {"text", 0, CLI_FLAG, &text, NULL, "the tables on stdout (the default when no other output is asked for)",
+         NULL, 0, 0},
+        {"json", 0, CLI_FLAG, &json, NULL, "the peak breakdown by category and rule as one JSON object on stdout",
+         NULL, 0, 0},
+        {"perfetto", 0, CLI_STR, &perfetto, "FILE.json",
+         "Chrome trace JSON for ui.perfetto.dev: counter tracks per category, phase and scope slices", NULL, 0, 0},
+        {"conf", 0, CLI_STR, &conf, "STR",
+         "allocator settings to replay under (PYTORCH_CUDA_ALLOC_CONF syntax); default: those recorded in the trace",
+         NULL, 0, 0},
+        CLI_OPT_DEVICE(&device),
+        {"points", 0, CLI_INT, &points, "N", "timeline points kept (peaks are never dropped)", "6000", 6, 1e7},
+        {"rows", 0, CLI_INT, &rows_max, "N", "frame table rows", "30 in text, 300 in HTML", 1, 1e6},
+    };
+    const struct cli_spec spec = {
+        .cmd = cmd, .args = "TRACE", .opts = opts, .nopts = CLI_NOPTS(opts), .min_pos = 1, .max_pos = 1,
+        .about = "Attributes every allocation of TRACE (a torch.cuda.memory snapshot pickle, gzip or not, a\n"
+                 ".gmt trace, or a gpumem history dump) to parameters, gradients, optimizer state,\n"
+                 "activations, temporaries or other, replays it under the torch policy for reserved\n"
+                 "memory, and writes the report (docs/report.md).",
+        .epilog = "Exit status: 0 written, 1 unreadable trace or unwritable output, 2 bad usage.",
+    };
+    int prc = cli_parse(&spec, argc, argv, &path, NULL);
+    if (prc) return cli_parse_exit(prc);
+    if (text && json) return cli_usage_error(cmd, "--text and --json both write to stdout; choose one");
+    if (!html && !perfetto && !json) text = true;
+
+    gm_trace *t;
+    if (gm_trace_load_file(path, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
+    gm_config cfg;
+    gm_config_init(&cfg);
+    char err[256] = "";
+    const char *use_conf = conf ? conf : t->alloc_conf ? t->alloc_conf : "";
+    if (gm_config_parse(&cfg, use_conf, err, sizeof err) != GM_OK) {
+        if (conf) {
+            gm_trace_free(t);
+            return cli_usage_error(cmd, "bad --conf: %s", err);
+        }
+        fprintf(stderr, "gpumem %s: the trace's recorded settings \"%s\" do not parse (%s); replaying "
+                        "under the defaults (choose with --conf)\n", cmd, use_conf, err);
+        gm_config_init(&cfg);
+    }
+    if (cfg.policy != GM_POLICY_TORCH) gm_config_parse(&cfg, "policy:torch", err, sizeof err);
+
+    gm_attribution *a = NULL;
+    gm_timeline *tl = NULL;
+    gm_frame_row *rows = NULL;
+    size_t nrows = 0;
+    int rc = gm_attribute(t, (int)device, &a);
+    if (!rc) rc = gm_timeline_build(a, &cfg, (size_t)points, &tl);
+    if (!rc) rc = gm_frame_table(a, &rows, &nrows);
+    if (rc) {
+        rc = cli_error(cmd, "%s: %s", path, gm_last_error_detail());
+        goto out;
+    }
+    gm_report_opts ro = {path, (size_t)rows_max};
+    if (html) {
+        FILE *f = open_out(cmd, html);
+        if (!f || (rc = close_out(cmd, html, f, gm_report_write_html(f, a, tl, rows, nrows, &ro)))) {
+            rc = 1;
+            goto out;
+        }
+    }
+    if (perfetto) {
+        FILE *f = open_out(cmd, perfetto);
+        if (!f || (rc = close_out(cmd, perfetto, f, gm_report_write_perfetto(f, a, tl)))) {
+            rc = 1;
+            goto out;
+        }
+    }
+    if (text) gm_report_write_text(stdout, a, tl, rows, nrows, &ro);
+    if (json) gm_report_write_json(stdout, a, tl, &ro);
+out:
+    free(rows);
+    gm_timeline_free(tl);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+    return rc;
+}

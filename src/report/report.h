@@ -1,0 +1,198 @@
+/* report.h — where the memory went: every allocation of a trace attributed
+ * to a category (parameters, gradients, optimizer state, activations,
+ * temporaries, other), with the rule that decided it, and the timeline /
+ * peak / frame tables `gpumem report` draws from it (docs/report.md).
+ *
+ * Attribution (attrib.c) reads only the trace: the allocation's own Python
+ * frames when it has them; the phase of the nearest framed event before it
+ * when it has none (autograd runs backward on a C++ thread, so torch records
+ * no Python frames there); and, in a trace with no frames at all, the
+ * allocation's lifetime. Frames named by gpumem's own tags (the history ring,
+ * gpumem.torch.track) decide outright. */
+#ifndef GPUMEM_REPORT_REPORT_H
+#define GPUMEM_REPORT_REPORT_H
+
+#include "trace/trace.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Categories: gm_category and GM_CATEGORY_LIST in gpumem/gpumem.h (the
+ * history tags use them too). */
+
+/* How an allocation's category was decided; the report says how many bytes
+ * each rule decided. UNKNOWN bytes are in category OTHER. */
+#define GM_ATTR_METHODS(X)                                                                     \
+    X(TAGGED, "tagged", "a gpumem category tag recorded with the allocation")                  \
+    X(FRAMES, "frames", "the allocation's own frames (Python frames or gpumem scopes)")        \
+    X(PHASE, "phase", "no frames of its own: the phase (forward, backward, optimizer step) "   \
+                      "of the nearest framed event before it")                                 \
+    X(LIFETIME, "lifetime", "no frames: alive for half the trace or more; parameters, or "    \
+                            "optimizer state if made after the first free with the size of "   \
+                            "an earlier long-lived allocation")                                \
+    X(UNKNOWN, "unknown", "no frames and no lifetime rule applies")
+
+typedef enum gm_attr_method {
+#define GM__AM_ENUM(n, s, d) GM_AM_##n,
+    GM_ATTR_METHODS(GM__AM_ENUM)
+#undef GM__AM_ENUM
+    GM_AM_COUNT
+} gm_attr_method;
+
+/* Phases of a training step, decided from frames. */
+#define GM_PHASES(X)                                                           \
+    X(NONE, "none") X(PARAM, "parameter setup") X(FORWARD, "forward")          \
+    X(BACKWARD, "backward") X(OPTIMIZER, "optimizer step") X(OTHER, "other")
+
+typedef enum gm_phase {
+#define GM__PH_ENUM(n, s) GM_PH_##n,
+    GM_PHASES(GM__PH_ENUM)
+#undef GM__PH_ENUM
+    GM_PH_COUNT
+} gm_phase;
+
+const char *gm_attr_method_name(int m);
+const char *gm_attr_method_help(int m);
+const char *gm_phase_name(int ph);
+
+/* The filenames of gpumem's tag frames: a frame {name: "<category>",
+ * filename: GM_TAG_CATEGORY_FILE} fixes the category of the allocation
+ * whose stack holds it; {name: "<scope path>", filename: GM_TAG_SCOPE_FILE}
+ * names the scope it was made in. */
+#define GM_TAG_CATEGORY_FILE "<gpumem category>"
+#define GM_TAG_SCOPE_FILE "<gpumem scope>"
+/* Scopes with these names mark a phase (gpumem.torch.track opens them
+ * around forward, backward and optimizer.step; python/gpumem/track.py
+ * spells the same names). */
+#define GM_SCOPE_FORWARD "forward"
+#define GM_SCOPE_BACKWARD "backward"
+#define GM_SCOPE_OPTIMIZER "optimizer.step"
+
+#define GM_ATTR_ALIVE UINT32_MAX /* end of an allocation never freed */
+
+typedef struct gm_attr_alloc {
+    uint64_t addr, size, stream;
+    uint32_t ev;    /* its alloc event, index within the device's events */
+    uint32_t end;   /* the event that freed it, or GM_ATTR_ALIVE */
+    uint32_t stack; /* as gm_trace_event.stack */
+    uint8_t cat, method, phase;
+} gm_attr_alloc;
+
+typedef struct gm_attribution {
+    int device;
+    const gm_trace *trace;
+    const gm_trace_event *ev; /* the device's events */
+    size_t nevents;
+    gm_attr_alloc *allocs; /* in event order */
+    size_t nallocs;
+    int free_action;       /* GM_TA_FREE_COMPLETED, or FREE_REQUESTED in old traces */
+    bool has_frames;       /* some event of the device has a stack */
+    /* live requested bytes: peak and the first event where it is reached
+     * (the same pairing as replay: its peak equals replay's peak_requested) */
+    int64_t peak_bytes;
+    size_t peak_ev;
+    uint64_t peak_by[GM_CAT_COUNT][GM_AM_COUNT];  /* live at the peak */
+    uint64_t bytes_by[GM_CAT_COUNT][GM_AM_COUNT]; /* all allocated bytes */
+    uint64_t count_by[GM_CAT_COUNT];
+    uint64_t unknown_frees, double_allocs;
+} gm_attribution;
+
+int gm_attribute(const gm_trace *t, int device, gm_attribution **out);
+void gm_attribution_free(gm_attribution *a);
+/* Sum over methods / categories. */
+uint64_t gm_attr_peak_cat(const gm_attribution *a, int cat);
+uint64_t gm_attr_peak_method(const gm_attribution *a, int method);
+
+/* ---- frame / scope table (like torch.profiler's key_averages) ---------- */
+
+typedef struct gm_frame_row {
+    uint32_t name, filename; /* strings of the trace; UINT32_MAX + phase for the
+                                "no Python frames" rows (see gm_frame_row_label) */
+    int32_t line;            /* of the first frame seen */
+    uint64_t self_bytes, total_bytes;   /* allocated in it (innermost) / under it */
+    uint64_t self_peak, total_peak;     /* of those, live at the peak */
+    uint64_t self_calls, total_calls;   /* allocations */
+    bool scope;                         /* a gpumem scope, not a Python function */
+} gm_frame_row;
+
+/* Rows grouped by function (name, file), sorted by total_peak then
+ * total_bytes, descending. Allocations without frames form one row per
+ * phase. */
+int gm_frame_table(const gm_attribution *a, gm_frame_row **rows, size_t *nrows);
+/* "forward (modeling_gpt2.py:123)" / "[no frames: backward]" into buf. */
+const char *gm_frame_row_label(const gm_attribution *a, const gm_frame_row *r, char *buf, size_t len);
+
+/* ---- timeline: replay under the torch policy --------------------------- */
+
+typedef struct gm_tl_point {
+    double t;                        /* seconds since the first event */
+    uint32_t ev;                     /* event index */
+    int64_t cat[GM_CAT_COUNT];       /* live requested bytes per category */
+    int64_t allocated, reserved;     /* allocator's allocated / reserved */
+} gm_tl_point;
+
+typedef struct gm_seg_block {
+    uint64_t offset, size; /* within the segment; size = requested bytes */
+    uint8_t cat;
+} gm_seg_block;
+
+typedef struct gm_seg_map {
+    uint64_t address, total_size, allocated_size;
+    uint64_t stream;
+    bool large, expandable;
+    gm_seg_block *blocks;
+    size_t nblocks;
+} gm_seg_map;
+
+typedef struct gm_timeline {
+    gm_tl_point *pts;
+    size_t npts;
+    size_t peak_pt;         /* the point of the allocated peak (never dropped) */
+    int64_t peak_requested, peak_allocated, peak_reserved;
+    gm_seg_map *segs;       /* at the requested peak */
+    size_t nsegs;
+    char conf[256];         /* the configuration replayed under */
+    bool oom;
+    double seconds;
+} gm_timeline;
+
+/* Replays the device's alloc/free stream on a sim device under cfg (NULL =
+ * torch defaults) and samples the categories, allocated and reserved into
+ * at most max_points points (the maximum of each bucket, so no peak is
+ * dropped), plus the segment map at the requested peak. */
+int gm_timeline_build(const gm_attribution *a, const gm_config *cfg, size_t max_points,
+                      gm_timeline **out);
+void gm_timeline_free(gm_timeline *tl);
+
+/* ---- outputs ------------------------------------------------------------ */
+
+typedef struct gm_report_opts {
+    const char *title;     /* the trace path */
+    size_t max_rows;       /* frame table rows (0 = 50) */
+} gm_report_opts;
+
+int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl,
+                         const gm_frame_row *rows, size_t nrows, const gm_report_opts *o);
+int gm_report_write_html(FILE *f, const gm_attribution *a, const gm_timeline *tl,
+                         const gm_frame_row *rows, size_t nrows, const gm_report_opts *o);
+/* One JSON object: the peak breakdown by category and method, the replay's peaks. */
+int gm_report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_report_opts *o);
+/* Chrome trace event JSON (Perfetto loads it): counter tracks per category
+ * and reserved, slices for the phases and scopes. */
+int gm_report_write_perfetto(FILE *f, const gm_attribution *a, const gm_timeline *tl);
+
+/* ---- writing torch snapshots (snapshot_write.c) ------------------------ */
+
+/* A gm_trace as a PyTorch memory snapshot pickle (protocol 4), gzip'd when
+ * path ends in ".gz"; both readers of gpumem and PyTorch's memory_viz load it. */
+int gm_trace_write_snapshot(const gm_trace *t, const char *path);
+int gm_trace_encode_snapshot(const gm_trace *t, uint8_t **out, size_t *len);
+
+/* The history ring (src/core/scope.c) as a gm_trace (history_dump.c):
+ * scopes become frames {path element, GM_TAG_SCOPE_FILE} (innermost
+ * first), tags a frame {category, GM_TAG_CATEGORY_FILE} on the tagged
+ * allocation. *dropped: entries the ring had dropped. */
+int gm_history_to_trace(gm_trace **out, uint64_t *dropped);
+
+#endif /* GPUMEM_REPORT_REPORT_H */

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# cli_options.sh — every subcommand parses its options the same way (one
+# parser, src/cli/cli_opt.c): -h prints help and exits 0; an unknown option
+# is one line naming it and "see 'gpumem CMD --help'", exit 2; --opt=value
+# equals --opt value; a size without a unit that is too small to be meant
+# ("--capacity 80") is refused; '-' reads the trace from standard input;
+# `gpumem config --list` lists every policy and setting.
+set -u
+: "${GPUMEM:?}" "${GPUMEM_SOURCE:?}"
+fail() { echo "FAIL: $*"; exit 1; }
+ex="$GPUMEM_SOURCE/examples/mlp_adam_fp32.pickle.gz"
+cmds=$("$GPUMEM" --help | awk '/^commands:/{on=1; next} on && /^  [a-z]/ {print $1}')
+[ -n "$cmds" ] || fail "no commands in gpumem --help"
+for c in $cmds; do
+    "$GPUMEM" "$c" --help >/dev/null || fail "$c --help exit $?"
+    "$GPUMEM" "$c" -h | grep -q "^usage: gpumem $c" || fail "$c -h: no usage line"
+    err=$("$GPUMEM" "$c" --no-such-option 2>&1 >/dev/null); rc=$?
+    [ $rc = 2 ] || fail "$c --no-such-option exit $rc"
+    [ "$(echo "$err" | wc -l)" = 1 ] || fail "$c: more than one line: $err"
+    echo "$err" | grep -q -- "--no-such-option" || fail "$c: error does not name the option: $err"
+    echo "$err" | grep -q "see 'gpumem $c --help'" || fail "$c: error has no --help hint: $err"
+done
+echo "ok: $(echo $cmds | wc -w) commands share -h and the unknown-option error"
+
+a=$("$GPUMEM" replay "$ex" --capacity 2GiB --json | sed -E 's/"seconds":[0-9.e+-]+//')
+b=$("$GPUMEM" replay "$ex" --capacity=2GiB --json | sed -E 's/"seconds":[0-9.e+-]+//')
+[ "$a" = "$b" ] || fail "--capacity=2GiB differs from --capacity 2GiB"
+c=$("$GPUMEM" replay - --capacity=2GiB --json <"$ex" | sed -E 's/"seconds":[0-9.e+-]+//; s/"trace":"[^"]*"//')
+[ "$c" = "$(echo "$a" | sed -E 's/"trace":"[^"]*"//')" ] || fail "replay - (stdin) differs from the file"
+err=$("$GPUMEM" replay "$ex" --capacity 80 2>&1); rc=$?
+[ $rc = 2 ] && echo "$err" | grep -q "with a unit" || fail "--capacity 80 (bytes) accepted or unclear: $rc $err"
+err=$("$GPUMEM" replay "$ex" --policy gpumem --conf policy:torch 2>&1); rc=$?
+[ $rc = 2 ] && echo "$err" | grep -q "given twice" || fail "--policy and --conf policy: both accepted: $err"
+"$GPUMEM" replay "$ex" --policy gpumem --conf gpumem_slack:0 >/dev/null || fail "--policy gpumem + its key"
+err=$("$GPUMEM" replay "$ex" --conf gpumem_slack:0 2>&1); rc=$?
+[ $rc = 2 ] && echo "$err" | grep -q "applies to policy:gpumem" || fail "gpumem key under torch: $rc $err"
+"$GPUMEM" replay "$ex" --conf backend:cudaMallocAsync 2>&1 >/dev/null | grep -q "not modelled" ||
+    fail "cudaMallocAsync replayed without a note"
+err=$("$GPUMEM" replay /nonexistent.pickle 2>&1); rc=$?
+[ $rc = 1 ] && echo "$err" | grep -q "No such file" || fail "missing trace: no reason: $err"
+"$GPUMEM" tune "$ex" --device 0 --json >/dev/null || fail "tune --device"
+"$GPUMEM" smi --format=json --no-nvml >/dev/null || fail "smi --format=json"
+echo "ok: --opt=value, stdin, size units, policy once, reasons"
+
+list=$("$GPUMEM" config --list --json) || fail "config --list"
+echo "$list" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert {p["name"] for p in j["policies"]} >= {"torch", "gpumem"}, j["policies"]
+keys = {s["key"] for s in j["settings"]}
+assert {"max_split_size_mb", "expandable_segments", "gpumem_slack", "policy"} <= keys, keys
+' || fail "config --list --json: $list"
+"$GPUMEM" config "policy:gpumem,gpumem_slack:0" | grep -q "gpumem_slack *0" || fail "config STR"
+"$GPUMEM" config "max_split_size_mb:1" 2>/dev/null; [ $? = 2 ] || fail "config bad STR exit"
+echo "ok: config --list and config STR"

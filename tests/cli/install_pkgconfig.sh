@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# install_pkgconfig.sh — `cmake --install` puts the library, headers, CLI and
+# gpumem.pc under a prefix, and a C program built with
+# `pkg-config --cflags --libs gpumem` (nothing else) links and runs against
+# the installed library: a sim device, an allocation, the stats.
+set -u
+: "${GPUMEM:?}"
+fail() { echo "FAIL: $*"; exit 1; }
+command -v pkg-config >/dev/null || { echo "skip: pkg-config not installed"; exit 77; }
+command -v cc >/dev/null || { echo "skip: no C compiler (cc)"; exit 77; }
+build=$(dirname "$GPUMEM")
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+cmake --install "$build" --prefix "$T/prefix" >"$T/install.log" 2>&1 || { cat "$T/install.log"; fail "cmake --install"; }
+for f in bin/gpumem include/gpumem/gpumem.h; do [ -e "$T/prefix/$f" ] || fail "$f not installed"; done
+pc=$(find "$T/prefix" -name gpumem.pc | head -1)
+[ -n "$pc" ] || fail "gpumem.pc not installed"
+export PKG_CONFIG_PATH=$(dirname "$pc")
+flags=$(pkg-config --cflags --libs gpumem) || fail "pkg-config --cflags --libs gpumem"
+cat >"$T/user.c" <<'C'
+#include <gpumem/gpumem.h>
+#include <stdio.h>
+int main(void) {
+    gm_backend *b; gm_allocator *a; gm_devptr p;
+    gm_sim_options o; gm_sim_options_init(&o);
+    if (gm_sim_create(&b, &o) || gm_allocator_create(&a, b, NULL)) return 1;
+    if (gm_malloc(a, 0, 1 << 20, 0, &p)) return 2;
+    gm_stats s = {.size = sizeof s};
+    if (gm_get_stats(a, 0, &s) || s.allocated_bytes[0].current != 1 << 20) return 3;
+    gm_free(a, p);
+    gm_allocator_destroy(a); gm_backend_destroy(b);
+    printf("ok %s\n", gm_version());
+    return 0;
+}
+C
+# a sanitized build's library needs the sanitizer runtime in the program too
+san=""
+if nm -D "$(dirname "$pc")/../libgpumem.so" 2>/dev/null | grep -q __asan_; then san="-fsanitize=address,undefined"; fi
+# shellcheck disable=SC2086
+cc $san "$T/user.c" -o "$T/user" $flags 2>"$T/cc.log" || { cat "$T/cc.log"; fail "compile with pkg-config flags: $flags"; }
+out=$(LD_LIBRARY_PATH="$(dirname "$pc")/.." ASAN_OPTIONS=detect_leaks=0 "$T/user") || fail "installed program exit $?"
+echo "$out" | grep -q "^ok " || fail "unexpected output: $out"
+"$T/prefix/bin/gpumem" --version >/dev/null || fail "installed CLI"
+echo "ok: cmake --install + pkg-config ($flags) builds and runs a C program"

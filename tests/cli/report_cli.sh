@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# report_cli.sh — 'gpumem report': for every examples/ trace (always here)
+# and the real ../shared traces (skipped, saying so, when absent): the HTML
+# is self-contained (uPlot inlined, nothing fetched), holds the timeline
+# chart, the peak table, the segment map and the frame table, stays under
+# 5 MB, and its peak equals 'gpumem replay --json's peak_requested; --text
+# prints the same tables; --perfetto writes Chrome trace JSON with counter
+# tracks and slices; a .gmt trace reports the same peak; bad usage exits 2
+# naming the problem, an unreadable trace or unwritable output exits 1.
+set -u
+: "${GPUMEM:?}"
+SRC=${GPUMEM_SOURCE:-$(cd "$(dirname "$0")/../.." && pwd)}
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+check_html() { # TRACE HTML
+    local trace=$1 html=$2 want got size
+    want=$("$GPUMEM" replay "$trace" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_requested"])') ||
+        fail "replay $trace"
+    got=$(sed -n 's/.*<meta name=gpumem-peak-requested content="\([0-9]*\)">.*/\1/p' "$html")
+    [ "$got" = "$want" ] || fail "$trace: report peak '$got' != replay peak_requested '$want'"
+    grep -q "id=peak-requested data-bytes=$want>" "$html" || fail "$trace: summary peak"
+    for needle in 'id=timeline' 'id=peak-table' 'id=frag' 'id=segmap' 'id=frames' 'new uPlot(' \
+                  'uPlot.paths' '.uplot, .uplot' '<td><span class=sw'; do
+        grep -qF "$needle" "$html" || fail "$trace: HTML lacks '$needle'"
+    done
+    # nothing loaded from elsewhere: no src=/href= attributes, no fetches
+    grep -Eq '<(script|link|img|iframe)[^>]* (src|href)=' "$html" && fail "$trace: HTML loads an external resource"
+    size=$(stat -c %s "$html")
+    [ "$size" -lt 5000000 ] || fail "$trace: HTML is $size bytes"
+    # the peak table's total row is the peak
+    python3 - "$html" "$want" <<'PY' || fail "$trace: peak table"
+import re, sys
+h, want = open(sys.argv[1]).read(), int(sys.argv[2])
+tab = h[h.index("<table id=peak-table"):]
+tab = tab[:tab.index("</table>")]
+vals = [int(v) for v in re.findall(r"<td data-v=(\d+)>", tab)]
+cats = vals[0:12:2]  # live at peak per category (each row: at peak, allocated)
+assert len(re.findall(r"<tr><td><span class=sw", tab)) == 6, tab[:300]
+assert sum(cats) == want, (cats, want)
+assert vals[12] == want, vals
+PY
+}
+
+n=0
+for trace in "$SRC"/examples/*.pickle.gz; do
+    "$GPUMEM" report "$trace" -o "$T/r.html" || fail "report $trace exit $?"
+    check_html "$trace" "$T/r.html"
+    n=$((n + 1))
+done
+[ "$n" -ge 3 ] || fail "only $n example traces"
+
+ex=$SRC/examples/mlp_adam_fp32.pickle.gz
+# --text: the same tables; mlp_adam_fp32 (Adam, fp32): state = 2 x parameters, gradients = parameters
+"$GPUMEM" report "$ex" --text >"$T/t.txt" || fail "--text exit"
+for needle in "At the peak of live requested bytes" "How the bytes at the peak were attributed" \
+              "Frames and scopes by memory live at the peak" "optimizer_state" "_init_group (adam.py"; do
+    grep -qF "$needle" "$T/t.txt" || fail "--text lacks '$needle'"
+done
+python3 - "$T/t.txt" <<'PY' || fail "--text arithmetic: $(cat "$T/t.txt")"
+import re, sys
+t = open(sys.argv[1]).read()
+def peak(cat):
+    v, u = re.search(r"^  %s +([\d.]+) (\w+)" % cat, t, re.M).groups()
+    return float(v) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[u]
+p, g, o = peak("parameters"), peak("gradients"), peak("optimizer_state")
+assert p > 0 and abs(o - 2 * p) <= 0.01 * p and abs(g - p) <= 0.01 * p, (p, g, o)
+PY
+
+# --json: the same peak as replay, categories summing to it
+want=$("$GPUMEM" replay "$ex" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_requested"])')
+"$GPUMEM" report "$ex" --json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["peak_requested"] == j["replay"]["peak_requested"] == int(sys.argv[1]), j
+assert sum(c["peak"] for c in j["categories"].values()) == j["peak_requested"]
+assert sum(j["methods"].values()) == j["peak_requested"]
+' "$want" || fail "--json"
+"$GPUMEM" report "$ex" --json --text 2>/dev/null; [ $? -eq 2 ] || fail "--json --text accepted"
+
+# --perfetto: Chrome trace JSON with counters per category and phase slices
+"$GPUMEM" report "$ex" --perfetto "$T/p.json" -o "$T/r2.html" || fail "--perfetto exit"
+python3 - "$T/p.json" <<'PY' || fail "perfetto JSON"
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+counters = [e for e in ev if e["ph"] == "C" and e["name"] == "live bytes by category"]
+assert counters and set(counters[0]["args"]) == {"parameters", "gradients", "optimizer_state", "activations",
+                                                 "temporaries", "other"}, counters[:1]
+assert any(e["ph"] == "C" and "fragmentation" in e["args"] for e in ev)
+names = {e["name"] for e in ev if e["ph"] == "X"}
+assert {"forward", "backward", "optimizer step"} <= names, names
+assert all(e["dur"] >= 0 for e in ev if e["ph"] == "X")
+PY
+[ -s "$T/r2.html" ] || fail "-o with --perfetto wrote no HTML"
+
+# a .gmt trace reports the same peak
+"$GPUMEM" convert "$ex" -o "$T/x.gmt" >/dev/null 2>&1 ||
+    fail "convert to gmt"
+"$GPUMEM" report "$T/x.gmt" -o "$T/g.html" || fail "report .gmt"
+check_html "$T/x.gmt" "$T/g.html"
+
+# usage and errors
+"$GPUMEM" report "$ex" --bogus 2>"$T/err"; rc=$?
+[ $rc -eq 2 ] || fail "unknown option exit $rc"
+grep -q "see 'gpumem report --help'" "$T/err" || fail "unknown option message: $(cat "$T/err")"
+"$GPUMEM" report "$ex" --points 2 2>"$T/err"; [ $? -eq 2 ] || fail "bad --points accepted"
+grep -q -- "--points" "$T/err" || fail "bad --points message"
+"$GPUMEM" report 2>/dev/null; [ $? -eq 2 ] || fail "no trace: not a usage error"
+"$GPUMEM" report "$T/missing.pickle.gz" 2>"$T/err"; [ $? -eq 1 ] || fail "missing trace exit"
+"$GPUMEM" report "$ex" -o "$T/no/such/dir/r.html" 2>"$T/err"; [ $? -eq 1 ] || fail "unwritable output exit"
+grep -q "cannot write" "$T/err" || fail "unwritable output message: $(cat "$T/err")"
+"$GPUMEM" report "$ex" --conf "bogus_key:1" 2>"$T/err"; [ $? -eq 2 ] || fail "bad --conf exit"
+"$GPUMEM" report --help | grep -q -- "--perfetto" || fail "--help"
+
+# the real traces
+SH=${GPUMEM_SHARED:-$SRC/../shared}
+if [ -d "$SH/traces" ]; then
+    for trace in "$SH"/traces/*.pickle.gz; do
+        "$GPUMEM" report "$trace" -o "$T/s.html" || fail "report $trace"
+        check_html "$trace" "$T/s.html"
+    done
+else
+    echo "SKIP real traces: $SH/traces is absent (the examples/ traces above ran)"
+fi
+echo ok

@@ -1,0 +1,325 @@
+/* test_report.c — category attribution, the frame table and the timeline on
+ * hand-built traces whose answers are known (built with the trace builder,
+ * so no file is needed): a training step with frames (forward, backward on
+ * autograd's frameless thread, optimizer step), a trace with no frames at
+ * all (the lifetime rule), gpumem's category tags, an old trace with only
+ * free_requested, and an alloc of a live address (kept live, as replay
+ * keeps it). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "gpumem/gpumem.h"
+#include "report/report.h"
+#include "trace/trace.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct tb {
+    gm__trace_builder *b;
+    uint64_t t;
+} tb;
+
+static uint32_t str(tb *x, const char *s) {
+    uint32_t id;
+    assert_int_equal(gm__tb_string(x->b, s, strlen(s), &id), GM_OK);
+    return id;
+}
+
+/* A stack from "name@file" strings, innermost first, NULL-terminated. */
+static uint32_t stack(tb *x, const char *const *frames) {
+    uint32_t ids[16], n = 0;
+    for (; frames[n]; n++) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", frames[n]);
+        char *at = strchr(buf, '@');
+        assert_non_null(at);
+        *at = '\0';
+        assert_int_equal(gm__tb_frame(x->b, str(x, buf), str(x, at + 1), (int32_t)(10 + n), &ids[n]), GM_OK);
+    }
+    uint32_t id1;
+    assert_int_equal(gm__tb_stack(x->b, ids, n, &id1), GM_OK);
+    return id1;
+}
+
+static void ev(tb *x, int action, uint64_t addr, uint64_t size, uint32_t stk) {
+    gm_trace_event e = {.addr = addr, .size = size, .stream = 0, .time_us = (int64_t)(x->t += 10),
+                        .stack = stk, .action = (uint8_t)action};
+    assert_int_equal(gm__tb_event(x->b, &e), GM_OK);
+}
+#define ALLOC(a, n, s) ev(&x, GM_TA_ALLOC, (a), (n), (s))
+#define FREE(a, s) ev(&x, GM_TA_FREE_COMPLETED, (a), 0, (s))
+
+static gm_trace *finish(tb *x) {
+    gm_trace *t;
+    assert_int_equal(gm__tb_finish(x->b, "pytorch-snapshot", &t), GM_OK);
+    return t;
+}
+
+static const char *const S_PARAM[] = {"_apply@/py/torch/nn/modules/module.py", "cuda@/py/torch/nn/modules/module.py",
+                                      "main@train.py", NULL};
+static const char *const S_USER[] = {"main@train.py", NULL};
+static const char *const S_FWD[] = {"linear@/py/torch/nn/functional.py", "forward@/py/torch/nn/modules/linear.py",
+                                    "_call_impl@/py/torch/nn/modules/module.py", "main@train.py", NULL};
+static const char *const S_BWD[] = {"backward@/py/torch/autograd/__init__.py", "backward@/py/torch/_tensor.py",
+                                    "main@train.py", NULL};
+static const char *const S_INIT[] = {"_init_group@/py/torch/optim/adam.py", "step@/py/torch/optim/adam.py",
+                                     "main@train.py", NULL};
+static const char *const S_STEP[] = {"step@/py/torch/optim/adam.py", "main@train.py", NULL};
+static const char *const S_ZERO[] = {"zero_grad@/py/torch/optim/optimizer.py", "main@train.py", NULL};
+static const char *const S_TAG[] = {"parameters@" GM_TAG_CATEGORY_FILE, "model.fc@" GM_TAG_SCOPE_FILE,
+                                    "forward@/py/torch/nn/modules/linear.py", NULL};
+
+/* One training step; live bytes in the comments. The peak (8827) is at the
+ * optimizer's temporary: parameters 3000, gradients 1000 (decided by phase:
+ * no frames), optimizer state 4000, temporaries 40, other 10 + 777. */
+static gm_trace *training_trace(void) {
+    tb x = {gm__tb_new(), 0};
+    assert_non_null(x.b);
+    uint32_t param = stack(&x, S_PARAM), user = stack(&x, S_USER), fwd = stack(&x, S_FWD),
+             bwd = stack(&x, S_BWD), init = stack(&x, S_INIT), step = stack(&x, S_STEP),
+             zero = stack(&x, S_ZERO), tag = stack(&x, S_TAG);
+    ALLOC(0x1000, 1000, param);  /* 0  P1        1000 */
+    ALLOC(0x2000, 2000, param);  /* 1  P2        3000 */
+    ALLOC(0x3000, 10, user);     /* 2  input     3010 */
+    ALLOC(0x4000, 100, fwd);     /* 3  A1        3110  alive when backward starts */
+    ALLOC(0x5000, 50, fwd);      /* 4  T1        3160 */
+    FREE(0x5000, fwd);           /* 5            3110 */
+    ALLOC(0x6000, 8, bwd);       /* 6  L (grad of the loss) 3118 */
+    ALLOC(0x7000, 1000, 0);      /* 7  G1 (autograd thread) 4118 */
+    ALLOC(0x8000, 300, 0);       /* 8  BT        4418 */
+    ALLOC(0xd000, 777, 0);       /* 9  W: outlives backward, no parameter's size: other  5195 */
+    FREE(0x8000, 0);             /* 10           4895 */
+    FREE(0x6000, 0);             /* 11           4887 */
+    FREE(0x4000, 0);             /* 12           4787 */
+    ALLOC(0x9000, 2000, init);   /* 13 S1        6787 */
+    ALLOC(0xa000, 2000, init);   /* 14 S2        8787 */
+    ALLOC(0xb000, 40, step);     /* 15 OT        8827  peak */
+    FREE(0xb000, step);          /* 16           8787 */
+    FREE(0x7000, zero);          /* 17           7787 */
+    ALLOC(0xc000, 5, tag);       /* 18 tagged    7792 */
+    return finish(&x);
+}
+
+static void test_training_step(void **s) {
+    (void)s;
+    gm_trace *t = training_trace();
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_true(a->has_frames);
+    assert_int_equal(a->nallocs, 13);
+    assert_int_equal(a->peak_bytes, 8827);
+    assert_int_equal(a->peak_ev, 15);
+    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_PARAMETERS), 3000);
+    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_GRADIENTS), 1000);
+    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_OPTIMIZER), 4000);
+    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_ACTIVATIONS), 0);
+    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_TEMPORARIES), 40);
+    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_OTHER), 10 + 777);
+    assert_int_equal(a->peak_by[GM_CAT_GRADIENTS][GM_AM_PHASE], 1000);
+    assert_int_equal(a->peak_by[GM_CAT_OTHER][GM_AM_PHASE], 777);
+    assert_int_equal(gm_attr_peak_method(a, GM_AM_FRAMES), 7050);
+    assert_int_equal(gm_attr_peak_method(a, GM_AM_UNKNOWN), 0);
+    /* every allocation, live at the peak or not */
+    assert_int_equal(a->bytes_by[GM_CAT_ACTIVATIONS][GM_AM_FRAMES], 100);
+    assert_int_equal(a->bytes_by[GM_CAT_TEMPORARIES][GM_AM_FRAMES], 50 + 8 + 40);
+    assert_int_equal(a->bytes_by[GM_CAT_TEMPORARIES][GM_AM_PHASE], 300);
+    assert_int_equal(a->bytes_by[GM_CAT_PARAMETERS][GM_AM_TAGGED], 5);
+    assert_int_equal(a->allocs[3].phase, GM_PH_FORWARD);
+    assert_int_equal(a->allocs[5].phase, GM_PH_BACKWARD);
+    assert_int_equal(a->allocs[6].phase, GM_PH_BACKWARD);
+    assert_int_equal(a->allocs[6].method, GM_AM_PHASE);
+
+    /* the peak is the one replay computes */
+    gm_replay_prog *p;
+    assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
+    assert_int_equal(gm_replay_prog_peak_requested(p), a->peak_bytes);
+    gm_replay_prog_free(p);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
+static const gm_frame_row *row(const gm_attribution *a, const gm_frame_row *rows, size_t n, const char *label) {
+    char buf[256];
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(gm_frame_row_label(a, &rows[i], buf, sizeof buf), label)) return &rows[i];
+    fail_msg("no row '%s'", label);
+    return NULL;
+}
+
+static void test_frame_table(void **s) {
+    (void)s;
+    gm_trace *t = training_trace();
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    gm_frame_row *rows;
+    size_t n;
+    assert_int_equal(gm_frame_table(a, &rows, &n), GM_OK);
+    const gm_frame_row *r = row(a, rows, n, "step (adam.py:11)");
+    assert_int_equal(r->self_bytes, 40);
+    assert_int_equal(r->total_bytes, 4040);
+    assert_int_equal(r->total_peak, 4040);
+    assert_int_equal(r->self_calls, 1);
+    assert_int_equal(r->total_calls, 3);
+    r = row(a, rows, n, "_init_group (adam.py:10)");
+    assert_int_equal(r->self_bytes, 4000);
+    r = row(a, rows, n, "[no Python frames: backward]");
+    assert_int_equal(r->self_bytes, 1300 + 777);
+    assert_int_equal(r->self_peak, 1000 + 777);
+    assert_int_equal(r->total_calls, 3);
+    /* main is on every framed stack but the tag's: total counts each allocation once */
+    r = row(a, rows, n, "main (train.py:12)");
+    assert_int_equal(r->total_calls, 9);
+    assert_int_equal(r->total_bytes, 1000 + 2000 + 10 + 100 + 50 + 8 + 2000 + 2000 + 40);
+    r = row(a, rows, n, "scope model.fc");
+    assert_true(r->scope);
+    assert_int_equal(r->self_bytes, 5); /* the category tag is no row and no frame */
+    /* sorted: live at the peak, descending */
+    for (size_t i = 1; i < n; i++) assert_true(rows[i - 1].total_peak >= rows[i].total_peak);
+    free(rows);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
+static void test_timeline(void **s) {
+    (void)s;
+    gm_trace *t = training_trace();
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    gm_timeline *tl;
+    assert_int_equal(gm_timeline_build(a, NULL, 6, &tl), GM_OK); /* 2 buckets of 10 events */
+    assert_int_equal(tl->peak_requested, 8827);
+    assert_true(tl->peak_reserved >= tl->peak_allocated && tl->peak_allocated >= 8827);
+    assert_true(tl->npts <= 6);
+    assert_int_equal(tl->pts[tl->peak_pt].ev, 15);
+    int64_t sum = 0;
+    for (int c = 0; c < GM_CAT_COUNT; c++) sum += tl->pts[tl->peak_pt].cat[c];
+    assert_int_equal(sum, 8827);
+    assert_int_equal(tl->pts[tl->peak_pt].cat[GM_CAT_OPTIMIZER], 4000);
+    /* the segment map at the peak holds every live allocation once */
+    uint64_t placed = 0, opt = 0;
+    assert_true(tl->nsegs > 0);
+    for (size_t i = 0; i < tl->nsegs; i++)
+        for (size_t k = 0; k < tl->segs[i].nblocks; k++) {
+            placed += tl->segs[i].blocks[k].size;
+            if (tl->segs[i].blocks[k].cat == GM_CAT_OPTIMIZER) opt += tl->segs[i].blocks[k].size;
+            assert_true(tl->segs[i].blocks[k].offset + tl->segs[i].blocks[k].size <= tl->segs[i].total_size);
+        }
+    assert_int_equal(placed, 8827);
+    assert_int_equal(opt, 4000);
+    gm_timeline_free(tl);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
+/* No frames anywhere: the lifetime rule. 20 events; P, Q, S, U alive to
+ * the end, t* short. */
+static void test_lifetime_rule(void **s) {
+    (void)s;
+    tb x = {gm__tb_new(), 0};
+    ALLOC(0x1000, 1000, 0); /* P: parameters (before the first free) */
+    ALLOC(0x2000, 500, 0);  /* Q: parameters */
+    ALLOC(0x3000, 100, 0);  /* t: unknown */
+    FREE(0x3000, 0);
+    ALLOC(0x4000, 1000, 0); /* S: optimizer state (a parameter's size, after the first free) */
+    ALLOC(0x5000, 700, 0);  /* U: long-lived, no parameter's size: parameters */
+    for (int i = 0; i < 6; i++) {
+        ALLOC(0x6000, 64, 0); /* t2: unknown */
+        FREE(0x6000, 0);
+    }
+    ALLOC(0x7000, 300, 0); /* made late, never freed: long-lived (optimizer: no; parameters) */
+    ALLOC(0x8000, 1000, 0);
+    FREE(0x8000, 0); /* short, a parameter's size: unknown */
+    gm_trace *t = finish(&x);
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_false(a->has_frames);
+    assert_int_equal(a->bytes_by[GM_CAT_PARAMETERS][GM_AM_LIFETIME], 1000 + 500 + 700 + 300);
+    assert_int_equal(a->bytes_by[GM_CAT_OPTIMIZER][GM_AM_LIFETIME], 1000);
+    assert_int_equal(a->bytes_by[GM_CAT_OTHER][GM_AM_UNKNOWN], 100 + 6 * 64 + 1000);
+    assert_int_equal(a->peak_bytes, 1000 + 500 + 1000 + 700 + 300 + 1000);
+    assert_int_equal(gm_attr_peak_method(a, GM_AM_UNKNOWN), 1000);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
+/* Old snapshots have free_requested only; an alloc of a live address keeps
+ * the old allocation live (as replay does) and is counted. */
+static void test_old_trace_and_anomalies(void **s) {
+    (void)s;
+    tb x = {gm__tb_new(), 0};
+    ev(&x, GM_TA_ALLOC, 0x1000, 100, 0);
+    ev(&x, GM_TA_ALLOC, 0x1000, 200, 0); /* double alloc */
+    ev(&x, GM_TA_FREE_REQUESTED, 0x1000, 0, 0);
+    ev(&x, GM_TA_FREE_REQUESTED, 0x9999, 0, 0); /* unknown */
+    ev(&x, GM_TA_ALLOC, 0x2000, 50, 0);
+    gm_trace *t = finish(&x);
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(a->free_action, GM_TA_FREE_REQUESTED);
+    assert_int_equal(a->double_allocs, 1);
+    assert_int_equal(a->unknown_frees, 1);
+    assert_int_equal(a->allocs[0].end, GM_ATTR_ALIVE);
+    assert_int_equal(a->allocs[1].end, 2);
+    assert_int_equal(a->peak_bytes, 300);
+    gm_replay_prog *p;
+    assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
+    assert_int_equal(gm_replay_prog_peak_requested(p), a->peak_bytes);
+    gm_replay_prog_free(p);
+    gm_attribution_free(a);
+    assert_int_equal(gm_attribute(t, 3, &a), GM_EDEVICE);
+    gm_trace_free(t);
+}
+
+/* gpumem.torch.track's phase scopes decide phases without Python frames. */
+static void test_phase_scopes(void **s) {
+    (void)s;
+    static const char *const P[] = {"parameters@" GM_TAG_CATEGORY_FILE, NULL};
+    static const char *const F[] = {"model.fc@" GM_TAG_SCOPE_FILE, GM_SCOPE_FORWARD "@" GM_TAG_SCOPE_FILE, NULL};
+    static const char *const B[] = {GM_SCOPE_BACKWARD "@" GM_TAG_SCOPE_FILE, NULL};
+    static const char *const O[] = {GM_SCOPE_OPTIMIZER "@" GM_TAG_SCOPE_FILE, NULL};
+    tb x = {gm__tb_new(), 0};
+    uint32_t p = stack(&x, P), f = stack(&x, F), b = stack(&x, B), o = stack(&x, O);
+    ALLOC(0x1000, 4096, p); /* parameters (tagged) */
+    ALLOC(0x2000, 100, f);  /* activation */
+    ALLOC(0x3000, 10, f);   /* temporary */
+    FREE(0x3000, f);
+    ALLOC(0x4000, 4096, b); /* gradient */
+    ALLOC(0x5000, 7, b);    /* temporary */
+    FREE(0x5000, b);
+    FREE(0x2000, b);
+    ALLOC(0x6000, 8192, o); /* optimizer state */
+    ALLOC(0x7000, 1, 0);    /* no frames after the optimizer: its phase */
+    gm_trace *t = finish(&x);
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(a->bytes_by[GM_CAT_PARAMETERS][GM_AM_TAGGED], 4096);
+    assert_int_equal(a->bytes_by[GM_CAT_ACTIVATIONS][GM_AM_FRAMES], 100);
+    assert_int_equal(a->bytes_by[GM_CAT_TEMPORARIES][GM_AM_FRAMES], 17);
+    assert_int_equal(a->bytes_by[GM_CAT_GRADIENTS][GM_AM_FRAMES], 4096);
+    assert_int_equal(a->bytes_by[GM_CAT_OPTIMIZER][GM_AM_FRAMES], 8192);
+    assert_int_equal(a->bytes_by[GM_CAT_OPTIMIZER][GM_AM_PHASE], 1);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
+static void test_names(void **s) {
+    (void)s;
+    for (int c = 0; c < GM_CAT_COUNT; c++) assert_int_equal(gm_category_from_name(gm_category_name(c)), c);
+    assert_int_equal(gm_category_from_name("weights"), -1);
+    assert_string_equal(gm_category_name(GM_CAT_OPTIMIZER), "optimizer_state");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_training_step),   cmocka_unit_test(test_frame_table),
+        cmocka_unit_test(test_timeline),        cmocka_unit_test(test_lifetime_rule),
+        cmocka_unit_test(test_old_trace_and_anomalies), cmocka_unit_test(test_names),
+        cmocka_unit_test(test_phase_scopes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
