@@ -12,6 +12,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,12 +193,12 @@ static void torn_record_is_reported(void **state) {
 /* Readers racing a writer never see a mix of two updates. */
 struct race {
     gm__publisher *p;
-    volatile int stop;
+    atomic_int stop; /* set by the test thread, read by the writer */
 };
 static void *writer(void *arg) {
     struct race *r = arg;
     gm_stats s;
-    for (int64_t i = 1; !r->stop; i++) {
+    for (int64_t i = 1; !atomic_load_explicit(&r->stop, memory_order_relaxed); i++) {
         stats_with(&s, i, 3 * i);
         gm__publisher_update(r->p, 0, &s);
     }
@@ -221,7 +222,7 @@ static void seqlock_never_torn(void **state) {
         assert_int_equal(v.requested, v.allocated - (v.allocated ? 1 : 0));
         ok++;
     }
-    race.stop = 1;
+    atomic_store(&race.stop, 1);
     pthread_join(t, NULL);
     assert_true(ok > 0);
     free_allocator(a);

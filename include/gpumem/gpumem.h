@@ -250,6 +250,20 @@ GM_API int gm_sim_add_address_hint(gm_backend *b, int device, uint64_t size, gm_
  * _PHYS_RELEASE, _MAP, _UNMAP; other kinds stay 0) on `device` so far, by
  * size: count[k] calls and bytes[k] bytes in all of sizes 2^k..2^(k+1)-1.
  * On a GPU a call's cost depends on its size (bench/vmm_cost.c). */
+/* Sim only: what is alive on `device` right now. After gm_allocator_destroy
+ * every count is 0 unless the backend kept failing cleanup calls, and then
+ * each equals gm_backend_dropped_count of its kind (tests/test_faults.c). */
+typedef struct gm_sim_live {
+    uint32_t size;         /* sizeof(gm_sim_live) */
+    uint64_t allocations;  /* malloc'd ranges */
+    uint64_t reservations; /* VA reservations */
+    uint64_t phys;         /* physical handles */
+    uint64_t mapped_pages; /* granules mapped */
+    uint64_t events;
+    uint64_t used_bytes;   /* capacity consumed */
+} gm_sim_live;
+GM_API int gm_sim_live_objects(gm_backend *b, int device, gm_sim_live *out);
+
 #define GM_SIM_SIZE_BUCKETS 64
 GM_API int gm_sim_call_sizes(gm_backend *b, int device, int kind, uint64_t count[GM_SIM_SIZE_BUCKETS],
                              uint64_t bytes[GM_SIM_SIZE_BUCKETS]);
@@ -265,6 +279,16 @@ GM_API int gm_backend_device_count(gm_backend *b, int *count);
  * (1-based) of `kind` (a gm_bcall from gpumem/backend.h, or GM_BCALL_ANY)
  * fails with `status`. nth == 0 disarms. */
 GM_API int gm_backend_inject_fault(gm_backend *b, int kind, uint64_t nth, int status);
+/* Like gm_backend_inject_fault; flags GM_FAULT_PERSISTENT: the nth call and
+ * every later call of `kind` fail until the fault is disarmed (nth == 0). */
+#define GM_FAULT_PERSISTENT 1u
+GM_API int gm_backend_inject_fault_ex(gm_backend *b, int kind, uint64_t nth, int status,
+                                      unsigned flags);
+/* Objects of `kind` (GM_BCALL_FREE, _VA_RELEASE, _PHYS_RELEASE, _UNMAP,
+ * _EVENT_DESTROY, or GM_BCALL_ANY) on `dev` that the allocator could not give
+ * back (the call failed twice, on a path that cannot report it: destroy,
+ * rollback) and left to the backend. 0 unless the backend keeps failing. */
+GM_API uint64_t gm_backend_dropped_count(const gm_backend *b, int dev, int kind);
 
 /* ---- the allocator ----------------------------------------------------- */
 

@@ -29,6 +29,10 @@ struct gm_backend {
     int fault_kind;
     uint64_t fault_remaining;
     int fault_status;
+    bool fault_persistent; /* keep failing from the nth call on until disarmed */
+    /* cleanup calls that failed twice: the object is dropped (left to the
+     * backend) and counted here, per device and kind */
+    _Atomic uint64_t dropped[GM_MAX_DEVICES][GM_BCALL_COUNT];
 };
 
 const char *gm_bcall_name(int kind) {
@@ -111,9 +115,19 @@ static void spent(gm_backend *b, int dev, int kind, uint64_t t0) {
         atomic_fetch_add_explicit(&b->ns[dev][kind], now_ns() - t0, memory_order_relaxed);
 }
 
+uint64_t gm_backend_dropped_count(const gm_backend *b, int dev, int kind) {
+    return b ? counter(((gm_backend *)b)->dropped, dev, kind) : 0;
+}
+
 int gm_backend_inject_fault(gm_backend *b, int kind, uint64_t nth, int status) {
+    return gm_backend_inject_fault_ex(b, kind, nth, status, 0);
+}
+
+int gm_backend_inject_fault_ex(gm_backend *b, int kind, uint64_t nth, int status, unsigned flags) {
     gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!b) return GM_EINVAL;
+    if (flags & ~(unsigned)GM_FAULT_PERSISTENT)
+        return gm__set_error(GM_EINVAL, "gm_backend_inject_fault_ex: unknown flags 0x%x", flags);
     if (kind != GM_BCALL_ANY && (kind < 0 || kind >= GM_BCALL_COUNT))
         return gm__set_error(GM_EINVAL, "gm_backend_inject_fault: unknown call kind %d", kind);
     if (nth > 0 && status >= 0)
@@ -122,6 +136,7 @@ int gm_backend_inject_fault(gm_backend *b, int kind, uint64_t nth, int status) {
     b->fault_kind = kind;
     b->fault_remaining = nth;
     b->fault_status = status;
+    b->fault_persistent = (flags & GM_FAULT_PERSISTENT) != 0;
     atomic_store(&b->fault_armed, nth > 0);
     pthread_mutex_unlock(&b->fault_lock);
     return GM_OK;
@@ -135,7 +150,9 @@ static int enter(gm_backend *b, int dev, int kind) {
     int rc = GM_OK;
     pthread_mutex_lock(&b->fault_lock);
     if (b->fault_remaining > 0 && (b->fault_kind == GM_BCALL_ANY || b->fault_kind == kind)) {
-        if (--b->fault_remaining == 0) {
+        if (b->fault_persistent && b->fault_remaining == 1) {
+            rc = b->fault_status; /* from here on, every call of the kind fails */
+        } else if (--b->fault_remaining == 0) {
             rc = b->fault_status;
             atomic_store(&b->fault_armed, false);
         }
@@ -214,6 +231,40 @@ int gm__be_event_sync(gm__device *d, gm_event ev) {
 }
 int gm__be_event_destroy(gm__device *d, gm_event ev) {
     GM__BE_CALL(d, EVENT_DESTROY, event_destroy, ev);
+}
+
+/* ---- cleanup calls ----------------------------------------------------------
+ * Calls that give something back on paths that cannot report a failure (or
+ * must not stop at one: destroy, rollback, an event already complete). Each
+ * is tried twice, so a passing fault does not leak; when both tries fail the
+ * object is left to the backend and counted (gm_backend_dropped_count). */
+static void drop(gm__device *d, int kind) {
+    if (d->index >= 0 && d->index < GM_MAX_DEVICES)
+        atomic_fetch_add_explicit(&d->backend->dropped[d->index][kind], 1, memory_order_relaxed);
+}
+
+#define GM__BE_CLEANUP(d, kind, call)                                          \
+    do {                                                                       \
+        int rc_ = (call);                                                      \
+        if (rc_ < 0) rc_ = (call);                                             \
+        if (rc_ < 0) drop((d), GM_BCALL_##kind);                               \
+        return rc_;                                                            \
+    } while (0)
+
+int gm__be_cleanup_free(gm__device *d, gm_devptr ptr) {
+    GM__BE_CLEANUP(d, FREE, gm__be_free(d, ptr));
+}
+int gm__be_cleanup_va_release(gm__device *d, gm_devptr va, uint64_t size) {
+    GM__BE_CLEANUP(d, VA_RELEASE, gm__be_va_release(d, va, size));
+}
+int gm__be_cleanup_phys_release(gm__device *d, gm_physmem h) {
+    GM__BE_CLEANUP(d, PHYS_RELEASE, gm__be_phys_release(d, h));
+}
+int gm__be_cleanup_unmap(gm__device *d, gm_devptr va, uint64_t size) {
+    GM__BE_CLEANUP(d, UNMAP, gm__be_unmap(d, va, size));
+}
+int gm__be_cleanup_event_destroy(gm__device *d, gm_event ev) {
+    GM__BE_CLEANUP(d, EVENT_DESTROY, gm__be_event_destroy(d, ev));
 }
 
 /* For backends that need their own state back from the public handle

@@ -10,6 +10,7 @@
  * reused like the driver does) and a separate region for VA reservations.
  * One mutex guards the whole simulator. */
 #include "internal.h"
+#include "trace/idmap.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -61,15 +62,29 @@ typedef struct slots {
 typedef struct sim_hint {
     uint64_t size;
     gm_devptr addr;
-    bool used;
+    uint32_t next; /* next unused hint of the same size, + 1 (0: none) */
 } sim_hint;
+
+/* The unused hints of one size, oldest first (indexes + 1). */
+typedef struct hint_list {
+    uint32_t head, tail;
+} hint_list;
+
+/* A malloc tries at most this many hints of its size whose range is taken
+ * before it is placed first-fit: a trace cannot make each malloc walk a
+ * long list of blocked hints (replay would be quadratic). */
+#define SIM_HINT_TRIES 64
 
 typedef struct sim_dev {
     uint64_t used; /* bytes of capacity consumed */
     range_set mallocs, reservations;
     slots phys, events;
+    uint64_t nphys, nevents; /* live handles of each table */
     sim_hint *hints;
-    size_t nhints, caphints, hint_next; /* hints before hint_next are all used */
+    size_t nhints, caphints;
+    gm__idmap hint_lists; /* size -> index into lists */
+    hint_list *lists;
+    size_t nlists, caplists;
     /* successful sized calls by kind and log2(bytes): what each call costs on
      * a GPU depends on its size (bench/vmm_cost.c), so replay reports them */
     uint64_t szn[GM_BCALL_COUNT][GM_SIM_SIZE_BUCKETS], szb[GM_BCALL_COUNT][GM_SIM_SIZE_BUCKETS];
@@ -232,6 +247,8 @@ static void sim_destroy(void *ctx) {
         sim_dev *d = &s->devs[i];
         rs_free(&d->mallocs);
         free(d->hints);
+        free(d->lists);
+        gm__idmap_free(&d->hint_lists);
         rs_free(&d->reservations);
         free(d->phys.v);
         free(d->phys.free_idx);
@@ -255,14 +272,20 @@ static int sim_mem_info(void *ctx, int dev, uint64_t *free_bytes, uint64_t *tota
     SIM_LEAVE()
 }
 
-/* The oldest unused hint for exactly `size` bytes whose range is free. */
+/* The oldest unused hint for exactly `size` bytes whose range is free
+ * (among the first SIM_HINT_TRIES of that size); it leaves its list. */
 static bool take_hint(sim_dev *d, uint64_t size, uint64_t sz, gm_devptr *out) {
-    for (size_t k = d->hint_next; k < d->nhints; k++) {
-        sim_hint *h = &d->hints[k];
-        if (h->used || h->size != size) continue;
+    if (!d->nlists) return false;
+    size_t j = gm__idmap_find(&d->hint_lists, size);
+    if (d->hint_lists.id[j] == GM__IDMAP_EMPTY) return false;
+    hint_list *l = &d->lists[d->hint_lists.id[j]];
+    uint32_t prev = 0;
+    for (uint32_t k = l->head, tries = 0; k && tries < SIM_HINT_TRIES; prev = k, k = d->hints[k - 1].next, tries++) {
+        sim_hint *h = &d->hints[k - 1];
         if (rs_insert_at(&d->mallocs, h->addr, sz) != GM_OK) continue;
-        h->used = true;
-        while (d->hint_next < d->nhints && d->hints[d->hint_next].used) d->hint_next++;
+        if (prev) d->hints[prev - 1].next = h->next;
+        else l->head = h->next;
+        if (l->tail == k) l->tail = prev;
         *out = h->addr;
         return true;
     }
@@ -336,6 +359,7 @@ static int sim_phys_create(void *ctx, int dev, uint64_t size, gm_physmem *out) {
         p->mapped_va = 0;
         p->gen++;
         p->used = true;
+        d->nphys++;
         d->used += size;
         count_size(d, GM_BCALL_PHYS_CREATE, size);
         *out = make_handle(idx, p->gen);
@@ -352,6 +376,7 @@ static int sim_phys_release(void *ctx, int dev, gm_physmem h) {
         d->used -= p->size;
         count_size(d, GM_BCALL_PHYS_RELEASE, p->size);
         p->used = false;
+        d->nphys--;
         slot_release(&d->phys, idx);
     }
     SIM_LEAVE()
@@ -435,6 +460,7 @@ static int sim_event_record(void *ctx, int dev, gm_stream stream, gm_event *out)
         e->stream = stream;
         e->gen++;
         e->used = true;
+        d->nevents++;
         e->done = !s->opt.events_manual;
         *out = make_handle(idx, e->gen);
     }
@@ -463,6 +489,7 @@ static int sim_event_destroy(void *ctx, int dev, gm_event ev) {
     if (!e) rc = GM_EINVAL;
     else {
         e->used = false;
+        d->nevents--;
         slot_release(&d->events, (size_t)(ev & 0xffffffffu) - 1);
     }
     SIM_LEAVE()
@@ -571,6 +598,25 @@ int gm_sim_call_sizes(gm_backend *b, int device, int kind, uint64_t count[GM_SIM
     SIM_LEAVE()
 }
 
+int gm_sim_live_objects(gm_backend *b, int device, gm_sim_live *out) {
+    const gm_backend_ops *ops;
+    void *ctx = b ? gm__backend_ctx(b, &ops) : NULL;
+    if (!ctx || ops->destroy != sim_destroy)
+        return gm__set_error(GM_EINVAL, "gm_sim_live_objects: not a sim backend");
+    if (!out || out->size < sizeof *out)
+        return gm__set_error(GM_EINVAL, "gm_sim_live_objects: NULL output or size not set");
+    SIM_ENTER(ctx, device)
+    memset(out, 0, sizeof *out);
+    out->size = sizeof *out;
+    out->allocations = d->mallocs.n;
+    out->reservations = d->reservations.n;
+    for (size_t i = 0; i < d->reservations.n; i++) out->mapped_pages += d->reservations.v[i].mapped_pages;
+    out->phys = d->nphys;
+    out->events = d->nevents;
+    out->used_bytes = d->used;
+    SIM_LEAVE()
+}
+
 int gm_sim_add_address_hint(gm_backend *b, int device, uint64_t size, gm_devptr addr) {
     gm__clear_error(); /* a call that succeeds leaves no stale detail */
     const gm_backend_ops *ops;
@@ -581,7 +627,8 @@ int gm_sim_add_address_hint(gm_backend *b, int device, uint64_t size, gm_devptr 
         return gm__set_error(GM_EINVAL, "gm_sim_add_address_hint: bad range 0x%llx+%llu",
                              (unsigned long long)addr, (unsigned long long)size);
     SIM_ENTER(ctx, device)
-    if (d->nhints == d->caphints) {
+    if (d->nhints >= UINT32_MAX - 1) rc = GM_ENOHOSTMEM;
+    if (rc == GM_OK && d->nhints == d->caphints) {
         size_t nc = d->caphints ? d->caphints * 2 : 64;
         sim_hint *nv = realloc(d->hints, nc * sizeof *nv);
         if (!nv) rc = GM_ENOHOSTMEM;
@@ -590,6 +637,28 @@ int gm_sim_add_address_hint(gm_backend *b, int device, uint64_t size, gm_devptr 
             d->caphints = nc;
         }
     }
-    if (rc == GM_OK) d->hints[d->nhints++] = (sim_hint){.size = size, .addr = addr};
+    if (rc == GM_OK && d->nlists == d->caplists) {
+        size_t nc = d->caplists ? d->caplists * 2 : 64;
+        hint_list *nv = realloc(d->lists, nc * sizeof *nv);
+        if (!nv) rc = GM_ENOHOSTMEM;
+        else {
+            d->lists = nv;
+            d->caplists = nc;
+        }
+    }
+    if (rc == GM_OK) rc = gm__idmap_reserve(&d->hint_lists, 64);
+    if (rc == GM_OK) {
+        size_t j = gm__idmap_find(&d->hint_lists, size);
+        if (d->hint_lists.id[j] == GM__IDMAP_EMPTY) {
+            gm__idmap_set(&d->hint_lists, j, size, (uint32_t)d->nlists);
+            d->lists[d->nlists++] = (hint_list){0, 0};
+        }
+        hint_list *l = &d->lists[d->hint_lists.id[j]];
+        uint32_t k = (uint32_t)d->nhints + 1;
+        d->hints[d->nhints++] = (sim_hint){.size = size, .addr = addr, .next = 0};
+        if (l->tail) d->hints[l->tail - 1].next = k;
+        else l->head = k;
+        l->tail = k;
+    }
     SIM_LEAVE()
 }

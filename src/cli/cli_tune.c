@@ -116,6 +116,12 @@ int cli_tune_trace(const char *cmd, const char *path, int device, uint64_t *capa
         gm_trace_free(t);
         return cli_error(cmd, "%s", gm_last_error_detail());
     }
+    const char *bad_first;
+    uint64_t nbad = gm_replay_prog_bad_events(prog, &bad_first);
+    if (nbad)
+        fprintf(stderr, "gpumem %s: warning: %llu trace events no device could have made were "
+                "skipped (first: %s); the recommendation covers the rest of the trace\n",
+                cmd, (unsigned long long)nbad, bad_first);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     rc = gm_tune_run(prog, *capacity, 2, rows, n);

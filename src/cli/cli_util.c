@@ -42,6 +42,7 @@ bool cli_parse_size(const char *s, uint64_t *out) {
     return true;
 }
 
+
 void cli_json_string(FILE *f, const char *s) {
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {

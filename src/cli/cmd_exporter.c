@@ -6,6 +6,7 @@
 #include "cli.h"
 
 #include "monitor/monitor.h"
+#include "gm_limits.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -50,6 +51,14 @@ int cmd_exporter(int argc, char **argv) {
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { stop_requested = sig; }
 
+/* MHD's own unescaping would turn "/metrics%00" into "/metrics" (cut at
+ * the NUL) and serve it; ours leaves %00 escaped: no page matches (404). */
+static size_t unescape(void *cls, struct MHD_Connection *c, char *s) {
+    (void)cls;
+    (void)c;
+    return gm__http_unescape(s);
+}
+
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type, char *body, size_t len) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -65,13 +74,13 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const
 static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                               const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     gm__sampler *sampler = cls;
-    if (strcmp(method, "GET") && strcmp(method, "HEAD"))
-        return reply(conn, 405, "text/plain", strdup("only GET\n"), 9);
-    if (!strcmp(url, "/")) {
-        const char *page = "<html><body><a href=\"/metrics\">/metrics</a></body></html>\n";
-        return reply(conn, 200, "text/html", strdup(page), strlen(page));
+    int page = gm__http_route(method, url);
+    if (page == GM_HTTP_BAD_METHOD) return reply(conn, 405, "text/plain", strdup("only GET\n"), 9);
+    if (page == GM_HTTP_INDEX) {
+        const char *html = "<html><body><a href=\"/metrics\">/metrics</a></body></html>\n";
+        return reply(conn, 200, "text/html", strdup(html), strlen(html));
     }
-    if (strcmp(url, "/metrics")) return reply(conn, 404, "text/plain", strdup("not found\n"), 10);
+    if (page != GM_HTTP_METRICS) return reply(conn, 404, "text/plain", strdup("not found\n"), 10);
     gm__mon_sample s;
     /* before the first sample, wait for it rather than answer empty */
     if (gm__sampler_latest(sampler, &s, NULL, 0, 5.0) != 0)
@@ -131,9 +140,18 @@ int cmd_exporter(int argc, char **argv) {
         gm__collector_destroy(c);
         return cli_error(argv[0], "cannot start the sampler thread");
     }
-    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-                                            handle, sampler, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    /* epoll (no FD_SETSIZE wall at 1024 connections, where select() locked
+     * every scraper out), bounded connections overall and per address, an
+     * idle timeout, and no more memory per connection than a scrape needs */
+    unsigned flags = MHD_USE_ERROR_LOG | MHD_USE_INTERNAL_POLLING_THREAD;
+    flags |= MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL : MHD_USE_POLL;
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, 0, NULL, NULL, handle, sampler, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)GM_LIMIT_HTTP_CONNECTIONS,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)GM_LIMIT_HTTP_CONNECTIONS_PER_IP,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)GM_LIMIT_HTTP_TIMEOUT_S,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_UNESCAPE_CALLBACK, unescape,
+        NULL, MHD_OPTION_END);
     int code = 0;
     if (!d) code = cli_error(argv[0], "cannot listen on %s (address in use or not available?)", listen);
     else {
@@ -144,10 +162,14 @@ int cmd_exporter(int argc, char **argv) {
                info ? (unsigned)info->port : (unsigned)ntohs(sa.sin_port));
         fflush(stdout);
         while (!stop_requested) sigsuspend(&oldset);
-        MHD_stop_daemon(d);
     }
-    gm__sampler_stop(sampler);
-    gm__collector_destroy(c);
+    /* stop the sampler first: scrapes waiting for a sample return at once,
+     * so MHD stops at once; a sampler stuck inside a sample (a hung NVML
+     * call) is left behind rather than holding SIGTERM up */
+    bool stopped = gm__sampler_stop_within(sampler, 1.0);
+    if (d) MHD_stop_daemon(d);
+    if (stopped) gm__collector_destroy(c);
+    else fprintf(stderr, "gpumem exporter: the sampler did not stop within 1 s; exiting anyway\n");
     return code;
 }
 #endif

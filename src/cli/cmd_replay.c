@@ -48,6 +48,10 @@ static void print_json(const char *path, const gm_trace *t, const gm_config *cfg
            (unsigned long long)r->allocs, (unsigned long long)r->frees,
            (unsigned long long)r->unknown_frees, (unsigned long long)r->double_allocs,
            r->oom ? "true" : "false");
+    if (r->bad_events) { /* only then: a well-formed trace's output is unchanged */
+        printf(",\"bad_events\":%llu,\"bad_event\":", (unsigned long long)r->bad_events);
+        cli_json_string(stdout, r->bad_first);
+    }
     if (r->oom) {
         printf(",\"oom_event\":%zu,\"oom_size\":%llu,\"oom_detail\":", r->oom_event,
                (unsigned long long)r->oom_size);
@@ -110,6 +114,9 @@ static void print_text(const char *path, const gm_trace *t, const gm_config *cfg
         printf("trace anomalies %llu frees of unknown addresses, %llu allocs of live addresses "
                "(skipped)\n", (unsigned long long)r->unknown_frees,
                (unsigned long long)r->double_allocs);
+    if (r->bad_events)
+        printf("trace anomalies %llu events no device could have made (skipped); first: %s\n",
+               (unsigned long long)r->bad_events, r->bad_first);
     if (r->oom)
         printf("OOM             YES at event %zu asking %s: %s\n", r->oom_event,
                cli_format_bytes(r->oom_size, a, sizeof a), r->oom_detail);

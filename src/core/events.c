@@ -62,7 +62,7 @@ int gm__events_record(gm__device *d, gm__block_hdr *b) {
     for (uint32_t i = 0; i < u->n; i++) {
         rc = gm__be_event_record(d, u->streams[i], &u->events[i]);
         if (rc != GM_OK) {
-            while (i-- > 0) gm__be_event_destroy(d, u->events[i]);
+            while (i-- > 0) (void)gm__be_cleanup_event_destroy(d, u->events[i]);
             return rc;
         }
     }
@@ -83,8 +83,10 @@ static int advance(gm__device *d, struct gm__stream_uses *u, bool synchronize, b
             rc = gm__be_event_query(d, ev, &done);
             if (rc == GM_OK && !done) break;
         }
-        if (rc == GM_OK) rc = gm__be_event_destroy(d, ev);
         if (rc != GM_OK) return rc;
+        /* the event is complete: a destroy that fails twice is counted
+         * (gm_backend_dropped_count) and must not hold the block back */
+        (void)gm__be_cleanup_event_destroy(d, ev);
         u->done++;
     }
     *complete = u->done == u->n;
@@ -119,8 +121,8 @@ void gm__events_drain(gm__device *d) {
         gm__block_hdr *b = fe->pending[i];
         struct gm__stream_uses *u = b->uses;
         for (uint32_t k = u->done; k < u->n; k++) {
-            gm__be_event_sync(d, u->events[k]);
-            gm__be_event_destroy(d, u->events[k]);
+            (void)gm__be_event_sync(d, u->events[k]);
+            (void)gm__be_cleanup_event_destroy(d, u->events[k]);
         }
         gm__uses_free(b);
         d->pops->free(d->pstate, b);

@@ -13,6 +13,7 @@
 #include <pthread.h>
 
 #include "devlock.h"
+#include "gm_limits.h"
 
 #define GM__KIB ((uint64_t)1024)
 #define GM__MIB (GM__KIB * 1024)
@@ -176,6 +177,14 @@ int gm__be_event_record(gm__device *d, gm_stream stream, gm_event *out);
 int gm__be_event_query(gm__device *d, gm_event ev, bool *done);
 int gm__be_event_sync(gm__device *d, gm_event ev);
 int gm__be_event_destroy(gm__device *d, gm_event ev);
+/* The same calls for cleanup paths: tried twice; if both fail the object is
+ * left to the backend and counted in gm_backend_dropped_count. Return the
+ * last status. */
+int gm__be_cleanup_free(gm__device *d, gm_devptr ptr);
+int gm__be_cleanup_va_release(gm__device *d, gm_devptr va, uint64_t size);
+int gm__be_cleanup_phys_release(gm__device *d, gm_physmem h);
+int gm__be_cleanup_unmap(gm__device *d, gm_devptr va, uint64_t size);
+int gm__be_cleanup_event_destroy(gm__device *d, gm_event ev);
 
 /* ---- publication for the monitor (src/monitor/publish.c) --------------- */
 

@@ -112,7 +112,7 @@ void gm__gp_block_put(gp_state *st, gp_block *b) {
 
 static void arena_free(gp_state *st, gp_arena *a) {
     if (!a) return;
-    if (st->vmm && a->gran) gm__be_va_release(st->d, a->base, a->va_size);
+    if (st->vmm && a->gran) (void)gm__be_cleanup_va_release(st->d, a->base, a->va_size);
     free(a->gran);
     free(a->mapped);
     free(a);
@@ -169,7 +169,7 @@ int gm__gp_sync_arena(gp_state *st, gp_arena *a) {
     int rc = gm__be_event_record(st->d, a->stream, &ev);
     if (rc) return rc;
     rc = gm__be_event_sync(st->d, ev);
-    gm__be_event_destroy(st->d, ev);
+    (void)gm__be_cleanup_event_destroy(st->d, ev);
     if (rc) return rc;
     a->dirty = false;
     return GM_OK;
@@ -268,7 +268,7 @@ static void gp_destroy(void *state) {
     if (st->vmm) {
         gm__gp_release_all(st);
     } else {
-        for (gp_block *b = st->plain; b; b = b->next) gm__be_free(st->d, b->h.ptr);
+        for (gp_block *b = st->plain; b; b = b->next) (void)gm__be_cleanup_free(st->d, b->h.ptr);
     }
     for (uint32_t i = 0; i < st->narenas; i++) arena_free(st, st->arenas[i]);
     free(st->arenas);

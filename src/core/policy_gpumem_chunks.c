@@ -541,15 +541,21 @@ int gm__gp_split_partial_at(gp_state *st, gp_arena *a, const gp_block *r, gm_dev
     return split;
 }
 
-/* Give every idle or loose chunk back to the backend. */
+/* Give every idle or loose chunk back to the backend. Each chunk listed at
+ * the start of a pass is tried once: a chunk whose release fails goes back to
+ * the tail of its list (chunk_release maps it again), so walking until the
+ * list ends would try the failed ones forever while the backend keeps
+ * failing. */
 int gm__gp_release_unused(gp_state *st) {
     int first = GM_OK;
     gm__gp_live_sync(st);
     for (int o = 0; o < GP_NORDERS; o++) {
         for (int pass = 0; pass < 2; pass++) {
             int32_t *h = pass ? &st->idle[o] : &st->loose[o];
+            uint64_t left = 0;
+            for (int32_t i = *h; i >= 0; i = st->chunks[i].lnext) left++;
             int32_t i = *h;
-            while (i >= 0) {
+            while (i >= 0 && left-- > 0) {
                 int32_t nx = st->chunks[i].lnext;
                 int rc = chunk_release(st, i);
                 if (rc && !first) first = rc;
@@ -568,9 +574,10 @@ void gm__gp_release_all(gp_state *st) {
         if (!c->inuse) continue;
         if (c->arena >= 0) {
             gp_arena *a = st->arenas[c->arena];
-            gm__be_unmap(st->d, a->base + ((uint64_t)c->g0 << st->gshift), c->n << st->gshift);
+            (void)gm__be_cleanup_unmap(st->d, a->base + ((uint64_t)c->g0 << st->gshift),
+                                       c->n << st->gshift);
         }
-        gm__be_phys_release(st->d, c->h);
+        (void)gm__be_cleanup_phys_release(st->d, c->h);
         c->inuse = 0;
     }
 }

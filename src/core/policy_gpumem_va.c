@@ -131,7 +131,7 @@ int gm__gp_arena_init_va(gp_state *st, gp_arena *a) {
         a->gran = NULL;
         a->mapped = NULL;
         if (top) gm__gp_block_put(st, top);
-        gm__be_va_release(st->d, a->base, a->va_size);
+        (void)gm__be_cleanup_va_release(st->d, a->base, a->va_size);
         return GM_ENOHOSTMEM;
     }
     memset(a->gran, 0xff, a->ngran * sizeof *a->gran);
@@ -181,8 +181,11 @@ static uint64_t cost(const gp_state *st, const gp_arena *a, gm_devptr p, uint64_
  * granule (the default: no chunk can be partly used): the unmapped granules,
  * counted 64 at a time. Best fit's first look at a large block would
  * otherwise visit each of its granules, the longest step of a warm malloc. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__)
-/* the x86-64 baseline has no popcnt instruction: pick it at load time where the CPU has it */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__) && \
+    !defined(__SANITIZE_THREAD__) && !defined(GM_TSAN)
+/* the x86-64 baseline has no popcnt instruction: pick it at load time where
+ * the CPU has it. Not under ThreadSanitizer: gcc-12's TSan binaries crash
+ * in the ifunc resolver, which runs before the TSan runtime is set up. */
 __attribute__((target_clones("popcnt", "default")))
 #endif
 static uint64_t unmapped_in(const gp_state *st, const gp_arena *a, gm_devptr p, uint64_t bytes) {

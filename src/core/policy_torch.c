@@ -292,7 +292,10 @@ static int release_blocks(tp_state *st, tp_pool *p) {
         int rc = tp_reserve(st, 2);
         if (rc == GM_OK) rc = tp_unmap_block(st, b);
         if (rc < 0) return rc;
-        if (!tp_is_split(b)) tp_release_expandable_segment(st, b);
+        if (!tp_is_split(b)) {
+            rc = tp_release_expandable_segment(st, b);
+            if (rc < 0) return rc;
+        }
     }
     return GM_OK;
 }
@@ -425,6 +428,12 @@ static int tp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
     if (rc < 0) return rc;
     rc = tp_reserve(st, TP_RESERVE_OP);
     if (rc < 0) return rc;
+    /* rounding (512 B, power-2 divisions, 2 MiB segments) must not wrap:
+     * SIZE_MAX would round to 0 and share a block with the next request */
+    if (size > GM_LIMIT_ALLOC_BYTES)
+        return gm__set_error(GM_ENOMEM, "torch policy: %llu bytes is more than the %llu-byte limit on one "
+                             "allocation (GM_LIMIT_ALLOC_BYTES)", (unsigned long long)size,
+                             (unsigned long long)GM_LIMIT_ALLOC_BYTES);
     tp_params p = {0};
     p.size = round_size(st->cfg, size);
     p.pool_id = p.size <= TP_SMALL_SIZE ? GM_POOL_SMALL : GM_POOL_LARGE;
@@ -522,7 +531,7 @@ static void tp_destroy(void *state) {
         tp_seg *s = st->segs;
         tp_seg_unlink(st, s);
         if (s->expandable) tp_expandable_destroy(st, s);
-        else (void)gm__be_free(st->d, s->base);
+        else (void)gm__be_cleanup_free(st->d, s->base);
         free(s->handles);
         free(s);
     }

@@ -146,7 +146,7 @@ static inline void tp_fix_head(tp_block *b) {
 tp_block *tp_try_allocate_expandable_block(tp_state *st, gm_stream stream, tp_pool *p,
                                            uint64_t size, int *err);
 int tp_unmap_block(tp_state *st, tp_block *b);
-void tp_release_expandable_segment(tp_state *st, tp_block *b);
+int tp_release_expandable_segment(tp_state *st, tp_block *b); /* GM_OK, or the backend error (segment kept) */
 /* destroy: unmap everything and free the VA range */
 void tp_expandable_destroy(tp_state *st, tp_seg *s);
 

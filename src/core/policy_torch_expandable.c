@@ -84,10 +84,7 @@ static int grow_handles(tp_seg *s, uint64_t n) {
 }
 
 /* Cleanup calls are tried twice: a passing fault must not leak a page. */
-static int release_handle(gm__device *d, gm_physmem h) {
-    int rc = gm__be_phys_release(d, h);
-    return rc < 0 ? gm__be_phys_release(d, h) : rc;
-}
+static int release_handle(gm__device *d, gm_physmem h) { return gm__be_cleanup_phys_release(d, h); }
 
 static void trim_handles(tp_seg *s) {
     while (s->nhandles && !s->handles[s->nhandles - 1].present) s->nhandles--;
@@ -116,8 +113,7 @@ static int seg_map(tp_state *st, tp_seg *s, gm_devptr ptr, uint64_t size, uint64
             if (rc < 0) break;
         }
         for (uint64_t j = begin; rc < 0 && j < i; j++)
-            if (gm__be_unmap(d, s->base + j * s->page, s->page) < 0)
-                (void)gm__be_unmap(d, s->base + j * s->page, s->page);
+            (void)gm__be_cleanup_unmap(d, s->base + j * s->page, s->page);
     }
     if (rc < 0) { /* give back what this call created */
         for (uint64_t j = begin; j < created; j++) {
@@ -207,12 +203,13 @@ static int seg_unmap_pages(tp_state *st, tp_seg *s, uint64_t begin, uint64_t end
     int rc = gm__be_event_record(d, s->stream, &ev);
     if (rc < 0) return rc;
     rc = gm__be_event_sync(d, ev);
-    (void)gm__be_event_destroy(d, ev);
+    (void)gm__be_cleanup_event_destroy(d, ev);
     if (rc < 0) return rc;
     for (uint64_t i = begin; i < end; i++) {
         rc = gm__be_unmap(d, s->base + i * s->page, s->page);
         if (rc < 0) break;
-        rc = release_handle(d, s->handles[i].h);
+        rc = gm__be_phys_release(d, s->handles[i].h);
+        if (rc < 0) rc = gm__be_phys_release(d, s->handles[i].h);
         if (rc < 0) { /* keep the page: map it back so nothing leaks */
             (void)gm__be_map(d, s->base + i * s->page, s->page, s->handles[i].h);
             break;
@@ -279,24 +276,29 @@ int tp_unmap_block(tp_state *st, tp_block *b) {
     return rc;
 }
 
-/* The segment is one unmapped block again: give its range back. */
-void tp_release_expandable_segment(tp_state *st, tp_block *b) {
+/* The segment is one unmapped block again: give its range back. If the
+ * backend refuses (twice), the segment stays as it is, unmapped, and the
+ * error goes to the caller (empty_cache); a later empty_cache tries again. */
+int tp_release_expandable_segment(tp_state *st, tp_block *b) {
     tp_seg *s = b->seg;
     tp_pool *p = tp_pool_of(st, b->h.pool);
-    if (tp_set_erase(&p->unmapped, b) < 0) return; /* corrupt: keep the range */
-    (void)gm__be_va_release(st->d, s->base, s->size);
+    int rc = gm__be_va_release(st->d, s->base, s->size);
+    if (rc < 0) rc = gm__be_va_release(st->d, s->base, s->size);
+    if (rc < 0) return rc;
+    if (tp_set_erase(&p->unmapped, b) < 0) return GM_ESTATE; /* corrupt */
     tp_seg_unlink(st, s);
     free(s->handles);
     free(s);
     tp_block_put(st, b);
+    return GM_OK;
 }
 
 void tp_expandable_destroy(tp_state *st, tp_seg *s) {
     for (uint64_t i = 0; i < s->nhandles; i++) {
         if (!s->handles[i].present) continue;
-        (void)gm__be_unmap(st->d, s->base + i * s->page, s->page);
+        (void)gm__be_cleanup_unmap(st->d, s->base + i * s->page, s->page);
         (void)release_handle(st->d, s->handles[i].h);
         s->handles[i].present = 0;
     }
-    (void)gm__be_va_release(st->d, s->base, s->size);
+    (void)gm__be_cleanup_va_release(st->d, s->base, s->size);
 }

@@ -3,6 +3,7 @@
  * in shared memory, one row per (process, GPU). The sampler runs the
  * collector on its own thread and keeps the latest sample, so a slow view
  * (a terminal, an HTTP scrape) never delays sampling and vice versa. */
+#define _GNU_SOURCE /* pthread_timedjoin_np */
 #include "internal.h"
 #include "monitor/monitor.h"
 
@@ -278,6 +279,28 @@ int gm__sampler_latest(gm__sampler *s, gm__mon_sample *out, uint64_t *seqno, uin
     if (seqno) *seqno = s->seq;
     pthread_mutex_unlock(&s->mu);
     return rc;
+}
+
+bool gm__sampler_stop_within(gm__sampler *s, double seconds) {
+    if (!s) return true;
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl); /* pthread_timedjoin_np's clock */
+    double t = (double)dl.tv_nsec + seconds * 1e9;
+    dl.tv_sec += (time_t)(t / 1e9);
+    dl.tv_nsec = (long)(t - (double)(time_t)(t / 1e9) * 1e9);
+    if (pthread_timedjoin_np(s->thread, NULL, &dl) != 0) {
+        pthread_detach(s->thread);
+        return false;
+    }
+    gm__sample_free(&s->latest);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return true;
 }
 
 void gm__sampler_stop(gm__sampler *s) {

@@ -1,6 +1,7 @@
 /* discover.c — the reader side of publication: find this user's segments in
- * /dev/shm, check that their producer still lives (same pid and same process
- * start time, so a reused pid is not mistaken for the producer), copy their
+ * /dev/shm, verify them (type, owner, mode, size, name against header),
+ * check that their producer still lives (same pid and same process start
+ * time, so a reused pid is not mistaken for the producer), copy their
  * records under the seqlock, and unlink the segments of dead producers. */
 #include "internal.h"
 #include "monitor/monitor.h"
@@ -46,7 +47,17 @@ static void unlink_name(const char *name) {
     shm_unlink(path);
 }
 
+
 enum { SEG_OK, SEG_SKIP, SEG_STALE };
+
+/* Readers never trust a segment they did not verify, and never map one:
+ *  - opened with O_NONBLOCK | O_NOFOLLOW (a FIFO planted under our name
+ *    cannot block the open, a symlink is refused), then fstat'ed: a regular
+ *    file, owned by us, mode exactly 0600, at least a header long;
+ *  - its header must name the pid its file name does (a copy is refused);
+ *  - it is copied with pread, never mapped: a segment truncated under us
+ *    reads short (and is skipped) instead of killing us with SIGBUS. The
+ *    seqlock is kept with reads of `seq` before and after the values. */
 
 static void copy_header(gm__mon_proc *p, const gm__shm_header *h) {
     p->pid = h->pid;
@@ -61,41 +72,81 @@ static void copy_header(gm__mon_proc *p, const gm__shm_header *h) {
     p->ndevices = h->ndevices;
 }
 
-static void copy_records(gm__mon_proc *p, const char *base, uint32_t record_size) {
-    for (uint32_t i = 0; i < p->ndevices; i++) {
-        const gm__shm_record *r =
-            (const gm__shm_record *)(base + GM__SHM_HEADER_SIZE + (size_t)i * record_size);
-        if (!__atomic_load_n(&r->used, __ATOMIC_ACQUIRE)) continue;
-        p->used[i] = true;
-        p->torn[i] = gm__shm_read_record(r, &p->v[i], READ_TRIES) != GM_OK;
-        if (p->torn[i]) memset(&p->v[i], 0, sizeof p->v[i]);
-    }
+static bool pread_full(int fd, void *buf, size_t n, off_t off) {
+    return pread(fd, buf, n, off) == (ssize_t)n;
 }
 
-/* Validate a mapped segment and copy it into *p. */
-static int read_mapped(gm__mon_proc *p, const char *m, size_t size, int name_pid_v) {
-    const gm__shm_header *h = (const gm__shm_header *)m;
-    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != GM__SHM_MAGIC)
+/* Copy record i under its seqlock from the file: GM_OK, GM_ESTATE if torn
+ * after READ_TRIES, GM_EIO if the segment shrank. `first` is the record as
+ * read with the whole segment a moment ago. */
+static int read_record(int fd, off_t off, const gm__shm_record *first, gm__shm_values *out) {
+    gm__shm_record r = *first;
+    for (int i = 0; i < READ_TRIES; i++) {
+        uint32_t s2;
+        if (!(r.seq & 1)) {
+            if (!pread_full(fd, &s2, sizeof s2, off)) return GM_EIO;
+            if (s2 == r.seq) {
+                *out = r.v;
+                return GM_OK;
+            }
+        }
+        uint32_t s1;
+        if (!pread_full(fd, &s1, sizeof s1, off) || !pread_full(fd, &r, sizeof r, off)) return GM_EIO;
+        r.seq = s1; /* the values were read after s1: check s1 is still current */
+    }
+    return GM_ESTATE;
+}
+
+/* fstat an open segment: GM_OK, or SEG_SKIP / SEG_STALE. */
+static int check_fd(int fd, int pid, struct stat *st) {
+    if (fstat(fd, st) != 0) return SEG_SKIP;
+    if (!S_ISREG(st->st_mode) || st->st_uid != getuid() || (st->st_mode & 07777) != 0600)
+        return SEG_SKIP; /* not ours, or not as the publisher makes it */
+    if (st->st_size < GM__SHM_HEADER_SIZE) /* an empty segment of a dead pid was never finished */
+        return st->st_size == 0 && !pid_exists(pid) ? SEG_STALE : SEG_SKIP;
+    return GM_OK;
+}
+
+/* Verify and copy the segment open on fd into *p. */
+static int read_fd(gm__mon_proc *p, int fd, int name_pid_v) {
+    struct stat st;
+    int rc = check_fd(fd, name_pid_v, &st);
+    if (rc != GM_OK) return rc;
+    static _Thread_local char buf[GM__SHM_SIZE]; /* 8.5 KiB: off the stack */
+    size_t want = (size_t)st.st_size < sizeof buf ? (size_t)st.st_size : sizeof buf;
+    ssize_t got = pread(fd, buf, want, 0);
+    if (got < (ssize_t)GM__SHM_HEADER_SIZE) return SEG_SKIP; /* shrank since fstat */
+    const gm__shm_header *h = (const gm__shm_header *)buf;
+    if (h->magic != GM__SHM_MAGIC)
         return pid_exists(name_pid_v) ? SEG_SKIP /* still being created */ : SEG_STALE;
     if (h->version != GM__SHM_VERSION || h->header_size != GM__SHM_HEADER_SIZE ||
-        h->record_size < sizeof(gm__shm_record) || h->segment_size > size ||
+        h->record_size != GM__SHM_RECORD_SIZE || h->segment_size > (uint64_t)got ||
         h->ndevices > GM__SHM_DEVICES ||
-        GM__SHM_HEADER_SIZE + (uint64_t)h->ndevices * h->record_size > size)
+        GM__SHM_HEADER_SIZE + (uint64_t)h->ndevices * h->record_size > (uint64_t)got)
         return SEG_SKIP;
+    if (h->pid != name_pid_v || h->uid != (uint32_t)getuid())
+        return SEG_SKIP; /* a copy under another name: its rows would be duplicates */
     copy_header(p, h);
-    copy_records(p, m, h->record_size);
+    for (uint32_t i = 0; i < p->ndevices; i++) {
+        off_t off = (off_t)GM__SHM_HEADER_SIZE + (off_t)i * GM__SHM_RECORD_SIZE;
+        const gm__shm_record *r = (const gm__shm_record *)(buf + off);
+        if (!r->used) continue;
+        p->used[i] = true;
+        int k = read_record(fd, off, r, &p->v[i]);
+        if (k == GM_EIO) return SEG_SKIP; /* shrank while we read */
+        p->torn[i] = k != GM_OK;
+        if (p->torn[i]) memset(&p->v[i], 0, sizeof p->v[i]);
+    }
     /* checked after the copy: a producer that died while we copied is gone */
     if (!alive(p->pid, p->start_time)) return SEG_STALE;
     return SEG_OK;
 }
 
-/* A mapping kept between scans: a monitor sampling every 100 ms must not map
- * and unmap every segment each time (munmap costs a TLB shootdown). */
+/* An open segment kept between scans (one open per segment, not per scan). */
 typedef struct cache_entry {
     char name[256];
     ino_t ino;
-    size_t size;
-    void *map;
+    int fd;
     bool seen;
 } cache_entry;
 
@@ -107,7 +158,7 @@ struct gm__shm_cache {
 gm__shm_cache *gm__shm_cache_create(void) { return calloc(1, sizeof(gm__shm_cache)); }
 
 static void drop_entry(gm__shm_cache *c, int i) {
-    munmap(c->e[i].map, c->e[i].size);
+    close(c->e[i].fd);
     c->e[i] = c->e[--c->n];
 }
 
@@ -118,23 +169,20 @@ void gm__shm_cache_destroy(gm__shm_cache *c) {
     free(c);
 }
 
-/* Map `name`: GM_OK with *map and *size, SEG_SKIP/SEG_STALE as an int > 0. */
-static int map_segment(const char *name, int pid, void **map, size_t *size, ino_t *ino) {
+/* Open `name` without blocking or following links: GM_OK with *fd and *ino,
+ * SEG_SKIP/SEG_STALE as an int > 0. */
+static int open_segment(const char *name, int pid, int *fd_out, ino_t *ino) {
     char path[300];
-    snprintf(path, sizeof path, "/%s", name);
-    int fd = shm_open(path, O_RDONLY | O_CLOEXEC, 0);
+    snprintf(path, sizeof path, SHM_DIR "/%s", name);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) return SEG_SKIP;
-    struct stat st = {0};
-    if (fstat(fd, &st) != 0 || st.st_uid != getuid() || st.st_size < GM__SHM_HEADER_SIZE) {
+    struct stat st;
+    int rc = check_fd(fd, pid, &st);
+    if (rc != GM_OK) {
         close(fd);
-        /* an empty segment of a dead pid was never finished */
-        return st.st_size == 0 && !pid_exists(pid) ? SEG_STALE : SEG_SKIP;
+        return rc;
     }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) return SEG_SKIP;
-    *map = m;
-    *size = (size_t)st.st_size;
+    *fd_out = fd;
     *ino = st.st_ino;
     return GM_OK;
 }
@@ -158,7 +206,7 @@ static cache_entry *cache_get(gm__shm_cache *c, const char *name, ino_t ino, int
     }
     cache_entry *e = &c->e[c->n];
     memset(e, 0, sizeof *e);
-    if ((*why = map_segment(name, pid, &e->map, &e->size, &e->ino)) != GM_OK) return NULL;
+    if ((*why = open_segment(name, pid, &e->fd, &e->ino)) != GM_OK) return NULL;
     snprintf(e->name, sizeof e->name, "%s", name);
     c->n++;
     return e;
@@ -172,16 +220,15 @@ static int read_segment(gm__shm_cache *c, const char *name, ino_t ino, int pid, 
         cache_entry *e = cache_get(c, name, ino, pid, &why);
         if (!e) return why;
         e->seen = true;
-        int r = read_mapped(p, e->map, e->size, pid);
-        if (r == SEG_STALE) drop_entry(c, (int)(e - c->e));
+        int r = read_fd(p, e->fd, pid);
+        if (r != SEG_OK) drop_entry(c, (int)(e - c->e)); /* re-verified from scratch next time */
         return r;
     }
-    void *m;
-    size_t size;
-    int r = map_segment(name, pid, &m, &size, &ino);
+    int fd;
+    int r = open_segment(name, pid, &fd, &ino);
     if (r != GM_OK) return r;
-    r = read_mapped(p, m, size, pid);
-    munmap(m, size);
+    r = read_fd(p, fd, pid);
+    close(fd);
     return r;
 }
 

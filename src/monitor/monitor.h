@@ -277,6 +277,12 @@ int gm__sampler_start(gm__sampler **out, gm__collector *c, double interval_s);
  * `after` is given, first wait up to timeout_s for a sample newer than it. */
 int gm__sampler_latest(gm__sampler *s, gm__mon_sample *out, uint64_t *seqno, uint64_t after, double timeout_s);
 void gm__sampler_stop(gm__sampler *s);
+/* Ask the sampler to stop and wake everyone waiting in gm__sampler_latest
+ * (they return at once); then wait at most `seconds` for its thread. true
+ * when it stopped and was freed; false when it is still inside a sample:
+ * then it is left running, and the caller must keep the collector alive
+ * (the exporter exits anyway, so SIGTERM is served within a second). */
+bool gm__sampler_stop_within(gm__sampler *s, double seconds);
 
 /* ---- output (format.c) -------------------------------------------------- */
 
@@ -293,6 +299,15 @@ void gm__format_csv_header(gm__sbuf *b);
 void gm__format_csv(const gm__mon_sample *s, gm__sbuf *b);
 void gm__format_table(const gm__mon_sample *s, gm__sbuf *b);
 void gm__format_prometheus(const gm__mon_sample *s, gm__sbuf *b);
+
+/* ---- the exporter's request targets (http_route.c) ------------------------ */
+
+enum { GM_HTTP_INDEX, GM_HTTP_METRICS, GM_HTTP_NOT_FOUND, GM_HTTP_BAD_METHOD };
+/* Percent-decode s in place (never longer); %00 and malformed escapes are
+ * left as written, so no request target can smuggle a NUL. New length. */
+size_t gm__http_unescape(char *s);
+/* The page for a method and a decoded path: exact matches only. */
+int gm__http_route(const char *method, const char *path);
 /* Prometheus label value escaping: backslash, double quote, newline. */
 void gm__prom_escape(gm__sbuf *b, const char *s);
 

@@ -190,18 +190,22 @@ void gm_allocator_unpublish(gm_allocator *a) {
     gm__publisher_close(p);
 }
 
-/* Moving the published numbers as 16-byte pairs: gm_stat keeps (current,
- * peak) and (allocated, freed) side by side, and the record keeps them in
- * the same order, 16-byte aligned (monitor.h), so one vector load and store
- * moves two fields. GCC/clang generic vectors: SSE2 on x86-64, NEON on
- * aarch64, plain code elsewhere. The source is only 8-byte aligned. */
-typedef int64_t gm__pair __attribute__((vector_size(16), aligned(8)));
-typedef int64_t gm__pair_out __attribute__((vector_size(16), aligned(16)));
+/* Moving the published numbers in pairs: gm_stat keeps (current, peak) and
+ * (allocated, freed) side by side, and the record keeps them in the same
+ * order (monitor.h). Each word is a relaxed atomic store: readers load the
+ * same words atomically under the seqlock, so a plain (or 16-byte vector)
+ * store racing their loads is a data race by the C11 model, which TSan
+ * reported; on x86-64 and aarch64 a relaxed 8-byte store is a plain mov/str,
+ * so this costs nothing over the vector move it replaces. */
 _Static_assert(offsetof(gm_stat, peak) == offsetof(gm_stat, current) + 8 &&
                    offsetof(gm_stat, freed) == offsetof(gm_stat, allocated) + 8 &&
                    offsetof(gm_stats, num_ooms) == offsetof(gm_stats, num_alloc_retries) + 8,
                "gm_stat pairs the publisher moves together");
-#define MOVE_PAIR(dst, src) (*(gm__pair_out *)(void *)&(dst) = *(const gm__pair *)(const void *)&(src))
+#define MOVE_PAIR(dst, src)                                                    \
+    do {                                                                       \
+        __atomic_store_n(&(dst), (src), __ATOMIC_RELAXED);                     \
+        __atomic_store_n(&(dst) + 1, (&(src))[1], __ATOMIC_RELAXED);           \
+    } while (0)
 
 /* The rare end of an update, out of line so the common path needs no stack
  * frame: the coarse clock, `used`, and the closing sequence store. */

@@ -14,10 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #define HEADER_SIZE 24
-#define MAX_BODY (16 * GM__GIB)
 
 /* ---- encoding ---------------------------------------------------------- */
 
@@ -108,7 +108,9 @@ static void encode_body(const gm_trace *t, wbuf *w) {
         w_var(w, zz((int64_t)(e->addr - addr)));
         w_var(w, e->size);
         if (head & EV_STREAM) w_var(w, e->stream);
-        w_var(w, zz(e->time_us - time));
+        /* modular difference: defined for any two times, and the decoder's
+         * modular sum gives the time back exactly */
+        w_var(w, zz((int64_t)((uint64_t)e->time_us - (uint64_t)time)));
         if (head & EV_STACK) w_var(w, e->stack);
         addr = e->addr;
         stream = e->stream;
@@ -212,6 +214,7 @@ static int decode_tables(rbuf *r, gm__trace_builder *b, uint64_t *nsegs, uint64_
     for (uint64_t i = 0; i < nstr; i++) {
         uint64_t n = r_var(r);
         if (!count_ok(r, n, 1)) return bad(r, "string length exceeds the body");
+        if (n > GM_LIMIT_DECLARED_LENGTH) return bad(r, "string longer than GM_LIMIT_DECLARED_LENGTH");
         uint32_t id;
         int rc = gm__tb_string(b, (const char *)r->p, (size_t)n, &id);
         if (rc) return rc;
@@ -226,10 +229,10 @@ static int decode_tables(rbuf *r, gm__trace_builder *b, uint64_t *nsegs, uint64_
         int rc = gm__tb_frame(b, (uint32_t)name, (uint32_t)file, (int32_t)line, &id);
         if (rc) return rc;
     }
-    uint32_t fr[4096];
+    uint32_t fr[GM_LIMIT_STACK_DEPTH];
     for (uint64_t s = 0; s < nst; s++) {
         uint64_t depth = r_var(r);
-        if (!count_ok(r, depth, 1) || depth > 4096) return bad(r, "bad stack depth");
+        if (!count_ok(r, depth, 1) || depth > GM_LIMIT_STACK_DEPTH) return bad(r, "bad stack depth");
         for (uint64_t i = 0; i < depth; i++) {
             uint64_t f = r_var(r);
             fr[i] = f > UINT32_MAX ? UINT32_MAX : (uint32_t)f;
@@ -282,7 +285,7 @@ static int decode_events(rbuf *r, gm__trace_builder *b, uint64_t nsegs, uint64_t
         e.addr += (uint64_t)unzz(r_var(r));
         e.size = r_var(r);
         if (head & EV_STREAM) e.stream = r_var(r);
-        e.time_us += unzz(r_var(r));
+        e.time_us = (int64_t)((uint64_t)e.time_us + (uint64_t)unzz(r_var(r))); /* modular, as encoded */
         uint64_t st = head & EV_STACK ? r_var(r) : 0;
         if (r->bad || st > UINT32_MAX) return bad(r, "truncated event");
         e.stack = (uint32_t)st;
@@ -290,6 +293,7 @@ static int decode_events(rbuf *r, gm__trace_builder *b, uint64_t nsegs, uint64_t
         if (rc) return rc;
     }
     if (r_var(r) != nevents || r->bad) return bad(r, "bad trailer");
+    if (r->p != r->end) return bad(r, "data after the trailer (the body is longer than its trace)");
     return GM_OK;
 }
 
@@ -309,19 +313,32 @@ int gm_trace_decode_gmt(const void *data, size_t len, gm_trace **out) {
         return gm__set_error(GM_EFORMAT, "gmt trace version %llu is not supported (this gpumem "
                                          "reads version %d)", (unsigned long long)version,
                              GM_TRACE_VERSION);
-    /* deflate expands at most ~1032x: bound the body by the input */
-    if (body > MAX_BODY || body / 1100 > len)
-        return gm__set_error(GM_EFORMAT, "gmt trace header declares an implausible body of %llu bytes",
-                             (unsigned long long)body);
+    /* The body is read whole, so what the header may claim is bounded by
+     * the file: real bodies are 2-5x their compressed size, a zero-filled
+     * bomb ~1000x (a 5 MB file claiming 5 GiB). */
+    uint64_t zlen = len - HEADER_SIZE;
+    if (body > GM_LIMIT_GMT_BODY ||
+        (body > GM_LIMIT_GMT_SMALL_BODY && body / GM_LIMIT_GMT_RATIO > zlen))
+        return gm__set_error(GM_EFORMAT, "gmt trace header declares a body of %llu bytes from %llu "
+                             "compressed bytes: more than the limit (%d x, at most %llu bytes); the "
+                             "file is corrupt or hostile", (unsigned long long)body,
+                             (unsigned long long)zlen, GM_LIMIT_GMT_RATIO,
+                             (unsigned long long)GM_LIMIT_GMT_BODY);
     uint8_t *buf = malloc(body ? (size_t)body : 1);
     if (!buf) return gm__set_error(GM_ENOHOSTMEM, "out of host memory reading a gmt trace");
     uLongf got = (uLongf)body;
-    int zr = uncompress(buf, &got, d + HEADER_SIZE, (uLong)(len - HEADER_SIZE));
+    uLong used = (uLong)zlen;
+    int zr = uncompress2(buf, &got, d + HEADER_SIZE, &used);
     if (zr != Z_OK || got != body) {
         free(buf);
         return gm__set_error(GM_EFORMAT, "gmt trace body is corrupt or truncated (zlib %d, %lu of "
                                          "%llu bytes)", zr, (unsigned long)got,
                              (unsigned long long)body);
+    }
+    if (used != zlen) {
+        free(buf);
+        return gm__set_error(GM_EFORMAT, "gmt trace has %llu bytes after its compressed body",
+                             (unsigned long long)(zlen - used));
     }
     rbuf r = {buf, buf + body, buf, false};
     gm__trace_builder *b = gm__tb_new();
@@ -353,15 +370,27 @@ int gm_trace_load_file(const char *path, gm_trace **out) {
     bool is_stdin = !strcmp(path, "-");
     FILE *f = is_stdin ? stdin : fopen(path, "rb");
     if (!f) return gm__set_error(GM_EIO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > GM_LIMIT_TRACE_FILE_BYTES) {
+        if (!is_stdin) fclose(f);
+        return gm__set_error(GM_EFORMAT, "%s is %llu bytes, more than the %llu-byte limit on trace "
+                             "files (GM_LIMIT_TRACE_FILE_BYTES); compress it (gzip) or convert it "
+                             "to .gmt on a machine with the memory", path,
+                             (unsigned long long)st.st_size, (unsigned long long)GM_LIMIT_TRACE_FILE_BYTES);
+    }
     uint8_t *buf = NULL;
     size_t len = 0, cap = 0;
     int rc = GM_OK;
     for (;;) {
         if (len == cap) {
             cap = cap ? cap * 2 : (1u << 20);
-            uint8_t *nb = cap <= (size_t)UINT32_MAX + 1 ? realloc(buf, cap) : NULL;
+            uint8_t *nb = cap <= GM_LIMIT_TRACE_FILE_BYTES ? realloc(buf, cap) : NULL;
             if (!nb) {
-                rc = gm__set_error(GM_ENOHOSTMEM, "%s: too large to read", path);
+                rc = cap > GM_LIMIT_TRACE_FILE_BYTES
+                         ? gm__set_error(GM_EFORMAT, "%s: more than the %llu-byte limit on trace files "
+                                         "(GM_LIMIT_TRACE_FILE_BYTES)", path,
+                                         (unsigned long long)GM_LIMIT_TRACE_FILE_BYTES)
+                         : gm__set_error(GM_ENOHOSTMEM, "%s: out of host memory reading it", path);
                 break;
             }
             buf = nb;

@@ -4,8 +4,67 @@
 
 #include "internal.h"
 
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- keyed hash: SipHash-1-3 (Aumasson & Bernstein), random key ----------- */
+
+static uint64_t g_k0, g_k1;
+static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
+
+static void init_key(void) {
+    uint64_t k[2] = {0, 0};
+    if (getrandom(k, sizeof k, GRND_NONBLOCK) != (ssize_t)sizeof k) {
+        /* no entropy pool yet (early boot): time, pid and an address */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        k[0] = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+        k[1] = (uint64_t)(uintptr_t)&ts ^ ((uint64_t)ts.tv_sec << 32);
+    }
+    g_k0 = k[0];
+    g_k1 = k[1];
+}
+
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                               \
+    do {                                                                       \
+        v0 += v1; v1 = ROTL(v1, 13); v1 ^= v0; v0 = ROTL(v0, 32);              \
+        v2 += v3; v3 = ROTL(v3, 16); v3 ^= v2;                                 \
+        v0 += v3; v3 = ROTL(v3, 21); v3 ^= v0;                                 \
+        v2 += v1; v1 = ROTL(v1, 17); v1 ^= v2; v2 = ROTL(v2, 32);              \
+    } while (0)
+
+uint64_t gm__hash_bytes(const void *p, size_t n) {
+    pthread_once(&g_key_once, init_key);
+    const uint8_t *s = p;
+    uint64_t v0 = g_k0 ^ 0x736f6d6570736575ull, v1 = g_k1 ^ 0x646f72616e646f6dull;
+    uint64_t v2 = g_k0 ^ 0x6c7967656e657261ull, v3 = g_k1 ^ 0x7465646279746573ull;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t m;
+        memcpy(&m, s + i, 8); /* little-endian hosts only: the key is random anyway */
+        v3 ^= m;
+        SIPROUND;
+        v0 ^= m;
+    }
+    uint64_t b = (uint64_t)n << 56;
+    for (size_t k = 0; i + k < n; k++) b |= (uint64_t)s[i + k] << (8 * k);
+    v3 ^= b;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+uint64_t gm__hash_u64(uint64_t k) { return gm__hash_bytes(&k, sizeof k); }
 
 int gm__idmap_reserve(gm__idmap *m, size_t first_cap) {
     if (m->cap && m->count * 2 < m->cap) return GM_OK;

@@ -2,7 +2,14 @@
  * open addressing with linear probing, at most half full. replay.c maps
  * device addresses to replay slots (one entry a key, deleted on free);
  * trace_build.c maps content hashes to interned ids (keys may repeat there,
- * so it compares content itself while probing). */
+ * so it compares content itself while probing).
+ *
+ * Keys come from files: a fixed hash would let a trace steer every key to
+ * one probe chain (3e5 crafted addresses took 56 s to compile). So the home
+ * slot is SipHash-1-3 of the key under a random per-process key
+ * (gm__hash_bytes is the same function for interned contents): without the
+ * key no input can aim at a chain, and output never depends on it (ids
+ * are assigned in insertion order, never in table order). */
 #ifndef GPUMEM_TRACE_IDMAP_H
 #define GPUMEM_TRACE_IDMAP_H
 
@@ -17,10 +24,13 @@ typedef struct gm__idmap {
     size_t cap, count; /* cap a power of two (0 before the first reserve) */
 } gm__idmap;
 
-/* Where probing for key k starts. Keys are mixed first: addresses are
- * aligned and close together, so their low bits alone would cluster. */
+/* SipHash-1-3 of n bytes under the process's random key. */
+uint64_t gm__hash_bytes(const void *p, size_t n);
+uint64_t gm__hash_u64(uint64_t k);
+
+/* Where probing for key k starts. */
 static inline size_t gm__idmap_home(const gm__idmap *m, uint64_t k) {
-    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & (m->cap - 1);
+    return (size_t)gm__hash_u64(k) & (m->cap - 1);
 }
 static inline size_t gm__idmap_next(const gm__idmap *m, size_t j) { return (j + 1) & (m->cap - 1); }
 

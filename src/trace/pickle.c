@@ -50,17 +50,21 @@ typedef struct reader {
     const uint8_t *p, *end, *wbase;
     uint64_t base; /* absolute offset of wbase[0] */
     bool gz, zend;
+    int zerr; /* why the gzip stream ended: 0 at its end, else ZERR_* */
     z_stream z;
     uint8_t *buf;
     size_t bufcap;
     gm__pickle *pk;
 } reader;
 
+enum { ZERR_TRUNCATED = 1, ZERR_CORRUPT = 2 };
+
 static uint64_t roff(const reader *r, const uint8_t *at) { return r->base + (uint64_t)(at - r->wbase); }
 
 static int mem_charge(gm__pickle *p, uint64_t bytes) {
     if (p->mem + bytes > p->lim.max_memory)
-        return gm__set_error(GM_ENOHOSTMEM, "pickle needs more than %llu bytes of memory (limit)",
+        return gm__set_error(GM_ENOHOSTMEM, "pickle needs more than %llu bytes of memory (limit "
+                             "GM_LIMIT_TRACE_MEMORY)",
                              (unsigned long long)p->lim.max_memory);
     p->mem += bytes;
     return GM_OK;
@@ -109,9 +113,9 @@ static int table_grow(gm__pickle *p, void **arr, size_t *cap, size_t need, size_
 }
 
 void gm__pickle_limits_init(gm__pickle_limits *l) {
-    l->max_memory = 4 * GM__GIB;
-    l->max_string = 256 * GM__MIB;
-    l->max_input = 16 * GM__GIB;
+    l->max_memory = GM_LIMIT_TRACE_MEMORY;
+    l->max_string = GM_LIMIT_DECLARED_LENGTH;
+    l->max_input = GM_LIMIT_TRACE_INPUT_BYTES;
 }
 
 /* ---- input window ------------------------------------------------------ */
@@ -141,8 +145,10 @@ static bool refill(reader *r, size_t n) {
             r->zend = true;
         } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
             r->zend = true;
+            r->zerr = ZERR_CORRUPT;
         } else if (zr == Z_BUF_ERROR && r->z.avail_in == 0) {
-            r->zend = true; /* truncated gzip: report as truncated pickle */
+            r->zend = true;
+            r->zerr = ZERR_TRUNCATED;
         }
     }
     r->end = r->buf + have;
@@ -290,8 +296,12 @@ static const char *op_name(uint8_t op) {
     return NULL;
 }
 
+static int gz_error(reader *r);
+
 static int op_err(const reader *r, uint64_t at, uint8_t op, const char *what) {
     const char *n = op_name(op);
+    /* a pickle cut short by a broken gzip stream: say what broke */
+    if (r->gz && r->zerr) return gz_error((reader *)r);
     return gm__set_error(GM_EFORMAT, "malformed pickle at byte %llu (%s): %s",
                          (unsigned long long)at, n ? n : "?", what);
 }
@@ -351,7 +361,7 @@ static int op_blob(gm__pickle *p, reader *r, uint64_t at, uint8_t op, int lb, gm
     if (!need(r, (size_t)lb)) return op_err(r, at, op, "truncated length");
     uint64_t n = rd_le(r->p, lb);
     if (op == 'T' && (n & 0x80000000u)) return op_err(r, at, op, "negative length");
-    if (n > p->lim.max_string) return op_err(r, at, op, "length exceeds the limit");
+    if (n > p->lim.max_string) return op_err(r, at, op, "declared length exceeds the limit (GM_LIMIT_DECLARED_LENGTH)");
     r->p += lb;
     if (!need(r, (size_t)n)) return op_err(r, at, op, "truncated data");
     int rc = push(p, mk_bytes(p, t, r->p, (size_t)n));
@@ -499,7 +509,7 @@ static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
         if (!need(r, (size_t)lb)) return op_err(r, at, op, "truncated length");
         uint64_t n = rd_le(r->p, lb);
         if (op == 0x8b && (n & 0x80000000u)) return op_err(r, at, op, "negative length");
-        if (n > p->lim.max_string) return op_err(r, at, op, "length exceeds the limit");
+        if (n > p->lim.max_string) return op_err(r, at, op, "declared length exceeds the limit (GM_LIMIT_DECLARED_LENGTH)");
         r->p += lb;
         if (!need(r, (size_t)n)) return op_err(r, at, op, "truncated data");
         a = r->p;
@@ -561,11 +571,56 @@ static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
     return op_err(r, at, op, msg);
 }
 
+static int gz_error(reader *r) {
+    if (r->zerr == ZERR_TRUNCATED)
+        return gm__set_error(GM_EFORMAT, "gzip stream ends early (after %llu decompressed bytes): "
+                             "the file is truncated", (unsigned long long)roff(r, r->end));
+    return gm__set_error(GM_EFORMAT, "gzip stream is corrupt (%s) after %llu decompressed bytes",
+                         r->z.msg ? r->z.msg : "bad data", (unsigned long long)roff(r, r->end));
+}
+
+/* After STOP: the input must end there. For gzip, inflate the rest so
+ * that zlib checks the trailer (CRC-32 and length); any byte after STOP,
+ * decompressed or not, is an error, so this never inflates more than one
+ * window. */
+static int finish_input(reader *r) {
+    size_t extra = (size_t)(r->end - r->p);
+    if (!r->gz) {
+        if (extra)
+            return gm__set_error(GM_EFORMAT, "%zu bytes after the pickle's STOP opcode: not one "
+                                 "pickle (corrupt or concatenated file?)", extra);
+        return GM_OK;
+    }
+    uint8_t sink[64];
+    while (!extra && !r->zend) {
+        r->z.next_out = sink;
+        r->z.avail_out = sizeof sink;
+        int zr = inflate(&r->z, Z_NO_FLUSH);
+        extra += sizeof sink - r->z.avail_out;
+        if (zr == Z_STREAM_END) {
+            if (r->z.avail_in > 0 && inflateReset(&r->z) == Z_OK) continue;
+            r->zend = true;
+        } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
+            r->zend = true;
+            r->zerr = ZERR_CORRUPT;
+        } else if (zr == Z_BUF_ERROR && r->z.avail_in == 0) {
+            r->zend = true;
+            r->zerr = ZERR_TRUNCATED;
+        }
+    }
+    if (extra)
+        return gm__set_error(GM_EFORMAT, "data after the pickle's STOP opcode inside the gzip "
+                             "stream: not one pickle (corrupt or concatenated file?)");
+    return r->zerr ? gz_error(r) : GM_OK;
+}
+
 static int run_ops(gm__pickle *p, reader *r) {
     for (;;) {
         if (!need(r, 1)) {
             if (r->base + (uint64_t)(r->end - r->wbase) > p->lim.max_input)
-                return gm__set_error(GM_EFORMAT, "pickle larger than the input limit");
+                return gm__set_error(GM_EFORMAT, "pickle larger than the input limit (%llu decompressed "
+                                     "bytes, GM_LIMIT_TRACE_INPUT_BYTES)", (unsigned long long)p->lim.max_input);
+            if (r->gz && r->zerr) return gz_error(r);
             return gm__set_error(GM_EFORMAT, "truncated pickle at byte %llu: no STOP opcode",
                                  (unsigned long long)roff(r, r->p));
         }
@@ -577,7 +632,7 @@ static int run_ops(gm__pickle *p, reader *r) {
         if (op == '.') {
             p->root = p->stack[p->sp - 1];
             p->consumed = roff(r, r->p);
-            return GM_OK;
+            return finish_input(r);
         }
         int rc = run_one(p, r, at, op);
         if (rc) return rc;

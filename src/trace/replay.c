@@ -30,7 +30,8 @@ struct gm_replay_prog {
     rop *ops;
     size_t nops;
     uint32_t nslots;
-    uint64_t events, unknown_frees, double_allocs;
+    uint64_t events, unknown_frees, double_allocs, bad_events;
+    char bad_first[160]; /* what the first bad event was */
     int64_t trace_peak_requested;
     /* segment_alloc (size, addr) in order: the sim places a new segment of
      * that size where the real one was, so best-fit ties between blocks of
@@ -39,12 +40,25 @@ struct gm_replay_prog {
     size_t nhints;
 };
 
+/* An event the replay cannot take as it is: counted, the first described,
+ * and skipped (like unknown frees), so one bad event does not hide the rest
+ * of the trace and a size that would wrap never reaches an allocator. */
+static void bad_event(gm_replay_prog *p, size_t i, const char *what, uint64_t size, uint64_t addr) {
+    if (!p->bad_events++)
+        snprintf(p->bad_first, sizeof p->bad_first, "event %zu: %s (size %llu, address 0x%llx)", i,
+                 what, (unsigned long long)size, (unsigned long long)addr);
+}
+
+#define SKIPPED_SLOT UINT64_MAX /* sizes[] of an alloc skipped as bad */
+
 static int compile_events(gm_replay_prog *p, const gm_trace_event *ev, size_t n, int free_action) {
     gm__idmap m = {0}; /* address -> slot */
     int rc = gm__idmap_reserve(&m, 1024);
     uint64_t *sizes = NULL; /* requested bytes per slot, for the trace's own peak */
     size_t sizes_cap = 0;
-    int64_t cur = 0;
+    /* live requested bytes: each size is at most GM_LIMIT_ALLOC_BYTES (2^50)
+     * and there are fewer than 2^32 slots, so this sum cannot overflow */
+    uint64_t cur = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         const gm_trace_event *e = &ev[i];
         if (e->action == GM_TA_ALLOC) {
@@ -69,9 +83,14 @@ static int compile_events(gm_replay_prog *p, const gm_trace_event *ev, size_t n,
                 }
                 sizes = ns;
             }
+            if (e->size > GM_LIMIT_ALLOC_BYTES) {
+                bad_event(p, i, "alloc larger than GM_LIMIT_ALLOC_BYTES", e->size, e->addr);
+                sizes[p->nslots++] = SKIPPED_SLOT; /* its free is skipped too */
+                continue;
+            }
             sizes[p->nslots] = e->size;
-            cur += (int64_t)e->size;
-            if (cur > p->trace_peak_requested) p->trace_peak_requested = cur;
+            cur += e->size;
+            if (cur > (uint64_t)p->trace_peak_requested) p->trace_peak_requested = (int64_t)cur;
             p->ops[p->nops++] = (rop){e->size, e->stream, p->nslots++, (uint32_t)i};
         } else if (e->action == free_action) {
             size_t j = gm__idmap_find(&m, e->addr);
@@ -81,13 +100,25 @@ static int compile_events(gm_replay_prog *p, const gm_trace_event *ev, size_t n,
             }
             uint32_t slot = m.id[j];
             gm__idmap_del(&m, j);
-            cur -= (int64_t)sizes[slot];
+            if (sizes[slot] == SKIPPED_SLOT) continue;
+            cur -= sizes[slot];
             p->ops[p->nops++] = (rop){sizes[slot], e->stream, slot, (uint32_t)i | OP_FREE};
         }
     }
     free(sizes);
     gm__idmap_free(&m);
     return rc;
+}
+
+/* A segment the sim can place where the trace says it was: a non-zero
+ * size under the limit at a non-zero 2 MiB-aligned address. */
+static const char *bad_segment(const gm_trace_event *e) {
+    if (e->size == 0) return "segment_alloc of 0 bytes";
+    if (e->size > GM_LIMIT_ALLOC_BYTES) return "segment_alloc larger than GM_LIMIT_ALLOC_BYTES";
+    if (e->addr == 0) return "segment_alloc at address 0";
+    if (e->addr % (2 * GM__MIB)) return "segment_alloc at an address not 2 MiB-aligned";
+    if (e->addr + e->size < e->addr) return "segment_alloc past the end of the address space";
+    return NULL;
 }
 
 static int collect_hints(gm_replay_prog *p, const gm_trace_event *ev, size_t n) {
@@ -99,6 +130,11 @@ static int collect_hints(gm_replay_prog *p, const gm_trace_event *ev, size_t n) 
     if (!p->hint_size || !p->hint_addr) return GM_ENOHOSTMEM;
     for (size_t i = 0; i < n; i++)
         if (ev[i].action == GM_TA_SEGMENT_ALLOC) {
+            const char *why = bad_segment(&ev[i]);
+            if (why) {
+                bad_event(p, i, why, ev[i].size, ev[i].addr);
+                continue;
+            }
             p->hint_size[p->nhints] = ev[i].size;
             p->hint_addr[p->nhints++] = ev[i].addr;
         }
@@ -146,6 +182,10 @@ void gm_replay_prog_free(gm_replay_prog *p) {
 
 size_t gm_replay_prog_ops(const gm_replay_prog *p) { return p->nops; }
 int64_t gm_replay_prog_peak_requested(const gm_replay_prog *p) { return p->trace_peak_requested; }
+uint64_t gm_replay_prog_bad_events(const gm_replay_prog *p, const char **first) {
+    if (first) *first = p->bad_first;
+    return p->bad_events;
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -272,6 +312,8 @@ int gm_replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t
     r->events = p->events;
     r->unknown_frees = p->unknown_frees;
     r->double_allocs = p->double_allocs;
+    r->bad_events = p->bad_events;
+    snprintf(r->bad_first, sizeof r->bad_first, "%s", p->bad_first);
     r->trace_peak_requested = p->trace_peak_requested;
     gm_sim_options so;
     gm_sim_options_init(&so);

@@ -7,6 +7,7 @@
  * million events convert in tens of milliseconds. */
 #include "trace.h"
 
+#include "idmap.h"
 #include "internal.h"
 #include "pickle.h"
 
@@ -42,6 +43,10 @@ typedef struct reader {
     uint32_t sval[SCACHE];
     gm__pval last_frames;
     uint32_t last_stack;
+    /* frames list (pval) -> stack id + 1: a pickle can point a million
+     * events at a few big frame lists through its memo, and each list is
+     * read once, so the work stays linear in the input */
+    gm__idmap stacks;
     uint32_t *fbuf;
     size_t fcap;
     uint64_t skipped;
@@ -90,15 +95,21 @@ static int string_id(reader *r, gm__pval v, uint32_t *id) {
     return rc;
 }
 
-#define MAX_STACK_DEPTH 4096
-
 static int stack_of(reader *r, gm__pval frames, uint32_t *id1) {
     if (frames == r->last_frames && frames) {
         *id1 = r->last_stack;
         return GM_OK;
     }
+    if (gm__idmap_reserve(&r->stacks, 256)) return GM_ENOHOSTMEM;
+    size_t slot = gm__idmap_find(&r->stacks, frames);
+    if (frames && r->stacks.id[slot] != GM__IDMAP_EMPTY) {
+        *id1 = r->stacks.id[slot];
+        r->last_frames = frames;
+        r->last_stack = *id1;
+        return GM_OK;
+    }
     size_t n = gm__pv_len(frames);
-    if (n > MAX_STACK_DEPTH) n = MAX_STACK_DEPTH;
+    if (n > GM_LIMIT_STACK_DEPTH) n = GM_LIMIT_STACK_DEPTH;
     if (n > r->fcap) {
         uint32_t *nb = realloc(r->fbuf, n * sizeof *nb);
         if (!nb) return GM_ENOHOSTMEM;
@@ -119,6 +130,8 @@ static int stack_of(reader *r, gm__pval frames, uint32_t *id1) {
     if (!rc) {
         r->last_frames = frames;
         r->last_stack = *id1;
+        /* ids are < 2^32 - 1 (GM__IDMAP_EMPTY is never a stack id) */
+        if (frames && *id1 != GM__IDMAP_EMPTY) gm__idmap_set(&r->stacks, slot, frames, *id1);
     }
     return rc;
 }
@@ -197,9 +210,14 @@ static int read_root(reader *r, gm__pval root) {
                              gm__pv_type_name(traces));
     size_t nd = gm__pv_len(traces);
     if (nd > 255) return gm__set_error(GM_EFORMAT, "snapshot has %zu devices (max 255)", nd);
+    uint64_t entries = 0;
     for (size_t d = 0; d < nd; d++) {
         gm__pval evs = gm__pv_item(traces, d);
+        if (gm__pv_type(evs) != GM__PT_LIST)
+            return gm__set_error(GM_EFORMAT, "snapshot 'device_traces'[%zu] is a %s, not a list of "
+                                 "events", d, gm__pv_type_name(evs));
         size_t n = gm__pv_len(evs);
+        entries += n;
         for (size_t i = 0; i < n; i++) {
             gm__pval e = gm__pv_item(evs, i);
             if (gm__pv_type(e) != GM__PT_DICT) {
@@ -210,6 +228,16 @@ static int read_root(reader *r, gm__pval root) {
             if (rc) return rc;
         }
     }
+    /* entries but not one event (e.g. objects a REDUCE built): not a trace
+     * of this allocator, and replaying "0 events" would hide that */
+    if (entries && r->skipped == entries)
+        return gm__set_error(GM_EFORMAT, "snapshot 'device_traces' holds %llu entries and none is an "
+                             "allocator event (a dict with a known 'action'); the file is not a "
+                             "torch.cuda.memory._snapshot() or was altered",
+                             (unsigned long long)entries);
+    if (segs && gm__pv_type(segs) != GM__PT_LIST)
+        return gm__set_error(GM_EFORMAT, "snapshot 'segments' is a %s, not a list",
+                             gm__pv_type_name(segs));
     int rc = read_segments(r, segs);
     if (rc) return rc;
     gm__pval settings = gm__pv_dict_get(root, "allocator_settings");
@@ -238,6 +266,7 @@ int gm_trace_from_snapshot(const void *data, size_t len, gm_trace **out) {
     else rc = gm__tb_finish(r->b, "pytorch-snapshot", out);
     if (!rc) (*out)->skipped = skipped;
     free(r->fbuf);
+    gm__idmap_free(&r->stacks);
     free(r);
     return rc;
 }

@@ -116,6 +116,10 @@ void gm_replay_prog_free(gm_replay_prog *p);
 size_t gm_replay_prog_ops(const gm_replay_prog *p);
 /* Peak of live requested bytes in the trace itself (no allocator involved). */
 int64_t gm_replay_prog_peak_requested(const gm_replay_prog *p);
+/* Events skipped because no device could have made them (an alloc over
+ * GM_LIMIT_ALLOC_BYTES, a segment at address 0, ...); *first (may be NULL)
+ * describes the first. */
+uint64_t gm_replay_prog_bad_events(const gm_replay_prog *p, const char **first);
 
 /* The device calls whose cost depends on their size, as gm_bcall kinds, and
  * their names in replay's JSON. */
@@ -144,6 +148,8 @@ typedef struct gm_replay_result {
     uint64_t allocs, frees;          /* replayed */
     uint64_t unknown_frees;          /* free_completed of an address never allocated */
     uint64_t double_allocs;          /* alloc of an address still live in the trace */
+    uint64_t bad_events;             /* events no device could have made (skipped): */
+    char bad_first[160];             /* the first of them, described */
     uint64_t events;                 /* trace events of the device */
     bool oom;
     size_t oom_event;                /* index of the failing event within the device's events */

@@ -34,17 +34,8 @@ static uint32_t ht_find(const gm__idmap *h, uint64_t hash, eq_fn eq, const void 
     return UINT32_MAX;
 }
 
-static uint64_t mix(uint64_t h, uint64_t v) {
-    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    return h * 0xff51afd7ed558ccdull;
-}
-
-static uint64_t hash_mem(const void *p, size_t n) {
-    const uint8_t *s = p;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ull;
-    return h;
-}
+/* keyed (idmap.h): a file cannot pick contents that share a hash */
+static uint64_t hash_mem(const void *p, size_t n) { return gm__hash_bytes(p, n); }
 
 /* Grow a vector of `elem`-sized items to hold one more. */
 static int vec_reserve(void **arr, size_t *cap, size_t n, size_t elem) {
@@ -127,7 +118,7 @@ int gm__tb_frame(gm__trace_builder *b, uint32_t name, uint32_t file, int32_t lin
                              t->nstrings);
     if (gm__idmap_reserve(&b->frames, HT_FIRST_CAP)) return GM_ENOHOSTMEM;
     gm_trace_frame k = {name, file, line};
-    uint64_t h = mix(mix(mix(0, name), file), (uint32_t)line);
+    uint64_t h = hash_mem(&k, sizeof k);
     size_t slot;
     uint32_t found = ht_find(&b->frames, h, frame_eq, t, &k, &slot);
     if (found != UINT32_MAX) {
@@ -192,6 +183,10 @@ int gm__tb_event(gm__trace_builder *b, const gm_trace_event *e) {
     if (e->stack > t->nstacks)
         return gm__set_error(GM_EFORMAT, "event names stack %u of %u", e->stack, t->nstacks);
     if (e->action >= GM_TA_COUNT) return gm__set_error(GM_EFORMAT, "bad event action %u", e->action);
+    if (t->nevents >= GM_LIMIT_TRACE_EVENTS)
+        return gm__set_error(GM_EFORMAT, "trace has more than %llu events (GM_LIMIT_TRACE_EVENTS); "
+                             "split it (e.g. record shorter snapshots)",
+                             (unsigned long long)GM_LIMIT_TRACE_EVENTS);
     if (vec_reserve((void **)&t->events, &b->ev_cap, t->nevents, sizeof *t->events))
         return GM_ENOHOSTMEM;
     t->events[t->nevents++] = *e;

@@ -93,6 +93,10 @@ enum {
     WL_CHECK_PEAKS = 2,    /* peaks monotone since the last call / reset */
     WL_CHECK_SEGMENTS = 4, /* walk segments: no overlap, live blocks inside, sums */
     WL_CHECK_ALL = 7,
+    /* with WL_CHECK_SEGMENTS: reserved may exceed the segments' mapped bytes
+     * (memory held unmapped: gpumem's loose chunks, which a backend that
+     * keeps refusing to release them leaves behind) */
+    WL_CHECK_LOOSE = 8,
 };
 
 /* Every invariant the tests hold the allocator to, on device 0:

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# exporter_hostile.sh — `gpumem exporter` under hostile local conditions
+# (issue 15): more slow-header connections from one address than the
+# per-address limit still leave scrapes from another address served; a FIFO
+# planted under a segment name does not block sampling; /metrics%00 is a
+# 404; SIGTERM stops the exporter within a second.
+set -euo pipefail
+GPUMEM=${GPUMEM:-gpumem}
+for t in curl python3; do command -v $t >/dev/null || { echo "skip: $t not installed"; exit 77; }; done
+if "$GPUMEM" exporter --listen nowhere 2>&1 | grep -q "built without"; then
+    echo "skip: built without libmicrohttpd"; exit 77
+fi
+export GPUMEM_SHM_TAG="exph$$"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
+
+# a FIFO under the name of a live pid (1): opening it for reading would block
+fifo="/dev/shm/gpumem-$GPUMEM_SHM_TAG.$(id -u).1"
+mkfifo "$fifo"
+undo() { rm -f "$fifo"; stop_producers; }
+trap undo EXIT
+
+"$GPUMEM" demo --steps 2 --step-ms 0 --hold 120 --model 16MiB --label held >"$tmp/held.json" 2>/dev/null &
+pids+=($!); held=$!
+wait_for 30 test -s "$tmp/held.json" || { echo "FAIL: producer did not start"; exit 1; }
+
+"$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.1 --no-nvml >"$tmp/exporter.out" 2>&1 &
+exporter=$!
+pids+=($exporter)
+wait_for 20 grep -q serving "$tmp/exporter.out" || { echo "FAIL: exporter did not start"; cat "$tmp/exporter.out"; exit 1; }
+url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
+port=${url#http://127.0.0.1:}; port=${port%%/*}
+scrape_has() { curl -fsS --max-time 5 "$url" | grep -q "$1"; }
+wait_for 20 scrape_has "pid=\"$held\"" || { echo "FAIL: producer never scraped (FIFO blocked the sampler?)"; exit 1; }
+echo "ok: a planted FIFO does not block sampling"
+
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/metrics%00")
+[ "$code" = 404 ] || { echo "FAIL: /metrics%00 answered $code"; exit 1; }
+echo "ok: /metrics%00 is 404"
+
+# 300 slow connections from 127.0.0.1 (limit per address: 32), each with a
+# header left open; then a scrape from 127.0.0.2 (also loopback) must work
+python3 - "$port" "$tmp/slow.ready" <<'PY' &
+import socket, sys, time
+port, ready = int(sys.argv[1]), sys.argv[2]
+socks = []
+for i in range(300):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        socks.append(s)
+    except OSError:
+        s.close()
+open(ready, "w").write(str(len(socks)))
+time.sleep(30)
+PY
+slow=$!
+pids+=($slow)
+wait_for 30 test -s "$tmp/slow.ready" || { echo "FAIL: slow client did not start"; exit 1; }
+code=$(curl -s --interface 127.0.0.2 --max-time 10 -o "$tmp/m.txt" -w '%{http_code}' "$url" || true)
+[ "$code" = 200 ] && grep -q "pid=\"$held\"" "$tmp/m.txt" ||
+    { echo "FAIL: with 300 slow connections open a scrape got '$code'"; exit 1; }
+echo "ok: scrape served with 300 slow connections open"
+kill "$slow" 2>/dev/null || true
+
+# SIGTERM: gone within a second (polled every 50 ms)
+kill -TERM "$exporter"
+for i in $(seq 1 20); do kill -0 "$exporter" 2>/dev/null || break; sleep 0.05; done
+if kill -0 "$exporter" 2>/dev/null; then echo "FAIL: exporter still running 1 s after SIGTERM"; exit 1; fi
+wait "$exporter" 2>/dev/null || true
+echo "ok: SIGTERM served within a second"
+echo PASS
