@@ -358,6 +358,7 @@ static void gp_free(void *state, gm__block_hdr *hdr) {
 
 static int gp_empty_cache(void *state) {
     gp_state *st = state;
+    if (st->plan) gm__gp_plan_drop(st); /* an unused region is cached memory too */
     gm__gp_flush_quick(st);
     if (!st->vmm) return GM_OK;
     return gm__gp_release_unused(st);

@@ -201,6 +201,7 @@ int gm__gp_plan_free(gp_state *st, gp_block *b);
 /* Out of memory: stop serving from the plan, give its region back once no
  * planned block lives in it. 1 if memory was given back. */
 int gm__gp_plan_drop(gp_state *st);
+uint64_t gm__gp_plan_served(const gp_state *st); /* allocations served from a plan so far */
 bool gm__gp_plan_is_region(const gp_state *st, const gp_block *b);
 uint64_t gm__gp_plan_live_bytes(const gp_state *st, const gp_arena *a);
 int gm__gp_plan_check(gp_state *st, int64_t *active, int64_t *active_bytes, char *err, size_t errlen);

@@ -20,8 +20,8 @@
  *  - Plan: the step boundary is put at the phase where the least memory is
  *    live. In the last whole step before it, a block made and freed inside
  *    the step is an interval (units, birth, death); one alive across the
- *    boundary, or on another stream than the plan's, is left to the usual
- *    placement. Intervals are placed greedily, largest first, each at the
+ *    boundary, on another stream than the plan's, or small (<= 1 MiB: its
+ *    memory counts in the small pool), is left to the usual placement. Intervals are placed greedily, largest first, each at the
  *    lowest offset free of every interval it overlaps in time. The plan's
  *    region (one used block of the stream's large arena, as large as the
  *    greedy layout) is placed when the next step begins.
@@ -105,6 +105,7 @@ typedef struct gp_plan {
     pl_live *lv;
     uint64_t nlv, lv_cap;
     pl_item *items, *tmp;
+    uint64_t served;
 } gp_plan;
 
 int gm__gp_plan_create(gp_state *st) {
@@ -245,7 +246,9 @@ static void make_plan(gp_plan *pl, uint64_t p) {
         const pl_rec *r = rec(pl, w0 + k);
         pl->tunits[k] = r->units;
         pl->tstream[k] = r->stream;
-        pl->planned[k] = r->stream == pl->pstream && r->death >= 0 && r->death < tend;
+        /* small blocks stay in the small pool's arena, whose memory their
+         * stats count in (allocated <= reserved per pool) */
+        pl->planned[k] = r->units > GP_SMALL_UNITS && r->stream == pl->pstream && r->death >= 0 && r->death < tend;
         if (pl->planned[k]) pl->items[m++] = (pl_item){r->units, 0, r->birth - t0, r->death - t0, (uint32_t)k};
     }
     qsort(pl->items, m, sizeof *pl->items, cmp_item);
@@ -427,6 +430,7 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_bl
     b->h.pool = (uint8_t)pool;
     b->state = GP_PLANNED;
     b->arena = (uint16_t)pl->ra->index;
+    pl->served++;
     *out = b;
     return 1;
 }
@@ -463,6 +467,8 @@ int gm__gp_plan_free(gp_state *st, gp_block *b) {
     if (pl->state == PL_DROPPING && !pl->nlv) release_region(st);
     return 1;
 }
+
+uint64_t gm__gp_plan_served(const gp_state *st) { return st->plan ? st->plan->served : 0; }
 
 bool gm__gp_plan_is_region(const gp_state *st, const gp_block *b) {
     return st->plan && st->plan->region == b;
