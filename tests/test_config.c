@@ -225,8 +225,25 @@ static void test_gpumem_chunks(void **state) {
     roundtrip("policy:gpumem,gpumem_slack:inf,gpumem_chunks:run", NULL);
 }
 
+/* gpumem_plan: off (default) or on; anything else names the value */
+static void test_gpumem_plan(void **state) {
+    (void)state;
+    gm_config d;
+    gm_config_init(&d);
+    assert_false(d.gpumem_plan);
+    gm_config c = parse_ok("policy:gpumem,gpumem_plan:on");
+    assert_true(c.gpumem_plan);
+    c = parse_ok("policy:gpumem,gpumem_plan:on,gpumem_plan:off");
+    assert_false(c.gpumem_plan);
+    parse_bad("policy:gpumem,gpumem_plan:True", "True");
+    parse_bad("policy:gpumem,gpumem_plan:", "gpumem_plan");
+    roundtrip("policy:gpumem,gpumem_plan:on", "policy:gpumem,gpumem_plan:on");
+    roundtrip("policy:gpumem,gpumem_plan:off", "policy:gpumem"); /* the default is not written */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpumem_plan),
         cmocka_unit_test(test_defaults), cmocka_unit_test(test_every_key), cmocka_unit_test(test_roundup_list),
         cmocka_unit_test(test_bad),      cmocka_unit_test(test_atomic),    cmocka_unit_test(test_format), cmocka_unit_test(test_gpumem_slack),
         cmocka_unit_test(test_gpumem_chunks),

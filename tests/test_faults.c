@@ -682,6 +682,7 @@ static void faults_torch_gc_split(void **state) {
               0.99);
 }
 static void faults_gpumem(void **state) { sweep_all("policy:gpumem", 0); }
+static void faults_gpumem_plan(void **state) { sweep_all("policy:gpumem,gpumem_plan:on", 0); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -690,6 +691,7 @@ int main(void) {
         cmocka_unit_test(faults_torch_gc_split),
         cmocka_unit_test(faults_gpumem),
         cmocka_unit_test(faults_threads),
+        cmocka_unit_test(faults_gpumem_plan),
     };
     const char *only = getenv("GM_TEST_FILTER"); /* e.g. "*gpumem*" */
     if (only && *only) cmocka_set_test_filter(only);

@@ -47,6 +47,8 @@ static const prop_cfg CONFIGS[] = {
     {"gpumem_default", "policy:gpumem", 16 * WL_GIB, 0, 400 * WL_MIB, 80},
     {"gpumem_oom_1g", "policy:gpumem", 1 * WL_GIB, 0, 300 * WL_MIB, 40},
     {"gpumem_fraction", "policy:gpumem", 2 * WL_GIB, 0.5, 200 * WL_MIB, 40},
+    {"gpumem_plan", "policy:gpumem,gpumem_plan:on", 16 * WL_GIB, 0, 400 * WL_MIB, 80},
+    {"gpumem_plan_oom_1g", "policy:gpumem,gpumem_plan:on", 1 * WL_GIB, 0, 300 * WL_MIB, 40},
 };
 #define NCONFIGS (sizeof CONFIGS / sizeof CONFIGS[0])
 

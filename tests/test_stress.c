@@ -254,12 +254,14 @@ static void stress(const char *conf) {
 static void stress_torch(void **state) { stress("policy:torch"); }
 static void stress_torch_expandable(void **state) { stress("policy:torch,expandable_segments:True"); }
 static void stress_gpumem(void **state) { stress("policy:gpumem"); }
+static void stress_gpumem_plan(void **state) { stress("policy:gpumem,gpumem_plan:on"); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stress_torch),
         cmocka_unit_test(stress_torch_expandable),
         cmocka_unit_test(stress_gpumem),
+        cmocka_unit_test(stress_gpumem_plan),
     };
     const char *only = getenv("GM_TEST_FILTER"); /* e.g. "*gpumem*" */
     if (only && *only) cmocka_set_test_filter(only);

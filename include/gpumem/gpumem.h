@@ -128,6 +128,13 @@ typedef struct gm_config {
      * calls), granule's memory and out-of-memory behaviour on every trace
      * measured (bench/gpumem_policy_tradeoff.md). */
     gm_gpumem_chunks gpumem_chunks;
+    /* gpumem policy only: gpumem_plan:off|on (default off). on: the policy
+     * finds the repeating allocation sequence of a training step online,
+     * places one step's blocks in one planned region (greedy, by size) and
+     * serves later steps' matching allocations there with no device call;
+     * anything that deviates goes to the usual placement
+     * (src/core/policy_gpumem_plan.c, bench/gpumem_policy_tradeoff.md). */
+    bool gpumem_plan;
 } gm_config;
 
 /* Fill with torch's defaults (policy torch). */

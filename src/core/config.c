@@ -232,6 +232,7 @@ typedef enum setting_type {
     T_POSINT,   /* integer > 0, validated and ignored (no field) */
     T_SLACK,    /* double >= 0, or inf */
     T_CHUNKS,   /* auto | granule | run (gm_gpumem_chunks) */
+    T_ONOFF,    /* off | on, into bool */
 } setting_type;
 
 typedef struct setting {
@@ -281,6 +282,8 @@ static const setting settings[] = {
      "(0: least memory, moves every step; inf: no device calls once warm)"},
     {"gpumem_chunks", NULL, T_CHUNKS, F(gpumem_chunks), "gpumem", "auto", "auto|granule|run",
      "size of the physical chunks (gm_config.gpumem_chunks in gpumem.h)"},
+    {"gpumem_plan", NULL, T_ONOFF, F(gpumem_plan), "gpumem", "off", "off|on",
+     "learn the repeating step and serve its allocations from a planned region (gm_config.gpumem_plan)"},
 };
 #undef F
 #define NSETTINGS (sizeof settings / sizeof settings[0])
@@ -353,6 +356,10 @@ static int parse_setting(parser *ps, const setting *s, const char *key, gm_confi
                 return GM_OK;
             }
         return fail(ps, "%s: bad value '%s' (expected granule, run or auto)", key, v);
+    case T_ONOFF:
+        if (strcmp(v, "off") && strcmp(v, "on")) return fail(ps, "%s: bad value '%s' (expected off or on)", key, v);
+        *(bool *)f = !strcmp(v, "on");
+        return GM_OK;
     default: return fail(ps, "%s: unhandled setting type", key);
     }
 }
@@ -389,7 +396,8 @@ static bool setting_is_default(const gm_config *c, const gm_config *def, const s
     case T_POLICY: size = sizeof c->policy; break;
     case T_MB: size = sizeof(uint64_t); break;
     case T_ROUNDUP: size = sizeof c->roundup_power2_divisions; break;
-    case T_BOOL: size = sizeof(bool); break;
+    case T_BOOL:
+    case T_ONOFF: size = sizeof(bool); break;
     case T_POW2: size = sizeof(uint32_t); break;
     case T_CHUNKS: size = sizeof c->gpumem_chunks; break;
     default: return true;
@@ -506,6 +514,7 @@ static void format_setting(gm__putbuf *o, const gm_config *cfg, const setting *s
         else put_double(o, *(const double *)f);
         break;
     case T_CHUNKS: gm__put(o, "%s", chunk_names[(unsigned)*(const gm_gpumem_chunks *)f % 3u]); break;
+    case T_ONOFF: gm__put(o, "%s", *(const bool *)f ? "on" : "off"); break;
     default: break;
     }
 }

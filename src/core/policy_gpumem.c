@@ -144,6 +144,11 @@ static int arena_new(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
     return GM_OK;
 }
 
+static inline int arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out);
+int gm__gp_arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
+    return arena_of(st, stream, pool, out);
+}
+
 static inline int arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
     gp_arena *l = st->last[pool];
     if (l && l->stream == stream) {
@@ -258,6 +263,10 @@ static int gp_create(gm__device *d, void **state) {
         free(st);
         return rc;
     }
+    if (st->vmm && d->cfg && d->cfg->gpumem_plan && (rc = gm__gp_plan_create(st)) != GM_OK) {
+        free(st);
+        return rc;
+    }
     *state = st;
     return GM_OK;
 }
@@ -265,6 +274,7 @@ static int gp_create(gm__device *d, void **state) {
 static void gp_destroy(void *state) {
     gp_state *st = state;
     if (!st) return;
+    gm__gp_plan_destroy(st);
     if (st->vmm) {
         gm__gp_release_all(st);
     } else {
@@ -292,6 +302,12 @@ static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
     int rc = arena_of(st, stream, pool, &a);
     if (rc) return rc;
     gp_block *b;
+    if (st->plan && (rc = gm__gp_plan_malloc(st, units, pool, stream, &b)) != 0) {
+        if (rc < 0) return rc;
+        active_inc(st, b);
+        *out = &b->h;
+        return GM_OK;
+    }
     if (units <= GP_SMALL_UNITS && (b = a->quick[units]) != NULL) {
         a->quick[units] = b->fnext;
         if (!b->fnext) a->qmap[(units - 1) >> 6] &= ~((uint64_t)1 << ((units - 1) & 63));
@@ -306,6 +322,7 @@ static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
             gm__gp_flush_quick(st);
             gm__device_process_events(st->d, true);
             gm__gp_flush_quick(st);
+            if (st->plan) gm__gp_plan_drop(st); /* gives the region back if nothing lives in it */
             for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
             if (st->vmm) gm__gp_release_unused(st);
             rc = place(st, a, units, &b);
@@ -313,6 +330,7 @@ static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
         if (rc) return rc;
         b->h.pool = (uint8_t)pool;
     }
+    if (st->plan) gm__gp_plan_placed(st, b);
     active_inc(st, b);
     *out = &b->h;
     return GM_OK;
@@ -323,6 +341,7 @@ static void gp_free(void *state, gm__block_hdr *hdr) {
     gp_block *b = (gp_block *)hdr;
     gp_arena *a = st->arenas[b->arena];
     active_dec(st, b);
+    if (st->plan && gm__gp_plan_free(st, b)) return;
     uint64_t units = b->h.size >> GP_ALIGN_SHIFT;
     if (units <= GP_SMALL_UNITS) {
         b->state = GP_CACHED;
@@ -339,6 +358,7 @@ static void gp_free(void *state, gm__block_hdr *hdr) {
 
 static int gp_empty_cache(void *state) {
     gp_state *st = state;
+    if (st->plan) gm__gp_plan_drop(st); /* an unused region is cached memory too */
     gm__gp_flush_quick(st);
     if (!st->vmm) return GM_OK;
     return gm__gp_release_unused(st);

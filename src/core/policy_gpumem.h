@@ -44,7 +44,9 @@
 #define GP_AUTO_HEADROOM 1024
 #endif
 
-enum { GP_FREE = 0, GP_USED = 1, GP_CACHED = 2 };
+/* GP_PLANNED: handed out at a planned offset inside the plan's region (a
+ * GP_USED block of the arena); not on any arena list (policy_gpumem_plan.c). */
+enum { GP_FREE = 0, GP_USED = 1, GP_CACHED = 2, GP_PLANNED = 3 };
 enum { GP_LIST_NONE = 0, GP_LIST_IDLE = 1, GP_LIST_LOOSE = 2 };
 
 typedef struct gp_block {
@@ -55,6 +57,7 @@ typedef struct gp_block {
     uint8_t state;      /* GP_FREE / GP_USED / GP_CACHED */
     uint8_t split_cnt;  /* counted in inactive_split (free, not arena top) */
     uint16_t arena;
+    uint64_t serial;    /* gpumem_plan:on only: allocation number (plan history) */
 } gp_block;
 
 typedef struct gp_chunk {
@@ -114,6 +117,7 @@ typedef struct gp_state {
     void **slabs;              /* host allocations of block structs */
     size_t nslabs, slabs_cap;
     gp_block *plain;           /* no VMM: every live or cached device allocation */
+    struct gp_plan *plan;      /* gpumem_plan:on (with VMM): step detection and the plan */
 } gp_state;
 
 /* policy_gpumem.c */
@@ -179,5 +183,27 @@ int gm__gp_check(void *state, char *err, size_t errlen);
 int gm__gp_walk(void *state, gm__segment_cb cb, void *arg);
 int gm__gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
 void gm__gp_plain_free(gp_state *st, gp_block *b);
+
+/* policy_gpumem.c */
+int gm__gp_arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out);
+
+/* policy_gpumem_plan.c (gpumem_plan:on; st->plan is NULL otherwise) */
+int gm__gp_plan_create(gp_state *st);
+void gm__gp_plan_destroy(gp_state *st);
+/* Before the usual placement: 1 and *out when the allocation was served
+ * from the plan, 0 when the caller places it, or an error. */
+int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out);
+/* After the usual placement served it. */
+void gm__gp_plan_placed(gp_state *st, gp_block *b);
+/* Every free (planned or not): 1 when it was a planned block (done), 0 when
+ * the caller frees it as usual. */
+int gm__gp_plan_free(gp_state *st, gp_block *b);
+/* Out of memory: stop serving from the plan, give its region back once no
+ * planned block lives in it. 1 if memory was given back. */
+int gm__gp_plan_drop(gp_state *st);
+uint64_t gm__gp_plan_served(const gp_state *st); /* allocations served from a plan so far */
+bool gm__gp_plan_is_region(const gp_state *st, const gp_block *b);
+uint64_t gm__gp_plan_live_bytes(const gp_state *st, const gp_arena *a);
+int gm__gp_plan_check(gp_state *st, int64_t *active, int64_t *active_bytes, char *err, size_t errlen);
 
 #endif /* GPUMEM_POLICY_GPUMEM_H */

@@ -1,0 +1,169 @@
+/* test_plan.c — gpumem_plan:on on the sim backend: a repeating step is
+ * learned and served from the plan (no device call once it settled), and
+ * whatever the program does after the plan was made — a planned block freed
+ * late, kept across the step boundary, an extra or a missing allocation, a
+ * block used on another stream (record_stream, events completed by hand) —
+ * no two live blocks overlap, no block is handed out while a stream may
+ * still use it, and gm_check holds after every call. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpumem/backend.h"
+#include "gpumem/gpumem.h"
+#include "policy_gpumem.h"
+#include "workload.h"
+
+#define MIB ((uint64_t)1 << 20)
+#define NSTEP 48 /* allocations per step */
+
+typedef struct tstep {
+    uint64_t size[NSTEP];
+    int death[NSTEP]; /* position (after which alloc) it is freed; NSTEP + k: k into the next step */
+} tstep;
+
+typedef struct ctx {
+    gm_backend *be;
+    gm_allocator *al;
+    wl_model m;
+    gm_devptr ptr[2][NSTEP]; /* this step's and the last step's blocks */
+    gm_devptr pend;          /* freed but used on stream 2: no new block may overlap it */
+    uint64_t pend_size;
+} ctx;
+
+static void check(ctx *c) {
+    char err[512] = "";
+    if (gm_check(c->al, 0, err, sizeof err) != GM_OK) fail_msg("gm_check: %s", err);
+    if (wl_check(c->al, &c->m, 0, err, sizeof err)) fail_msg("model: %s", err);
+}
+
+static gm_devptr alloc(ctx *c, uint64_t size, gm_stream s) {
+    gm_devptr p = 0;
+    assert_int_equal(gm_malloc(c->al, 0, size, s, &p), GM_OK);
+    char err[256];
+    if (wl_model_add(&c->m, p, size, s, err, sizeof err)) fail_msg("overlap: %s", err);
+    if (c->pend && p < c->pend + c->pend_size && c->pend < p + size)
+        fail_msg("0x%llx handed out while stream 2 may still use 0x%llx", (unsigned long long)p,
+                 (unsigned long long)c->pend);
+    check(c);
+    return p;
+}
+
+static void release(ctx *c, gm_devptr p) {
+    if (!p) return;
+    long i = wl_model_find(&c->m, p);
+    assert_true(i >= 0);
+    wl_model_remove_at(&c->m, (size_t)i, NULL);
+    assert_int_equal(gm_free(c->al, p), GM_OK);
+    check(c);
+}
+
+static uint64_t served(ctx *c) { return gm__gp_plan_served(c->al->devices[0]->pstate); }
+
+static uint64_t device_calls(ctx *c) {
+    static const int kinds[] = {GM_BCALL_MALLOC, GM_BCALL_FREE, GM_BCALL_PHYS_CREATE,
+                                GM_BCALL_PHYS_RELEASE, GM_BCALL_MAP, GM_BCALL_UNMAP};
+    uint64_t n = 0, count[GM_SIM_SIZE_BUCKETS], bytes[GM_SIM_SIZE_BUCKETS];
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        assert_int_equal(gm_sim_call_sizes(c->be, 0, kinds[k], count, bytes), GM_OK);
+        for (int i = 0; i < GM_SIM_SIZE_BUCKETS; i++) n += count[i];
+    }
+    return n;
+}
+
+/* One step; `dev` picks a deviation: 0 none, 1 block 5 freed one step
+ * late, 2 an extra allocation, 3 a missing one, 4 block 7 used on stream 2
+ * and freed before its event completed. */
+static void run_step(ctx *c, const tstep *t, int dev) {
+    gm_devptr *cur = c->ptr[0], *last = c->ptr[1];
+    for (int i = 0; i < NSTEP; i++) /* kept late (deviation 1): freed now, in the next step */
+        if (last[i]) release(c, last[i]);
+    memcpy(last, cur, sizeof c->ptr[0]);
+    memset(cur, 0, sizeof c->ptr[0]);
+    for (int j = 0; j < NSTEP; j++) {
+        if (!(dev == 3 && j == 20)) cur[j] = alloc(c, t->size[j], 0);
+        if (dev == 2 && j == 10) release(c, alloc(c, 3 * MIB + 4096, 0));
+        if (dev == 4 && j == 7) {
+            assert_int_equal(gm_record_stream(c->al, cur[7], 2), GM_OK);
+            c->pend = cur[7];
+            c->pend_size = t->size[7];
+        }
+        for (int i = 0; i < NSTEP; i++) { /* the last step's blocks that die now */
+            if (last[i] && t->death[i] == NSTEP + j) release(c, last[i]), last[i] = 0;
+            if (cur[i] && t->death[i] == j && !(dev == 1 && i == 5)) release(c, cur[i]), cur[i] = 0;
+        }
+        if (dev == 4 && j == 30) {
+            gm_sim_complete_events(c->be, 0, UINT64_MAX);
+            c->pend = 0;
+        }
+    }
+}
+
+static void plan_steps(void **state) {
+    (void)state;
+    ctx c = {0};
+    gm_sim_options o;
+    gm_sim_options_init(&o);
+    o.capacity = 16 * 1024 * MIB;
+    o.events_manual = true;
+    assert_int_equal(gm_sim_create(&c.be, &o), GM_OK);
+    gm_config cfg;
+    gm_config_init(&cfg);
+    char err[128];
+    assert_int_equal(gm_config_parse(&cfg, getenv("PLAN_CONF") ? getenv("PLAN_CONF") : "policy:gpumem,gpumem_plan:on", err, sizeof err), GM_OK);
+    assert_int_equal(gm_allocator_create(&c.al, c.be, &cfg), GM_OK);
+    wl_model_init(&c.m);
+
+    tstep t;
+    wl_rng r;
+    wl_seed(&r, 16);
+    for (int j = 0; j < NSTEP; j++) {
+        t.size[j] = wl_chance(&r, 0.4) ? wl_range(&r, 512, 1 * MIB) : wl_range(&r, 1 * MIB, 96 * MIB);
+        t.death[j] = j + 1 + (int)wl_below(&r, NSTEP - j - 1 > 0 ? (uint64_t)(NSTEP - j - 1) : 1);
+    }
+    t.death[3] = NSTEP + 2; /* alive across the step boundary */
+    t.death[NSTEP - 1] = NSTEP + 1;
+    gm_devptr weights = alloc(&c, 200 * MIB, 0);
+
+    for (int s = 0; s < 6; s++) run_step(&c, &t, 0);
+    uint64_t before = served(&c);
+    assert_true(before > 0); /* the step was learned and served */
+    uint64_t calls = device_calls(&c);
+    for (int s = 0; s < 2; s++) run_step(&c, &t, 0);
+    int nlarge = 0; /* small blocks stay in the small pool; some cross the plan's boundary */
+    for (int j = 0; j < NSTEP; j++) nlarge += t.size[j] > 1 * MIB;
+    assert_true(served(&c) >= before + (uint64_t)nlarge); /* most of them, both steps */
+    assert_int_equal(device_calls(&c), calls);            /* settled: no device call */
+
+    /* deviations, each twice in a row, then the plain step again */
+    for (int dev = 1; dev <= 4; dev++)
+        for (int s = 0; s < 2; s++) run_step(&c, &t, dev);
+    for (int s = 0; s < 2; s++) run_step(&c, &t, 0);
+    gm_sim_complete_events(c.be, 0, UINT64_MAX);
+
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < NSTEP; i++)
+            if (c.ptr[k][i]) release(&c, c.ptr[k][i]);
+    release(&c, weights);
+    assert_int_equal(gm_empty_cache(c.al, 0), GM_OK);
+    check(&c);
+    gm_stats st = {.size = sizeof st};
+    assert_int_equal(gm_get_stats(c.al, 0, &st), GM_OK);
+    if (st.reserved_bytes[GM_POOL_ALL].current) fail_msg("reserved %lld (small %lld, large %lld), active %lld", (long long)st.reserved_bytes[GM_POOL_ALL].current, (long long)st.reserved_bytes[GM_POOL_SMALL].current, (long long)st.reserved_bytes[GM_POOL_LARGE].current, (long long)st.active_bytes[GM_POOL_ALL].current);
+    wl_model_free(&c.m);
+    gm_allocator_destroy(c.al);
+    gm_backend_destroy(c.be);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(plan_steps),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
