@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Parses the exporter's options; returns -1 to go on, else the exit code. */
@@ -46,10 +47,104 @@ int cmd_exporter(int argc, char **argv) {
 #else
 #include <arpa/inet.h>
 #include <microhttpd.h>
+#include <sys/socket.h>
 #include <netinet/in.h>
 
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig) { stop_requested = sig; }
+
+/* ---- a deadline for the whole request ----------------------------------------
+ * MHD's timeout is for idleness, and a client that trickles a header byte
+ * every few seconds is never idle. Each connection is tracked from its
+ * start (or the end of its last request); a reaper shuts down the socket
+ * of any whose request has taken longer than the deadline, and MHD then
+ * closes it. Entries leave the list in MHD's CLOSED notification, which
+ * comes before MHD closes the socket, under the same mutex as the reaper:
+ * the reaper never touches a closed (or reused) descriptor. */
+typedef struct tracked {
+    struct tracked *prev, *next;
+    int fd;
+    double since;
+    bool cut;
+} tracked;
+
+static pthread_mutex_t conn_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t reaper_cv;
+static tracked *conns;
+static bool reaper_stop;
+static double request_deadline_s = GM_LIMIT_HTTP_REQUEST_S;
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    (void)cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        tracked *t = calloc(1, sizeof *t);
+        if (!t || !ci) {
+            free(t);
+            return;
+        }
+        t->fd = ci->connect_fd;
+        t->since = mono_s();
+        pthread_mutex_lock(&conn_mu);
+        t->next = conns;
+        if (conns) conns->prev = t;
+        conns = t;
+        pthread_mutex_unlock(&conn_mu);
+        *socket_context = t;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        tracked *t = *socket_context;
+        pthread_mutex_lock(&conn_mu);
+        if (t->prev) t->prev->next = t->next;
+        else conns = t->next;
+        if (t->next) t->next->prev = t->prev;
+        pthread_mutex_unlock(&conn_mu);
+        free(t);
+        *socket_context = NULL;
+    }
+}
+
+/* A request answered: the next one on this connection gets its own time. */
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)con_cls;
+    (void)toe;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (!ci || !ci->socket_context) return;
+    pthread_mutex_lock(&conn_mu);
+    ((tracked *)ci->socket_context)->since = mono_s();
+    pthread_mutex_unlock(&conn_mu);
+}
+
+static void *reaper_main(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&conn_mu);
+    while (!reaper_stop) {
+        double now = mono_s();
+        for (tracked *t = conns; t; t = t->next)
+            if (!t->cut && now - t->since > request_deadline_s) {
+                shutdown(t->fd, SHUT_RDWR); /* MHD sees the end and closes it */
+                t->cut = true;
+            }
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        dl.tv_nsec += 250000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&reaper_cv, &conn_mu, &dl);
+    }
+    pthread_mutex_unlock(&conn_mu);
+    return NULL;
+}
 
 /* MHD's own unescaping would turn "/metrics%00" into "/metrics" (cut at
  * the NUL) and serve it; ours leaves %00 escaped: no page matches (404). */
@@ -143,6 +238,16 @@ int cmd_exporter(int argc, char **argv) {
     /* epoll (no FD_SETSIZE wall at 1024 connections, where select() locked
      * every scraper out), bounded connections overall and per address, an
      * idle timeout, and no more memory per connection than a scrape needs */
+    /* GPUMEM_EXPORTER_REQUEST_S shortens the deadline (tests only) */
+    const char *rq = getenv("GPUMEM_EXPORTER_REQUEST_S");
+    if (rq && atof(rq) > 0 && atof(rq) < request_deadline_s) request_deadline_s = atof(rq);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&reaper_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_t reaper;
+    bool have_reaper = pthread_create(&reaper, NULL, reaper_main, NULL) == 0;
     unsigned flags = MHD_USE_ERROR_LOG | MHD_USE_INTERNAL_POLLING_THREAD;
     flags |= MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL : MHD_USE_POLL;
     struct MHD_Daemon *d = MHD_start_daemon(
@@ -151,7 +256,8 @@ int cmd_exporter(int argc, char **argv) {
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)GM_LIMIT_HTTP_CONNECTIONS_PER_IP,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)GM_LIMIT_HTTP_TIMEOUT_S,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_UNESCAPE_CALLBACK, unescape,
-        NULL, MHD_OPTION_END);
+        NULL, MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, NULL, MHD_OPTION_END);
     int code = 0;
     if (!d) code = cli_error(argv[0], "cannot listen on %s (address in use or not available?)", listen);
     else {
@@ -168,6 +274,13 @@ int cmd_exporter(int argc, char **argv) {
      * call) is left behind rather than holding SIGTERM up */
     bool stopped = gm__sampler_stop_within(sampler, 1.0);
     if (d) MHD_stop_daemon(d);
+    if (have_reaper) {
+        pthread_mutex_lock(&conn_mu);
+        reaper_stop = true;
+        pthread_cond_signal(&reaper_cv);
+        pthread_mutex_unlock(&conn_mu);
+        pthread_join(reaper, NULL);
+    }
     if (stopped) gm__collector_destroy(c);
     else fprintf(stderr, "gpumem exporter: the sampler did not stop within 1 s; exiting anyway\n");
     return code;

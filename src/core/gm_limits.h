@@ -28,5 +28,6 @@
 #define GM_LIMIT_HTTP_CONNECTIONS 256       /* open connections in all */
 #define GM_LIMIT_HTTP_CONNECTIONS_PER_IP 32 /* open connections from one address */
 #define GM_LIMIT_HTTP_TIMEOUT_S 10          /* seconds a connection may stay idle */
+#define GM_LIMIT_HTTP_REQUEST_S 30          /* seconds one request may take, however it trickles */
 
 #endif /* GPUMEM_LIMITS_H */

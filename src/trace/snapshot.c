@@ -209,7 +209,7 @@ static int read_root(reader *r, gm__pval root) {
         return gm__set_error(GM_EFORMAT, "snapshot 'device_traces' is a %s, not a list",
                              gm__pv_type_name(traces));
     size_t nd = gm__pv_len(traces);
-    if (nd > 255) return gm__set_error(GM_EFORMAT, "snapshot has %zu devices (max 255)", nd);
+    if (nd > 256) return gm__set_error(GM_EFORMAT, "snapshot has %zu devices (max 256)", nd);
     uint64_t entries = 0;
     for (size_t d = 0; d < nd; d++) {
         gm__pval evs = gm__pv_item(traces, d);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # exporter_hostile.sh — `gpumem exporter` under hostile local conditions
 # (issue 15): more slow-header connections from one address than the
-# per-address limit still leave scrapes from another address served; a FIFO
+# per-address limit still leave scrapes from another address served; a
+# request trickled byte by byte is cut at the whole-request deadline; a FIFO
 # planted under a segment name does not block sampling; /metrics%00 is a
 # 404; SIGTERM stops the exporter within a second.
 set -euo pipefail
@@ -63,6 +64,37 @@ code=$(curl -s --interface 127.0.0.2 --max-time 10 -o "$tmp/m.txt" -w '%{http_co
     { echo "FAIL: with 300 slow connections open a scrape got '$code'"; exit 1; }
 echo "ok: scrape served with 300 slow connections open"
 kill "$slow" 2>/dev/null || true
+
+# a whole-request deadline: a header trickled one byte every 0.3 s is never
+# idle, yet the connection is closed once the request has taken longer than
+# the deadline (2 s here, GM_LIMIT_HTTP_REQUEST_S = 30 s by default)
+GPUMEM_EXPORTER_REQUEST_S=2 "$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.1 --no-nvml >"$tmp/exporter2.out" 2>&1 &
+ex2=$!
+pids+=($ex2)
+wait_for 20 grep -q serving "$tmp/exporter2.out" || { echo "FAIL: second exporter did not start"; exit 1; }
+url2=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter2.out")
+port2=${url2#http://127.0.0.1:}; port2=${port2%%/*}
+python3 - "$port2" <<'PY' || { echo "FAIL: a trickled request outlived the deadline"; exit 1; }
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.settimeout(0.3)
+s.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+t0 = time.monotonic()
+while time.monotonic() - t0 < 20:
+    try:
+        s.sendall(b"a")
+        if s.recv(1) == b"":
+            break  # closed by the server
+    except socket.timeout:
+        continue
+    except OSError:
+        break
+else:
+    sys.exit(1)
+print("ok: trickled request cut after %.1f s" % (time.monotonic() - t0))
+PY
+kill -TERM "$ex2"; wait "$ex2" 2>/dev/null || true
+curl -fsS --max-time 5 "$url" >/dev/null || { echo "FAIL: the first exporter stopped serving"; exit 1; }
 
 # SIGTERM: gone within a second (polled every 50 ms)
 kill -TERM "$exporter"

@@ -1,13 +1,37 @@
 /* fuzz_trace.c — libFuzzer target: the trace readers (PyTorch snapshot via
  * the pickle reader, and the gmt decoder, chosen by magic) on arbitrary
- * bytes; a trace that loads is re-encoded, decoded again and compiled for
- * replay, so the writer and the replay compiler see fuzzed traces too. */
+ * bytes; a trace that loads is re-encoded (gmt and torch snapshot), decoded
+ * again (the round trips must keep every event), compiled for replay, and
+ * given to the report's attribution and its text/JSON/Perfetto writers, so
+ * the writers, the replay compiler and `gpumem report` see fuzzed traces too. */
 #include "gpumem/gpumem.h"
+#include "report/report.h"
 #include "trace/trace.h"
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+
+static void report(const gm_trace *t) {
+    static FILE *null;
+    if (!null && !(null = fopen("/dev/null", "w"))) return;
+    gm_attribution *a;
+    if (gm_attribute(t, 0, &a) != GM_OK) return;
+    gm_frame_row *rows = NULL;
+    size_t nrows = 0;
+    gm_timeline *tl = NULL;
+    gm_report_opts o = {"fuzz", 20};
+    if (gm_frame_table(a, &rows, &nrows) == GM_OK &&
+        gm_timeline_build(a, NULL, 64, &tl) == GM_OK) {
+        gm_report_write_text(null, a, tl, rows, nrows, &o);
+        gm_report_write_json(null, a, tl, &o);
+        gm_report_write_perfetto(null, a, tl);
+    }
+    gm_timeline_free(tl);
+    free(rows);
+    gm_attribution_free(a);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     gm_trace *t;
@@ -22,10 +46,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         free(buf);
     }
+    if (t->nevents && gm_trace_encode_snapshot(t, &buf, &len) == GM_OK) {
+        gm_trace *t2;
+        if (gm_trace_load_mem(buf, len, &t2) != GM_OK) abort(); /* our own snapshot refused */
+        if (t2->nevents != t->nevents) abort();
+        gm_trace_free(t2);
+        free(buf);
+    }
     for (int d = 0; d < t->ndevices && d < 4; d++) {
         gm_replay_prog *p;
         if (gm_replay_compile(t, d, &p) == GM_OK) gm_replay_prog_free(p);
     }
+    if (t->nevents <= 4096) report(t); /* the timeline replays: keep inputs small */
     gm_trace_free(t);
     return 0;
 }
