@@ -9,7 +9,9 @@
 #include "gm_limits.h"
 
 #include <pthread.h>
+#include <errno.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -209,6 +211,35 @@ static bool parse_listen(const char *s, struct sockaddr_in *sa) {
     return inet_pton(AF_INET, host, &sa->sin_addr) == 1;
 }
 
+/* The HTTP library's messages, under gpumem's name. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    fprintf(stderr, "gpumem exporter: libmicrohttpd: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+/* Can this process listen on sa? false with the reason ("Address already in
+ * use: ...") when it cannot. */
+static bool can_bind(const struct sockaddr_in *sa, char *why, size_t len) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(why, len, "socket: %s", strerror(errno));
+        return false;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    bool ok = bind(fd, (const struct sockaddr *)sa, sizeof *sa) == 0;
+    if (!ok) {
+        int e = errno;
+        snprintf(why, len, "%s%s", strerror(e),
+                 e == EADDRINUSE ? " (another exporter? pick a port with --listen ADDR:PORT, or port 0 for a free one)"
+                 : e == EADDRNOTAVAIL ? " (no interface has that address)"
+                                      : "");
+    }
+    close(fd);
+    return ok;
+}
+
 int cmd_exporter(int argc, char **argv) {
     const char *listen = "127.0.0.1:9400";
     double interval = 1.0;
@@ -218,6 +249,10 @@ int cmd_exporter(int argc, char **argv) {
     struct sockaddr_in sa;
     if (!parse_listen(listen, &sa))
         return cli_usage_error(argv[0], "--listen wants IPV4ADDR:PORT (e.g. 127.0.0.1:9400), not '%s'", listen);
+    /* Say why the address cannot be used in our own words, before the HTTP
+     * library (whose message names "port 0" when given an address) does. */
+    char why[160];
+    if (!can_bind(&sa, why, sizeof why)) return cli_error(argv[0], "cannot listen on %s: %s", listen, why);
     /* block the stop signals before any thread starts, so only the main
      * thread (in sigsuspend) takes them: no lost wake-up */
     sigset_t stopset, oldset;
@@ -257,7 +292,7 @@ int cmd_exporter(int argc, char **argv) {
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)GM_LIMIT_HTTP_TIMEOUT_S,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_UNESCAPE_CALLBACK, unescape,
         NULL, MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, NULL, MHD_OPTION_END);
+        on_completed, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     int code = 0;
     if (!d) code = cli_error(argv[0], "cannot listen on %s (address in use or not available?)", listen);
     else {

@@ -26,7 +26,10 @@ pids+=($!)
 wait_for 20 grep -q serving "$tmp/exporter.out" || { echo "FAIL: exporter did not start"; cat "$tmp/exporter.out"; exit 1; }
 url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
 base=${url%/metrics}
-scrape_has() { curl -fsS "$url" | grep -q "$1"; }
+# the whole scrape first: grep -q stops reading at its match, and under
+# pipefail curl's "Failed writing body" would then fail the check
+scrape() { curl -fsS "$url" >"$tmp/scrape.txt"; }
+scrape_has() { scrape && grep -q "$1" "$tmp/scrape.txt"; }
 wait_for 20 scrape_has "pid=\"$victim\"" || { echo "FAIL: victim never scraped"; curl -sS "$url"; exit 1; }
 
 code=$(curl -s -o /dev/null -w '%{http_code}' "$base/nope")
@@ -51,7 +54,14 @@ print("ok: exporter series equal the producer's stats")
 PY
 
 kill -9 "$victim"; wait "$victim" 2>/dev/null || true
-no_victim() { ! curl -fsS "$url" | grep -q "pid=\"$victim\""; }
+no_victim() { scrape && ! grep -q "pid=\"$victim\"" "$tmp/scrape.txt"; }
 wait_for 20 no_victim || { echo "FAIL: killed producer still exported"; exit 1; }
 scrape_has "pid=\"$held\"" || { echo "FAIL: live producer lost"; exit 1; }
+# a busy port: one line in gpumem's words with the reason, not the HTTP
+# library's "Failed to bind to port 0"
+busy_port=$(echo "$url" | sed -n 's|http://127.0.0.1:\([0-9]*\)/.*|\1|p')
+rc=0; err=$("$GPUMEM" exporter --listen "127.0.0.1:$busy_port" --no-nvml 2>&1 >/dev/null) || rc=$?
+[ "$rc" = 1 ] || { echo "FAIL: busy port exit $rc"; exit 1; }
+[ "$(echo "$err" | wc -l)" = 1 ] && echo "$err" | grep -q "Address already in use" && ! echo "$err" | grep -q "Failed to bind" ||
+    { echo "FAIL: busy port message: $err"; exit 1; }
 echo PASS
