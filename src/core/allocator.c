@@ -194,6 +194,9 @@ static inline void account_free(gm__device *d, const gm__block_hdr *b) {
 }
 
 /* torch's format_size */
+/* torch's _format_size (CUDACachingAllocator's OOM text: "bytes", "KiB" up
+ * to 1 MiB inclusive, ...), kept apart from gm__format_bytes so that the OOM
+ * message reads as torch's does. */
 static const char *fmt_size(uint64_t n, char *buf, size_t len) {
     if (n <= 1024) snprintf(buf, len, "%llu bytes", (unsigned long long)n);
     else if (n <= GM__MIB) snprintf(buf, len, "%.2f KiB", n / 1024.0);

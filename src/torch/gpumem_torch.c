@@ -8,6 +8,7 @@
 
 #include "gpumem/backend.h"
 #include "gpumem/gpumem.h"
+#include "internal.h" /* gm__format_bytes */
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -139,16 +140,6 @@ void gpumem_torch_shutdown(void) {
     pthread_mutex_unlock(&g_lock);
 }
 
-static void fmt_bytes(char *buf, size_t len, double b) {
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (b >= 1024 && i < 4) {
-        b /= 1024;
-        i++;
-    }
-    snprintf(buf, len, "%.2f %s", b, u[i]);
-}
-
 /* ---- GPUMEM_PROFILE=1: the allocator's own cost, seen from torch ---------
  * Calls of the alloc/free entry points and the time spent inside them
  * (CLOCK_MONOTONIC, about 20 ns per reading through the vDSO), to tell the
@@ -226,7 +217,7 @@ static int alloc_raw(int64_t size, int device, uint64_t stream, uint64_t *out) {
         if (!strncmp(d, lead, strlen(lead))) d += strlen(lead);
         if (*d) return fail(st, "gpumem: CUDA out of memory. %s", d);
         char want[32];
-        fmt_bytes(want, sizeof want, (double)size);
+        gm__format_bytes(size, want, sizeof want);
         return fail(st, "gpumem: CUDA out of memory. Tried to allocate %s on device %d.", want, device);
     }
     if (st != GM_OK) return fail_lib(st, "allocation");
