@@ -401,6 +401,9 @@ int gm_trace_load_file(const char *path, gm_trace **out) {
     }
     if (!rc && ferror(f)) rc = gm__set_error(GM_EIO, "error reading %s: %s", path, strerror(errno));
     if (!is_stdin) fclose(f);
+    if (!rc && len == 0)
+        rc = gm__set_error(GM_EFORMAT, "%s is empty (0 bytes): not a torch.cuda.memory snapshot or a gpumem trace",
+                           path);
     if (!rc) {
         rc = gm_trace_load_mem(buf, len, out);
         if (rc == GM_EFORMAT) {

@@ -38,6 +38,18 @@ err=$("$GPUMEM" replay "$ex" --conf gpumem_slack:0 2>&1); rc=$?
     fail "cudaMallocAsync replayed without a note"
 err=$("$GPUMEM" replay /nonexistent.pickle 2>&1); rc=$?
 [ $rc = 1 ] && echo "$err" | grep -q "No such file" || fail "missing trace: no reason: $err"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+: >"$T/empty.pickle"
+err=$("$GPUMEM" replay "$T/empty.pickle" 2>&1); rc=$?
+[ $rc = 1 ] && echo "$err" | grep -q "is empty" || fail "empty trace: $rc $err"
+head -c 1000 "$ex" >"$T/cut.pickle.gz"
+err=$("$GPUMEM" replay "$T/cut.pickle.gz" 2>&1); rc=$?
+[ $rc = 1 ] && echo "$err" | grep -q "gzip stream ends early" || fail "truncated gzip: $rc $err"
+err=$("$GPUMEM" replay "$T" 2>&1); rc=$?
+[ $rc = 1 ] && echo "$err" | grep -q "Is a directory" || fail "a directory: $rc $err"
+out=$("$GPUMEM" replay "$ex" --policy gpumem --capacity 64MiB 2>&1)
+echo "$out" | grep -q "policy gpumem" && ! echo "$out" | grep -q "GPUMEM_CONF=policy:gpumem" ||
+    fail "OOM text under gpumem: $out"
 "$GPUMEM" tune "$ex" --device 0 --json >/dev/null || fail "tune --device"
 "$GPUMEM" smi --format=json --no-nvml >/dev/null || fail "smi --format=json"
 echo "ok: --opt=value, stdin, size units, policy once, reasons"
