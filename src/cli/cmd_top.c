@@ -158,7 +158,7 @@ static int draw_devices(const ui *u, int y) {
             }
         if (d == u->device) attron(A_BOLD);
         put_line(y, "%cGPU %d %-.20s  total %s  drv-reserved %s  used %s  free %s | allocators: alloc %s reserved %s",
-                 d == u->device ? '>' : ' ', d, v->have_info ? v->name : "", fmt(v->have_mem, (long long)v->total, b1),
+                 d == u->device ? '>' : ' ', d, v->have_info ? v->name : "", fmt(v->have_mem || v->have_alloc_total, (long long)v->total, b1),
                  fmt(v->have_reserved, (long long)v->reserved, b2), fmt(v->have_mem, (long long)v->used, b3),
                  fmt(v->have_mem, (long long)v->free, b4), fmt(true, al, b5), fmt(true, re, b6));
         if (d == u->device) attroff(A_BOLD);

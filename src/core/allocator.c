@@ -87,8 +87,10 @@ static int get_device_slow(gm_allocator *a, int device, gm__device **out) {
     int rc = GM_OK;
     pthread_mutex_lock(&a->devices_lock);
     d = a->devices[device];
-    if (!d && (rc = device_create(a, device, &d)) == GM_OK)
+    if (!d && (rc = device_create(a, device, &d)) == GM_OK) {
         __atomic_store_n(&a->devices[device], d, __ATOMIC_RELEASE);
+        gm__publisher_set_total(__atomic_load_n(&a->publisher, __ATOMIC_ACQUIRE), device, d->total_memory);
+    }
     pthread_mutex_unlock(&a->devices_lock);
     *out = d;
     return rc;

@@ -192,6 +192,8 @@ typedef struct gm__publisher gm__publisher;
 /* Called by the front end after every change of a device's stats (device
  * lock held); must be a few stores under a seqlock, nothing more. */
 void gm__publisher_update(gm__publisher *p, int device, const gm_stats *s);
+/* The device's total memory, into its record (once per device). */
+void gm__publisher_set_total(gm__publisher *p, int device, uint64_t total);
 void gm__publisher_close(gm__publisher *p);
 /* Called once by gm_allocator_create: publish if GPUMEM_PUBLISH=1. */
 int gm__publish_from_env(struct gm_allocator *a);

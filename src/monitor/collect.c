@@ -137,6 +137,14 @@ static int collect_producers(gm__collector *c, gm__mon_sample *s, int *cap) {
             r->torn = p->torn[d];
             r->have_alloc = !p->torn[d];
             r->v = p->v[d];
+            /* no NVML for this device: its size as the allocator's backend
+             * reports it (a simulated device, or NVML absent) */
+            gm__mon_dev *dv = &s->devs[dev];
+            if (!dv->have_mem && r->have_alloc && p->v[d].device_total > 0 &&
+                (uint64_t)p->v[d].device_total > dv->total) {
+                dv->total = (uint64_t)p->v[d].device_total;
+                dv->have_alloc_total = true;
+            }
         }
     }
     gm__scan_result_free(&scan);

@@ -92,7 +92,7 @@ static void json_device(gm__sbuf *b, const gm__mon_dev *d, const char *sep) {
     gm__sbuf_printf(b, ",");
     json_opt_str(b, "pci_bus_id", true, d->pci_bus_id);
     gm__sbuf_printf(b, ",");
-    json_opt_int(b, "total", d->have_mem, (long long)d->total);
+    json_opt_int(b, "total", d->have_mem || d->have_alloc_total, (long long)d->total);
     gm__sbuf_printf(b, ",");
     json_opt_int(b, "driver_reserved", d->have_reserved, (long long)d->reserved);
     gm__sbuf_printf(b, ",");
@@ -184,7 +184,7 @@ void gm__format_csv_header(gm__sbuf *b) {
 static void csv_line(gm__sbuf *b, const gm__mon_sample *s, const gm__mon_dev *d, const gm__mon_row *r) {
     gm__sbuf_printf(b, "%llu,%d,", (unsigned long long)s->time_ns, d ? d->index : r->device);
     csv_str(b, d ? d->uuid : "");
-    csv_int(b, d && d->have_mem, d ? (long long)d->total : 0);
+    csv_int(b, d && (d->have_mem || d->have_alloc_total), d ? (long long)d->total : 0);
     csv_int(b, d && d->have_reserved, d ? (long long)d->reserved : 0);
     csv_int(b, d && d->have_mem, d ? (long long)d->used : 0);
     csv_int(b, d && d->have_mem, d ? (long long)d->free : 0);
@@ -254,7 +254,7 @@ void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
         if (d->have_util) snprintf(util, sizeof util, "%u%%", d->util_gpu);
         gm__sbuf_printf(b, "%-4d %-24.24s %-13.13s %12s %12s %12s %12s %5s\n", d->index,
                         d->have_info ? d->name : "-", d->pci_bus_id[0] ? d->pci_bus_id : "-",
-                        human(d->have_mem, (long long)d->total, b1, 24),
+                        human(d->have_mem || d->have_alloc_total, (long long)d->total, b1, 24),
                         human(d->have_reserved, (long long)d->reserved, b2, 24),
                         human(d->have_mem, (long long)d->used, b3, 24),
                         human(d->have_mem, (long long)d->free, b4, 24), util);

@@ -61,11 +61,14 @@ typedef struct gm__shm_header {
  * load and store. update_ns (CLOCK_REALTIME) is refreshed on the record's
  * first publication and then every GM__SHM_TIME_EVERY publications, so it
  * may lag the values; readers take num_allocs + num_frees as the count of
- * allocator operations (version 1 stored that sum as `updates`). */
+ * allocator operations (version 1 stored that sum as `updates`).
+ * device_total is the device's memory as the allocator's backend reports it
+ * (written once per device; 0 from an older writer or torch's allocator), so
+ * a view without NVML still shows the size of a simulated or remote device. */
 #define GM__SHM_FIELDS(X)                                                      \
     X(update_ns) X(allocated) X(peak_allocated) X(requested) X(peak_requested) \
     X(active) X(peak_active) X(num_allocs) X(num_frees) X(reserved)            \
-    X(peak_reserved) X(num_alloc_retries) X(num_ooms)
+    X(peak_reserved) X(num_alloc_retries) X(num_ooms) X(device_total)
 
 typedef struct gm__shm_values {
 #define GM__SHM_FIELD(n) int64_t n;
@@ -209,6 +212,7 @@ typedef struct gm__mon_dev {
     bool have_info; /* name, uuid, pci */
     char name[96], uuid[96], pci_bus_id[32];
     bool have_mem, have_reserved; /* have_reserved false with the v1 fallback */
+    bool have_alloc_total;        /* no NVML: total from the allocators' backends */
     uint64_t total, reserved, used, free;
     bool have_util;
     uint32_t util_gpu, util_mem;

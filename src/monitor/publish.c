@@ -141,6 +141,7 @@ static void publish_existing(gm_allocator *a, gm__publisher *p) {
         gm__device *d = a->devices[i];
         if (!d) continue;
         gm__devlock_lock(&d->lock);
+        gm__publisher_set_total(p, i, d->total_memory);
         gm__publisher_update(p, i, &d->stats);
         gm__devlock_unlock(&d->lock);
     }
@@ -252,6 +253,12 @@ void gm__publisher_update(gm__publisher *p, int device, const gm_stats *s) {
     __atomic_store_n(&r->seq, seq + 2, __ATOMIC_RELEASE);
 }
 
+void gm__publisher_set_total(gm__publisher *p, int device, uint64_t total) {
+    if (!p || (unsigned)device >= GM__SHM_DEVICES) return;
+    /* outside the seqlock: one aligned 8-byte store a reader sees whole */
+    __atomic_store_n(&p->rec[device].v.device_total, (int64_t)total, __ATOMIC_RELAXED);
+}
+
 void gm__publisher_close(gm__publisher *p) {
     if (!p) return;
     munmap(p->hdr, GM__SHM_SIZE);
@@ -326,8 +333,9 @@ int gm_native_publisher_update(gm_native_publisher *np, int device, const int64_
     int k = 0;
     for (size_t f = 0; f < NSHM; f++) {
         int64_t *field = (int64_t *)((char *)&r->v + shm_fields[f].offset);
-        int64_t v = torch_key_of(f) ? values[k++] : (int64_t)realtime_ns(); /* update_ns */
-        __atomic_store_n(field, v, __ATOMIC_RELAXED);
+        if (torch_key_of(f)) __atomic_store_n(field, values[k++], __ATOMIC_RELAXED);
+        else if (!strcmp(shm_fields[f].name, "update_ns"))
+            __atomic_store_n(field, (int64_t)realtime_ns(), __ATOMIC_RELAXED);
     }
     __atomic_store_n(&r->used, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&r->seq, seq + 2, __ATOMIC_RELEASE);
