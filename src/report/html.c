@@ -44,19 +44,6 @@ static void jstr(FILE *f, const char *s) {
     fputc('"', f);
 }
 
-static const char *human(double b, char *buf, size_t len) {
-    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    double v = b < 0 ? -b : b;
-    while (v >= 1024 && u < 4) {
-        v /= 1024;
-        u++;
-    }
-    snprintf(buf, len, "%s%.2f %s", b < 0 ? "-" : "", v, units[u]);
-    return buf;
-}
-
-static double pct(uint64_t part, uint64_t whole) { return whole ? 100.0 * (double)part / (double)whole : 0.0; }
 
 static const char *CSS =
     "body{font:14px/1.4 system-ui,sans-serif;margin:20px 28px;color:#222}"
@@ -84,13 +71,13 @@ static void summary(FILE *f, const gm_attribution *a, const gm_timeline *tl, con
     esc(f, tl->conf);
     fprintf(f, "\"%s</div>\n<div class=kv>", tl->oom ? " (ran out of the simulated device's memory)" : "");
     fprintf(f, "<div><span>peak requested (live tensors)</span><b id=peak-requested data-bytes=%" PRId64 ">%s</b></div>",
-            a->peak_bytes, human((double)a->peak_bytes, b, sizeof b));
+            a->peak_bytes, gm__report_bytes((double)a->peak_bytes, b, sizeof b));
     fprintf(f, "<div><span>peak allocated (replay)</span><b>%s</b></div>",
-            human((double)tl->peak_allocated, b, sizeof b));
+            gm__report_bytes((double)tl->peak_allocated, b, sizeof b));
     fprintf(f, "<div><span>peak reserved (replay)</span><b>%s</b></div>",
-            human((double)tl->peak_reserved, b, sizeof b));
+            gm__report_bytes((double)tl->peak_reserved, b, sizeof b));
     fprintf(f, "<div><span>reserved - allocated at their peaks</span><b>%s</b></div></div>\n",
-            human((double)(tl->peak_reserved - tl->peak_allocated), b, sizeof b));
+            gm__report_bytes((double)(tl->peak_reserved - tl->peak_allocated), b, sizeof b));
 }
 
 static void breakdown(FILE *f, const gm_attribution *a) {
@@ -103,19 +90,19 @@ static void breakdown(FILE *f, const gm_attribution *a) {
         for (int m = 0; m < GM_AM_COUNT; m++) tot += a->bytes_by[c][m];
         fprintf(f, "<tr><td><span class=sw style=\"background:%s\"></span>%s</td><td data-v=%" PRIu64 ">%s</td>"
                    "<td>%.1f%%</td><td data-v=%" PRIu64 ">%s</td><td>%" PRIu64 "</td></tr>",
-                cat_color[c], gm_category_name(c), p, human((double)p, b1, sizeof b1), pct(p, peak), tot,
-                human((double)tot, b2, sizeof b2), a->count_by[c]);
+                cat_color[c], gm_category_name(c), p, gm__report_bytes((double)p, b1, sizeof b1), gm__report_pct(p, peak), tot,
+                gm__report_bytes((double)tot, b2, sizeof b2), a->count_by[c]);
     }
     fprintf(f, "<tr><td><b>total</b></td><td data-v=%" PRIu64 "><b>%s</b></td><td>100%%</td><td></td><td>%zu</td>"
                "</tr></tbody></table>",
-            peak, human((double)peak, b1, sizeof b1), a->nallocs);
+            peak, gm__report_bytes((double)peak, b1, sizeof b1), a->nallocs);
     fprintf(f, "<table><thead><tr><th>attributed by</th><th>bytes at peak</th><th>share</th><th "
                "style=\"text-align:left\">rule</th></tr></thead><tbody>");
     for (int m = 0; m < GM_AM_COUNT; m++) {
         uint64_t p = gm_attr_peak_method(a, m);
         fprintf(f, "<tr><td>%s</td><td>%s</td><td>%.1f%%</td><td style=\"text-align:left;white-space:normal;"
                    "max-width:460px\">%s</td></tr>",
-                gm_attr_method_name(m), human((double)p, b1, sizeof b1), pct(p, peak), gm_attr_method_help(m));
+                gm_attr_method_name(m), gm__report_bytes((double)p, b1, sizeof b1), gm__report_pct(p, peak), gm_attr_method_help(m));
     }
     fprintf(f, "</tbody></table></div>\n");
     if (a->unknown_frees || a->double_allocs)
@@ -148,7 +135,7 @@ static void segment_map(FILE *f, const gm_timeline *tl) {
     fprintf(f, "<h2>Segment map at the peak</h2><p class=note>%zu segments, %s reserved, at the peak of live "
                "bytes; bar length is the segment's size relative to the largest (%s), coloured blocks are "
                "the live allocations by category, grey is free space inside the segment.%s</p>\n<div id=segmap>",
-            tl->nsegs, human((double)total, b1, sizeof b1), human((double)maxsz, b2, sizeof b2),
+            tl->nsegs, gm__report_bytes((double)total, b1, sizeof b1), gm__report_bytes((double)maxsz, b2, sizeof b2),
             cut ? " Only the largest segments are shown." : "");
     size_t blocks = 0;
     for (size_t i = 0; i < tl->nsegs; i++) {
@@ -157,13 +144,13 @@ static void segment_map(FILE *f, const gm_timeline *tl) {
         double w = 100.0 * (double)s->total_size / (double)maxsz;
         fprintf(f, "<div class=seg><div class=seglab>0x%" PRIx64 " %s %s %.0f%%</div><div class=segbar "
                    "style=\"width:calc((100%% - 270px) * %.4f)\">",
-                s->address, human((double)s->total_size, b1, sizeof b1), s->large ? "L" : "S",
-                pct(s->allocated_size, s->total_size), (w < 0.5 ? 0.5 : w) / 100.0);
+                s->address, gm__report_bytes((double)s->total_size, b1, sizeof b1), s->large ? "L" : "S",
+                gm__report_pct(s->allocated_size, s->total_size), (w < 0.5 ? 0.5 : w) / 100.0);
         for (size_t k = 0; k < s->nblocks && blocks < MAX_BLOCKS; k++, blocks++) {
             const gm_seg_block *bl = &s->blocks[k];
             fprintf(f, "<span style=\"left:%.3f%%;width:%.3f%%;background:%s\" title=\"%s %s\"></span>",
                     100.0 * (double)bl->offset / (double)s->total_size, 100.0 * (double)bl->size / (double)s->total_size,
-                    cat_color[bl->cat], gm_category_name(bl->cat), human((double)bl->size, b1, sizeof b1));
+                    cat_color[bl->cat], gm_category_name(bl->cat), gm__report_bytes((double)bl->size, b1, sizeof b1));
         }
         fprintf(f, "</div></div>\n");
     }
@@ -189,7 +176,7 @@ static void frame_table(FILE *f, const gm_attribution *a, const gm_frame_row *ro
         esc(f, gm_frame_row_label(a, x, lab, sizeof lab));
         uint64_t v[4] = {x->self_peak, x->total_peak, x->self_bytes, x->total_bytes};
         fprintf(f, "</td>");
-        for (int k = 0; k < 4; k++) fprintf(f, "<td data-v=%" PRIu64 ">%s</td>", v[k], human((double)v[k], b, sizeof b));
+        for (int k = 0; k < 4; k++) fprintf(f, "<td data-v=%" PRIu64 ">%s</td>", v[k], gm__report_bytes((double)v[k], b, sizeof b));
         fprintf(f, "<td>%" PRIu64 "</td><td>%" PRIu64 "</td></tr>\n", x->self_calls, x->total_calls);
     }
     fprintf(f, "</tbody></table>\n");

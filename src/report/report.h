@@ -195,4 +195,14 @@ int gm_trace_encode_snapshot(const gm_trace *t, uint8_t **out, size_t *len);
  * allocation. *dropped: entries the ring had dropped. */
 int gm_history_to_trace(gm_trace **out, uint64_t *dropped);
 
+/* The report's byte and share formatting: the library's one byte formatter
+ * (gm__format_bytes, "13.24 GiB") and a percentage of a whole (0 of 0 is 0). */
+const char *gm__format_bytes(int64_t bytes, char *buf, size_t len);
+static inline const char *gm__report_bytes(double b, char *buf, size_t len) {
+    return gm__format_bytes((int64_t)b, buf, len);
+}
+static inline double gm__report_pct(uint64_t part, uint64_t whole) {
+    return whole ? 100.0 * (double)part / (double)whole : 0.0;
+}
+
 #endif /* GPUMEM_REPORT_REPORT_H */

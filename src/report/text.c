@@ -5,19 +5,6 @@
 #include <inttypes.h>
 #include <string.h>
 
-static const char *human(double b, char *buf, size_t len) {
-    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    double v = b < 0 ? -b : b;
-    while (v >= 1024 && u < 4) {
-        v /= 1024;
-        u++;
-    }
-    snprintf(buf, len, "%s%.2f %s", b < 0 ? "-" : "", v, units[u]);
-    return buf;
-}
-
-static double pct(uint64_t part, uint64_t whole) { return whole ? 100.0 * (double)part / (double)whole : 0.0; }
 
 int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_frame_row *rows,
                          size_t nrows, const gm_report_opts *o) {
@@ -30,25 +17,25 @@ int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl
                 tl->oom ? " (ran out of the simulated device's memory)" : "");
         fprintf(f, "peak       requested %s, allocated %s, reserved %s (fragmentation at the peak of "
                    "reserved: %s)\n",
-                human((double)tl->peak_requested, b1, sizeof b1), human((double)tl->peak_allocated, b2, sizeof b2),
-                human((double)tl->peak_reserved, b3, sizeof b3),
-                human((double)(tl->peak_reserved - tl->peak_allocated), b4, sizeof b4));
+                gm__report_bytes((double)tl->peak_requested, b1, sizeof b1), gm__report_bytes((double)tl->peak_allocated, b2, sizeof b2),
+                gm__report_bytes((double)tl->peak_reserved, b3, sizeof b3),
+                gm__report_bytes((double)(tl->peak_reserved - tl->peak_allocated), b4, sizeof b4));
     }
     fprintf(f, "\nAt the peak of live requested bytes (%s, %" PRId64 " bytes, event %zu):\n\n",
-            human((double)peak, b1, sizeof b1), a->peak_bytes, a->peak_ev);
+            gm__report_bytes((double)peak, b1, sizeof b1), a->peak_bytes, a->peak_ev);
     fprintf(f, "  %-16s %12s %7s %12s %10s\n", "category", "at peak", "share", "allocated", "allocs");
     for (int c = 0; c < GM_CAT_COUNT; c++) {
         uint64_t tot = 0;
         for (int m = 0; m < GM_AM_COUNT; m++) tot += a->bytes_by[c][m];
         uint64_t p = gm_attr_peak_cat(a, c);
-        fprintf(f, "  %-16s %12s %6.1f%% %12s %10" PRIu64 "\n", gm_category_name(c), human((double)p, b1, sizeof b1),
-                pct(p, peak), human((double)tot, b2, sizeof b2), a->count_by[c]);
+        fprintf(f, "  %-16s %12s %6.1f%% %12s %10" PRIu64 "\n", gm_category_name(c), gm__report_bytes((double)p, b1, sizeof b1),
+                gm__report_pct(p, peak), gm__report_bytes((double)tot, b2, sizeof b2), a->count_by[c]);
     }
     fprintf(f, "\nHow the bytes at the peak were attributed:\n\n");
     for (int m = 0; m < GM_AM_COUNT; m++) {
         uint64_t p = gm_attr_peak_method(a, m);
-        fprintf(f, "  %-9s %12s %6.1f%%  %s\n", gm_attr_method_name(m), human((double)p, b1, sizeof b1),
-                pct(p, peak), gm_attr_method_help(m));
+        fprintf(f, "  %-9s %12s %6.1f%%  %s\n", gm_attr_method_name(m), gm__report_bytes((double)p, b1, sizeof b1),
+                gm__report_pct(p, peak), gm_attr_method_help(m));
     }
     if (a->unknown_frees || a->double_allocs)
         fprintf(f, "\n  trace anomalies: %" PRIu64 " frees of unknown addresses, %" PRIu64
@@ -63,8 +50,8 @@ int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl
         gm_frame_row_label(a, &rows[r], lab, sizeof lab);
         if (strlen(lab) > 60) strcpy(lab + 57, "...");
         fprintf(f, "  %-60s %11s %11s %11s %11s %8" PRIu64 "\n", lab,
-                human((double)rows[r].self_peak, b1, sizeof b1), human((double)rows[r].total_peak, b2, sizeof b2),
-                human((double)rows[r].self_bytes, b3, sizeof b3), human((double)rows[r].total_bytes, b4, sizeof b4),
+                gm__report_bytes((double)rows[r].self_peak, b1, sizeof b1), gm__report_bytes((double)rows[r].total_peak, b2, sizeof b2),
+                gm__report_bytes((double)rows[r].self_bytes, b3, sizeof b3), gm__report_bytes((double)rows[r].total_bytes, b4, sizeof b4),
                 rows[r].total_calls);
     }
     if (nrows > max) fprintf(f, "  ... %zu more rows (--rows N)\n", nrows - max);
