@@ -139,7 +139,7 @@ static int64_t num_labels(const cJSON *root) {
     const cJSON *id2 = cJSON_GetObjectItemCaseSensitive(root, "id2label");
     if (cJSON_IsObject(id2) && cJSON_GetArraySize(id2) > 0) return cJSON_GetArraySize(id2);
     double n = opt_num(root, "num_labels", 2);
-    return n >= 1 ? (int64_t)n : 2;
+    return n >= 1 && n <= 1e9 ? (int64_t)n : 2; /* in range before the cast (found by fuzz_estimate_config) */
 }
 
 /* architectures[0] -> head; its suffix decides. */

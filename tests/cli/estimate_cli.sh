@@ -99,6 +99,9 @@ echo '{"model_type": "bert", "architectures": ["BertForQuestionAnswering"], "hid
 expect2 "BertForQuestionAnswering" --config "$T/qa.json"
 echo '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": -3, "n_embd": 64, "n_head": 2, "vocab_size": 64, "n_positions": 64}' >"$T/neg.json"
 expect2 '"n_layer" must be a positive integer' --config "$T/neg.json"
+# found by fuzz_estimate_config: a num_labels past int64 was cast (UB); now the default
+echo '{"model_type": "vit", "architectures": ["ViTForImageClassification"], "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "image_size": 32, "patch_size": 16, "num_labels": 1e126}' >"$T/vitbig.json"
+"$GPUMEM" estimate --config "$T/vitbig.json" --batch 1 >/dev/null || fail "huge num_labels"
 echo 'not json' >"$T/bad.json"
 expect2 "not a JSON object" --config "$T/bad.json"
 "$GPUMEM" estimate --help | grep -q -- "--fit batch|seq" || fail "--help"

@@ -9,8 +9,8 @@ SECS=${1:-${FUZZ_SECONDS:-60}}
 B=${FUZZ_BUILD:-$SRC/build-fuzz}
 CC=clang cmake -S "$SRC" -B "$B" -DGPUMEM_FUZZ=ON -DGPUMEM_TESTS=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null
 # target:committed corpus (the trace corpus seeds both readers)
-TARGETS="fuzz_pickle:corpus fuzz_trace:corpus fuzz_config:corpus_config fuzz_http:corpus_http"
-cmake --build "$B" -j2 --target fuzz_pickle fuzz_trace fuzz_config fuzz_http
+TARGETS="fuzz_pickle:corpus fuzz_trace:corpus fuzz_config:corpus_config fuzz_http:corpus_http fuzz_estimate_config:corpus_estimate"
+cmake --build "$B" -j2 --target fuzz_pickle fuzz_trace fuzz_config fuzz_http fuzz_estimate_config
 WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
 rc=0
 for tc in $TARGETS; do
