@@ -85,11 +85,40 @@ static void test_oom_names_policy(void **state) {
     }
 }
 
+/* With categories set on live blocks the OOM text says what holds the memory
+ * and which changes would have made the allocation fit, with their savings. */
+static void test_oom_categories(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    assert_int_equal(gm_test_make(GM_POLICY_GPUMEM, NULL, 1ull << 30, false, &b, &a), GM_OK);
+    gm_devptr w, s1, s2, act, big;
+    assert_int_equal(gm_malloc(a, 0, 100ull << 20, 0, &w), GM_OK);
+    assert_int_equal(gm_malloc(a, 0, 100ull << 20, 0, &s1), GM_OK);
+    assert_int_equal(gm_malloc(a, 0, 100ull << 20, 0, &s2), GM_OK);
+    assert_int_equal(gm_malloc(a, 0, 500ull << 20, 0, &act), GM_OK);
+    assert_int_equal(gm_block_set_category(a, w, GM_CAT_PARAMETERS), GM_OK);
+    assert_int_equal(gm_block_set_category(a, s1, GM_CAT_OPTIMIZER), GM_OK);
+    assert_int_equal(gm_block_set_category(a, s2, GM_CAT_OPTIMIZER), GM_OK);
+    assert_int_equal(gm_block_set_category(a, 12345, GM_CAT_OPTIMIZER), GM_EFOREIGN);
+    assert_int_equal(gm_block_set_category(a, w, GM_CAT_COUNT), GM_EINVAL);
+    assert_int_equal(gm_malloc(a, 0, 300ull << 20, 0, &big), GM_ENOMEM);
+    const char *msg = gm_last_error_detail();
+    assert_non_null(strstr(msg, "Tried to allocate"));
+    assert_non_null(strstr(msg, "Held by category"));
+    assert_non_null(strstr(msg, "optimizer_state 200.00 MiB"));
+    assert_non_null(strstr(msg, "Changes that would have made it fit"));
+    assert_non_null(strstr(msg, "checkpointing"));
+    gm_devptr all[] = {w, s1, s2, act};
+    for (int i = 0; i < 4; i++) assert_int_equal(gm_free(a, all[i]), GM_OK);
+    gm_test_destroy(b, a);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stats_size),
         cmocka_unit_test(test_error_cleared_on_success),
         cmocka_unit_test(test_oom_names_policy),
+        cmocka_unit_test(test_oom_categories),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

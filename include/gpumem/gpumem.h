@@ -347,6 +347,11 @@ typedef struct gm_segment_info {
 } gm_segment_info;
 typedef int (*gm_segment_cb)(const gm_segment_info *seg, void *arg);
 GM_API int gm_walk_segments(gm_allocator *a, int device, gm_segment_cb cb, void *arg);
+/* What a live allocation holds (a gm_category: parameters, gradients, ...),
+ * as gpumem.torch.track() knows it; an out-of-memory explanation then says
+ * which categories hold the device and what each strategy would free.
+ * GM_EFOREIGN if ptr is not a live allocation of a. */
+GM_API int gm_block_set_category(gm_allocator *a, gm_devptr ptr, int category);
 
 /* One block handed out by the allocator (torch's snapshot: a block in state
  * active_allocated, or active_pending_free while live is false: freed by the

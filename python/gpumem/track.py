@@ -60,6 +60,7 @@ _SIGS = {
     "gm_history_enabled": (ctypes.c_bool, []),
     "gm_history_counts": (None, [ctypes.POINTER(ctypes.c_uint64)] * 3),
     "gm_history_tag": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_int]),
+    "gpumem_torch_tag": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_int]),
     "gm_history_dump": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
     "gm_history_dump_on_oom": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
     "gm_last_error_detail": (ctypes.c_char_p, []),
@@ -171,7 +172,7 @@ def tag(tensor_or_ptr, category):
     ptr = tensor_or_ptr
     if not isinstance(ptr, int):
         ptr = tensor_or_ptr.untyped_storage().data_ptr()
-    _check(_c().gm_history_tag(ptr, cat), "tag")
+    _check(_c().gpumem_torch_tag(ptr, cat), "tag")
 
 
 # ---- tracking a model ------------------------------------------------------------
@@ -283,13 +284,13 @@ class Tracker:
     # gradients and state are tagged every step, parameters when they move.
     def _tag_all(self, tensors, category):
         for ptr in _storages(tensors):
-            _check(_c().gm_history_tag(ptr, CATEGORIES.index(category)), "tag")
+            _check(_c().gpumem_torch_tag(ptr, CATEGORIES.index(category)), "tag")
 
     def tag_parameters(self):
         ptrs = _storages([p for p in self.model.parameters() if p.is_cuda])
         if set(ptrs) != self._tagged.get("parameters"):
             for ptr in ptrs:
-                _check(_c().gm_history_tag(ptr, CATEGORIES.index("parameters")), "tag")
+                _check(_c().gpumem_torch_tag(ptr, CATEGORIES.index("parameters")), "tag")
             self._tagged["parameters"] = set(ptrs)
 
     def tag_gradients(self):

@@ -11,6 +11,7 @@
  * then its pointer map under the device lock. */
 #include "frontend.h"
 #include "history.h"
+#include "estimate/estimate.h"
 #include "trace/trace.h"
 
 #include <stdio.h>
@@ -223,7 +224,32 @@ static int explain_oom(gm__device *d, uint64_t size) {
     const gm_config *c = d->cfg;
     const char *policy = gm_policy_name((int)c->policy);
     bool fragmented = resv - alloc > resv / 8 && (uint64_t)(resv - alloc) >= size / 4;
-    if (!fragmented)
+    /* What holds the memory, when the caller said (gm_block_set_category:
+     * gpumem.torch.track() tags parameters, gradients, optimizer state): the
+     * estimator then names the changes that would have made it fit. */
+    gm_est_oom_info info = {.device = d->index, .requested = size, .device_total = total_b, .device_free = free_b,
+                            .allocated = (uint64_t)alloc, .reserved = (uint64_t)resv,
+                            .expandable_segments = c->expandable_segments,
+                            .gpumem_policy = c->policy == GM_POLICY_GPUMEM, .tail_only = true};
+    if (d->fraction_set && d->memory_fraction < 1.0) info.limit = d->allowed_memory_maximum;
+    const gm__fe_dev *fe = d->fe;
+    for (uint64_t i = 0; fe && i <= fe->map.mask; i++) {
+        const gm__block_hdr *b = fe->map.slots[i].key ? fe->map.slots[i].block : NULL;
+        if (!b || !b->live || !b->category || b->category > GM_EST_NCAT) continue;
+        info.by_category[b->category - 1] += (int64_t)b->size;
+        info.have_categories = true;
+    }
+    /* live bytes no tag claims: what the forward and backward passes made */
+    if (info.have_categories) {
+        int64_t tagged = 0;
+        for (int k = 0; k < GM_EST_NCAT; k++) tagged += info.by_category[k];
+        if (alloc > tagged && !info.by_category[GM_EST_CAT_ACTS]) info.by_category[GM_EST_CAT_ACTS] = alloc - tagged;
+    }
+    char tail[640] = "";
+    if (info.have_categories) {
+        gm_est_oom_explain(&info, tail, sizeof tail);
+        snprintf(advice, sizeof advice, "%s", "");
+    } else if (!fragmented)
         snprintf(advice, sizeof advice,
                  "Little is cached: the live tensors need this memory (a smaller batch, activation "
                  "checkpointing or lower precision would help; `gpumem estimate` puts numbers on them).");
@@ -245,10 +271,10 @@ static int explain_oom(gm__device *d, uint64_t size) {
         GM_ENOMEM,
         "Out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s is "
         "free.%s Of the allocated memory %s is allocated by gpumem (policy %s), and %s is reserved "
-        "but unallocated. %s",
+        "but unallocated. %s%s",
         fmt_size(size, s1, sizeof s1), d->index, fmt_size(total_b, s2, sizeof s2),
         fmt_size(free_b, s3, sizeof s3), lim, fmt_size((uint64_t)alloc, s4, sizeof s4), policy ? policy : "?",
-        fmt_size((uint64_t)(resv - alloc), s5, sizeof s5), advice);
+        fmt_size((uint64_t)(resv - alloc), s5, sizeof s5), advice, tail);
 }
 
 int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_devptr *out) {
@@ -278,6 +304,7 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
         return rc;
     }
     b->live = 1;
+    b->category = 0;
     b->requested = size;
     b->uses = NULL;
     gm__ptrmap_insert(&fe->map, b);

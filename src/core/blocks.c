@@ -61,3 +61,19 @@ int gm_walk_blocks(gm_allocator *a, int device, gm_block_cb cb, void *arg) {
     }
     return rc;
 }
+
+int gm_block_set_category(gm_allocator *a, gm_devptr ptr, int category) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    if (!a || category < 0 || category >= GM_CAT_COUNT)
+        return gm__set_error(GM_EINVAL, "gm_block_set_category: no allocator, or category %d is not 0..%d",
+                             category, GM_CAT_COUNT - 1);
+    gm__block_hdr *b;
+    uint64_t slot;
+    gm__device *d = ptr ? gm__lock_owner(a, ptr, &b, &slot) : NULL;
+    if (!d)
+        return gm__set_error(GM_EFOREIGN, "gm_block_set_category: 0x%llx is not a live allocation of this allocator",
+                             (unsigned long long)ptr);
+    b->category = (uint8_t)(category + 1);
+    gm__devlock_unlock(&d->lock);
+    return GM_OK;
+}

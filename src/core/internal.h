@@ -89,6 +89,7 @@ typedef struct gm__block_hdr {
     gm_stream stream;   /* allocation stream */
     uint8_t pool;       /* GM_POOL_SMALL or GM_POOL_LARGE */
     uint8_t live;       /* front end: handed out and not yet freed by the caller */
+    uint8_t category;   /* front end: 1 + gm_category set by gm_block_set_category, 0 = unknown */
     struct gm__stream_uses *uses; /* front end: NULL unless record_stream was called */
 } gm__block_hdr;
 

@@ -232,6 +232,8 @@ typedef struct gm_est_oom_info {
     int nscopes;
     bool expandable_segments;    /* already set: not suggested again */
     bool gpumem_policy;          /* already gpumem's policy */
+    bool tail_only;              /* only what holds the memory and the changes (the library's
+                                    OOM text has already said what was asked and what is held) */
 } gm_est_oom_info;
 
 /* Writes the text (always NUL-terminated); returns the length it needed. */

@@ -51,16 +51,18 @@ size_t gm_est_oom_explain(const gm_est_oom_info *in, char *buf, size_t len) {
     out o = {buf, len, 0};
     if (buf && len) buf[0] = 0;
     char a[32], b[32], c[32], d[32];
-    put(&o, "CUDA out of memory on device %d: tried to allocate %s.", in->device, fmt(in->requested, a, sizeof a));
-    if (in->device_total)
-        put(&o, " The GPU has %s, of which %s is free.", fmt(in->device_total, a, sizeof a),
-            fmt(in->device_free, b, sizeof b));
-    if (in->limit) put(&o, " This process is limited to %s.", fmt(in->limit, a, sizeof a));
     uint64_t unalloc = in->reserved > in->allocated ? in->reserved - in->allocated : 0;
-    put(&o, " This process has %s allocated and %s reserved (%s reserved but unallocated", fmt(in->allocated, a, sizeof a),
-        fmt(in->reserved, b, sizeof b), fmt(unalloc, c, sizeof c));
-    if (in->largest_free_block) put(&o, "; the largest free block is %s", fmt(in->largest_free_block, d, sizeof d));
-    put(&o, ").");
+    if (!in->tail_only) {
+        put(&o, "CUDA out of memory on device %d: tried to allocate %s.", in->device, fmt(in->requested, a, sizeof a));
+        if (in->device_total)
+            put(&o, " The GPU has %s, of which %s is free.", fmt(in->device_total, a, sizeof a),
+                fmt(in->device_free, b, sizeof b));
+        if (in->limit) put(&o, " This process is limited to %s.", fmt(in->limit, a, sizeof a));
+        put(&o, " This process has %s allocated and %s reserved (%s reserved but unallocated", fmt(in->allocated, a, sizeof a),
+            fmt(in->reserved, b, sizeof b), fmt(unalloc, c, sizeof c));
+        if (in->largest_free_block) put(&o, "; the largest free block is %s", fmt(in->largest_free_block, d, sizeof d));
+        put(&o, ").");
+    }
     if (in->have_categories) {
         put(&o, "\nHeld by category:");
         const char *sep = " ";

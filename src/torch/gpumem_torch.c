@@ -259,6 +259,14 @@ int gpumem_torch_record_stream(uint64_t ptr, uint64_t stream) {
     return st == GM_OK ? GM_OK : fail_lib(st, "record_stream");
 }
 
+int gpumem_torch_tag(uint64_t ptr, int category) {
+    gm_allocator *a = __atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE);
+    /* the block (for the OOM explanation) and the history (for the report) */
+    if (a && gm_block_set_category(a, ptr, category) == GM_EINVAL) return fail_lib(GM_EINVAL, "tag");
+    int st = gm_history_tag(ptr, category);
+    return st == GM_OK ? GM_OK : fail_lib(st, "tag");
+}
+
 int gpumem_torch_empty_cache(int device) {
     gm_allocator *a = __atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE);
     if (!a) return GM_OK; /* nothing cached yet */

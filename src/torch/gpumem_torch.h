@@ -33,6 +33,9 @@ GPUMEM_TORCH_API int gpumem_torch_alloc_raw(int64_t size, int device, uint64_t s
 GPUMEM_TORCH_API int gpumem_torch_free_raw(uint64_t ptr);
 GPUMEM_TORCH_API int gpumem_torch_record_stream(uint64_t ptr, uint64_t stream);
 GPUMEM_TORCH_API int gpumem_torch_empty_cache(int device);
+/* Record what the allocation at ptr holds (a gm_category): in its block, for
+ * the OOM explanation, and in the history, for the report. */
+GPUMEM_TORCH_API int gpumem_torch_tag(uint64_t ptr, int category);
 GPUMEM_TORCH_API int gpumem_torch_set_memory_fraction(double fraction, int device);
 GPUMEM_TORCH_API int gpumem_torch_mem_get_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 GPUMEM_TORCH_API int gpumem_torch_device_count(int *count);
