@@ -127,6 +127,13 @@ static void test_cross_policy_keys(void **state) {
     /* keys of every policy are fine under either */
     assert_int_equal(gm_config_parse(&c, "policy:gpumem,per_process_memory_fraction:0.5", err, sizeof err), GM_OK);
     assert_int_equal(gm_config_parse(&c, "gpumem_slack:0,policy:gpumem", err, sizeof err), GM_OK);
+    /* found by fuzz_config: more repeated keys than there are settings hid a later
+     * key of the other policy from the check (and the canonical form then failed) */
+    char many[1024] = "";
+    for (int i = 0; i < 20; i++) strcat(many, "policy:gpumem,");
+    strcat(many, "roundup_power2_divisions:4");
+    assert_int_equal(gm_config_parse(&c, many, err, sizeof err), GM_ECONFIG);
+    assert_non_null(strstr(err, "roundup_power2_divisions"));
 }
 
 int main(void) {

@@ -417,24 +417,26 @@ int gm_config_parse(gm_config *cfg, const char *str, char *err, size_t errlen) {
     }
     gm_config c = *cfg;
     int rc = GM_OK;
-    const setting *seen[NSETTINGS], *st;
-    size_t nseen = 0;
+    /* which keys this string set (a key may repeat: the last value wins) */
+    bool seen[NSETTINGS] = {false};
+    const setting *st;
     while (rc == GM_OK && peek(&ps)) {
         const char *key = next(&ps);
         if (is_punct(*key)) rc = fail(&ps, "unexpected '%s'", key);
         else if (!(st = find_setting(key))) rc = fail(&ps, "unknown key '%s'", key);
         else {
             rc = parse_setting(&ps, st, key, &c);
-            if (nseen < NSETTINGS) seen[nseen++] = st;
+            seen[st - settings] = true;
         }
         if (rc == GM_OK && peek(&ps)) rc = expect(&ps, ",", key);
     }
     /* A key of another policy would be silently ignored: refuse it instead. */
-    for (size_t i = 0; rc == GM_OK && i < nseen; i++) {
-        const char *pol = gm_policy_name((int)c.policy);
-        if (seen[i]->policy && pol && strcmp(seen[i]->policy, pol))
+    const char *pol = gm_policy_name((int)c.policy);
+    for (size_t i = 0; rc == GM_OK && i < NSETTINGS; i++) {
+        const setting *k = &settings[i];
+        if (seen[i] && k->policy && pol && strcmp(k->policy, pol))
             rc = fail(&ps, "%s applies to policy:%s only (the policy here is %s); add policy:%s or drop it",
-                      seen[i]->key, seen[i]->policy, pol, seen[i]->policy);
+                      k->key, k->policy, pol, k->policy);
     }
     if (rc != GM_OK) return gm__set_error(rc, "%s", errlen ? err : "invalid allocator configuration");
     *cfg = c;
