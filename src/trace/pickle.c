@@ -120,6 +120,26 @@ void gm__pickle_limits_init(gm__pickle_limits *l) {
 
 /* ---- input window ------------------------------------------------------ */
 
+/* One inflate call into out[0..room): returns the bytes it produced. At the
+ * end of the stream, on corruption or on a cut file it sets zend (and zerr);
+ * concatenated gzip members continue the stream. */
+static size_t inflate_into(reader *r, uint8_t *out, size_t room) {
+    r->z.next_out = out;
+    r->z.avail_out = (uInt)room;
+    int zr = inflate(&r->z, Z_NO_FLUSH);
+    size_t produced = room - r->z.avail_out;
+    if (zr == Z_STREAM_END) {
+        if (!(r->z.avail_in > 0 && inflateReset(&r->z) == Z_OK)) r->zend = true;
+    } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
+        r->zend = true;
+        r->zerr = ZERR_CORRUPT;
+    } else if (zr == Z_BUF_ERROR && r->z.avail_in == 0) {
+        r->zend = true;
+        r->zerr = ZERR_TRUNCATED;
+    }
+    return produced;
+}
+
 /* Slow path of need(): inflate more so that n bytes are readable. */
 static bool refill(reader *r, size_t n) {
     if (!r->gz || r->zend) return false;
@@ -134,23 +154,7 @@ static bool refill(reader *r, size_t n) {
         r->bufcap = want;
     }
     r->wbase = r->p = r->buf;
-    while (have < n && !r->zend) {
-        r->z.next_out = r->buf + have;
-        r->z.avail_out = (uInt)(r->bufcap - have);
-        int zr = inflate(&r->z, Z_NO_FLUSH);
-        have = r->bufcap - r->z.avail_out;
-        if (zr == Z_STREAM_END) {
-            /* concatenated gzip members continue the stream */
-            if (r->z.avail_in > 0 && inflateReset(&r->z) == Z_OK) continue;
-            r->zend = true;
-        } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
-            r->zend = true;
-            r->zerr = ZERR_CORRUPT;
-        } else if (zr == Z_BUF_ERROR && r->z.avail_in == 0) {
-            r->zend = true;
-            r->zerr = ZERR_TRUNCATED;
-        }
-    }
+    while (have < n && !r->zend) have += inflate_into(r, r->buf + have, r->bufcap - have);
     r->end = r->buf + have;
     if (r->base + have > r->pk->lim.max_input) return false;
     return have >= n;
@@ -592,22 +596,7 @@ static int finish_input(reader *r) {
         return GM_OK;
     }
     uint8_t sink[64];
-    while (!extra && !r->zend) {
-        r->z.next_out = sink;
-        r->z.avail_out = sizeof sink;
-        int zr = inflate(&r->z, Z_NO_FLUSH);
-        extra += sizeof sink - r->z.avail_out;
-        if (zr == Z_STREAM_END) {
-            if (r->z.avail_in > 0 && inflateReset(&r->z) == Z_OK) continue;
-            r->zend = true;
-        } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
-            r->zend = true;
-            r->zerr = ZERR_CORRUPT;
-        } else if (zr == Z_BUF_ERROR && r->z.avail_in == 0) {
-            r->zend = true;
-            r->zerr = ZERR_TRUNCATED;
-        }
-    }
+    while (!extra && !r->zend) extra += inflate_into(r, sink, sizeof sink);
     if (extra)
         return gm__set_error(GM_EFORMAT, "data after the pickle's STOP opcode inside the gzip "
                              "stream: not one pickle (corrupt or concatenated file?)");
