@@ -2,7 +2,9 @@
 # scripts/install-deps.sh — install what gpumem's build and tests need on
 # Debian/Ubuntu (run as root, or it uses sudo). Safe to run again.
 set -euo pipefail
-pkgs=(cmake make gcc g++ clang pkg-config zlib1g-dev libcmocka-dev libcjson-dev
+# libclang-rt-dev: clang's sanitizer and libFuzzer runtimes (tests/fuzz). Debian
+# only recommends it with clang, and --no-install-recommends leaves it out.
+pkgs=(cmake make gcc g++ clang libclang-rt-dev pkg-config zlib1g-dev libcmocka-dev libcjson-dev
       libncurses-dev libmicrohttpd-dev tmux prometheus python3 python3-pytest
       curl procps ca-certificates)
 missing=()
