@@ -512,6 +512,26 @@ static int64_t layer_bwd_tmp(X *x) {
     return mlp > att ? mlp : att;
 }
 
+/* The tail of a transformer sublayer (attention or MLP): the output
+ * projection (weight + bias `welems`, its 16-bit copy saved under
+ * autocast), the residual dropout when `dropout` (its mask saved), and the
+ * residual add in the stream's dtype -- saved as the next norm's input, or,
+ * as the layer's last op (`layer_out`), handed to the block above. */
+static void proj_residual(X *x, int64_t welems, bool dropout, bool layer_out) {
+    int64_t N = x->N, d = x->m->hidden;
+    WCOPY(x, welems);
+    uint32_t o = TMP(x, N * d * x->a);
+    if (dropout) {
+        SAVE(x, N * d);
+        uint32_t o2 = TMP(x, N * d * x->a);
+        FREE(x, o);
+        o = o2;
+    }
+    if (layer_out) x->cur_out = OUT(x, N * d * x->rb);
+    else SAVE(x, N * d * x->rb);
+    FREE(x, o);
+}
+
 /* ---- forward of each block kind -------------------------------------------- */
 
 static void gpt2_emb(X *x) {
@@ -578,16 +598,7 @@ static void gpt2_layer(X *x) {
         HOLD_OR_SAVE(x, N * d * x->a);
     }
     attention(x, m->heads, m->head_dim, true, m->dropout);
-    WCOPY(x, d * d + d);
-    uint32_t o = TMP(x, N * d * x->a);
-    if (m->dropout) {
-        SAVE(x, N * d);
-        uint32_t o2 = TMP(x, N * d * x->a);
-        FREE(x, o);
-        o = o2;
-    }
-    SAVE(x, N * d * x->rb); /* residual: saved by ln_2 */
-    FREE(x, o);
+    proj_residual(x, d * d + d, m->dropout, false); /* residual: saved by ln_2 */
     y = layernorm(x, N, d, true);
     if (x->ac) {
         CAST_IN(x, N * d);
@@ -597,16 +608,7 @@ static void gpt2_layer(X *x) {
     uint32_t u = x->ac || !m->gelu_python ? (m->gelu_python ? TMP(x, N * f * x->a) : SAVE(x, N * f * x->a))
                                            : SAVE(x, N * f * x->a);
     gpt2_gelu_and_proj(x, N, f, u);
-    WCOPY(x, f * d + d);
-    o = TMP(x, N * d * x->a);
-    if (m->dropout) {
-        SAVE(x, N * d);
-        uint32_t o2 = TMP(x, N * d * x->a);
-        FREE(x, o);
-        o = o2;
-    }
-    x->cur_out = OUT(x, N * d * x->rb);
-    FREE(x, o);
+    proj_residual(x, f * d + d, m->dropout, true);
 }
 
 /* Llama RMSNorm: hidden.to(fp32); var = pow(2).mean; hidden * rsqrt(var+eps);
@@ -677,10 +679,7 @@ static void llama_layer(X *x) {
         if (x->nograd) FREE(x, v);
     }
     attention(x, m->heads, m->head_dim, true, m->dropout);
-    WCOPY(x, d * qd);
-    uint32_t o = TMP(x, N * d * x->a);
-    SAVE(x, N * d * x->rb); /* residual, saved by the next RMSNorm */
-    FREE(x, o);
+    proj_residual(x, d * qd, false, false); /* residual, saved by the next RMSNorm */
     y = rmsnorm(x, N, d);
     if (x->ac) {
         CAST_IN(x, N * d), CAST_IN(x, N * d);
@@ -691,10 +690,7 @@ static void llama_layer(X *x) {
     SAVE(x, N * f * x->a); /* up */
     SAVE(x, N * f * x->a); /* silu(gate) */
     SAVE(x, N * f * x->a); /* silu(gate) * up, saved by down_proj */
-    WCOPY(x, d * f);
-    o = TMP(x, N * d * x->a);
-    x->cur_out = OUT(x, N * d * x->rb);
-    FREE(x, o);
+    proj_residual(x, d * f, false, true);
 }
 
 static void bert_emb(X *x) {
@@ -731,16 +727,7 @@ static void bert_layer(X *x) {
         SAVE(x, N * d * x->a);
     }
     attention(x, m->heads, m->head_dim, false, m->dropout);
-    WCOPY(x, d * d + d);
-    uint32_t o = TMP(x, N * d * x->a);
-    if (m->dropout) {
-        SAVE(x, N * d);
-        uint32_t o2 = TMP(x, N * d * x->a);
-        FREE(x, o);
-        o = o2;
-    }
-    SAVE(x, N * d * x->rb); /* o + input: LayerNorm input */
-    FREE(x, o);
+    proj_residual(x, d * d + d, m->dropout, false); /* o + input: LayerNorm input */
     input_done(x, in, in_saved);
     SAVE(x, N * 4), SAVE(x, N * 4);
     uint32_t att = x->ac ? TMP(x, N * d * 4) : SAVE(x, N * d * x->a); /* attention_output */
@@ -748,16 +735,7 @@ static void bert_layer(X *x) {
     WCOPY(x, d * f + f);
     SAVE(x, N * f * x->a); /* gelu input */
     SAVE(x, N * f * x->a); /* gelu output, saved by the output dense */
-    WCOPY(x, f * d + d);
-    o = TMP(x, N * d * x->a);
-    if (m->dropout) {
-        SAVE(x, N * d);
-        uint32_t o2 = TMP(x, N * d * x->a);
-        FREE(x, o);
-        o = o2;
-    }
-    SAVE(x, N * d * x->rb); /* + attention_output: LayerNorm input */
-    FREE(x, o);
+    proj_residual(x, f * d + d, m->dropout, false); /* + attention_output: LayerNorm input */
     if (x->ac) FREE(x, att);
     SAVE(x, N * 4), SAVE(x, N * 4);
     x->cur_out = OUT(x, N * d * x->rb);
@@ -810,20 +788,14 @@ static void vit_layer(X *x, bool hf) {
      * contiguous; the memory-efficient kernel (fp32) allocates (B, T, h, hd)
      * and the permute copies */
     if (!hf && x->a == 4) SAVE(x, N * d * x->a);
-    WCOPY(x, d * d + d);
-    uint32_t o = TMP(x, N * d * x->a);
-    SAVE(x, N * d * x->rb); /* + input: saved by the second LayerNorm */
-    FREE(x, o);
+    proj_residual(x, d * d + d, false, false); /* + input: saved by the second LayerNorm */
     y = layernorm(x, N, d, true);
     CAST_IN(x, N * d);
     if (x->ac) FREE(x, y);
     WCOPY(x, d * f + f);
     SAVE(x, N * f * x->a);
     SAVE(x, N * f * x->a);
-    WCOPY(x, f * d + d);
-    o = TMP(x, N * d * x->a);
-    x->cur_out = OUT(x, N * d * x->rb);
-    FREE(x, o);
+    proj_residual(x, f * d + d, false, true);
 }
 
 /* cross_entropy over rows x classes, saving log_softmax's output.
