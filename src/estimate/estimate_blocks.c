@@ -487,31 +487,25 @@ static void rn_stem(X *x) {
 static void rn_block(X *x, blk *b) {
     int64_t hin = b->h_in, hout = (hin + b->stride - 1) / b->stride;
     take_input(x, true);
-    uint32_t ident = 0;
+    uint32_t o;
     if (x->m->bottleneck) {
         conv_bn(x, b->c_in, b->width, 1, hin, false);
         conv_bn(x, b->width, b->width, 3, hout, false);
-        uint32_t o = conv_bn(x, b->width, b->c_out, 1, hout, true);
-        if (b->downsample) {
-            WCOPY(x, b->c_out * b->c_in);
-            SAVE(x, x->B * b->c_out * hout * hout * x->a);
-            SAVE(x, b->c_out * 4), SAVE(x, b->c_out * 4);
-            ident = TMP(x, x->B * b->c_out * hout * hout * x->a);
-        }
-        FREE(x, ident);
-        x->cur_out = o;
+        o = conv_bn(x, b->width, b->c_out, 1, hout, true);
     } else {
         conv_bn(x, b->c_in, b->width, 3, hout, false);
-        uint32_t o = conv_bn(x, b->width, b->width, 3, hout, true);
-        if (b->downsample) {
-            WCOPY(x, b->c_out * b->c_in);
-            SAVE(x, x->B * b->c_out * hout * hout * x->a);
-            SAVE(x, b->c_out * 4), SAVE(x, b->c_out * 4);
-            ident = TMP(x, x->B * b->c_out * hout * hout * x->a);
-        }
-        FREE(x, ident);
-        x->cur_out = o;
+        o = conv_bn(x, b->width, b->width, 3, hout, true);
     }
+    /* downsample: 1x1 conv + BatchNorm on the input, added to o */
+    uint32_t ident = 0;
+    if (b->downsample) {
+        WCOPY(x, b->c_out * b->c_in);
+        SAVE(x, x->B * b->c_out * hout * hout * x->a);
+        SAVE(x, b->c_out * 4), SAVE(x, b->c_out * 4);
+        ident = TMP(x, x->B * b->c_out * hout * hout * x->a);
+    }
+    FREE(x, ident);
+    x->cur_out = o;
 }
 
 static void rn_head(X *x, blk *b) {
