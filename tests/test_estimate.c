@@ -205,8 +205,8 @@ static void test_program_bookkeeping(void **state) {
                     r.attention = (opt & 2) && gm_est_is_hf(m) ? GM_EST_ATTN_EAGER : GM_EST_ATTN_SDPA;
                     gm_est_program prog;
                     char what[160];
-                    snprintf(what, sizeof what, "%s %s %s opt %d", m->name, gm_est_precision_name(p),
-                             gm_est_optimizer_name(o), opt);
+                    snprintf(what, sizeof what, "%.*s %s %s opt %d", (int)sizeof m->name, m->name,
+                             gm_est_precision_name(p), gm_est_optimizer_name(o), opt);
                     if (gm_est_build(m, &r, &prog) != GM_OK) fail_msg("%s: %s", what, gm_last_error_detail());
                     check_program(&prog, what);
                     gm_est_program_free(&prog);

@@ -110,10 +110,10 @@ static void test_every_stat_everywhere(void **state) {
 
     const gm__shm_values *v = &row->v;
     int pid = (int)getpid(), checked = 0;
-    long long got;
 #define CHECK(name, val, torch_key, prom_suffix, type, help, col)                                          \
     do {                                                                                                  \
         long long want = (long long)(val);                                                                \
+        long long got = 0; /* printed as 0 where a format lacks the value */                              \
         const char *tk = torch_key;                                                                       \
         if (tk) {                                                                                         \
             if (!json_value(torch, tk, &got)) fail_msg("%s: torch key %s missing", #name, tk);           \

@@ -11,6 +11,7 @@
 
 #include "internal.h"
 #include "monitor/monitor.h"
+#include "shm_test.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -20,26 +21,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static gm_allocator *fake_allocator(void) {
-    gm_allocator *a = calloc(1, sizeof *a);
-    a->ndevices = 1;
-    pthread_mutex_init(&a->devices_lock, NULL);
-    return a;
-}
-
-static void free_allocator(gm_allocator *a) {
-    gm_allocator_unpublish(a);
-    pthread_mutex_destroy(&a->devices_lock);
-    free(a);
-}
-
 static char g_prefix[80];
 
 static int setup(void **state) {
     (void)state;
-    char tag[64];
-    snprintf(tag, sizeof tag, "hostile%d", (int)getpid());
-    setenv("GPUMEM_SHM_TAG", tag, 1);
+    gm_test_shm_tag("hostile");
     gm__shm_prefix(g_prefix, sizeof g_prefix);
     alarm(60); /* a blocked open would hang the test: fail it instead */
     return 0;
@@ -53,7 +39,7 @@ static int count_pid(const gm__scan_result *r, int pid) {
 
 /* A publisher of our own, with one device's stats set. */
 static gm_allocator *publish_one(char *path, size_t len) {
-    gm_allocator *a = fake_allocator();
+    gm_allocator *a = gm_test_shm_allocator(1);
     assert_int_equal(gm_allocator_publish(a, "victim"), GM_OK);
     gm_stats s;
     memset(&s, 0, sizeof s);
@@ -94,7 +80,7 @@ static void planted_fifo(void **state) {
         gm__shm_cache_destroy(c);
     }
     unlink(path);
-    free_allocator(a);
+    gm_test_shm_allocator_free(a);
 }
 
 static void shrinking_segment(void **state) {
@@ -114,7 +100,7 @@ static void shrinking_segment(void **state) {
         gm__scan_result_free(&r);
     }
     gm__shm_cache_destroy(c);
-    free_allocator(a);
+    gm_test_shm_allocator_free(a);
 }
 
 static void copy_segment(const char *from, const char *to, mode_t mode) {
@@ -156,7 +142,7 @@ static void copies_refused(void **state) {
     assert_int_equal(count_pid(&r, getpid()), 1);
     gm__scan_result_free(&r);
     unlink(copy);
-    free_allocator(a);
+    gm_test_shm_allocator_free(a);
 }
 
 int main(void) {

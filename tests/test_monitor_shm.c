@@ -9,6 +9,7 @@
 
 #include "internal.h"
 #include "monitor/monitor.h"
+#include "shm_test.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -20,20 +21,6 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-/* A bare allocator object: publication needs only the devices table. */
-static gm_allocator *fake_allocator(void) {
-    gm_allocator *a = calloc(1, sizeof *a);
-    a->ndevices = 2;
-    pthread_mutex_init(&a->devices_lock, NULL);
-    return a;
-}
-
-static void free_allocator(gm_allocator *a) {
-    gm_allocator_unpublish(a);
-    pthread_mutex_destroy(&a->devices_lock);
-    free(a);
-}
 
 static void stats_with(gm_stats *s, int64_t allocated, int64_t reserved) {
     memset(s, 0, sizeof *s);
@@ -57,14 +44,12 @@ static const gm__mon_proc *find_pid(const gm__scan_result *r, int pid) {
 }
 
 static int setup(void **state) {
-    char tag[64];
-    snprintf(tag, sizeof tag, "test%d", (int)getpid());
-    setenv("GPUMEM_SHM_TAG", tag, 1);
+    gm_test_shm_tag("test");
     return 0;
 }
 
 static void publish_and_read(void **state) {
-    gm_allocator *a = fake_allocator();
+    gm_allocator *a = gm_test_shm_allocator(2);
     assert_int_equal(gm_allocator_publish(a, "my \"job\""), GM_OK);
     gm_stats s;
     stats_with(&s, 1000, 4096);
@@ -99,7 +84,7 @@ static void publish_and_read(void **state) {
     assert_int_equal(st.st_mode & 0777, 0600);
     gm__scan_result_free(&r);
 
-    free_allocator(a);
+    gm_test_shm_allocator_free(a);
     assert_int_not_equal(stat(path, &st), 0); /* unpublish removes it */
     assert_int_equal(gm__shm_scan(&r, true), GM_OK);
     assert_null(find_pid(&r, getpid()));
@@ -117,7 +102,7 @@ static void dead_producer_is_cleaned(void **state) {
     pid_t child = fork();
     assert_true(child >= 0);
     if (child == 0) {
-        gm_allocator *a = fake_allocator();
+        gm_allocator *a = gm_test_shm_allocator(2);
         if (gm_allocator_publish(a, "doomed") != GM_OK) _exit(1);
         gm_stats s;
         stats_with(&s, 123, 456);
@@ -144,7 +129,7 @@ static void dead_producer_is_cleaned(void **state) {
 
 /* A live pid whose start time differs (the pid was reused) is stale too. */
 static void reused_pid_is_stale(void **state) {
-    gm_allocator *a = fake_allocator();
+    gm_allocator *a = gm_test_shm_allocator(2);
     assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
     gm_stats s;
     stats_with(&s, 1, 2);
@@ -161,13 +146,13 @@ static void reused_pid_is_stale(void **state) {
     assert_int_equal(gm__shm_scan(&r, false), GM_OK);
     assert_non_null(find_pid(&r, getpid()));
     gm__scan_result_free(&r);
-    free_allocator(a);
+    gm_test_shm_allocator_free(a);
 }
 
 /* A writer stopped inside its update leaves an odd sequence: the reader
  * gives up after its retries and reports the record torn, not numbers. */
 static void torn_record_is_reported(void **state) {
-    gm_allocator *a = fake_allocator();
+    gm_allocator *a = gm_test_shm_allocator(2);
     assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
     gm_stats s;
     stats_with(&s, 10, 20);
@@ -187,7 +172,7 @@ static void torn_record_is_reported(void **state) {
     assert_true(p->torn[0]);
     gm__scan_result_free(&r);
     rec->seq++;
-    free_allocator(a);
+    gm_test_shm_allocator_free(a);
 }
 
 /* Readers racing a writer never see a mix of two updates. */
@@ -206,7 +191,7 @@ static void *writer(void *arg) {
 }
 
 static void seqlock_never_torn(void **state) {
-    gm_allocator *a = fake_allocator();
+    gm_allocator *a = gm_test_shm_allocator(2);
     assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
     gm__shm_header *h = *(gm__shm_header **)a->publisher;
     gm__shm_record *rec = (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
@@ -225,13 +210,13 @@ static void seqlock_never_torn(void **state) {
     atomic_store(&race.stop, 1);
     pthread_join(t, NULL);
     assert_true(ok > 0);
-    free_allocator(a);
+    gm_test_shm_allocator_free(a);
 }
 
 /* Every update publishes exact values; only the clock is coarse: it is
  * stamped on the first publication and then every GM__SHM_TIME_EVERY. */
 static void values_exact_clock_every_n(void **state) {
-    gm_allocator *a = fake_allocator();
+    gm_allocator *a = gm_test_shm_allocator(2);
     assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
     gm__shm_header *h = *(gm__shm_header **)a->publisher;
     gm__shm_record *rec = (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
@@ -261,11 +246,11 @@ static void values_exact_clock_every_n(void **state) {
     gm__publisher_update(a->publisher, 0, &s);
     assert_true(rec->v.update_ns > 1);
     assert_int_equal(rec->seq % 2, 0);
-    free_allocator(a);
+    gm_test_shm_allocator_free(a);
 }
 
 static void env_publish(void **state) {
-    gm_allocator *a = fake_allocator();
+    gm_allocator *a = gm_test_shm_allocator(2);
     unsetenv("GPUMEM_PUBLISH");
     assert_int_equal(gm__publish_from_env(a), GM_OK);
     assert_null(a->publisher);
@@ -276,7 +261,7 @@ static void env_publish(void **state) {
     gm__shm_header *h = *(gm__shm_header **)a->publisher;
     assert_string_equal(h->label, "from-env");
     unsetenv("GPUMEM_PUBLISH");
-    free_allocator(a);
+    gm_test_shm_allocator_free(a);
 }
 
 int main(void) {

@@ -106,6 +106,21 @@ typedef struct sim {
 
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+/* Room for one more element in the array *arrp (any T **: the pointer is
+ * copied, not read through void **), n of *cap used, elem bytes each: the
+ * capacity doubles, starting at `first`. On failure nothing changes. */
+static int grow(void *arrp, size_t n, size_t *cap, size_t elem, size_t first) {
+    if (n < *cap) return GM_OK;
+    size_t nc = *cap ? *cap * 2 : first;
+    void *v;
+    memcpy(&v, arrp, sizeof v);
+    void *nv = realloc(v, nc * elem);
+    if (!nv) return GM_ENOHOSTMEM;
+    memcpy(arrp, &nv, sizeof nv);
+    *cap = nc;
+    return GM_OK;
+}
+
 /* index of the first range with start > addr */
 static size_t rs_upper(const range_set *rs, uint64_t addr) {
     size_t lo = 0, hi = rs->n;
@@ -129,13 +144,7 @@ static sim_range *rs_find(range_set *rs, uint64_t addr, size_t *idx) {
 
 /* Insert [start, start + size) at index i of the sorted set. */
 static int rs_insert_index(range_set *rs, size_t i, uint64_t start, uint64_t size) {
-    if (rs->n == rs->cap) {
-        size_t nc = rs->cap ? rs->cap * 2 : 16;
-        sim_range *nv = realloc(rs->v, nc * sizeof *nv);
-        if (!nv) return GM_ENOHOSTMEM;
-        rs->v = nv;
-        rs->cap = nc;
-    }
+    if (grow(&rs->v, rs->n, &rs->cap, sizeof *rs->v, 16) != GM_OK) return GM_ENOHOSTMEM;
     memmove(&rs->v[i + 1], &rs->v[i], (rs->n - i) * sizeof *rs->v);
     rs->v[i] = (sim_range){.start = start, .size = size};
     rs->n++;
@@ -188,19 +197,13 @@ static int slot_alloc(slots *s, size_t *idx) {
         return GM_OK;
     }
     if (s->n == s->cap) {
-        size_t nc = s->cap ? s->cap * 2 : 64;
-        void *nv = realloc(s->v, nc * s->elem);
-        if (!nv) return GM_ENOHOSTMEM;
-        uint32_t *nf = realloc(s->free_idx, nc * sizeof *nf);
-        if (!nf) {
-            s->v = nv;
-            s->cap = s->cap; /* keep old cap: free_idx not grown */
+        /* both arrays to the same capacity; s->cap moves once both have */
+        size_t vcap = s->cap, fcap = s->cap;
+        if (grow(&s->v, s->n, &vcap, s->elem, 64) != GM_OK ||
+            grow(&s->free_idx, s->n, &fcap, sizeof *s->free_idx, 64) != GM_OK)
             return GM_ENOHOSTMEM;
-        }
-        memset((char *)nv + s->cap * s->elem, 0, (nc - s->cap) * s->elem);
-        s->v = nv;
-        s->free_idx = nf;
-        s->cap = nc;
+        memset((char *)s->v + s->cap * s->elem, 0, (vcap - s->cap) * s->elem);
+        s->cap = vcap;
     }
     *idx = s->n++;
     return GM_OK;
@@ -628,24 +631,8 @@ int gm_sim_add_address_hint(gm_backend *b, int device, uint64_t size, gm_devptr 
                              (unsigned long long)addr, (unsigned long long)size);
     SIM_ENTER(ctx, device)
     if (d->nhints >= UINT32_MAX - 1) rc = GM_ENOHOSTMEM;
-    if (rc == GM_OK && d->nhints == d->caphints) {
-        size_t nc = d->caphints ? d->caphints * 2 : 64;
-        sim_hint *nv = realloc(d->hints, nc * sizeof *nv);
-        if (!nv) rc = GM_ENOHOSTMEM;
-        else {
-            d->hints = nv;
-            d->caphints = nc;
-        }
-    }
-    if (rc == GM_OK && d->nlists == d->caplists) {
-        size_t nc = d->caplists ? d->caplists * 2 : 64;
-        hint_list *nv = realloc(d->lists, nc * sizeof *nv);
-        if (!nv) rc = GM_ENOHOSTMEM;
-        else {
-            d->lists = nv;
-            d->caplists = nc;
-        }
-    }
+    if (rc == GM_OK) rc = grow(&d->hints, d->nhints, &d->caphints, sizeof *d->hints, 64);
+    if (rc == GM_OK) rc = grow(&d->lists, d->nlists, &d->caplists, sizeof *d->lists, 64);
     if (rc == GM_OK) rc = gm__idmap_reserve(&d->hint_lists, 64);
     if (rc == GM_OK) {
         size_t j = gm__idmap_find(&d->hint_lists, size);

@@ -19,7 +19,12 @@
 #define GM__MIB (GM__KIB * 1024)
 #define GM__GIB (GM__MIB * 1024)
 
-/* Set the calling thread's gm_last_error_detail() text; returns status. */
+/* The calling thread's gm_last_error_detail() text holds this many bytes
+ * with its NUL (the libgpumem_torch messages, which quote a core detail
+ * after their own words, fit too). */
+#define GM__ERROR_DETAIL_MAX 2048
+/* Set the calling thread's gm_last_error_detail() text; returns status. An
+ * argument may be the current detail itself. */
 int gm__set_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* "512 B", "13.24 GiB": the one byte formatter (putbuf.c); returns buf. */
 const char *gm__format_bytes(int64_t bytes, char *buf, size_t len);

@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 const char *gm_version(void) { return GM_VERSION_STRING; }
 
@@ -27,17 +28,20 @@ const char *gm_status_name(int status) {
     return "GM_UNKNOWN";
 }
 
-static _Thread_local char error_detail[1024];
+static _Thread_local char error_detail[GM__ERROR_DETAIL_MAX];
 
 const char *gm_last_error_detail(void) { return error_detail; }
 
 void gm__clear_error(void) { error_detail[0] = '\0'; }
 
 int gm__set_error(int status, const char *fmt, ...) {
+    /* formatted apart first: an argument may point into error_detail */
+    char msg[sizeof error_detail];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(error_detail, sizeof error_detail, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(error_detail, msg, strlen(msg) + 1);
     return status;
 }
 

@@ -130,6 +130,14 @@ static double opt_num(const cJSON *root, const char *key, double dflt) {
     return cJSON_IsNumber(v) ? v->valuedouble : dflt;
 }
 
+/* The four sizes every transformers config but GPT-2's names alike. */
+static void hf_dims(cfgctx *c, gm_est_model *out) {
+    out->layers = req(c, "num_hidden_layers", NULL);
+    out->hidden = req(c, "hidden_size", NULL);
+    out->heads = req(c, "num_attention_heads", NULL);
+    out->intermediate = req(c, "intermediate_size", NULL);
+}
+
 static const char *opt_str(const cJSON *root, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     return cJSON_IsString(v) ? v->valuestring : NULL;
@@ -211,10 +219,7 @@ int gm_est_model_from_hf_config(const char *json, const char *label, gm_est_mode
         out->use_cache = opt_bool(root, "use_cache", true);
     } else if (!strcmp(mt, "llama") || !strcmp(mt, "mistral")) {
         out->family = GM_EST_LLAMA;
-        out->layers = req(&c, "num_hidden_layers", NULL);
-        out->hidden = req(&c, "hidden_size", NULL);
-        out->heads = req(&c, "num_attention_heads", NULL);
-        out->intermediate = req(&c, "intermediate_size", NULL);
+        hf_dims(&c, out);
         out->vocab = req(&c, "vocab_size", NULL);
         out->kv_heads = opt_int(&c, "num_key_value_heads", out->heads);
         out->max_positions = opt_int(&c, "max_position_embeddings", 2048);
@@ -224,10 +229,7 @@ int gm_est_model_from_hf_config(const char *json, const char *label, gm_est_mode
         if (!c.rc && out->heads) out->head_dim = opt_int(&c, "head_dim", out->hidden / out->heads);
     } else if (!strcmp(mt, "bert")) {
         out->family = GM_EST_BERT;
-        out->layers = req(&c, "num_hidden_layers", NULL);
-        out->hidden = req(&c, "hidden_size", NULL);
-        out->heads = req(&c, "num_attention_heads", NULL);
-        out->intermediate = req(&c, "intermediate_size", NULL);
+        hf_dims(&c, out);
         out->vocab = req(&c, "vocab_size", NULL);
         out->max_positions = req(&c, "max_position_embeddings", NULL);
         out->type_vocab = opt_int(&c, "type_vocab_size", 2);
@@ -235,10 +237,7 @@ int gm_est_model_from_hf_config(const char *json, const char *label, gm_est_mode
         out->tied = opt_bool(root, "tie_word_embeddings", true);
     } else if (!strcmp(mt, "vit")) {
         out->family = GM_EST_VIT_HF;
-        out->layers = req(&c, "num_hidden_layers", NULL);
-        out->hidden = req(&c, "hidden_size", NULL);
-        out->heads = req(&c, "num_attention_heads", NULL);
-        out->intermediate = req(&c, "intermediate_size", NULL);
+        hf_dims(&c, out);
         out->image = req(&c, "image_size", NULL);
         out->patch = req(&c, "patch_size", NULL);
         out->channels = opt_int(&c, "num_channels", 3);

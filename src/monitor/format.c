@@ -11,6 +11,20 @@
 #include <string.h>
 #include <time.h>
 
+/* Grow b to hold n more bytes than it could (doubling, at least 4 KiB);
+ * false, with b->oom set, when out of memory. */
+static bool sbuf_grow(gm__sbuf *b, size_t n) {
+    size_t ncap = (b->cap ? b->cap * 2 : 4096) + n;
+    char *np = realloc(b->p, ncap);
+    if (!np) {
+        b->oom = true;
+        return false;
+    }
+    b->p = np;
+    b->cap = ncap;
+    return true;
+}
+
 void gm__sbuf_printf(gm__sbuf *b, const char *fmt, ...) {
     if (b->oom) return;
     for (;;) {
@@ -24,30 +38,14 @@ void gm__sbuf_printf(gm__sbuf *b, const char *fmt, ...) {
             b->len += (size_t)n;
             return;
         }
-        size_t ncap = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
-        char *np = realloc(b->p, ncap);
-        if (!np) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = ncap;
+        if (!sbuf_grow(b, (size_t)n)) return;
     }
 }
 
 /* Append n bytes: the escapes' fast path, no format parsing. */
 static void sbuf_put(gm__sbuf *b, const char *s, size_t n) {
     if (b->oom) return;
-    if (b->cap - b->len <= n) {
-        size_t ncap = (b->cap ? b->cap * 2 : 4096) + n;
-        char *np = realloc(b->p, ncap);
-        if (!np) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = ncap;
-    }
+    if (b->cap - b->len <= n && !sbuf_grow(b, n)) return;
     memcpy(b->p + b->len, s, n);
     b->len += n;
     b->p[b->len] = '\0';

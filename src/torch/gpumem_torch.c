@@ -26,15 +26,17 @@ static bool g_configured;
 static char g_backend_name[16] = "cuda";
 static gpumem_oom_thrower g_thrower;
 static uint64_t g_failed_frees;
-static _Thread_local char t_err[2048];
 
+/* Errors are the core's per-thread detail (gm__set_error), worded for torch
+ * users ("gpumem: ..."); gpumem_torch_last_error() reads it back. */
 static int fail(int st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int fail(int st, const char *fmt, ...) {
+    char msg[GM__ERROR_DETAIL_MAX]; /* an argument may be the current detail */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(t_err, sizeof t_err, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return st;
+    return gm__set_error(st, "%s", msg);
 }
 
 static int fail_lib(int st, const char *what) {
@@ -43,7 +45,7 @@ static int fail_lib(int st, const char *what) {
                 d);
 }
 
-const char *gpumem_torch_last_error(void) { return t_err; }
+const char *gpumem_torch_last_error(void) { return gm_last_error_detail(); }
 
 static int parse_conf(const char *conf, gm_config *cfg) {
     char err[512] = "";
@@ -55,7 +57,7 @@ static int parse_conf(const char *conf, gm_config *cfg) {
 }
 
 int gpumem_torch_configure(const char *conf, const char *backend) {
-    t_err[0] = '\0';
+    gm__clear_error();
     if (backend && strcmp(backend, "cuda") != 0 && strcmp(backend, "sim") != 0)
         return fail(GM_EINVAL, "gpumem: unknown backend \"%s\" (expected cuda or sim)", backend);
     gm_config cfg;
@@ -71,6 +73,7 @@ int gpumem_torch_configure(const char *conf, const char *backend) {
     g_configured = true;
     snprintf(g_backend_name, sizeof g_backend_name, "%s", backend ? backend : "cuda");
     pthread_mutex_unlock(&g_lock);
+    gm__clear_error(); /* "" after success, whatever the parser left */
     return GM_OK;
 }
 
@@ -123,8 +126,10 @@ static int get(gm_allocator **out) {
 
 int gpumem_torch_init(void) {
     gm_allocator *a;
-    t_err[0] = '\0';
-    return get(&a);
+    gm__clear_error();
+    int st = get(&a);
+    if (st == GM_OK) gm__clear_error(); /* "" after success, even if publishing failed */
+    return st;
 }
 
 int gpumem_torch_is_initialized(void) { return __atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE) != NULL; }
@@ -221,7 +226,7 @@ static int alloc_raw(int64_t size, int device, uint64_t stream, uint64_t *out) {
         return fail(st, "gpumem: CUDA out of memory. Tried to allocate %s on device %d.", want, device);
     }
     if (st != GM_OK) return fail_lib(st, "allocation");
-    t_err[0] = '\0';
+    gm__clear_error();
     *out = p;
     return GM_OK;
 }
