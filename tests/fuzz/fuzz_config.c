@@ -3,6 +3,7 @@
  * crash; what it accepts must format to a string that parses back to the
  * same configuration (the canonical form is a fixed point). */
 #include "gpumem/gpumem.h"
+#include "fuzz_util.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -10,10 +11,8 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size > 4096) return 0;
-    char *s = malloc(size + 1);
+    char *s = fuzz_cstr(data, size);
     if (!s) return 0;
-    memcpy(s, data, size);
-    s[size] = '\0';
     gm_config c;
     gm_config_init(&c);
     char err[256];

@@ -4,6 +4,7 @@
  * or fail gm_est_check and, when it passes at a tiny batch, scan without
  * crashing (sizes it accepts must not overflow the model's arithmetic). */
 #include "estimate/estimate.h"
+#include "fuzz_util.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -11,10 +12,8 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size > 16384) return 0;
-    char *s = malloc(size + 1);
+    char *s = fuzz_cstr(data, size);
     if (!s) return 0;
-    memcpy(s, data, size);
-    s[size] = '\0';
     gm_est_model m;
     if (gm_est_model_from_hf_config(s, "fuzz", &m) == GM_OK) {
         gm_est_run r;

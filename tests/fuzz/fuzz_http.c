@@ -3,6 +3,7 @@
  * never lengthens a target or produces a NUL, and /metrics is served only
  * for a target that decodes to exactly "/metrics". */
 #include "monitor/monitor.h"
+#include "fuzz_util.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -15,12 +16,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t ml = nl ? (size_t)(nl - data) : 0;
     const uint8_t *t = nl ? nl + 1 : data;
     size_t tl = size - (size_t)(t - data);
-    char *m = malloc(ml + 1), *u = malloc(tl + 1);
+    char *m = fuzz_cstr(data, ml), *u = fuzz_cstr(t, tl);
     if (!m || !u) goto out;
-    memcpy(m, data, ml);
-    m[ml] = '\0';
-    memcpy(u, t, tl);
-    u[tl] = '\0';
     size_t before = strlen(u);
     size_t after = gm__http_unescape(u);
     if (after > before || after != strlen(u)) abort(); /* longer, or a NUL smuggled in */
