@@ -261,8 +261,11 @@ static const char *JS =
     "if(chart)chart.destroy();"
     "chart=new uPlot({width:W,height:400,series,scales:{x:{time:false}},axes:[{label:D.xlabel},yax],"
     "hooks:{draw:[peakLine]}},data,document.getElementById('timeline'))}\n"
-    "(function(){const sel=document.getElementById('stackby');"
-    "if(sel)sel.onchange=()=>drawTimeline(sel.value);drawTimeline(sel?sel.value:'cat');"
+    /* #stack=N in the address opens the view of depth index N (a link to it) */
+    "(function(){const sel=document.getElementById('stackby'),h=/stack=(cat|\\d+)/.exec(location.hash);"
+    "if(sel&&h&&[...sel.options].some(o=>o.value===h[1]))sel.value=h[1];"
+    "if(sel)sel.onchange=()=>{drawTimeline(sel.value);history.replaceState(null,'','#stack='+sel.value)};"
+    "drawTimeline(sel?sel.value:'cat');"
     "const fr=D.res.map((r,i)=>r-D.alloc[i]);"
     "new uPlot({width:W,height:220,series:[{label:D.xlabel},{label:'reserved - allocated',fill:'#f4a58280',"
     "stroke:'#d6604d',width:1,paths:step,value:(u,v)=>v==null?'--':fmt(v)}],scales:{x:{time:false}},"
