@@ -31,7 +31,9 @@ adds hooks that need nothing else from the training loop:
 - anything else runs in the scope "untracked" (inputs, zero_grad, the
   loop's own work), so that no allocation inherits a phase it was not in;
 - parameters, their .grad and the optimizer's state tensors are tagged with
-  their category by their storage's address.
+  their category by their storage's address;
+- with stacks=True, torch's own recorder runs too (through the shim) and
+  dump() gives every allocation its Python frames after gpumem's scopes.
 
 `gpumem report` attributes the dump: tags decide parameters / gradients /
 optimizer state; what forward allocates and is still alive when backward
@@ -271,6 +273,79 @@ def module_paths(named_modules):
     return {m: n for n, m in named_modules if n}
 
 
+# ---- Python stacks: torch's recorder through the shim ----------------------------
+
+def merge_stacks(gm_snapshot, torch_snapshot):
+    """Give the allocations of gpumem's history (gm_snapshot: a history dump
+    in torch's snapshot format, loaded) the Python frames torch's recorder
+    took for them (torch_snapshot: torch.cuda.memory._snapshot() while
+    _record_memory_history ran under gpumem: the shim keeps torch's
+    TraceEntry ring with CapturedTraceback contexts, torch symbolizes them).
+
+    Both recorders see every allocation of a device in the same order per
+    address (an address is allocated again only after its free), so the
+    k-th last alloc of an address in one is the k-th last in the other, even
+    when the rings dropped different amounts. gpumem's scope and category
+    frames stay first (innermost) and decide the phase and category; the
+    Python frames follow. Frames lists are new lists (the dump shares them
+    between entries). Returns (allocs given frames, allocs in gm_snapshot)."""
+    matched = total = 0
+    torch_traces = torch_snapshot.get("device_traces") or []
+    for dev, trace in enumerate(gm_snapshot.get("device_traces") or []):
+        frames_of = {}
+        for e in torch_traces[dev] if dev < len(torch_traces) else ():
+            if e.get("action") == "alloc":
+                frames_of.setdefault(e.get("addr"), []).append(e.get("frames") or [])
+        n_gm = {}
+        for e in trace:
+            if e.get("action") == "alloc":
+                n_gm[e.get("addr")] = n_gm.get(e.get("addr"), 0) + 1
+        seen = {}
+        for e in trace:
+            if e.get("action") != "alloc":
+                continue
+            total += 1
+            a = e.get("addr")
+            k = seen.get(a, 0)
+            seen[a] = k + 1
+            torch_list = frames_of.get(a, ())
+            j = len(torch_list) - (n_gm[a] - k)  # the same rank from the end
+            if j >= 0 and torch_list[j]:
+                e["frames"] = list(e.get("frames") or []) + list(torch_list[j])
+                matched += 1
+    return matched, total
+
+
+def _write_pickle(obj, path):
+    import gzip  # noqa: PLC0415
+    import pickle  # noqa: PLC0415
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "wb") as f:
+        pickle.dump(obj, f, protocol=4)
+
+
+def history_dump_with_stacks(path, torch_snapshot):
+    """gpumem's history as a torch snapshot at path (gzip'd for .gz) with the
+    Python frames of torch_snapshot merged in (merge_stacks). Returns its
+    (allocs given frames, allocs)."""
+    import os  # noqa: PLC0415
+    import pickle  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+    if str(path).endswith(".gmt"):
+        raise ValueError("gpumem: Python stacks are written in torch's snapshot format only: dump to a "
+                         ".pickle or .pickle.gz path, not %r" % str(path))
+    fd, tmp = tempfile.mkstemp(suffix=".pickle")
+    os.close(fd)
+    try:
+        history_dump(tmp, "torch")
+        with open(tmp, "rb") as f:
+            snap = pickle.load(f)
+    finally:
+        os.unlink(tmp)
+    counts = merge_stacks(snap, torch_snapshot)
+    _write_pickle(snap, path)
+    return counts
+
+
 # ---- tracking a model ------------------------------------------------------------
 
 def _tensors(obj):
@@ -300,7 +375,7 @@ class Tracker:
     """What track() returns: hooks on one model (and optimizer), history on."""
 
     def __init__(self, model, optimizer=None, history=1_000_000, module_scopes=True, oom_dump=None,
-                 backward_scopes=True):
+                 backward_scopes=True, stacks=False):
         from . import torch as gt  # noqa: PLC0415
         if not gt.is_installed():
             raise RuntimeError("gpumem.torch.track needs gpumem as PyTorch's allocator: call gpumem.torch.install() "
@@ -311,6 +386,13 @@ class Tracker:
         self._bw_task = None
         if history:
             history_enable(history)
+        self._stacks = bool(stacks and history)
+        if self._stacks:
+            # torch's recorder, answered by the shim (python/csrc/gpumem_shim.cpp):
+            # a Python stack per allocation, merged into the dump (merge_stacks)
+            import torch  # noqa: PLC0415
+            torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
+                                                     max_entries=history)
         _check(_c().gm_scope_set_global(UNTRACKED.encode()), "scope_set_global")
         if oom_dump:
             history_dump_on_oom(oom_dump)
@@ -453,10 +535,19 @@ class Tracker:
         return out
 
     def dump(self, path, fmt=None):
-        """The history as a torch snapshot (or .gmt) for `gpumem report`."""
+        """The history as a torch snapshot (or .gmt) for `gpumem report`; with
+        stacks=True a torch snapshot whose allocations carry their Python
+        frames too. Returns (allocations given Python frames, allocations)
+        with stacks, else None."""
         self.tag_gradients()
         self.tag_optimizer_state()
-        history_dump(path, fmt)
+        if not self._stacks:
+            history_dump(path, fmt)
+            return None
+        if fmt == "gmt":
+            raise ValueError("gpumem: track(stacks=True) dumps torch snapshots only (fmt='torch')")
+        import torch  # noqa: PLC0415
+        return history_dump_with_stacks(path, torch.cuda.memory._snapshot())
 
     def close(self, stop_history=True):
         """Remove the hooks (and stop recording; what was recorded can still be dumped)."""
@@ -470,6 +561,9 @@ class Tracker:
         _c().gm_scope_set_global(None)
         if stop_history:
             history_enable(0)
+            if self._stacks:
+                torch.cuda.memory._record_memory_history(enabled=None)
+                self._stacks = False
 
     def __enter__(self):
         return self
@@ -478,11 +572,15 @@ class Tracker:
         self.close()
 
 
-def track(model, optimizer=None, history=1_000_000, module_scopes=True, oom_dump=None, backward_scopes=True):
+def track(model, optimizer=None, history=1_000_000, module_scopes=True, oom_dump=None, backward_scopes=True,
+          stacks=False):
     """Tag model's parameters, gradients and optimizer's state, open scopes for
     every module forward (and, with backward_scopes, its backward) and for
     backward / optimizer.step, and record gpumem's allocation history in a
-    ring of `history` entries. Returns a Tracker (breakdown(), dump(path),
-    close())."""
+    ring of `history` entries. stacks=True also runs torch's own recorder
+    (torch.cuda.memory._record_memory_history, Python stacks; it costs what
+    it costs under PyTorch's allocator) and dump() merges each allocation's
+    Python frames into the snapshot. Returns a Tracker (breakdown(),
+    dump(path), close())."""
     return Tracker(model, optimizer, history=history, module_scopes=module_scopes, oom_dump=oom_dump,
-                   backward_scopes=backward_scopes)
+                   backward_scopes=backward_scopes, stacks=stacks)

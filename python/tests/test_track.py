@@ -180,6 +180,103 @@ class BackwardScopesBookkeeping(unittest.TestCase):
         self.assertEqual(tk.module_paths([("", root), ("enc", a), ("enc.0", b)]), {a: "enc", b: "enc.0"})
 
 
+def _fr(name, filename, line=1):
+    return {"name": name, "filename": filename, "line": line}
+
+
+class MergeStacks(unittest.TestCase):
+    """merge_stacks: torch's Python frames onto gpumem's history (no torch)."""
+
+    def test_aligned_from_the_end_per_address_and_device(self):
+        scope = [_fr("model.fc", "<gpumem scope>", 0)]
+        shared = list(scope)  # the dump shares frames lists between entries
+        gm = {"device_traces": [[
+            {"action": "alloc", "addr": 1, "frames": shared},        # older than torch's ring: no frames
+            {"action": "free_completed", "addr": 1, "frames": []},
+            {"action": "alloc", "addr": 1, "frames": shared},        # = torch's first alloc of 1
+            {"action": "alloc", "addr": 2, "frames": []},
+            {"action": "free_completed", "addr": 1, "frames": []},
+            {"action": "alloc", "addr": 1, "frames": shared},        # = torch's second
+        ], [
+            {"action": "alloc", "addr": 1, "frames": []},            # device 1: its own ring
+        ]]}
+        py = [_fr("forward", "/m/model.py", 10)]
+        opt = [_fr("step", "/py/torch/optim/adam.py", 20)]
+        ts = {"device_traces": [[
+            {"action": "alloc", "addr": 1, "frames": py},
+            {"action": "alloc", "addr": 2, "frames": []},              # no stack recorded
+            {"action": "free_requested", "addr": 1, "frames": py},
+            {"action": "alloc", "addr": 1, "frames": opt},
+        ], [
+            {"action": "alloc", "addr": 1, "frames": opt},
+        ]]}
+        self.assertEqual(tk.merge_stacks(gm, ts), (3, 5))
+        d0 = gm["device_traces"][0]
+        self.assertEqual(d0[0]["frames"], scope)
+        self.assertEqual(d0[2]["frames"], scope + py)  # gpumem's scope first (innermost), then Python
+        self.assertEqual(d0[3]["frames"], [])
+        self.assertEqual(d0[5]["frames"], scope + opt)
+        self.assertEqual(gm["device_traces"][1][0]["frames"], opt)
+        self.assertEqual(shared, scope)  # not changed in place
+
+    def test_nothing_recorded(self):
+        gm = {"device_traces": [[{"action": "alloc", "addr": 1, "frames": []}]]}
+        self.assertEqual(tk.merge_stacks(gm, {"device_traces": []}), (0, 1))
+        self.assertEqual(tk.merge_stacks(gm, {}), (0, 1))
+
+
+@unittest.skipUnless(_loadable()[0], "libgpumem_torch.so not loadable: %s" % _loadable()[1])
+class StacksInTheLibrary(unittest.TestCase):
+    """history_dump_with_stacks: the library's history with Python frames
+    merged in, read by `gpumem report`: the frames reach its frame table and
+    scope series; gpumem's own scopes still decide the phase."""
+
+    def setUp(self):
+        _lib.load().gpumem_torch_shutdown()
+        _lib.configure("", "sim")
+
+    def tearDown(self):
+        tk.history_enable(0)
+        _lib.load().gpumem_torch_shutdown()
+
+    def test_dump_with_stacks_reaches_the_report(self):
+        tk.history_enable(1000)
+        with tk.scope("forward"):
+            act = _lib.alloc_raw(3 * MIB, 0, 0)  # in forward, no module scope: its frames name the module
+        inp = _lib.alloc_raw(MIB, 0, 0)          # no scope at all: its frames give the phase
+        # what torch's recorder would have taken (innermost first)
+        fwd = [_fr("linear", "/py/torch/nn/functional.py", 5), _fr("forward", "/py/torch/nn/modules/linear.py", 125),
+               _fr("_call_impl", "/py/torch/nn/modules/module.py", 1750), _fr("forward", "/m/model.py", 42),
+               _fr("main", "train.py", 7)]
+        opt = [_fr("_init_group", "/py/torch/optim/adam.py", 150), _fr("step", "/py/torch/optim/adam.py", 220)]
+        ts = {"device_traces": [[{"action": "alloc", "addr": act, "frames": fwd},
+                                 {"action": "alloc", "addr": inp, "frames": opt}]]}
+        d = tempfile.mkdtemp()
+        try:
+            path = os.path.join(d, "h.pickle.gz")
+            self.assertEqual(tk.history_dump_with_stacks(path, ts), (2, 2))
+            with self.assertRaises(ValueError):
+                tk.history_dump_with_stacks(os.path.join(d, "h.gmt"), ts)
+            cli = shutil.which("gpumem") or os.path.join(os.path.dirname(_lib.library_path()), "gpumem")
+            if not os.path.exists(cli):
+                self.skipTest("no gpumem CLI next to %s or on PATH" % _lib.library_path())
+            j = json.loads(subprocess.run([cli, "report", path, "--json"], check=True, capture_output=True,
+                                          text=True).stdout)
+            self.assertTrue(j["has_frames"])
+            views = {v["depth"]: {s["name"]: s["at_peak"] for s in v["series"]} for v in j["scopes"]["views"]}
+            self.assertEqual(views[2]["model.py:42 > linear.py (self)"], 3 * MIB)
+            self.assertIn("Python forward frames", j["scopes"]["source"])
+            # the optimizer frames made the unscoped one optimizer state (alive after its phase)
+            self.assertEqual(j["categories"]["optimizer_state"]["allocated"], MIB)
+            text = subprocess.run([cli, "report", path, "--text"], check=True, capture_output=True,
+                                  text=True).stdout
+            self.assertIn("_init_group (adam.py:150)", text)
+        finally:
+            shutil.rmtree(d)
+        _lib.free_raw(act)
+        _lib.free_raw(inp)
+
+
 @unittest.skipUnless(_loadable()[0], "libgpumem_torch.so not loadable: %s" % _loadable()[1])
 class BackwardScopesInTheLibrary(unittest.TestCase):
     """BackwardScopes on gpumem's scopes, on a thread of its own with the

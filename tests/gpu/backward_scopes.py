@@ -13,6 +13,12 @@ history dump is read back and checked:
   - `gpumem report --json`'s scope series at depth 3 (GPT-2:
     transformer.h.N) / depth 2 (ResNet: layerN.M) name those modules.
 
+And Python stacks (track(..., stacks=True): torch's recorder through the
+shim, frames merged into the dump): a small MLP trained 2 steps; the dump's
+allocations made on the Python thread (forward, optimizer) carry Python
+frames after gpumem's scopes, and `gpumem report --text` lists this
+script's functions.
+
 usage: python3 tests/gpu/backward_scopes.py GPUMEM_CLI
 Unrun as of 2026-12-02 (no GPU that session); exits 1 when a check misses.
 """
@@ -56,9 +62,60 @@ def backward_bytes(snap):
     return total, with_path, paths
 
 
+def stacks_child(dump):
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+    import gpumem.torch as gt
+    gt.install()
+    import torch
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.Adam(model.parameters())
+    tr = gt.track(model, opt, stacks=True)
+
+    def train_step():
+        loss = model(torch.randn(256, 1024, device="cuda")).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    for _ in range(2):
+        train_step()
+    torch.cuda.synchronize()
+    matched, total = tr.dump(dump)
+    tr.close()
+    print(json.dumps({"matched": matched, "total": total}))
+
+
+def check_stacks(cli):
+    dump = os.path.join(os.environ.get("OUT") or tempfile.mkdtemp(), "stacks_mlp.pickle.gz")
+    p = subprocess.run([sys.executable, __file__, "--stacks-child", dump], capture_output=True, text=True,
+                       timeout=300)
+    if p.returncode:
+        print("== stacks FAILED\n%s\n%s" % (p.stdout[-2000:], p.stderr[-4000:]))
+        return False
+    m = json.loads(p.stdout.strip().splitlines()[-1])
+    snap = load(dump)
+    ordered = True
+    for e in snap["device_traces"][0]:
+        files = [f["filename"] for f in e.get("frames", [])]
+        gm = [i for i, f in enumerate(files) if f.startswith("<gpumem ")]
+        py = [i for i, f in enumerate(files) if not f.startswith("<gpumem ")]
+        ordered &= not (gm and py) or max(gm) < min(py)  # gpumem's frames first (innermost)
+    text = subprocess.run([cli, "report", dump, "--text", "--rows", "200"], check=True, capture_output=True,
+                          text=True).stdout
+    checks = [
+        ("allocations given Python frames (forward, optimizer)", m["matched"] >= 10 and m["matched"] < m["total"],
+         "%d of %d" % (m["matched"], m["total"])),
+        ("gpumem scopes before Python frames in every stack", ordered, ""),
+        ("report's frame table lists train_step", "train_step (backward_scopes.py" in text, ""),
+    ]
+    print("== stacks (MLP)")
+    for what, ok, detail in checks:
+        print("  %-48s %s  %s" % (what, "ok" if ok else "MISS", detail))
+    return all(ok for _, ok, _ in checks)
+
+
 def main():
     cli = sys.argv[1]
-    ok_all = True
+    ok_all = check_stacks(cli)
     for name, depth, prefix in (("gpt2_small_adamw_bf16", 3, "transformer.h."), ("resnet50_sgd_amp", 2, "layer")):
         dump = os.path.join(os.environ.get("OUT") or tempfile.mkdtemp(), "bw_" + name + ".pickle.gz")
         p = subprocess.run([sys.executable, os.path.join(HERE, "report_live.py"), "--child", name, dump],
@@ -89,4 +146,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--stacks-child":
+        stacks_child(sys.argv[2])
+    else:
+        main()
