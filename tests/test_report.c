@@ -504,6 +504,52 @@ static void test_scope_series_downsampled(void **s) {
     gm_trace_free(t);
 }
 
+/* A path deeper than GM_SCOPE_DEPTH_MAX gets that many views, the last cut
+ * there; a trace with no allocation gets one empty view. */
+static void test_scope_series_limits(void **s) {
+    (void)s;
+    static const char *const DEEP[] = {"a.b.c.d.e.f.g.h.i.j@" GM_TAG_SCOPE_FILE, NULL};
+    tb x = {gm__tb_new(), 0};
+    uint32_t deep = stack(&x, DEEP);
+    ALLOC(0x1000, 64, deep);
+    gm_trace *t = finish(&x);
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    gm_timeline *tl;
+    assert_int_equal(gm_timeline_build(a, NULL, 6000, &tl), GM_OK);
+    gm_scope_series *ss;
+    assert_int_equal(gm_scope_series_build(a, tl, 10, &ss), GM_OK);
+    assert_int_equal(ss->nviews, GM_SCOPE_DEPTH_MAX);
+    check_view_sums(a, tl, ss);
+    assert_int_equal(series_peak(view(ss, 1), "a"), 64);
+    assert_int_equal(series_peak(view(ss, GM_SCOPE_DEPTH_MAX), "a.b.c.d.e.f.g.h"), 64);
+    gm_scope_series_free(ss);
+    gm_timeline_free(tl);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+
+    x = (tb){gm__tb_new(), 0};
+    FREE(0x1000, 0); /* of an address never allocated: no allocation at all */
+    t = finish(&x);
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(gm_timeline_build(a, NULL, 6000, &tl), GM_OK);
+    assert_int_equal(gm_scope_series_build(a, tl, 10, &ss), GM_OK);
+    assert_int_equal(ss->nviews, 1);
+    assert_int_equal(ss->views[0].nseries, 0);
+    assert_int_equal(ss->views[0].nscopes, 0);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    gm__scope_series_json(f, ss, true);
+    fclose(f);
+    assert_non_null(strstr(buf, "\"series\":[]"));
+    free(buf);
+    gm_scope_series_free(ss);
+    gm_timeline_free(tl);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
 static void test_names(void **s) {
     (void)s;
     for (int c = 0; c < GM_CAT_COUNT; c++) assert_int_equal(gm_category_from_name(gm_category_name(c)), c);
@@ -518,6 +564,7 @@ int main(void) {
         cmocka_unit_test(test_old_trace_and_anomalies), cmocka_unit_test(test_names),
         cmocka_unit_test(test_phase_scopes),    cmocka_unit_test(test_scope_series_paths),
         cmocka_unit_test(test_scope_series_frames), cmocka_unit_test(test_scope_series_downsampled),
+        cmocka_unit_test(test_scope_series_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -160,6 +160,17 @@ grep -q "cannot write" "$T/err" || fail "unwritable output message: $(cat "$T/er
 "$GPUMEM" report "$ex" --conf "bogus_key:1" 2>"$T/err"; [ $? -eq 2 ] || fail "bad --conf exit"
 "$GPUMEM" report --help | grep -q -- "--perfetto" || fail "--help"
 
+# a segment_alloc the sim cannot place (not 2 MiB-aligned; replay skips it
+# as a bad event) is left out of the timeline's replay, not an error
+python3 - "$T/seg.pickle" <<'PY' || fail "writing seg.pickle"
+import pickle, sys
+ev = [{"action": "segment_alloc", "addr": 0x1000, "size": 1 << 20, "stream": 0, "time_us": 1, "frames": []},
+      {"action": "alloc", "addr": 0x1000, "size": 100, "stream": 0, "time_us": 2, "frames": []}]
+pickle.dump({"segments": [], "device_traces": [ev]}, open(sys.argv[1], "wb"))
+PY
+"$GPUMEM" report "$T/seg.pickle" -o "$T/seg.html" 2>"$T/err" || fail "unaligned segment: $(cat "$T/err")"
+grep -q 'content="100"' "$T/seg.html" || fail "unaligned segment: peak"
+
 # the real traces
 SH=${GPUMEM_SHARED:-$SRC/../shared}
 if [ -d "$SH/traces" ]; then
