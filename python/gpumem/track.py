@@ -386,7 +386,10 @@ class Tracker:
         self._bw_task = None
         if history:
             history_enable(history)
-        self._stacks = bool(stacks and history)
+        if stacks and not history:
+            raise ValueError("gpumem.torch.track: stacks=True merges Python stacks into the history: "
+                             "it needs history > 0")
+        self._stacks = bool(stacks)
         if self._stacks:
             # torch's recorder, answered by the shim (python/csrc/gpumem_shim.cpp):
             # a Python stack per allocation, merged into the dump (merge_stacks)
@@ -449,6 +452,8 @@ class Tracker:
                 torch.autograd.graph.register_multi_grad_hook(ts, fn)
 
     def _bw_enter(self, path, *grads):
+        if not self._handles:  # a hook of a forward before close()
+            return
         task = _graph_task_id()
         if task != self._bw_task:
             # the end of this backward (or autograd.grad) closes what stays
@@ -459,7 +464,8 @@ class Tracker:
         self._bw.enter(path)
 
     def _bw_exit(self, path, *grads):
-        self._bw.exit(path)
+        if self._handles:
+            self._bw.exit(path)
 
     # backward runs on autograd's threads: a process-wide scope for the call
     def _patch_backward(self):
