@@ -307,6 +307,249 @@ static void test_phase_scopes(void **s) {
     gm_trace_free(t);
 }
 
+
+/* Every point's scope series sum to its categories; the views sum to the
+ * peak at the peak; names of a view are distinct. */
+static void check_view_sums(const gm_attribution *a, const gm_timeline *tl, const gm_scope_series *ss) {
+    assert_int_equal(ss->npts, tl->npts);
+    assert_true(ss->nviews >= 1);
+    for (int i = 0; i < ss->nviews; i++) {
+        const gm_scope_view *v = &ss->views[i];
+        assert_int_equal(v->depth, i + 1);
+        int64_t at_peak = 0;
+        for (size_t j = 0; j < v->nseries; j++) {
+            at_peak += v->at_peak[j];
+            for (size_t k = 0; k < j; k++) assert_string_not_equal(v->names[j], v->names[k]);
+        }
+        assert_int_equal(at_peak, a->peak_bytes);
+        for (size_t p = 0; p < tl->npts; p++) {
+            int64_t want = 0, got = 0;
+            for (int c = 0; c < GM_CAT_COUNT; c++) want += tl->pts[p].cat[c];
+            for (size_t j = 0; j < v->nseries; j++) {
+                got += v->values[j * tl->npts + p];
+                assert_true(v->values[j * tl->npts + p] <= v->max[j]);
+            }
+            assert_int_equal(got, want);
+        }
+        assert_int_equal(v->values[0 * tl->npts + tl->peak_pt], v->at_peak[0]);
+    }
+}
+
+static const gm_scope_view *view(const gm_scope_series *ss, int depth) {
+    assert_true(depth >= 1 && depth <= ss->nviews);
+    return &ss->views[depth - 1];
+}
+
+/* The bytes at the peak of the series named name in v (fails if absent). */
+static int64_t series_peak(const gm_scope_view *v, const char *name) {
+    for (size_t j = 0; j < v->nseries; j++)
+        if (!strcmp(v->names[j], name)) return v->at_peak[j];
+    fail_msg("depth %d has no series '%s'", v->depth, name);
+    return -1;
+}
+
+/* gpumem scopes: module paths cut at each depth, phases in brackets, the
+ * top N and "other scopes". */
+static void test_scope_series_paths(void **s) {
+    (void)s;
+#define SC "@" GM_TAG_SCOPE_FILE
+    static const char *const P[] = {"parameters@" GM_TAG_CATEGORY_FILE, GM_SCOPE_UNTRACKED SC, NULL};
+    static const char *const A0[] = {"model.enc.0.attn" SC, "model.enc.0" SC, "model.enc" SC, "model" SC,
+                                     GM_SCOPE_FORWARD SC, NULL};
+    static const char *const M1[] = {"model.enc.1.mlp" SC, "model.enc.1" SC, "model.enc" SC, "model" SC,
+                                     GM_SCOPE_FORWARD SC, NULL};
+    static const char *const H[] = {"model.head" SC, "model" SC, GM_SCOPE_FORWARD SC, NULL};
+    static const char *const B0[] = {"model.enc.0.attn" SC, GM_SCOPE_BACKWARD SC, NULL};
+    static const char *const O[] = {GM_SCOPE_OPTIMIZER SC, NULL};
+#undef SC
+    tb x = {gm__tb_new(), 0};
+    uint32_t p = stack(&x, P), a0 = stack(&x, A0), m1 = stack(&x, M1), h = stack(&x, H), b0 = stack(&x, B0),
+             o = stack(&x, O);
+    ALLOC(0x1000, 1000, p);  /* parameters, [untracked]   1000 */
+    ALLOC(0x2000, 100, a0);  /* activation of enc.0.attn   1100 */
+    ALLOC(0x3000, 200, m1);  /* activation of enc.1.mlp    1300 */
+    ALLOC(0x4000, 30, h);    /* head                       1330 */
+    ALLOC(0x5000, 1000, b0); /* gradient, in enc.0.attn's backward 2330 */
+    ALLOC(0x6000, 7, 0);     /* autograd thread, no scope: [backward] 2337 */
+    FREE(0x6000, 0);
+    FREE(0x2000, b0);
+    FREE(0x3000, b0);
+    ALLOC(0x7000, 2000, o);  /* optimizer state: [optimizer step] 4030 peak */
+    gm_trace *t = finish(&x);
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(a->peak_bytes, 1000 + 30 + 1000 + 2000);
+    gm_timeline *tl;
+    assert_int_equal(gm_timeline_build(a, NULL, 6000, &tl), GM_OK);
+    gm_scope_series *ss;
+    assert_int_equal(gm_scope_series_build(a, tl, 10, &ss), GM_OK);
+    assert_true(ss->by_scope);
+    assert_false(ss->by_frames);
+    assert_int_equal(ss->nviews, 4);
+    check_view_sums(a, tl, ss);
+    const gm_scope_view *v = view(ss, 1);
+    assert_int_equal(series_peak(v, "model"), 30 + 1000);
+    assert_int_equal(series_peak(v, "[untracked]"), 1000);
+    assert_int_equal(series_peak(v, "[optimizer step]"), 2000);
+    assert_int_equal(series_peak(v, "[backward]"), 0);
+    assert_int_equal(v->nscopes, 4);
+    assert_string_equal(v->names[0], "[optimizer step]"); /* ranked by bytes at the peak */
+    v = view(ss, 2);
+    assert_int_equal(series_peak(v, "model.enc"), 1000);
+    assert_int_equal(series_peak(v, "model.head"), 30);
+    v = view(ss, 3);
+    assert_int_equal(series_peak(v, "model.enc.0"), 1000);
+    assert_int_equal(series_peak(v, "model.enc.1"), 0);
+    v = view(ss, 4);
+    assert_int_equal(series_peak(v, "model.enc.0.attn"), 1000);
+    assert_int_equal(series_peak(v, "model.head"), 30);
+    assert_int_equal(v->nscopes, 6);
+    /* enc.1.mlp's own maximum: 200, before the peak */
+    for (size_t j = 0; j < v->nseries; j++)
+        if (!strcmp(v->names[j], "model.enc.1.mlp")) assert_int_equal(v->max[j], 200);
+    gm_scope_series_free(ss);
+
+    /* top 2: the rest summed in "other scopes" */
+    assert_int_equal(gm_scope_series_build(a, tl, 2, &ss), GM_OK);
+    check_view_sums(a, tl, ss);
+    v = view(ss, 4);
+    assert_int_equal(v->nseries, 3);
+    assert_string_equal(v->names[0], "[optimizer step]");
+    assert_string_equal(v->names[1], "model.enc.0.attn"); /* 1000 as [untracked], but its maximum is 1100 */
+    assert_int_equal(series_peak(v, GM_SCOPE_OTHERS), 1000 + 30);
+    /* the JSON both outputs write: values, or deltas that sum to them */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    gm__scope_series_json(f, ss, false);
+    fclose(f);
+    assert_non_null(strstr(buf, "\"name\":\"model.enc.0.attn\",\"at_peak\":1000"));
+    assert_non_null(strstr(buf, "\"encoding\":\"values\""));
+    free(buf);
+    f = open_memstream(&buf, &len);
+    gm__scope_series_json(f, ss, true);
+    fclose(f);
+    assert_non_null(strstr(buf, "\"deltas\":["));
+    free(buf);
+    gm_scope_series_free(ss);
+    gm_timeline_free(tl);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
+/* A torch snapshot: scopes from the module forward frames (call sites),
+ * "(self)" for a forward's own code, phases for the rest. */
+static void test_scope_series_frames(void **s) {
+    (void)s;
+    /* lines are 10 + the frame's index in the stack */
+    static const char *const LIN[] = {"linear@/py/torch/nn/functional.py", "forward@/py/torch/nn/modules/linear.py",
+                                      "_call_impl@/py/torch/nn/modules/module.py", "forward@/m/model.py",
+                                      "main@train.py", NULL};
+    static const char *const OWN[] = {"gelu@/py/torch/nn/functional.py", "forward@/m/model.py", "main@train.py", NULL};
+    tb x = {gm__tb_new(), 0};
+    uint32_t lin = stack(&x, LIN), own = stack(&x, OWN), bwd = stack(&x, S_BWD), step = stack(&x, S_STEP);
+    ALLOC(0x1000, 100, lin); /* model.py:13 > linear.py (self) */
+    ALLOC(0x2000, 50, own);  /* model.py (self) */
+    ALLOC(0x3000, 8, bwd);   /* [backward] (frames) */
+    ALLOC(0x4000, 1000, 0);  /* [backward] (phase) */
+    FREE(0x1000, 0);
+    FREE(0x2000, 0);
+    ALLOC(0x5000, 40, step); /* [optimizer step] */
+    gm_trace *t = finish(&x);
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    gm_timeline *tl;
+    assert_int_equal(gm_timeline_build(a, NULL, 6000, &tl), GM_OK);
+    gm_scope_series *ss;
+    assert_int_equal(gm_scope_series_build(a, tl, 10, &ss), GM_OK);
+    assert_false(ss->by_scope);
+    assert_true(ss->by_frames);
+    assert_int_equal(ss->nviews, 2);
+    check_view_sums(a, tl, ss);
+    assert_int_equal(a->peak_bytes, 100 + 50 + 8 + 1000);
+    const gm_scope_view *v = view(ss, 1);
+    assert_int_equal(series_peak(v, "model.py:13"), 100);
+    assert_int_equal(series_peak(v, "model.py (self)"), 50);
+    assert_int_equal(series_peak(v, "[backward]"), 1008);
+    v = view(ss, 2);
+    assert_int_equal(series_peak(v, "model.py:13 > linear.py (self)"), 100);
+    assert_int_equal(series_peak(v, "model.py (self)"), 50);
+    for (size_t j = 0; j < v->nseries; j++)
+        if (!strcmp(v->names[j], "[optimizer step]")) assert_int_equal(v->max[j], 40);
+    gm_scope_series_free(ss);
+    gm_timeline_free(tl);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
+/* Downsampled to few points, the series still sum to the categories at
+ * every kept point, and the peak point is kept. */
+static void test_scope_series_downsampled(void **s) {
+    (void)s;
+    gm_trace *t = training_trace();
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    gm_timeline *tl;
+    assert_int_equal(gm_timeline_build(a, NULL, 6, &tl), GM_OK);
+    gm_scope_series *ss;
+    assert_int_equal(gm_scope_series_build(a, tl, 1, &ss), GM_OK);
+    assert_int_equal(tl->pts[tl->peak_pt].ev, a->peak_ev);
+    check_view_sums(a, tl, ss);
+    const gm_scope_view *v = view(ss, 1);
+    assert_int_equal(v->nseries, 2); /* the top one and "other scopes" */
+    assert_string_equal(v->names[1], GM_SCOPE_OTHERS);
+    gm_scope_series_free(ss);
+    gm_timeline_free(tl);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
+/* A path deeper than GM_SCOPE_DEPTH_MAX gets that many views, the last cut
+ * there; a trace with no allocation gets one empty view. */
+static void test_scope_series_limits(void **s) {
+    (void)s;
+    static const char *const DEEP[] = {"a.b.c.d.e.f.g.h.i.j@" GM_TAG_SCOPE_FILE, NULL};
+    tb x = {gm__tb_new(), 0};
+    uint32_t deep = stack(&x, DEEP);
+    ALLOC(0x1000, 64, deep);
+    gm_trace *t = finish(&x);
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    gm_timeline *tl;
+    assert_int_equal(gm_timeline_build(a, NULL, 6000, &tl), GM_OK);
+    gm_scope_series *ss;
+    assert_int_equal(gm_scope_series_build(a, tl, 10, &ss), GM_OK);
+    assert_int_equal(ss->nviews, GM_SCOPE_DEPTH_MAX);
+    check_view_sums(a, tl, ss);
+    assert_int_equal(series_peak(view(ss, 1), "a"), 64);
+    assert_int_equal(series_peak(view(ss, GM_SCOPE_DEPTH_MAX), "a.b.c.d.e.f.g.h"), 64);
+    gm_scope_series_free(ss);
+    gm_timeline_free(tl);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+
+    x = (tb){gm__tb_new(), 0};
+    FREE(0x1000, 0); /* of an address never allocated: no allocation at all */
+    t = finish(&x);
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(gm_timeline_build(a, NULL, 6000, &tl), GM_OK);
+    assert_int_equal(gm_scope_series_build(a, tl, 10, &ss), GM_OK);
+    assert_int_equal(ss->nviews, 1);
+    assert_int_equal(ss->views[0].nseries, 0);
+    assert_int_equal(ss->views[0].nscopes, 0);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    gm__scope_series_json(f, ss, true);
+    fclose(f);
+    assert_non_null(strstr(buf, "\"series\":[]"));
+    free(buf);
+    gm_scope_series_free(ss);
+    gm_timeline_free(tl);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
 static void test_names(void **s) {
     (void)s;
     for (int c = 0; c < GM_CAT_COUNT; c++) assert_int_equal(gm_category_from_name(gm_category_name(c)), c);
@@ -319,7 +562,9 @@ int main(void) {
         cmocka_unit_test(test_training_step),   cmocka_unit_test(test_frame_table),
         cmocka_unit_test(test_timeline),        cmocka_unit_test(test_lifetime_rule),
         cmocka_unit_test(test_old_trace_and_anomalies), cmocka_unit_test(test_names),
-        cmocka_unit_test(test_phase_scopes),
+        cmocka_unit_test(test_phase_scopes),    cmocka_unit_test(test_scope_series_paths),
+        cmocka_unit_test(test_scope_series_frames), cmocka_unit_test(test_scope_series_downsampled),
+        cmocka_unit_test(test_scope_series_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

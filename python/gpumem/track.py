@@ -22,10 +22,18 @@ adds hooks that need nothing else from the training loop:
 - backward (torch.autograd.backward, which Tensor.backward calls) runs in the
   phase scope "backward" (set process-wide for the call, since autograd
   allocates on its own threads); optimizer.step in "optimizer.step";
+- each module's backward runs in "backward" > its path, on the thread that
+  runs it: entered when the first gradient of its outputs is computed, left
+  when the gradients of all its inputs are (multi-grad hooks on the tensors,
+  as torch's ModTracker does; they touch no tensor, so in-place ops on
+  module outputs keep working, unlike full backward hooks). A module whose
+  inputs need no gradient (an embedding) stays open to the end of backward;
 - anything else runs in the scope "untracked" (inputs, zero_grad, the
   loop's own work), so that no allocation inherits a phase it was not in;
 - parameters, their .grad and the optimizer's state tensors are tagged with
-  their category by their storage's address.
+  their category by their storage's address;
+- with stacks=True, torch's own recorder runs too (through the shim) and
+  dump() gives every allocation its Python frames after gpumem's scopes.
 
 `gpumem report` attributes the dump: tags decide parameters / gradients /
 optimizer state; what forward allocates and is still alive when backward
@@ -175,6 +183,169 @@ def tag(tensor_or_ptr, category):
     _check(_c().gpumem_torch_tag(ptr, cat), "tag")
 
 
+# ---- module scopes in backward ----------------------------------------------------
+
+class BackwardScopes:
+    """Module scopes on the threads that run backward (no torch needed here).
+
+    enter(path) / exit(path) come from gradient hooks on whatever thread
+    autograd runs them (its own device threads, where gpumem's scopes, per
+    thread, start empty). Per thread, the open module paths are kept in the
+    order entered (a path may be open twice: a module called twice) and the
+    thread's gpumem scopes are kept equal to [PHASE_BACKWARD, *open paths],
+    so an allocation's innermost scope is the module whose backward made it
+    and the phase scope under it tells the report it is backward. exit of a
+    path that is not open (its enter ran on another thread, or before a
+    reset) is ignored. begin() starts a backward call: every thread forgets
+    what the call before it left open (a module whose inputs need no
+    gradient is never exited) at its next enter / exit / reset, and reset()
+    (queued to run when the call ends) closes the running thread's scopes
+    at once."""
+
+    def __init__(self, push=None, pop=None):
+        self._push = push or scope_push
+        self._pop = pop or scope_pop
+        self._local = threading.local()
+        self.generation = 0
+
+    def begin(self):
+        self.generation += 1
+
+    def _state(self):
+        st = self._local
+        if getattr(st, "generation", None) != self.generation:
+            self._close(st)
+            st.generation = self.generation
+        return st
+
+    def _close(self, st):
+        for _ in getattr(st, "pushed", ()):
+            self._pop()
+        st.pushed, st.open = [], []
+
+    def _sync(self, st):
+        want = [PHASE_BACKWARD] + st.open if st.open else []
+        have = st.pushed
+        k = 0
+        while k < len(have) and k < len(want) and have[k] == want[k]:
+            k += 1
+        for _ in range(len(have) - k):
+            self._pop()
+        del have[k:]
+        for name in want[k:]:
+            self._push(name)
+            have.append(name)
+
+    def enter(self, path):
+        st = self._state()
+        st.open.append(path)
+        self._sync(st)
+
+    def exit(self, path):
+        """False if path was not open on this thread (ignored)."""
+        st = self._state()
+        for i in range(len(st.open) - 1, -1, -1):
+            if st.open[i] == path:
+                del st.open[i]
+                self._sync(st)
+                return True
+        return False
+
+    def reset(self):
+        self._close(self._state())
+
+    def open_paths(self):
+        """This thread's open module paths, outermost first."""
+        return list(self._state().open)
+
+
+def _graph_task_id():
+    """The running backward's graph task (-1 outside backward), or -1 where
+    torch lacks the query (then hooks are registered in recomputations too)."""
+    import torch  # noqa: PLC0415
+    f = getattr(torch._C, "_current_graph_task_id", None)
+    return f() if f is not None else -1
+
+
+def module_paths(named_modules):
+    """{module: path} for the (module path, module) pairs of named_modules(),
+    the root ("") left out: the root's forward is the phase scope itself."""
+    return {m: n for n, m in named_modules if n}
+
+
+# ---- Python stacks: torch's recorder through the shim ----------------------------
+
+def merge_stacks(gm_snapshot, torch_snapshot):
+    """Give the allocations of gpumem's history (gm_snapshot: a history dump
+    in torch's snapshot format, loaded) the Python frames torch's recorder
+    took for them (torch_snapshot: torch.cuda.memory._snapshot() while
+    _record_memory_history ran under gpumem: the shim keeps torch's
+    TraceEntry ring with CapturedTraceback contexts, torch symbolizes them).
+
+    Both recorders see every allocation of a device in the same order per
+    address (an address is allocated again only after its free), so the
+    k-th last alloc of an address in one is the k-th last in the other, even
+    when the rings dropped different amounts. gpumem's scope and category
+    frames stay first (innermost) and decide the phase and category; the
+    Python frames follow. Frames lists are new lists (the dump shares them
+    between entries). Returns (allocs given frames, allocs in gm_snapshot)."""
+    matched = total = 0
+    torch_traces = torch_snapshot.get("device_traces") or []
+    for dev, trace in enumerate(gm_snapshot.get("device_traces") or []):
+        frames_of = {}
+        for e in torch_traces[dev] if dev < len(torch_traces) else ():
+            if e.get("action") == "alloc":
+                frames_of.setdefault(e.get("addr"), []).append(e.get("frames") or [])
+        n_gm = {}
+        for e in trace:
+            if e.get("action") == "alloc":
+                n_gm[e.get("addr")] = n_gm.get(e.get("addr"), 0) + 1
+        seen = {}
+        for e in trace:
+            if e.get("action") != "alloc":
+                continue
+            total += 1
+            a = e.get("addr")
+            k = seen.get(a, 0)
+            seen[a] = k + 1
+            torch_list = frames_of.get(a, ())
+            j = len(torch_list) - (n_gm[a] - k)  # the same rank from the end
+            if j >= 0 and torch_list[j]:
+                e["frames"] = list(e.get("frames") or []) + list(torch_list[j])
+                matched += 1
+    return matched, total
+
+
+def _write_pickle(obj, path):
+    import gzip  # noqa: PLC0415
+    import pickle  # noqa: PLC0415
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "wb") as f:
+        pickle.dump(obj, f, protocol=4)
+
+
+def history_dump_with_stacks(path, torch_snapshot):
+    """gpumem's history as a torch snapshot at path (gzip'd for .gz) with the
+    Python frames of torch_snapshot merged in (merge_stacks). Returns its
+    (allocs given frames, allocs)."""
+    import os  # noqa: PLC0415
+    import pickle  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+    if str(path).endswith(".gmt"):
+        raise ValueError("gpumem: Python stacks are written in torch's snapshot format only: dump to a "
+                         ".pickle or .pickle.gz path, not %r" % str(path))
+    fd, tmp = tempfile.mkstemp(suffix=".pickle")
+    os.close(fd)
+    try:
+        history_dump(tmp, "torch")
+        with open(tmp, "rb") as f:
+            snap = pickle.load(f)
+    finally:
+        os.unlink(tmp)
+    counts = merge_stacks(snap, torch_snapshot)
+    _write_pickle(snap, path)
+    return counts
+
+
 # ---- tracking a model ------------------------------------------------------------
 
 def _tensors(obj):
@@ -203,7 +374,8 @@ def _storages(tensors):
 class Tracker:
     """What track() returns: hooks on one model (and optimizer), history on."""
 
-    def __init__(self, model, optimizer=None, history=1_000_000, module_scopes=True, oom_dump=None):
+    def __init__(self, model, optimizer=None, history=1_000_000, module_scopes=True, oom_dump=None,
+                 backward_scopes=True, stacks=False):
         from . import torch as gt  # noqa: PLC0415
         if not gt.is_installed():
             raise RuntimeError("gpumem.torch.track needs gpumem as PyTorch's allocator: call gpumem.torch.install() "
@@ -211,19 +383,29 @@ class Tracker:
         self.model, self.optimizer = model, None
         self._handles, self._tagged, self._local = [], {}, threading.local()
         self._orig_backward = None
+        self._bw_task = None
         if history:
             history_enable(history)
+        if stacks and not history:
+            raise ValueError("gpumem.torch.track: stacks=True merges Python stacks into the history: "
+                             "it needs history > 0")
+        self._stacks = bool(stacks)
+        if self._stacks:
+            # torch's recorder, answered by the shim (python/csrc/gpumem_shim.cpp):
+            # a Python stack per allocation, merged into the dump (merge_stacks)
+            import torch  # noqa: PLC0415
+            torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
+                                                     max_entries=history)
         _check(_c().gm_scope_set_global(UNTRACKED.encode()), "scope_set_global")
         if oom_dump:
             history_dump_on_oom(oom_dump)
-        names = {m: n for n, m in model.named_modules()}
-        for m, path in names.items():
-            if m is model:
-                self._handles.append(m.register_forward_pre_hook(self._root_pre))
-                self._handles.append(m.register_forward_hook(self._root_post))
-            elif module_scopes:
+        self._bw = BackwardScopes() if module_scopes and backward_scopes else None
+        self._handles.append(model.register_forward_pre_hook(self._root_pre))
+        self._handles.append(model.register_forward_hook(self._root_post))
+        if module_scopes:
+            for m, path in module_paths(model.named_modules()).items():
                 self._handles.append(m.register_forward_pre_hook(functools.partial(self._pre, path)))
-                self._handles.append(m.register_forward_hook(self._post))
+                self._handles.append(m.register_forward_hook(functools.partial(self._post, path)))
         self._patch_backward()
         if optimizer is not None:
             self.track_optimizer(optimizer)
@@ -240,14 +422,50 @@ class Tracker:
         while scope_depth() > base:  # also closes scopes an exception left open
             scope_pop()
 
-    @staticmethod
-    def _pre(path, module, args):
+    def _pre(self, path, module, args):
         scope_push(path)
+        if self._bw is not None:
+            # left when the gradients of all inputs needing one are computed
+            self._grad_hook(args, functools.partial(self._bw_exit, path), "all")
 
-    @staticmethod
-    def _post(module, args, out):
+    def _post(self, path, module, args, out):
         if scope_depth():
             scope_pop()
+        if self._bw is not None:
+            # entered when the first gradient of an output is computed
+            self._grad_hook(out, functools.partial(self._bw_enter, path), "any")
+
+    @staticmethod
+    def _grad_hook(obj, fn, mode):
+        """A multi-grad hook (torch.autograd.graph.register_multi_grad_hook)
+        on the tensors in obj that need a gradient, outside backward (not on
+        a recomputation inside it) and when autograd records at all."""
+        import torch  # noqa: PLC0415
+        if not torch.is_grad_enabled() or _graph_task_id() != -1:
+            return
+        from torch.utils._pytree import tree_flatten  # noqa: PLC0415
+        ts = [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+        if ts:
+            try:
+                torch.autograd.graph.register_multi_grad_hook(ts, fn, mode=mode)
+            except TypeError:  # torch before mode=: "all" only (entered a little later)
+                torch.autograd.graph.register_multi_grad_hook(ts, fn)
+
+    def _bw_enter(self, path, *grads):
+        if not self._handles:  # a hook of a forward before close()
+            return
+        task = _graph_task_id()
+        if task != self._bw_task:
+            # the end of this backward (or autograd.grad) closes what stays
+            # open there (modules whose inputs need no gradient)
+            import torch  # noqa: PLC0415
+            self._bw_task = task
+            torch.autograd.Variable._execution_engine.queue_callback(self._bw.reset)
+        self._bw.enter(path)
+
+    def _bw_exit(self, path, *grads):
+        if self._handles:
+            self._bw.exit(path)
 
     # backward runs on autograd's threads: a process-wide scope for the call
     def _patch_backward(self):
@@ -256,10 +474,16 @@ class Tracker:
 
         @functools.wraps(orig)
         def backward(*a, **k):
+            if self._bw is not None:
+                self._bw.begin()
             _check(_c().gm_scope_set_global(PHASE_BACKWARD.encode()), "scope_set_global")
             try:
                 with scope(PHASE_BACKWARD):  # the calling thread's own allocations
-                    return orig(*a, **k)
+                    try:
+                        return orig(*a, **k)
+                    finally:
+                        if self._bw is not None:
+                            self._bw.reset()  # module scopes above ours on this thread
             finally:
                 _c().gm_scope_set_global(UNTRACKED.encode() if self._handles else None)
         self._orig_backward = orig
@@ -317,10 +541,19 @@ class Tracker:
         return out
 
     def dump(self, path, fmt=None):
-        """The history as a torch snapshot (or .gmt) for `gpumem report`."""
+        """The history as a torch snapshot (or .gmt) for `gpumem report`; with
+        stacks=True a torch snapshot whose allocations carry their Python
+        frames too. Returns (allocations given Python frames, allocations)
+        with stacks, else None."""
         self.tag_gradients()
         self.tag_optimizer_state()
-        history_dump(path, fmt)
+        if not self._stacks:
+            history_dump(path, fmt)
+            return None
+        if fmt == "gmt":
+            raise ValueError("gpumem: track(stacks=True) dumps torch snapshots only (fmt='torch')")
+        import torch  # noqa: PLC0415
+        return history_dump_with_stacks(path, torch.cuda.memory._snapshot())
 
     def close(self, stop_history=True):
         """Remove the hooks (and stop recording; what was recorded can still be dumped)."""
@@ -334,6 +567,9 @@ class Tracker:
         _c().gm_scope_set_global(None)
         if stop_history:
             history_enable(0)
+            if self._stacks:
+                torch.cuda.memory._record_memory_history(enabled=None)
+                self._stacks = False
 
     def __enter__(self):
         return self
@@ -342,9 +578,15 @@ class Tracker:
         self.close()
 
 
-def track(model, optimizer=None, history=1_000_000, module_scopes=True, oom_dump=None):
+def track(model, optimizer=None, history=1_000_000, module_scopes=True, oom_dump=None, backward_scopes=True,
+          stacks=False):
     """Tag model's parameters, gradients and optimizer's state, open scopes for
-    every module forward and for backward / optimizer.step, and record gpumem's
-    allocation history in a ring of `history` entries. Returns a Tracker
-    (breakdown(), dump(path), close())."""
-    return Tracker(model, optimizer, history=history, module_scopes=module_scopes, oom_dump=oom_dump)
+    every module forward (and, with backward_scopes, its backward) and for
+    backward / optimizer.step, and record gpumem's allocation history in a
+    ring of `history` entries. stacks=True also runs torch's own recorder
+    (torch.cuda.memory._record_memory_history, Python stacks; it costs what
+    it costs under PyTorch's allocator) and dump() merges each allocation's
+    Python frames into the snapshot. Returns a Tracker (breakdown(),
+    dump(path), close())."""
+    return Tracker(model, optimizer, history=history, module_scopes=module_scopes, oom_dump=oom_dump,
+                   backward_scopes=backward_scopes, stacks=stacks)

@@ -28,7 +28,7 @@ int cmd_report(int argc, char **argv) {
     const char *cmd = argv[0], *html = NULL, *perfetto = NULL, *conf = NULL;
     char *path = NULL;
     bool text = false, json = false;
-    long long device = 0, points = 6000, rows_max = 0;
+    long long device = 0, points = 6000, rows_max = 0, top_scopes = 10;
     const struct cli_opt opts[] = {
         {"output", 'o', CLI_STR, &html, "FILE.html", "self-contained HTML report (no network needed to view it)",
          NULL, 0, 0},
@@ -44,6 +44,9 @@ int cmd_report(int argc, char **argv) {
         CLI_OPT_DEVICE(&device),
         {"points", 0, CLI_INT, &points, "N", "timeline points kept (peaks are never dropped)", "6000", 6, 1e7},
         {"rows", 0, CLI_INT, &rows_max, "N", "frame table rows", "30 in text, 300 in HTML", 1, 1e6},
+        {"scopes", 0, CLI_INT, &top_scopes, "N",
+         "scopes per depth in the timeline stacked by scope (HTML, --json), the rest summed as \"" GM_SCOPE_OTHERS
+         "\"", "10", 1, 64},
     };
     const struct cli_spec spec = {
         .cmd = cmd, .args = "TRACE", .opts = opts, .nopts = CLI_NOPTS(opts), .min_pos = 1, .max_pos = 1,
@@ -78,15 +81,17 @@ int cmd_report(int argc, char **argv) {
     gm_attribution *a = NULL;
     gm_timeline *tl = NULL;
     gm_frame_row *rows = NULL;
+    gm_scope_series *ss = NULL;
     size_t nrows = 0;
     int rc = gm_attribute(t, (int)device, &a);
     if (!rc) rc = gm_timeline_build(a, &cfg, (size_t)points, &tl);
     if (!rc) rc = gm_frame_table(a, &rows, &nrows);
+    if (!rc && (html || json)) rc = gm_scope_series_build(a, tl, (size_t)top_scopes, &ss);
     if (rc) {
         rc = cli_error(cmd, "%s: %s", path, gm_last_error_detail());
         goto out;
     }
-    gm_report_opts ro = {path, (size_t)rows_max};
+    gm_report_opts ro = {path, (size_t)rows_max, ss};
     if (html) {
         FILE *f = open_out(cmd, html);
         if (!f || (rc = close_out(cmd, html, f, gm_report_write_html(f, a, tl, rows, nrows, &ro)))) {
@@ -104,6 +109,7 @@ int cmd_report(int argc, char **argv) {
     if (text) gm_report_write_text(stdout, a, tl, rows, nrows, &ro);
     if (json) gm_report_write_json(stdout, a, tl, &ro);
 out:
+    gm_scope_series_free(ss);
     free(rows);
     gm_timeline_free(tl);
     gm_attribution_free(a);

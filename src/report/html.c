@@ -80,6 +80,26 @@ static void summary(FILE *f, const gm_attribution *a, const gm_timeline *tl, con
             gm__report_bytes((double)(tl->peak_reserved - tl->peak_allocated), b, sizeof b));
 }
 
+/* The "stack by" control: categories, or scopes cut at each depth. */
+static void stack_control(FILE *f, const gm_scope_series *ss) {
+    if (!ss) return;
+    fprintf(f, "<p class=note><label>Stack by <select id=stackby><option value=cat selected>category</option>");
+    for (int i = 0; i < ss->nviews; i++) {
+        const gm_scope_view *v = &ss->views[i];
+        fprintf(f, "<option value=%d>scope, depth %d (%zu scope%s%s)</option>", i, v->depth, v->nscopes,
+                v->nscopes == 1 ? "" : "s", v->nseries < v->nscopes ? ", top ones shown" : "");
+    }
+    fprintf(f, "</select></label> <span id=scope-source>Scopes from %s.", ss->source);
+    if (ss->by_scope)
+        fprintf(f, " A module path is cut at the depth: transformer.h.3.attn at depth 3 is transformer.h.3.");
+    if (ss->by_frames)
+        fprintf(f, " A torch snapshot names functions, not module instances: a scope is the path of module "
+                   "forward calls (file:line of each call, outermost first), shared by every instance called "
+                   "from that line; \"(self)\" is a forward's own code.");
+    fprintf(f, " Scopes outside the top ones by bytes at the peak are summed in \"%s\"; allocations outside "
+               "every scope are named by their phase in brackets.</span></p>\n", GM_SCOPE_OTHERS);
+}
+
 static void breakdown(FILE *f, const gm_attribution *a) {
     char b1[32], b2[32];
     uint64_t peak = (uint64_t)a->peak_bytes;
@@ -182,7 +202,7 @@ static void frame_table(FILE *f, const gm_attribution *a, const gm_frame_row *ro
     fprintf(f, "</tbody></table>\n");
 }
 
-static void data_json(FILE *f, const gm_attribution *a, const gm_timeline *tl) {
+static void data_json(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_scope_series *ss) {
     int64_t t0 = a->nevents ? a->ev[0].time_us : 0;
     bool use_time = a->nevents && a->ev[a->nevents - 1].time_us > t0;
     fprintf(f, "<script>const D={\"xlabel\":\"%s\",\"cats\":[", use_time ? "seconds" : "event");
@@ -204,6 +224,12 @@ static void data_json(FILE *f, const gm_attribution *a, const gm_timeline *tl) {
     for (size_t i = 0; i < tl->npts; i++) fprintf(f, "%s%" PRId64, i ? "," : "", tl->pts[i].reserved);
     fprintf(f, "],\"title\":");
     jstr(f, a->trace->format);
+    if (ss) {
+        fprintf(f, ",\"others\":");
+        jstr(f, GM_SCOPE_OTHERS);
+        fprintf(f, ",\"scopes\":");
+        gm__scope_series_json(f, ss, true);
+    }
     fprintf(f, "};</script>\n");
 }
 
@@ -215,17 +241,31 @@ static const char *JS =
     "c.setLineDash([5,3]);c.lineWidth=1.5;c.beginPath();c.moveTo(x,u.bbox.top);c.lineTo(x,u.bbox.top+u.bbox.height);"
     "c.stroke();c.restore()}\n"
     "const yax={values:(u,vs)=>vs.map(fmt),size:86};\n"
-    "(function(){const n=D.t.length,C=D.cats.length,cum=[];let acc=new Array(n).fill(0);"
-    "for(let k=0;k<C;k++){acc=acc.map((v,i)=>v+D.c[k][i]);cum.push(acc)}"
+    /* the stacked timeline: by category, or by scope at a depth (the
+     * #stackby control); scope series come as deltas, summed here once */
+    "const PAL=['#4e79a7','#f28e2b','#e15759','#76b7b2','#59a14f','#edc948','#b07aa1','#ff9da7','#9c755f',"
+    "'#17becf','#bcbd22','#1f77b4','#8c564b','#e377c2','#7f7f7f','#aec7e8'];\n"
+    "const S=D.scopes;if(S)S.views.forEach(v=>v.series.forEach(s=>{let c=0;s.v=s.deltas.map(d=>c+=d)}));\n"
+    "function groups(m){if(m==='cat'||!S)return D.cats.map((n,k)=>({name:n,color:D.colors[k],v:D.c[k]}));"
+    "return S.views[+m].series.map((s,j)=>({name:s.name,color:s.name===D.others?'#bab0ac':PAL[j%PAL.length],v:s.v}))}\n"
+    "let chart=null;\n"
+    "function drawTimeline(m){const G=groups(m),n=D.t.length,cum=[];let acc=new Array(n).fill(0);"
+    "G.forEach(g=>{acc=acc.map((v,i)=>v+g.v[i]);cum.push(acc)});"
     "const data=[D.t],series=[{label:D.xlabel}];"
-    "for(let k=C-1;k>=0;k--){data.push(cum[k]);series.push({label:D.cats[k],fill:D.colors[k],stroke:D.colors[k],"
-    "width:0,paths:step,value:(u,v,si,i)=>i==null?'--':fmt(D.c[k][i])})}"
+    "for(let k=G.length-1;k>=0;k--){const g=G[k];data.push(cum[k]);series.push({label:g.name,fill:g.color,"
+    "stroke:g.color,width:0,paths:step,value:(u,v,si,i)=>i==null?'--':fmt(g.v[i])})}"
     "data.push(D.alloc);series.push({label:'allocated (replay)',stroke:'#444',width:1,dash:[4,3],paths:step,"
     "value:(u,v)=>v==null?'--':fmt(v)});"
     "data.push(D.res);series.push({label:'reserved (replay)',stroke:'#111',width:1.5,paths:step,"
     "value:(u,v)=>v==null?'--':fmt(v)});"
-    "new uPlot({width:W,height:400,series,scales:{x:{time:false}},axes:[{label:D.xlabel},yax],"
-    "hooks:{draw:[peakLine]}},data,document.getElementById('timeline'));"
+    "if(chart)chart.destroy();"
+    "chart=new uPlot({width:W,height:400,series,scales:{x:{time:false}},axes:[{label:D.xlabel},yax],"
+    "hooks:{draw:[peakLine]}},data,document.getElementById('timeline'))}\n"
+    /* #stack=N in the address opens the view of depth index N (a link to it) */
+    "(function(){const sel=document.getElementById('stackby'),h=/stack=(cat|\\d+)/.exec(location.hash);"
+    "if(sel&&h&&[...sel.options].some(o=>o.value===h[1]))sel.value=h[1];"
+    "if(sel)sel.onchange=()=>{drawTimeline(sel.value);history.replaceState(null,'','#stack='+sel.value)};"
+    "drawTimeline(sel?sel.value:'cat');"
     "const fr=D.res.map((r,i)=>r-D.alloc[i]);"
     "new uPlot({width:W,height:220,series:[{label:D.xlabel},{label:'reserved - allocated',fill:'#f4a58280',"
     "stroke:'#d6604d',width:1,paths:step,value:(u,v)=>v==null?'--':fmt(v)}],scales:{x:{time:false}},"
@@ -249,17 +289,20 @@ int gm_report_write_html(FILE *f, const gm_attribution *a, const gm_timeline *tl
     fwrite(gm_uplot_js, 1, gm_uplot_js_len, f);
     fprintf(f, "</script>\n</head><body>\n");
     summary(f, a, tl, o);
-    fprintf(f, "<h2>Memory over time, stacked by category</h2><p class=note>Live requested bytes per category "
+    fprintf(f, "<h2>Memory over time, stacked by category or scope</h2><p class=note>Live requested bytes per "
+               "category or per scope "
                "(%zu points kept of %zu events: the minimum and maximum of each bucket, so no peak is "
                "dropped), with allocated and reserved bytes from replaying the trace under the torch policy. "
-               "The red line marks the peak.</p><div id=timeline></div>\n",
+               "The red line marks the peak.</p>\n",
             tl->npts, a->nevents);
+    stack_control(f, o ? o->scopes : NULL);
+    fprintf(f, "<div id=timeline></div>\n");
     breakdown(f, a);
     fprintf(f, "<h2>Fragmentation over time</h2><p class=note>Reserved minus allocated bytes in the replay: "
                "memory the caching allocator holds in segments but no tensor uses.</p><div id=frag></div>\n");
     segment_map(f, tl);
     frame_table(f, a, rows, nrows, o);
-    data_json(f, a, tl);
+    data_json(f, a, tl, o ? o->scopes : NULL);
     fprintf(f, "<script>%s</script>\n</body></html>\n", JS);
     return ferror(f) ? -1 : 0;
 }

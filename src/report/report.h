@@ -68,6 +68,9 @@ const char *gm_phase_name(int ph);
 #define GM_SCOPE_FORWARD "forward"
 #define GM_SCOPE_BACKWARD "backward"
 #define GM_SCOPE_OPTIMIZER "optimizer.step"
+/* The scope of everything else while tracking (inputs, zero_grad, user code):
+ * no phase of its own, and no module path. */
+#define GM_SCOPE_UNTRACKED "untracked"
 
 #define GM_ATTR_ALIVE UINT32_MAX /* end of an allocation never freed */
 
@@ -165,11 +168,48 @@ int gm_timeline_build(const gm_attribution *a, const gm_config *cfg, size_t max_
                       gm_timeline **out);
 void gm_timeline_free(gm_timeline *tl);
 
+/* ---- the timeline stacked by scope (scopes.c) --------------------------- */
+
+/* Deepest module path cut the report offers, and the name of the series
+ * holding every scope outside a view's top N. */
+#define GM_SCOPE_DEPTH_MAX 8
+#define GM_SCOPE_OTHERS "other scopes"
+
+typedef struct gm_scope_view {
+    int depth;          /* module paths cut at this many components */
+    size_t nscopes;     /* distinct scopes at this depth */
+    size_t nseries;     /* the top N by bytes at the peak, then GM_SCOPE_OTHERS if more */
+    char **names;       /* "transformer.h.3", "modeling_gpt2.py:1062 > :922", "[backward]" */
+    int64_t *at_peak;   /* live bytes at the peak (sums to the peak) */
+    int64_t *max;       /* the series' own maximum */
+    int64_t *values;    /* values[s * npts + p]: live bytes at the timeline's point p */
+} gm_scope_view;
+
+typedef struct gm_scope_series {
+    const char *source; /* where the scopes came from, in words */
+    bool by_scope;      /* some allocation has a gpumem module scope */
+    bool by_frames;     /* some allocation is keyed by Python forward frames */
+    size_t npts;        /* = the timeline's */
+    int nviews;         /* depths 1..nviews (at least 1) */
+    gm_scope_view views[GM_SCOPE_DEPTH_MAX];
+} gm_scope_series;
+
+/* Live requested bytes per scope at tl's points, at every depth up to the
+ * deepest scope (GM_SCOPE_DEPTH_MAX at most), top_n scopes per depth by
+ * bytes at the peak plus GM_SCOPE_OTHERS. Every point's series sum to the
+ * point's categories' sum. scopes.c says how a scope is decided. */
+int gm_scope_series_build(const gm_attribution *a, const gm_timeline *tl, size_t top_n, gm_scope_series **out);
+void gm_scope_series_free(gm_scope_series *ss);
+/* The series as one JSON object; deltas: each point minus the one before
+ * (the HTML, smaller), else the values (--json). */
+void gm__scope_series_json(FILE *f, const gm_scope_series *ss, bool deltas);
+
 /* ---- outputs ------------------------------------------------------------ */
 
 typedef struct gm_report_opts {
     const char *title;     /* the trace path */
     size_t max_rows;       /* frame table rows (0 = 50) */
+    const gm_scope_series *scopes; /* the timeline by scope (NULL: none) */
 } gm_report_opts;
 
 int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl,

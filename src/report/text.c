@@ -85,7 +85,21 @@ int gm_report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl
     fprintf(f, "},\"methods\":{");
     for (int m = 0; m < GM_AM_COUNT; m++)
         fprintf(f, "%s\"%s\":%" PRIu64, m ? "," : "", gm_attr_method_name(m), gm_attr_peak_method(a, m));
-    fprintf(f, "},\"unknown_frees\":%" PRIu64 ",\"double_allocs\":%" PRIu64 "}\n", a->unknown_frees,
+    fprintf(f, "},\"unknown_frees\":%" PRIu64 ",\"double_allocs\":%" PRIu64, a->unknown_frees,
             a->double_allocs);
+    if (tl && o && o->scopes) {
+        /* the timeline's points (x of the scope series) and the series the
+         * HTML's "stack by scope" draws */
+        int64_t t0 = a->nevents ? a->ev[0].time_us : 0;
+        bool use_time = a->nevents && a->ev[a->nevents - 1].time_us > t0;
+        fprintf(f, ",\"timeline\":{\"x\":\"%s\",\"peak_point\":%zu,\"t\":[", use_time ? "seconds" : "event",
+                tl->peak_pt);
+        for (size_t i = 0; i < tl->npts; i++) fprintf(f, "%s%.9g", i ? "," : "", tl->pts[i].t);
+        fprintf(f, "],\"event\":[");
+        for (size_t i = 0; i < tl->npts; i++) fprintf(f, "%s%" PRIu32, i ? "," : "", tl->pts[i].ev);
+        fprintf(f, "]},\"scopes\":");
+        gm__scope_series_json(f, o->scopes, false);
+    }
+    fprintf(f, "}\n");
     return ferror(f) ? -1 : 0;
 }

@@ -9,6 +9,7 @@
 
 #include "internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -154,13 +155,19 @@ int gm_timeline_build(const gm_attribution *a, const gm_config *cfg, size_t max_
     gm_sim_options_init(&so);
     rc = gm_sim_create(&be, &so);
     for (size_t i = 0; !rc && i < a->nevents; i++)
-        if (a->ev[i].action == GM_TA_SEGMENT_ALLOC)
+        if (a->ev[i].action == GM_TA_SEGMENT_ALLOC) {
+            /* a hint only: one the sim refuses (address 0 or not aligned,
+             * which replay skips as a bad event too) is left out */
             rc = gm_sim_add_address_hint(be, 0, a->ev[i].size, a->ev[i].addr);
+            if (rc == GM_EINVAL) rc = GM_OK;
+        }
     if (!rc) rc = gm_allocator_create(&al, be, cfg);
     if (!rc && cfg->per_process_memory_fraction < 1.0)
         rc = gm_set_memory_fraction(al, 0, cfg->per_process_memory_fraction);
     if (rc) {
-        rc = gm__set_error(rc, "cannot set up the replay for the timeline: %s", gm_last_error_detail());
+        char detail[512]; /* the error buffer is written from itself otherwise */
+        snprintf(detail, sizeof detail, "%s", gm_last_error_detail());
+        rc = gm__set_error(rc, "cannot set up the replay for the timeline: %s", detail);
         goto out;
     }
     int64_t t0 = a->nevents ? a->ev[0].time_us : 0;
@@ -182,9 +189,11 @@ int gm_timeline_build(const gm_attribution *a, const gm_config *cfg, size_t max_
             } else {
                 int r = gm_malloc(al, 0, x->size, x->stream, &ptrs[k]);
                 if (r == GM_ENOMEM) tl->oom = true;
+                else if (r == GM_EINVAL) ptrs[k] = 0; /* no device could (replay skips it too) */
                 else if (r) {
-                    rc = gm__set_error(r, "replay for the timeline failed at event %zu: %s", i,
-                                       gm_last_error_detail());
+                    char detail[512];
+                    snprintf(detail, sizeof detail, "%s", gm_last_error_detail());
+                    rc = gm__set_error(r, "replay for the timeline failed at event %zu: %s", i, detail);
                     goto out;
                 }
                 cur.cat[x->cat] += (int64_t)x->size;

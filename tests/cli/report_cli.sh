@@ -3,7 +3,9 @@
 # and the real ../shared traces (skipped, saying so, when absent): the HTML
 # is self-contained (uPlot inlined, nothing fetched), holds the timeline
 # chart, the peak table, the segment map and the frame table, stays under
-# 5 MB, and its peak equals 'gpumem replay --json's peak_requested; --text
+# 5 MB, and its peak equals 'gpumem replay --json's peak_requested; the
+# timeline's category series and its scope series at every depth of the
+# "stack by" control sum to the same bytes at every point; --text
 # prints the same tables; --perfetto writes Chrome trace JSON with counter
 # tracks and slices; a .gmt trace reports the same peak; bad usage exits 2
 # naming the problem, an unreadable trace or unwritable output exits 1.
@@ -39,6 +41,34 @@ cats = vals[0:12:2]  # live at peak per category (each row: at peak, allocated)
 assert len(re.findall(r"<tr><td><span class=sw", tab)) == 6, tab[:300]
 assert sum(cats) == want, (cats, want)
 assert vals[12] == want, vals
+PY
+    # the timeline's data: the category series and, for every depth of the
+    # "stack by scope" control, the scope series (deltas) sum to the same
+    # live bytes at every point, and the peak is one of the points
+    python3 - "$html" "$want" <<'PY' || fail "$trace: timeline data"
+import json, re, sys
+h, want = open(sys.argv[1]).read(), int(sys.argv[2])
+D = json.loads(re.search(r"<script>const D=(\{.*?\});</script>", h, re.S).group(1))
+n = len(D["t"])
+tot = [sum(c[i] for c in D["c"]) for i in range(n)]
+assert max(tot) == want, (max(tot), want)
+S = D["scopes"]
+assert S["points"] == n and S["views"], S.keys()
+opts = re.findall(r"<option value=(\d+)>scope, depth (\d+) ", h)
+assert [int(d) for _, d in opts] == [v["depth"] for v in S["views"]] == list(range(1, len(S["views"]) + 1)), opts
+assert "<select id=stackby><option value=cat selected>category</option>" in h
+for v in S["views"]:
+    assert 1 <= len(v["series"]) <= 11, len(v["series"])  # the default top 10 and "other scopes"
+    vals = []
+    for s in v["series"]:
+        acc, x = 0, []
+        for d in s["deltas"]:
+            acc += d
+            x.append(acc)
+        assert max(x) <= s["max"], (s["name"], max(x), s["max"])  # its own maximum may fall between points
+        vals.append(x)
+    assert [sum(x[i] for x in vals) for i in range(n)] == tot, v["depth"]
+    assert sum(s["at_peak"] for s in v["series"]) == want
 PY
 }
 
@@ -77,6 +107,24 @@ assert sum(c["peak"] for c in j["categories"].values()) == j["peak_requested"]
 assert sum(j["methods"].values()) == j["peak_requested"]
 ' "$want" || fail "--json"
 "$GPUMEM" report "$ex" --json --text 2>/dev/null; [ $? -eq 2 ] || fail "--json --text accepted"
+# --json's scope series: values (not deltas) at the timeline's points; the
+# series at the peak point sum to the peak; --scopes 2 keeps 2 + "other scopes"
+"$GPUMEM" report "$ex" --json --scopes 2 | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+tl, S, want = j["timeline"], j["scopes"], j["peak_requested"]
+assert S["encoding"] == "values" and S["points"] == len(tl["t"]) == len(tl["event"]), S["encoding"]
+assert tl["event"][tl["peak_point"]] == j["peak_event"], tl["peak_point"]
+assert S["source"].startswith("Python forward frames"), S["source"]
+for v in S["views"]:
+    assert sum(s["values"][tl["peak_point"]] for s in v["series"]) == want, v["depth"]
+    assert sum(s["at_peak"] for s in v["series"]) == want
+    assert len(v["series"]) <= 3 and (v["scopes"] <= 3 or v["series"][-1]["name"] == "other scopes"), v
+d1 = {s["name"]: s["at_peak"] for s in S["views"][0]["series"]}
+assert d1["[optimizer step]"] >= j["categories"]["optimizer_state"]["peak"] > 0, d1  # state and its temporaries
+' || fail "--json scopes"
+"$GPUMEM" report "$ex" --json --scopes 0 2>"$T/err"; [ $? -eq 2 ] || fail "--scopes 0 accepted"
+grep -q -- "--scopes" "$T/err" || fail "bad --scopes message: $(cat "$T/err")"
 
 # --perfetto: Chrome trace JSON with counters per category and phase slices
 "$GPUMEM" report "$ex" --perfetto "$T/p.json" -o "$T/r2.html" || fail "--perfetto exit"
@@ -111,6 +159,17 @@ grep -q -- "--points" "$T/err" || fail "bad --points message"
 grep -q "cannot write" "$T/err" || fail "unwritable output message: $(cat "$T/err")"
 "$GPUMEM" report "$ex" --conf "bogus_key:1" 2>"$T/err"; [ $? -eq 2 ] || fail "bad --conf exit"
 "$GPUMEM" report --help | grep -q -- "--perfetto" || fail "--help"
+
+# a segment_alloc the sim cannot place (not 2 MiB-aligned; replay skips it
+# as a bad event) is left out of the timeline's replay, not an error
+python3 - "$T/seg.pickle" <<'PY' || fail "writing seg.pickle"
+import pickle, sys
+ev = [{"action": "segment_alloc", "addr": 0x1000, "size": 1 << 20, "stream": 0, "time_us": 1, "frames": []},
+      {"action": "alloc", "addr": 0x1000, "size": 100, "stream": 0, "time_us": 2, "frames": []}]
+pickle.dump({"segments": [], "device_traces": [ev]}, open(sys.argv[1], "wb"))
+PY
+"$GPUMEM" report "$T/seg.pickle" -o "$T/seg.html" 2>"$T/err" || fail "unaligned segment: $(cat "$T/err")"
+grep -q 'content="100"' "$T/seg.html" || fail "unaligned segment: peak"
 
 # the real traces
 SH=${GPUMEM_SHARED:-$SRC/../shared}
