@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "gm_limits.h"
 #include "gpumem/gpumem.h"
 #include "report/report.h"
 #include "trace/trace.h"
@@ -257,9 +258,12 @@ static void test_old_trace_and_anomalies(void **s) {
     ev(&x, GM_TA_FREE_REQUESTED, 0x1000, 0, 0);
     ev(&x, GM_TA_FREE_REQUESTED, 0x9999, 0, 0); /* unknown */
     ev(&x, GM_TA_ALLOC, 0x2000, 50, 0);
+    ev(&x, GM_TA_ALLOC, 0x40000000, GM_LIMIT_ALLOC_BYTES + 1, 0); /* replay skips it */
+    ev(&x, GM_TA_FREE_REQUESTED, 0x40000000, 0, 0);
     gm_trace *t = finish(&x);
     gm_attribution *a;
     assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(a->oversized_allocs, 1);
     assert_int_equal(a->free_action, GM_TA_FREE_REQUESTED);
     assert_int_equal(a->double_allocs, 1);
     assert_int_equal(a->unknown_frees, 1);

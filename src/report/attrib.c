@@ -129,10 +129,17 @@ static int pair(gm_attribution *a) {
             } else {
                 gm__idmap_set(&m, j, e->addr, (uint32_t)a->nallocs);
             }
-            a->allocs[a->nallocs++] = (gm_attr_alloc){e->addr, e->size, e->stream, (uint32_t)i,
+            /* replay skips an alloc over the limit (and its free): here it
+             * stays in the list with 0 bytes, so both peaks agree */
+            uint64_t size = e->size;
+            if (size > GM_LIMIT_ALLOC_BYTES) {
+                a->oversized_allocs++;
+                size = 0;
+            }
+            a->allocs[a->nallocs++] = (gm_attr_alloc){e->addr, size, e->stream, (uint32_t)i,
                                                       GM_ATTR_ALIVE, e->stack, GM_CAT_OTHER,
                                                       GM_AM_UNKNOWN, GM_PH_NONE};
-            cur += (int64_t)e->size;
+            cur += (int64_t)size;
             if (cur > a->peak_bytes) {
                 a->peak_bytes = cur;
                 a->peak_ev = i;

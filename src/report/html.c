@@ -125,10 +125,11 @@ static void breakdown(FILE *f, const gm_attribution *a) {
                 gm_attr_method_name(m), gm__report_bytes((double)p, b1, sizeof b1), gm__report_pct(p, peak), gm_attr_method_help(m));
     }
     fprintf(f, "</tbody></table></div>\n");
-    if (a->unknown_frees || a->double_allocs)
+    if (a->unknown_frees || a->double_allocs || a->oversized_allocs)
         fprintf(f, "<p class=note>Trace anomalies: %" PRIu64 " frees of unknown addresses (skipped), %" PRIu64
-                   " allocations of live addresses (the old one kept live, as gpumem replay does).</p>\n",
-                a->unknown_frees, a->double_allocs);
+                   " allocations of live addresses (the old one kept live, as gpumem replay does), %" PRIu64
+                   " allocations over GM_LIMIT_ALLOC_BYTES (counted as 0 bytes: gpumem replay skips them).</p>\n",
+                a->unknown_frees, a->double_allocs, a->oversized_allocs);
 }
 
 static void segment_map(FILE *f, const gm_timeline *tl) {

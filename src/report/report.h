@@ -99,6 +99,7 @@ typedef struct gm_attribution {
     uint64_t bytes_by[GM_CAT_COUNT][GM_AM_COUNT]; /* all allocated bytes */
     uint64_t count_by[GM_CAT_COUNT];
     uint64_t unknown_frees, double_allocs;
+    uint64_t oversized_allocs; /* > GM_LIMIT_ALLOC_BYTES: counted as 0 bytes, as replay skips them */
 } gm_attribution;
 
 int gm_attribute(const gm_trace *t, int device, gm_attribution **out);

@@ -37,10 +37,11 @@ int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl
         fprintf(f, "  %-9s %12s %6.1f%%  %s\n", gm_attr_method_name(m), gm__report_bytes((double)p, b1, sizeof b1),
                 gm__report_pct(p, peak), gm_attr_method_help(m));
     }
-    if (a->unknown_frees || a->double_allocs)
+    if (a->unknown_frees || a->double_allocs || a->oversized_allocs)
         fprintf(f, "\n  trace anomalies: %" PRIu64 " frees of unknown addresses, %" PRIu64
-                   " allocs of live addresses (kept live, as replay does)\n",
-                a->unknown_frees, a->double_allocs);
+                   " allocs of live addresses (kept live, as replay does), %" PRIu64
+                   " allocs over GM_LIMIT_ALLOC_BYTES (0 bytes: replay skips them)\n",
+                a->unknown_frees, a->double_allocs, a->oversized_allocs);
     size_t max = o && o->max_rows ? o->max_rows : 30;
     fprintf(f, "\nFrames and scopes by memory live at the peak (self: innermost frame; total: "
                "anywhere on the stack):\n\n");
@@ -85,8 +86,8 @@ int gm_report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl
     fprintf(f, "},\"methods\":{");
     for (int m = 0; m < GM_AM_COUNT; m++)
         fprintf(f, "%s\"%s\":%" PRIu64, m ? "," : "", gm_attr_method_name(m), gm_attr_peak_method(a, m));
-    fprintf(f, "},\"unknown_frees\":%" PRIu64 ",\"double_allocs\":%" PRIu64, a->unknown_frees,
-            a->double_allocs);
+    fprintf(f, "},\"unknown_frees\":%" PRIu64 ",\"double_allocs\":%" PRIu64 ",\"oversized_allocs\":%" PRIu64,
+            a->unknown_frees, a->double_allocs, a->oversized_allocs);
     if (tl && o && o->scopes) {
         /* the timeline's points (x of the scope series) and the series the
          * HTML's "stack by scope" draws */
