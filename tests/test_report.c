@@ -339,6 +339,24 @@ static void check_view_sums(const gm_attribution *a, const gm_timeline *tl, cons
     }
 }
 
+/* Attribute t, build its timeline (at most points points) and its scope
+ * series (top n per depth), and check that each view sums to the
+ * categories; scoped_free releases all four. */
+static void scoped_build(gm_trace *t, size_t points, size_t top, gm_attribution **a, gm_timeline **tl,
+                         gm_scope_series **ss) {
+    assert_int_equal(gm_attribute(t, 0, a), GM_OK);
+    assert_int_equal(gm_timeline_build(*a, NULL, points, tl), GM_OK);
+    assert_int_equal(gm_scope_series_build(*a, *tl, top, ss), GM_OK);
+    check_view_sums(*a, *tl, *ss);
+}
+
+static void scoped_free(gm_trace *t, gm_attribution *a, gm_timeline *tl, gm_scope_series *ss) {
+    gm_scope_series_free(ss);
+    gm_timeline_free(tl);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
 static const gm_scope_view *view(const gm_scope_series *ss, int depth) {
     assert_true(depth >= 1 && depth <= ss->nviews);
     return &ss->views[depth - 1];
@@ -381,16 +399,13 @@ static void test_scope_series_paths(void **s) {
     ALLOC(0x7000, 2000, o);  /* optimizer state: [optimizer step] 4030 peak */
     gm_trace *t = finish(&x);
     gm_attribution *a;
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
-    assert_int_equal(a->peak_bytes, 1000 + 30 + 1000 + 2000);
     gm_timeline *tl;
-    assert_int_equal(gm_timeline_build(a, NULL, 6000, &tl), GM_OK);
     gm_scope_series *ss;
-    assert_int_equal(gm_scope_series_build(a, tl, 10, &ss), GM_OK);
+    scoped_build(t, 6000, 10, &a, &tl, &ss);
+    assert_int_equal(a->peak_bytes, 1000 + 30 + 1000 + 2000);
     assert_true(ss->by_scope);
     assert_false(ss->by_frames);
     assert_int_equal(ss->nviews, 4);
-    check_view_sums(a, tl, ss);
     const gm_scope_view *v = view(ss, 1);
     assert_int_equal(series_peak(v, "model"), 30 + 1000);
     assert_int_equal(series_peak(v, "[untracked]"), 1000);
@@ -435,10 +450,7 @@ static void test_scope_series_paths(void **s) {
     fclose(f);
     assert_non_null(strstr(buf, "\"deltas\":["));
     free(buf);
-    gm_scope_series_free(ss);
-    gm_timeline_free(tl);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    scoped_free(t, a, tl, ss);
 }
 
 /* A torch snapshot: scopes from the module forward frames (call sites),
@@ -461,15 +473,12 @@ static void test_scope_series_frames(void **s) {
     ALLOC(0x5000, 40, step); /* [optimizer step] */
     gm_trace *t = finish(&x);
     gm_attribution *a;
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
     gm_timeline *tl;
-    assert_int_equal(gm_timeline_build(a, NULL, 6000, &tl), GM_OK);
     gm_scope_series *ss;
-    assert_int_equal(gm_scope_series_build(a, tl, 10, &ss), GM_OK);
+    scoped_build(t, 6000, 10, &a, &tl, &ss);
     assert_false(ss->by_scope);
     assert_true(ss->by_frames);
     assert_int_equal(ss->nviews, 2);
-    check_view_sums(a, tl, ss);
     assert_int_equal(a->peak_bytes, 100 + 50 + 8 + 1000);
     const gm_scope_view *v = view(ss, 1);
     assert_int_equal(series_peak(v, "model.py:13"), 100);
@@ -480,10 +489,7 @@ static void test_scope_series_frames(void **s) {
     assert_int_equal(series_peak(v, "model.py (self)"), 50);
     for (size_t j = 0; j < v->nseries; j++)
         if (!strcmp(v->names[j], "[optimizer step]")) assert_int_equal(v->max[j], 40);
-    gm_scope_series_free(ss);
-    gm_timeline_free(tl);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    scoped_free(t, a, tl, ss);
 }
 
 /* Downsampled to few points, the series still sum to the categories at
@@ -492,20 +498,14 @@ static void test_scope_series_downsampled(void **s) {
     (void)s;
     gm_trace *t = training_trace();
     gm_attribution *a;
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
     gm_timeline *tl;
-    assert_int_equal(gm_timeline_build(a, NULL, 6, &tl), GM_OK);
     gm_scope_series *ss;
-    assert_int_equal(gm_scope_series_build(a, tl, 1, &ss), GM_OK);
+    scoped_build(t, 6, 1, &a, &tl, &ss);
     assert_int_equal(tl->pts[tl->peak_pt].ev, a->peak_ev);
-    check_view_sums(a, tl, ss);
     const gm_scope_view *v = view(ss, 1);
     assert_int_equal(v->nseries, 2); /* the top one and "other scopes" */
     assert_string_equal(v->names[1], GM_SCOPE_OTHERS);
-    gm_scope_series_free(ss);
-    gm_timeline_free(tl);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    scoped_free(t, a, tl, ss);
 }
 
 /* A path deeper than GM_SCOPE_DEPTH_MAX gets that many views, the last cut
@@ -518,19 +518,13 @@ static void test_scope_series_limits(void **s) {
     ALLOC(0x1000, 64, deep);
     gm_trace *t = finish(&x);
     gm_attribution *a;
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
     gm_timeline *tl;
-    assert_int_equal(gm_timeline_build(a, NULL, 6000, &tl), GM_OK);
     gm_scope_series *ss;
-    assert_int_equal(gm_scope_series_build(a, tl, 10, &ss), GM_OK);
+    scoped_build(t, 6000, 10, &a, &tl, &ss);
     assert_int_equal(ss->nviews, GM_SCOPE_DEPTH_MAX);
-    check_view_sums(a, tl, ss);
     assert_int_equal(series_peak(view(ss, 1), "a"), 64);
     assert_int_equal(series_peak(view(ss, GM_SCOPE_DEPTH_MAX), "a.b.c.d.e.f.g.h"), 64);
-    gm_scope_series_free(ss);
-    gm_timeline_free(tl);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    scoped_free(t, a, tl, ss);
 
     x = (tb){gm__tb_new(), 0};
     FREE(0x1000, 0); /* of an address never allocated: no allocation at all */
@@ -548,10 +542,7 @@ static void test_scope_series_limits(void **s) {
     fclose(f);
     assert_non_null(strstr(buf, "\"series\":[]"));
     free(buf);
-    gm_scope_series_free(ss);
-    gm_timeline_free(tl);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    scoped_free(t, a, tl, ss);
 }
 
 static void test_names(void **s) {

@@ -33,15 +33,21 @@ def _loadable():
 
 
 @unittest.skipUnless(_loadable()[0], "libgpumem_torch.so not loadable: %s" % _loadable()[1])
-class TrackTest(unittest.TestCase):
+class _OnTheSimLibrary(unittest.TestCase):
+    """A fresh gpumem on the sim backend for each test; history and the
+    global scope switched off after it."""
+
     def setUp(self):
         _lib.load().gpumem_torch_shutdown()
         _lib.configure("", "sim")
 
     def tearDown(self):
+        tk._c().gm_scope_set_global(None)
         tk.history_enable(0)
         _lib.load().gpumem_torch_shutdown()
 
+
+class TrackTest(_OnTheSimLibrary):
     def test_scopes_nest_per_thread(self):
         self.assertIsNone(tk.current_scope())
         seen = {}
@@ -225,19 +231,10 @@ class MergeStacks(unittest.TestCase):
         self.assertEqual(tk.merge_stacks(gm, {}), (0, 1))
 
 
-@unittest.skipUnless(_loadable()[0], "libgpumem_torch.so not loadable: %s" % _loadable()[1])
-class StacksInTheLibrary(unittest.TestCase):
+class StacksInTheLibrary(_OnTheSimLibrary):
     """history_dump_with_stacks: the library's history with Python frames
     merged in, read by `gpumem report`: the frames reach its frame table and
     scope series; gpumem's own scopes still decide the phase."""
-
-    def setUp(self):
-        _lib.load().gpumem_torch_shutdown()
-        _lib.configure("", "sim")
-
-    def tearDown(self):
-        tk.history_enable(0)
-        _lib.load().gpumem_torch_shutdown()
 
     def test_dump_with_stacks_reaches_the_report(self):
         tk.history_enable(1000)
@@ -277,21 +274,11 @@ class StacksInTheLibrary(unittest.TestCase):
         _lib.free_raw(inp)
 
 
-@unittest.skipUnless(_loadable()[0], "libgpumem_torch.so not loadable: %s" % _loadable()[1])
-class BackwardScopesInTheLibrary(unittest.TestCase):
+class BackwardScopesInTheLibrary(_OnTheSimLibrary):
     """BackwardScopes on gpumem's scopes, on a thread of its own with the
     global scope "backward" (as autograd's thread under track()): the
     history dump gives each allocation its module, the report's scope series
     and its backward phase."""
-
-    def setUp(self):
-        _lib.load().gpumem_torch_shutdown()
-        _lib.configure("", "sim")
-
-    def tearDown(self):
-        tk._c().gm_scope_set_global(None)
-        tk.history_enable(0)
-        _lib.load().gpumem_torch_shutdown()
 
     def test_autograd_thread_scopes_reach_the_report(self):
         tk.history_enable(1000)
