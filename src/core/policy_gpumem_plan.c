@@ -1,5 +1,5 @@
 /* policy_gpumem_plan.c — gpumem_plan:on: learn the repeating step of a
- * training loop online and serve its allocations from a planned region.
+ * training loop online and serve its allocations at planned addresses.
  *
  * Why: online placement fixes a trace's peak the first time its peak is
  * requested (bench/gpumem_policy_tradeoff.md), and at gpumem_slack:inf the
@@ -18,28 +18,39 @@
  *    bytes live at the same phase of both steps are equal (a layer loop in
  *    a forward pass repeats too, but its live memory grows).
  *  - Plan: the step boundary is put at the phase where the least memory is
- *    live. In the last whole step before it, a block made and freed inside
- *    the step is an interval (units, birth, death); one alive across the
- *    boundary, on another stream than the plan's, or small (<= 1 MiB: its
- *    memory counts in the small pool), is left to the usual placement. Intervals are placed greedily, largest first, each at the
- *    lowest offset free of every interval it overlaps in time. The plan's
- *    region (one used block of the stream's large arena, as large as the
- *    greedy layout) is placed when the next step begins.
+ *    live; the plan starts one step later (at the same phase). Then, from
+ *    the last whole step before that one: a large block (> 1 MiB: small ones
+ *    stay in the small pool, whose memory their stats count in) on the
+ *    stream of the step's largest block, freed less than one step after it
+ *    was made, is an interval (units, birth, death in operations since the
+ *    step began; a death past the step's end wraps around: the block is
+ *    alive across the boundary, "circular"). The obstacles are the blocks
+ *    live in that stream's large arena when the plan starts, at their
+ *    addresses: for ever, or, for the previous step's circular blocks, until
+ *    their expected death. Intervals are placed greedily, largest first,
+ *    each at the lowest address of the arena free of every interval and
+ *    obstacle it overlaps in time (circular intervals overlap modulo the
+ *    step). So the plan is a set of addresses in the ordinary arena, laid
+ *    over the memory already mapped: no region, nothing held for the plan.
  *  - Serving: a cursor follows the step. An allocation that matches the
- *    cursor's units and stream gets its planned offset if no live planned
- *    block overlaps that range (a sorted array of live ranges: whatever
- *    happened since the plan was made, two live blocks never overlap), else
- *    the usual placement. One that does not match is a deviation (the
- *    cursor resyncs on a match a few positions ahead); more than a quarter
- *    of a step's allocations deviating drops the plan, and its region is
- *    given back once its last planned block is freed. Out of memory drops
- *    it too.
- *  - Settling: after the first step served from the plan, every idle chunk
- *    (mapped, no live block) is given back, like empty_cache.
- *  - Streams: only the plan's stream is served from the region, so a range
- *    is reused only by the stream that freed it (stream order makes that
- *    safe, as for the arenas); the front end hands a block with pending
- *    record_stream uses to the policy only after its events completed.
+ *    cursor's units and stream takes its planned address if that range is
+ *    still inside one free range of the arena (an address index of the
+ *    arena's free ranges, kept while a plan is active), mapping what it
+ *    needs; else the usual placement. Planned blocks are ordinary used
+ *    blocks of the arena, so two live blocks never overlap whatever
+ *    happened since the plan was made, online placements use the plan's
+ *    gaps, and a plan that stops matching costs no memory. One that does
+ *    not match is a deviation (the cursor resyncs on a match a few
+ *    positions ahead); more than a quarter of a step deviating drops the
+ *    plan (the detector may make another).
+ *  - Settling: after the first step served from the plan with no deviation,
+ *    every idle chunk (mapped, no live block) is given back, like
+ *    empty_cache: a one-time cost in device calls.
+ *  - Streams: the plan serves its own stream from that stream's arena, so a
+ *    range is reused only by the stream that freed it (stream order makes
+ *    that safe, as for every arena); the front end hands a block with
+ *    pending record_stream uses to the policy only after its events
+ *    completed.
  */
 #include "policy_gpumem.h"
 
@@ -62,7 +73,7 @@
 #define PL_TRIES 8            /* plans made before the detector gives up */
 #define PL_RESYNC 8           /* positions searched ahead after a deviation */
 
-enum { PL_NONE, PL_PENDING, PL_ACTIVE, PL_DROPPING };
+enum { PL_NONE, PL_PENDING, PL_ACTIVE };
 
 typedef struct pl_rec {
     uint64_t units;
@@ -71,16 +82,12 @@ typedef struct pl_rec {
     uint64_t live;        /* units live just before this allocation */
 } pl_rec;
 
-typedef struct pl_live {
-    uint64_t off, end; /* units, inside the region */
-    gp_block *b;
-} pl_live;
-
 typedef struct pl_item {
-    uint64_t units, off;
-    int64_t b, e;
-    uint32_t k;
+    uint64_t units, off; /* off: units from the arena's base */
+    int64_t b, e;        /* operations since the step began; e may pass the step (circular) */
+    uint32_t k;          /* position in the step; PL_OBST: an obstacle */
 } pl_item;
+#define PL_OBST UINT32_MAX
 
 typedef struct gp_plan {
     pl_rec *hist;
@@ -94,17 +101,16 @@ typedef struct gp_plan {
     uint64_t *tunits, *off;
     gm_stream *tstream;
     uint8_t *planned;
-    uint64_t cap; /* of the per-position arrays */
-    uint64_t region_units;
+    int64_t *pend; /* phase end per position (0: not an interval) */
+    uint64_t cap;  /* of the per-position arrays */
     gm_stream pstream;
-    gp_block *region;
     gp_arena *ra;
     uint64_t cur, dev_step;
     bool settled;
+    bool rebase; /* layout B: in the plan's own arena (pa); idle memory given back at the start */
+    gp_arena *pa; /* the plan's own arena of pstream, once made (reused by later plans) */
     uint32_t tries;
-    pl_live *lv;
-    uint64_t nlv, lv_cap;
-    pl_item *items, *tmp;
+    pl_item *items;
     uint64_t served;
 } gp_plan;
 
@@ -133,9 +139,8 @@ void gm__gp_plan_destroy(gp_state *st) {
     free(pl->off);
     free(pl->tstream);
     free(pl->planned);
-    free(pl->lv);
+    free(pl->pend);
     free(pl->items);
-    free(pl->tmp);
     free(pl);
     st->plan = NULL;
 }
@@ -145,49 +150,6 @@ static inline pl_rec *rec(gp_plan *pl, uint64_t i) { return &pl->hist[i & (PL_HI
 static inline bool same(gp_plan *pl, uint64_t i, uint64_t j) {
     const pl_rec *a = rec(pl, i), *b = rec(pl, j);
     return a->units == b->units && a->stream == b->stream;
-}
-
-/* ---- live planned ranges: sorted by offset, never overlapping ---------- */
-
-/* First live range with off >= x. */
-static uint64_t lv_lower(const gp_plan *pl, uint64_t x) {
-    uint64_t lo = 0, hi = pl->nlv;
-    while (lo < hi) {
-        uint64_t m = (lo + hi) / 2;
-        if (pl->lv[m].off < x) lo = m + 1;
-        else hi = m;
-    }
-    return lo;
-}
-
-/* Is [off, end) free of live planned blocks? Sets *at to the insert index. */
-static bool lv_free(const gp_plan *pl, uint64_t off, uint64_t end, uint64_t *at) {
-    uint64_t i = lv_lower(pl, off);
-    *at = i;
-    if (i < pl->nlv && pl->lv[i].off < end) return false;
-    if (i > 0 && pl->lv[i - 1].end > off) return false;
-    return true;
-}
-
-static int lv_insert(gp_plan *pl, uint64_t at, uint64_t off, uint64_t end, gp_block *b) {
-    if (pl->nlv == pl->lv_cap) {
-        uint64_t cap = pl->lv_cap ? pl->lv_cap * 2 : 256;
-        pl_live *n = realloc(pl->lv, cap * sizeof *n);
-        if (!n) return GM_ENOHOSTMEM;
-        pl->lv = n;
-        pl->lv_cap = cap;
-    }
-    memmove(&pl->lv[at + 1], &pl->lv[at], (pl->nlv - at) * sizeof *pl->lv);
-    pl->lv[at] = (pl_live){off, end, b};
-    pl->nlv++;
-    return GM_OK;
-}
-
-static void lv_remove(gp_plan *pl, uint64_t off) {
-    uint64_t i = lv_lower(pl, off);
-    if (i >= pl->nlv || pl->lv[i].off != off) return; /* cannot happen: check() says so */
-    memmove(&pl->lv[i], &pl->lv[i + 1], (pl->nlv - i - 1) * sizeof *pl->lv);
-    pl->nlv--;
 }
 
 /* ---- the plan: greedy placement of one step's intervals -------------------- */
@@ -206,6 +168,18 @@ static int cmp_off(const void *x, const void *y) {
     return a->off < b->off ? -1 : a->off > b->off;
 }
 
+/* Do two intervals of a period of T operations overlap in time? Both
+ * repeat every period, and each is shorter than a period. */
+static bool overlap(const pl_item *x, const pl_item *y, int64_t T) {
+    for (int64_t s = -T; s <= T; s += T)
+        if (x->b < y->e + s && y->b + s < x->e) return true;
+    return false;
+}
+
+/* Does an obstacle (there from the plan's start until o->e, not repeating)
+ * overlap interval x of the first planned step? */
+static bool blocks(const pl_item *o, const pl_item *x) { return x->b < o->e; }
+
 static int grow(gp_plan *pl, uint64_t P) {
     if (P <= pl->cap) return GM_OK;
     uint64_t *tu = realloc(pl->tunits, P * sizeof *tu);
@@ -216,77 +190,192 @@ static int grow(gp_plan *pl, uint64_t P) {
     if (ts) pl->tstream = ts;
     uint8_t *pn = realloc(pl->planned, P * sizeof *pn);
     if (pn) pl->planned = pn;
+    int64_t *pe = realloc(pl->pend, P * sizeof *pe);
+    if (pe) pl->pend = pe;
     pl_item *it = realloc(pl->items, P * sizeof *it);
     if (it) pl->items = it;
-    pl_item *tp = realloc(pl->tmp, P * sizeof *tp);
-    if (tp) pl->tmp = tp;
-    if (!tu || !of || !ts || !pn || !it || !tp) return GM_ENOHOSTMEM;
+    if (!tu || !of || !ts || !pn || !pe || !it) return GM_ENOHOSTMEM;
     pl->cap = P;
     return GM_OK;
 }
 
-/* Period P confirmed at allocation p: lay out the step that ends at the
- * phase with the least memory live before p, to be served from the next one. */
+/* Period P confirmed at allocation p: the plan starts at the phase with the
+ * least memory live, one step after the last time it was there. */
 static void make_plan(gp_plan *pl, uint64_t p) {
     uint64_t P = pl->cand;
     pl->tries++;
-    if (grow(pl, P)) return;
     uint64_t phi = p;
     for (uint64_t i = p - P + 1; i < p; i++)
         if (rec(pl, i)->live < rec(pl, phi)->live) phi = i;
-    uint64_t w0 = phi - P;
-    int64_t t0 = rec(pl, w0)->birth, tend = rec(pl, phi)->birth;
+    if (phi < 2 * P) return; /* the layout needs the whole step before phi */
     uint64_t big = 0;
     for (uint64_t k = 0; k < P; k++) {
-        const pl_rec *r = rec(pl, w0 + k);
+        const pl_rec *r = rec(pl, phi - P + k);
         if (r->units > big) big = r->units, pl->pstream = r->stream;
     }
-    uint64_t m = 0;
-    for (uint64_t k = 0; k < P; k++) {
-        const pl_rec *r = rec(pl, w0 + k);
-        pl->tunits[k] = r->units;
-        pl->tstream[k] = r->stream;
-        /* small blocks stay in the small pool's arena, whose memory their
-         * stats count in (allocated <= reserved per pool) */
-        pl->planned[k] = r->units > GP_SMALL_UNITS && r->stream == pl->pstream && r->death >= 0 && r->death < tend;
-        if (pl->planned[k]) pl->items[m++] = (pl_item){r->units, 0, r->birth - t0, r->death - t0, (uint32_t)k};
-    }
-    qsort(pl->items, m, sizeof *pl->items, cmp_item);
-    uint64_t top = 0;
-    for (uint64_t i = 0; i < m; i++) {
-        pl_item *it = &pl->items[i];
-        uint64_t nc = 0;
-        for (uint64_t j = 0; j < i; j++)
-            if (pl->items[j].b < it->e && it->b < pl->items[j].e) pl->tmp[nc++] = pl->items[j];
-        qsort(pl->tmp, nc, sizeof *pl->tmp, cmp_off);
-        uint64_t pos = 0;
-        for (uint64_t j = 0; j < nc; j++) {
-            if (pl->tmp[j].off >= pos + it->units) break;
-            if (pl->tmp[j].off + pl->tmp[j].units > pos) pos = pl->tmp[j].off + pl->tmp[j].units;
-        }
-        it->off = pos;
-        pl->off[it->k] = pos;
-        if (pos + it->units > top) top = pos + it->units;
-    }
-    if (!top) return;
-#ifdef GP_PLAN_DEBUG
-    {   /* the bound: most units live at once among the planned intervals */
-        uint64_t mx = 0;
-        for (uint64_t i = 0; i < m; i++) {
-            uint64_t l = 0;
-            for (uint64_t j = 0; j < m; j++)
-                if (pl->items[j].b <= pl->items[i].b && pl->items[i].b < pl->items[j].e) l += pl->items[j].units;
-            if (l > mx) mx = l;
-        }
-        PLOG("alloc %llu: P %llu phi %llu planned %llu region %.1f MiB maxlive %.1f MiB live@phi %.1f MiB\n",
-             (unsigned long long)p, (unsigned long long)P, (unsigned long long)phi, (unsigned long long)m,
-             top / 2048.0, mx / 2048.0, rec(pl, phi)->live / 2048.0);
-    }
-#endif
-    pl->region_units = top;
     pl->P = P;
     pl->start = phi + P;
     pl->state = PL_PENDING;
+}
+
+/* Lay out the step [start - 2P, start - P) for the steps from `start` on,
+ * around the blocks live in arena a now. */
+static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
+    uint64_t P = pl->P, w0 = pl->start - 2 * P, w1 = pl->start - P;
+    int rc = grow(pl, 2 * P);
+    if (rc) return rc;
+    /* both recorded steps: an interval spans the block's lifetimes in either
+     * (so the plan holds if later steps behave like one of them), and a
+     * position whose lifetimes disagree on crossing the boundary is left
+     * to the usual placement. A block may live up to two steps, so the plan
+     * covers two steps (2P positions, period 2T): each position twice. */
+    int64_t t0 = rec(pl, w0)->birth, t1 = rec(pl, w1)->birth, T0 = t1 - t0, T = pl->op - t1;
+    uint64_t m = 0;
+    for (uint64_t k = 0; k < P; k++) {
+        const pl_rec *r0 = rec(pl, w0 + k), *r1 = rec(pl, w1 + k);
+        pl->tunits[k] = pl->tunits[k + P] = r1->units;
+        pl->tstream[k] = pl->tstream[k + P] = r1->stream;
+        pl->planned[k] = pl->planned[k + P] = 0;
+        pl->off[k] = pl->off[k + P] = UINT64_MAX;
+        pl->pend[k] = 0;
+        if (r1->units <= GP_SMALL_UNITS || r1->stream != pl->pstream || r0->units != r1->units || r0->death < 0) continue;
+        int64_t b0 = r0->birth - t0, b1 = r1->birth - t1, e0 = r0->death - t0, e;
+        if (e0 >= T0) e0 += (e0 / T0) * (T - T0); /* on the last step's scale */
+        if (r1->death < 0) { /* alive now: it crosses the boundary, as it must have before */
+            if (e0 < T) continue;
+            e = e0;
+        } else {
+            e = r1->death - t1;
+            if ((e0 >= T) != (e >= T)) continue;
+            if (e0 > e) e = e0;
+        }
+        int64_t b = b0 < b1 ? b0 : b1;
+        if (e - b >= 2 * T) continue; /* alive for two steps: the usual placement */
+        pl->pend[k] = e;
+        pl->items[m++] = (pl_item){r1->units, 0, b, e, (uint32_t)k};
+        pl->items[m++] = (pl_item){r1->units, 0, b + T, e + T, (uint32_t)(k + P)};
+    }
+    uint64_t nobs = 0;
+    for (const gp_block *b = a->head; b; b = b->next) nobs += b->state == GP_USED;
+    pl_item *all = malloc((m + nobs) * sizeof *all), *tmp = malloc((m + nobs) * sizeof *tmp);
+    if (!all || !tmp) {
+        free(all);
+        free(tmp);
+        return GM_ENOHOSTMEM;
+    }
+    pl_item *obs = all + m;
+    uint64_t no = 0;
+    for (const gp_block *b = a->head; b; b = b->next) {
+        if (b->state != GP_USED) continue;
+        pl_item o = {b->h.size >> GP_ALIGN_SHIFT, (b->h.ptr - a->base) >> GP_ALIGN_SHIFT, 0, INT64_MAX, PL_OBST};
+        /* blocks of the last two steps: gone at their expected death */
+        if (b->serial >= w0 && b->serial < pl->start) {
+            uint64_t k = (b->serial - w0) % P, back = 2 - (b->serial - w0) / P; /* steps ago */
+            int64_t e = pl->pend[k] - (int64_t)back * T;
+            if (pl->pend[k] && e > 0 && pl->tunits[k] == o.units) o.e = e;
+        }
+        obs[no++] = o;
+    }
+    qsort(pl->items, m, sizeof *pl->items, cmp_item);
+    uint64_t limit = a->va_size >> GP_ALIGN_SHIFT, gu = st->gran >> GP_ALIGN_SHIFT;
+    /* Two layouts: A, around the obstacles in their arena (fills the holes
+     * between them, over memory mapped already); B, the step alone, in an
+     * arena of its own (so blocks left to the usual placement never land in
+     * the plan's slots; measured: in one arena they did, on
+     * gpt2_small_adamw, and the plan fell apart), the holes' memory given
+     * back. The one touching fewer granules wins: that is the memory it
+     * holds (a tie goes to A, which gives nothing back). */
+    uint64_t cost[2] = {0, 0}, top[2] = {0, 0};
+    for (int mode = 1; mode >= 0; mode--) {
+        for (uint64_t i = 0; i < m; i++) {
+            pl_item *it = &pl->items[i];
+            uint64_t nc = 0;
+            for (uint64_t j = 0; j < i; j++)
+                if (pl->items[j].off != UINT64_MAX && overlap(&pl->items[j], it, 2 * T)) tmp[nc++] = pl->items[j];
+            for (uint64_t j = 0; !mode && j < no; j++)
+                if (blocks(&obs[j], it)) tmp[nc++] = obs[j];
+            qsort(tmp, nc, sizeof *tmp, cmp_off);
+            uint64_t pos = 0; /* first fit */
+            for (uint64_t j = 0; j < nc; j++) {
+                if (tmp[j].off >= pos + it->units) break;
+                if (tmp[j].off + tmp[j].units > pos) pos = tmp[j].off + tmp[j].units;
+            }
+            it->off = pos + it->units > limit ? UINT64_MAX : pos;
+            if (it->off != UINT64_MAX && pos + it->units > top[mode]) top[mode] = pos + it->units;
+        }
+        /* granules touched by the obstacles and the layout (B: apart) */
+        uint64_t otop = 0;
+        for (uint64_t j = 0; j < no; j++)
+            if (obs[j].off + obs[j].units > otop) otop = obs[j].off + obs[j].units;
+        uint64_t ng = (top[mode] > otop ? top[mode] : otop) / gu + 1;
+        if (ng < a->ngran) ng = a->ngran;
+        uint64_t nw = (ng + 63) / 64;
+        uint64_t *bits = calloc(nw, sizeof *bits);
+        if (!bits) {
+            free(all);
+            free(tmp);
+            return GM_ENOHOSTMEM;
+        }
+        for (uint64_t j = 0; j < m + no; j++) {
+            const pl_item *x = j < m ? &pl->items[j] : &obs[j - m];
+            if (x->off == UINT64_MAX) continue;
+            for (uint64_t g = x->off / gu; g <= (x->off + x->units - 1) / gu; g++) {
+                if (j >= m && a->gran[g] >= 0) { /* an obstacle pins its chunks whole */
+                    const gp_chunk *ch = &st->chunks[a->gran[g]];
+                    for (uint64_t h = (uint64_t)ch->g0; h < (uint64_t)ch->g0 + ch->n && h < ng; h++)
+                        bits[h / 64] |= (uint64_t)1 << (h % 64);
+                }
+                bits[g / 64] |= (uint64_t)1 << (g % 64);
+            }
+            if (mode && j == m - 1) { /* the layout counted: now the obstacles apart */
+                for (uint64_t w = 0; w < nw; w++) cost[mode] += (uint64_t)__builtin_popcountll(bits[w]);
+                memset(bits, 0, nw * sizeof *bits);
+            }
+        }
+        for (uint64_t w = 0; w < nw; w++) cost[mode] += (uint64_t)__builtin_popcountll(bits[w]);
+        free(bits);
+        if (mode == 1) /* keep B's offsets while A is tried */
+            for (uint64_t i = 0; i < m; i++) pl->off[pl->items[i].k] = pl->items[i].off;
+    }
+    pl->rebase = cost[1] < cost[0];
+    /* the plan must hold less than the arena holds now, else it is not made */
+    if (cost[pl->rebase] * st->gran >= a->mapped_bytes) {
+        PLOG("layout at %llu: %llu granules, not less than the %.1f MiB mapped: no plan\n", (unsigned long long)pl->start, (unsigned long long)cost[pl->rebase], a->mapped_bytes / 1048576.0);
+        free(all);
+        free(tmp);
+        return GM_ENOMEM;
+    }
+    for (uint64_t i = 0; i < m; i++) {
+        pl_item *it = &pl->items[i];
+        if (!pl->rebase) pl->off[it->k] = it->off;
+        pl->planned[it->k] = pl->off[it->k] != UINT64_MAX;
+    }
+    PLOG("layouts: around obstacles %llu granules (top %.1f MiB), apart %llu (own arena, %.1f MiB): %s\n",
+         (unsigned long long)cost[0], top[0] / 2048.0, (unsigned long long)cost[1], top[1] / 2048.0,
+         pl->rebase ? "apart" : "around");
+    uint64_t topm = top[pl->rebase];
+#ifdef GP_PLAN_DEBUG
+    {
+        uint64_t osum = 0, otop = 0, mx = 0;
+        for (uint64_t j = 0; j < no; j++) {
+            if (obs[j].e == INT64_MAX) osum += obs[j].units;
+            if (obs[j].off + obs[j].units > otop) otop = obs[j].off + obs[j].units;
+        }
+        for (uint64_t i = 0; i < m; i++) {
+            uint64_t l = 0;
+            for (uint64_t j = 0; j < m; j++)
+                if (overlap(&(pl_item){0, 0, pl->items[i].b, pl->items[i].b + 1, 0}, &pl->items[j], T)) l += pl->items[j].units;
+            if (l > mx) mx = l;
+        }
+        PLOG("obstacles: permanent %.1f MiB, top %.1f MiB; intervals max live %.1f MiB\n", osum / 2048.0, otop / 2048.0, mx / 2048.0);
+    }
+#endif
+    PLOG("layout at %llu: P %llu T %lld intervals %llu obstacles %llu top %.1f MiB mapped %.1f MiB\n",
+         (unsigned long long)pl->start, (unsigned long long)P, (long long)T, (unsigned long long)m,
+         (unsigned long long)no, topm / 2048.0, a->mapped_bytes / 1048576.0);
+    free(all);
+    free(tmp);
+    return topm ? GM_OK : GM_ENOMEM;
 }
 
 /* ---- detection ------------------------------------------------------------- */
@@ -331,12 +420,12 @@ static void note_alloc(gp_plan *pl, uint64_t units, gm_stream stream) {
     detect(pl, p);
 }
 
-/* ---- region ---------------------------------------------------------------- */
+/* ---- activation, settling, dropping ----------------------------------------- */
 
-static void release_region(gp_state *st) {
+static void drop(gp_state *st) {
     gp_plan *pl = st->plan;
-    if (pl->region) gm__gp_va_free(st, pl->ra, pl->region);
-    pl->region = NULL;
+    PLOG("drop at %llu\n", (unsigned long long)pl->n);
+    if (pl->ra) (void)gm__gp_va_index(pl->ra, false);
     pl->ra = NULL;
     pl->state = PL_NONE;
     pl->cand = pl->run = 0;
@@ -345,19 +434,20 @@ static void release_region(gp_state *st) {
 static void activate(gp_state *st) {
     gp_plan *pl = st->plan;
     gp_arena *a;
-    gp_block *rb = NULL;
     pl->state = PL_NONE;
-    if (gm__gp_arena_of(st, pl->pstream, GM_POOL_LARGE, &a)) return;
-    /* give back the idle memory first, so the region's memory comes on top
-     * of only what is live now (the least of the step) */
-    gm__gp_flush_quick(st);
-    for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
-    gm__gp_release_unused(st);
-    int rc = gm__gp_va_place(st, a, pl->region_units, &rb);
-    PLOG("activate at %llu: rc %d held %.1f MiB\n", (unsigned long long)pl->n, rc, st->held_bytes / 1048576.0);
-    if (rc) return; /* served as before */
-    rb->h.pool = GM_POOL_LARGE;
-    pl->region = rb;
+    if (gm__gp_arena_of(st, pl->pstream, GM_POOL_LARGE, &a) || !a->gran) return;
+    if (layout(st, pl, a)) return; /* served as before */
+    if (pl->rebase) {
+        if (pl->pa && pl->pa->stream != pl->pstream) return; /* one own arena, for the first plan's stream */
+        if (!pl->pa && (gm__gp_arena_new_plan(st, pl->pstream, GM_POOL_LARGE, &pl->pa) || !pl->pa->gran)) return;
+        a = pl->pa;
+    }
+    if (gm__gp_va_index(a, true)) return;
+    if (pl->rebase) { /* the holes' memory is not needed: give it back before the plan maps its own */
+        gm__gp_flush_quick(st);
+        for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
+        gm__gp_release_unused(st);
+    }
     pl->ra = a;
     pl->state = PL_ACTIVE;
     pl->cur = pl->dev_step = 0;
@@ -368,68 +458,65 @@ static void activate(gp_state *st) {
 static void settle(gp_state *st) {
     gp_plan *pl = st->plan;
     pl->settled = true;
-    PLOG("settle at %llu\n", (unsigned long long)pl->n);
+    PLOG("settle at %llu held %.1f MiB\n", (unsigned long long)pl->n, st->held_bytes / 1048576.0);
     gm__gp_flush_quick(st);
     for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
     gm__gp_release_unused(st);
 }
 
-int gm__gp_plan_drop(gp_state *st) {
-    gp_plan *pl = st->plan;
-    if (!pl) return 0;
-    if (pl->state == PL_PENDING) pl->state = PL_NONE;
-    if (pl->state == PL_ACTIVE) pl->state = PL_DROPPING, PLOG("drop at %llu\n", (unsigned long long)pl->n);
-    if (pl->state == PL_DROPPING && !pl->nlv) {
-        release_region(st);
-        return 1;
-    }
-    return 0;
-}
-
 static void advance(gp_state *st) {
     gp_plan *pl = st->plan;
-    if (++pl->cur < pl->P) return;
-    pl->cur = 0;
-    if (pl->state == PL_ACTIVE && !pl->settled && pl->dev_step == 0) settle(st);
+    if (++pl->cur % pl->P) return;
+    if (pl->cur == 2 * pl->P) pl->cur = 0;
+    if (!pl->settled && pl->dev_step == 0) settle(st);
     pl->dev_step = 0;
 }
 
 static void deviation(gp_state *st) {
     gp_plan *pl = st->plan;
-    if (++pl->dev_step > pl->P / 4 + 4) gm__gp_plan_drop(st);
+    if (++pl->dev_step > pl->P / 4 + 4) drop(st);
 }
 
 /* ---- ops ------------------------------------------------------------------- */
 
 static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out) {
     gp_plan *pl = st->plan;
+    if (!pl->ra->fidx) { /* the index could not grow */
+        drop(st);
+        return 0;
+    }
     uint64_t c = pl->cur;
     if (pl->tunits[c] != units || pl->tstream[c] != stream) {
+        PLOG("mismatch at %llu pos %llu: %llu units, plan %llu\n", (unsigned long long)pl->n, (unsigned long long)c, (unsigned long long)units, (unsigned long long)pl->tunits[c]);
         deviation(st);
+        if (pl->state != PL_ACTIVE) return 0;
         uint64_t k = 1;
-        while (k <= PL_RESYNC && c + k < pl->P && (pl->tunits[c + k] != units || pl->tstream[c + k] != stream)) k++;
-        if (k > PL_RESYNC || c + k >= pl->P) return 0;
+        while (k <= PL_RESYNC && c + k < 2 * pl->P && (pl->tunits[c + k] != units || pl->tstream[c + k] != stream)) k++;
+        if (k > PL_RESYNC || c + k >= 2 * pl->P) return 0;
         pl->cur = c = c + k;
     }
     advance(st);
-    if (!pl->planned[c] || pl->state != PL_ACTIVE) return 0;
-    uint64_t off = pl->off[c], at;
-    if (!lv_free(pl, off, off + units, &at)) {
-        deviation(st); /* the previous occupant is still alive */
-        return 0;
+    if (!pl->planned[c]) return 0;
+    gp_block *b;
+    /* laid over the mapped memory (layout A), the plan maps nothing of its
+     * own before it settled: a plan that falls apart in its first step then
+     * held no more than the usual placement would have */
+    int rc = gm__gp_va_place_at(st, pl->ra, pl->ra->base + (pl->off[c] << GP_ALIGN_SHIFT), units,
+                                pl->rebase || pl->settled, &b);
+    if (rc == 2) return 0;
+    if (rc <= 0) {
+#ifdef GP_PLAN_DEBUG
+        if (rc == 0) {
+            gm_devptr p0 = pl->ra->base + (pl->off[c] << GP_ALIGN_SHIFT);
+            for (const gp_block *o = pl->ra->head; o; o = o->next)
+                if (o->state == GP_USED && o->h.ptr < p0 + (units << GP_ALIGN_SHIFT) && p0 < o->h.ptr + o->h.size)
+                    PLOG("slot %llu (%llu units) at %llu taken by serial %llu (pos %lld, %llu units)\n", (unsigned long long)c, (unsigned long long)units, (unsigned long long)pl->n, (unsigned long long)o->serial, (long long)(o->serial - pl->start) % (long long)pl->P, (unsigned long long)(o->h.size >> 9));
+        }
+#endif
+        if (rc == 0) deviation(st); /* something else is there */
+        return rc;
     }
-    gp_block *b = gm__gp_block_new(st);
-    if (!b) return GM_ENOHOSTMEM;
-    if (lv_insert(pl, at, off, off + units, b)) {
-        gm__gp_block_put(st, b);
-        return GM_ENOHOSTMEM;
-    }
-    b->h.ptr = pl->region->h.ptr + (off << GP_ALIGN_SHIFT);
-    b->h.size = units << GP_ALIGN_SHIFT;
-    b->h.stream = stream;
     b->h.pool = (uint8_t)pool;
-    b->state = GP_PLANNED;
-    b->arena = (uint16_t)pl->ra->index;
     pl->served++;
     *out = b;
     return 1;
@@ -438,9 +525,8 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_bl
 int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out) {
     gp_plan *pl = st->plan;
     if (pl->state == PL_PENDING && pl->n == pl->start) activate(st);
-    int rc = 0;
-    if (pl->state == PL_ACTIVE || pl->state == PL_DROPPING) rc = serve(st, units, pool, stream, out);
-    if (rc < 0) return rc;
+    if (pl->state != PL_ACTIVE) return 0;
+    int rc = serve(st, units, pool, stream, out);
     if (rc == 1) {
         (*out)->serial = pl->n;
         note_alloc(pl, units, stream);
@@ -454,55 +540,35 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
     note_alloc(pl, b->h.size >> GP_ALIGN_SHIFT, st->arenas[b->arena]->stream);
 }
 
-int gm__gp_plan_free(gp_state *st, gp_block *b) {
+void gm__gp_plan_free(gp_state *st, const gp_block *b) {
     gp_plan *pl = st->plan;
-    uint64_t units = b->h.size >> GP_ALIGN_SHIFT;
-    pl->live -= units;
+    pl->live -= b->h.size >> GP_ALIGN_SHIFT;
     if (b->serial < pl->n && pl->n - b->serial <= PL_HIST) rec(pl, b->serial)->death = pl->op;
     pl->op++;
-    if (b->state != GP_PLANNED) return 0;
-    lv_remove(pl, (b->h.ptr - pl->region->h.ptr) >> GP_ALIGN_SHIFT);
-    gm__gp_block_put(st, b);
-    pl->ra->dirty = true; /* its stream may still use it: sync before the memory moves */
-    if (pl->state == PL_DROPPING && !pl->nlv) release_region(st);
-    return 1;
 }
+
+void gm__gp_plan_step(gp_state *st) { (void)st; }
 
 uint64_t gm__gp_plan_served(const gp_state *st) { return st->plan ? st->plan->served : 0; }
 
-bool gm__gp_plan_is_region(const gp_state *st, const gp_block *b) {
-    return st->plan && st->plan->region == b;
-}
-
-uint64_t gm__gp_plan_live_bytes(const gp_state *st, const gp_arena *a) {
-    const gp_plan *pl = st->plan;
-    if (!pl || pl->ra != a) return 0;
-    uint64_t n = 0;
-    for (uint64_t i = 0; i < pl->nlv; i++)
-        if (pl->lv[i].b->h.live) n += pl->lv[i].b->h.size;
-    return n;
-}
-
-/* Every live planned block lies inside the region, sorted, none overlapping;
- * adds them to the active counts. */
-int gm__gp_plan_check(gp_state *st, int64_t *active, int64_t *active_bytes, char *err, size_t errlen) {
+/* Only the active plan's arena has a free-range index, and it lists exactly
+ * that arena's free ranges in address order. */
+int gm__gp_plan_check(gp_state *st, char *err, size_t errlen) {
     gp_plan *pl = st->plan;
-    if (!pl) return GM_OK;
-    if (pl->nlv && !pl->region) return gm__check_fail(err, errlen, "plan: %llu live planned blocks but no region", (unsigned long long)pl->nlv);
-    if (pl->region && (pl->region->state != GP_USED || pl->region->h.size != pl->region_units << GP_ALIGN_SHIFT))
-        return gm__check_fail(err, errlen, "plan: region block changed");
-    for (uint64_t i = 0; i < pl->nlv; i++) {
-        const pl_live *l = &pl->lv[i];
-        const gp_block *b = l->b;
-        if (l->end <= l->off || l->end > pl->region_units) return gm__check_fail(err, errlen, "plan: live range %llu outside the region", (unsigned long long)i);
-        if (i && pl->lv[i - 1].end > l->off) return gm__check_fail(err, errlen, "plan: planned blocks at %llu and %llu overlap", (unsigned long long)pl->lv[i - 1].off, (unsigned long long)l->off);
-        if (b->state != GP_PLANNED || b->h.ptr != pl->region->h.ptr + (l->off << GP_ALIGN_SHIFT) ||
-            b->h.size != (l->end - l->off) << GP_ALIGN_SHIFT)
-            return gm__check_fail(err, errlen, "plan: planned block 0x%llx does not match its range", (unsigned long long)b->h.ptr);
-        active[GM_POOL_ALL]++;
-        active[b->h.pool]++;
-        active_bytes[GM_POOL_ALL] += (int64_t)b->h.size;
-        active_bytes[b->h.pool] += (int64_t)b->h.size;
+    for (uint32_t k = 0; k < st->narenas; k++) {
+        const gp_arena *a = st->arenas[k];
+        if (!a->fidx) continue;
+        if (!pl || pl->state != PL_ACTIVE || pl->ra != a)
+            return gm__check_fail(err, errlen, "arena %d has a free-range index but no active plan", a->index);
+        uint64_t i = 0;
+        for (const gp_block *b = a->head; b; b = b->next) {
+            if (b->state != GP_FREE) continue;
+            if (i >= a->nfidx || a->fidx[i] != b)
+                return gm__check_fail(err, errlen, "plan: free range 0x%llx missing from the index at %llu",
+                                      (unsigned long long)b->h.ptr, (unsigned long long)i);
+            i++;
+        }
+        if (i != a->nfidx) return gm__check_fail(err, errlen, "plan: index holds %llu ranges, the arena %llu", (unsigned long long)a->nfidx, (unsigned long long)i);
     }
     return GM_OK;
 }
