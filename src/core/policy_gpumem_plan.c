@@ -524,7 +524,11 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_bl
 
 int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out) {
     gp_plan *pl = st->plan;
-    if (pl->state == PL_PENDING && pl->n == pl->start) activate(st);
+    if (pl->state == PL_PENDING && pl->n == pl->start) {
+        const pl_rec *r = rec(pl, pl->start - pl->P); /* the step must begin as the last one did */
+        if (r->units == units && r->stream == stream) activate(st);
+        else pl->state = PL_NONE;
+    }
     if (pl->state != PL_ACTIVE) return 0;
     int rc = serve(st, units, pool, stream, out);
     if (rc == 1) {
