@@ -130,7 +130,7 @@ typedef struct gm_config {
     gm_gpumem_chunks gpumem_chunks;
     /* gpumem policy only: gpumem_plan:off|on (default off). on: the policy
      * finds the repeating allocation sequence of a training step online,
-     * places one step's blocks in one planned region (greedy, by size) and
+     * lays out two steps' blocks at planned addresses (greedy, by size) and
      * serves later steps' matching allocations there with no device call;
      * anything that deviates goes to the usual placement
      * (src/core/policy_gpumem_plan.c, bench/gpumem_policy_tradeoff.md). */
