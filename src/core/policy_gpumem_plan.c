@@ -86,6 +86,7 @@ typedef struct pl_item {
     uint64_t units, off; /* off: units from the arena's base */
     int64_t b, e;        /* operations since the step began; e may pass the step (circular) */
     uint32_t k;          /* position in the step; PL_OBST: an obstacle */
+    uint32_t where;      /* layout B: 1 in a pinned chunk of the obstacles' arena */
 } pl_item;
 #define PL_OBST UINT32_MAX
 
@@ -101,13 +102,16 @@ typedef struct gp_plan {
     uint64_t *tunits, *off;
     gm_stream *tstream;
     uint8_t *planned;
+    uint8_t *inmain; /* layout B: served from the obstacles' arena (ma), not the plan's own */
     int64_t *pend; /* phase end per position (0: not an interval) */
     uint64_t cap;  /* of the per-position arrays */
     gm_stream pstream;
-    gp_arena *ra;
+    gp_arena *ra; /* where planned blocks go: the stream's arena (A) or the plan's own (B) */
+    gp_arena *ma; /* the stream's arena */
     uint64_t cur, dev_step;
     bool settled;
     bool rebase; /* layout B: in the plan's own arena (pa); idle memory given back at the start */
+    uint64_t top_units; /* the layout's extent */
     gp_arena *pa; /* the plan's own arena of pstream, once made (reused by later plans) */
     uint32_t tries;
     pl_item *items;
@@ -139,6 +143,7 @@ void gm__gp_plan_destroy(gp_state *st) {
     free(pl->off);
     free(pl->tstream);
     free(pl->planned);
+    free(pl->inmain);
     free(pl->pend);
     free(pl->items);
     free(pl);
@@ -190,11 +195,13 @@ static int grow(gp_plan *pl, uint64_t P) {
     if (ts) pl->tstream = ts;
     uint8_t *pn = realloc(pl->planned, P * sizeof *pn);
     if (pn) pl->planned = pn;
+    uint8_t *im = realloc(pl->inmain, P * sizeof *im);
+    if (im) pl->inmain = im;
     int64_t *pe = realloc(pl->pend, P * sizeof *pe);
     if (pe) pl->pend = pe;
     pl_item *it = realloc(pl->items, P * sizeof *it);
     if (it) pl->items = it;
-    if (!tu || !of || !ts || !pn || !pe || !it) return GM_ENOHOSTMEM;
+    if (!tu || !of || !ts || !pn || !im || !pe || !it) return GM_ENOHOSTMEM;
     pl->cap = P;
     return GM_OK;
 }
@@ -236,6 +243,7 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         pl->tunits[k] = pl->tunits[k + P] = r1->units;
         pl->tstream[k] = pl->tstream[k + P] = r1->stream;
         pl->planned[k] = pl->planned[k + P] = 0;
+        pl->inmain[k] = pl->inmain[k + P] = 0;
         pl->off[k] = pl->off[k + P] = UINT64_MAX;
         pl->pend[k] = 0;
         if (r1->units <= GP_SMALL_UNITS || r1->stream != pl->pstream || r0->units != r1->units || r0->death < 0) continue;
@@ -252,8 +260,8 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         int64_t b = b0 < b1 ? b0 : b1;
         if (e - b >= 2 * T) continue; /* alive for two steps: the usual placement */
         pl->pend[k] = e;
-        pl->items[m++] = (pl_item){r1->units, 0, b, e, (uint32_t)k};
-        pl->items[m++] = (pl_item){r1->units, 0, b + T, e + T, (uint32_t)(k + P)};
+        pl->items[m++] = (pl_item){r1->units, 0, b, e, (uint32_t)k, 0};
+        pl->items[m++] = (pl_item){r1->units, 0, b + T, e + T, (uint32_t)(k + P), 0};
     }
     uint64_t nobs = 0;
     for (const gp_block *b = a->head; b; b = b->next) nobs += b->state == GP_USED;
@@ -267,7 +275,7 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
     uint64_t no = 0;
     for (const gp_block *b = a->head; b; b = b->next) {
         if (b->state != GP_USED) continue;
-        pl_item o = {b->h.size >> GP_ALIGN_SHIFT, (b->h.ptr - a->base) >> GP_ALIGN_SHIFT, 0, INT64_MAX, PL_OBST};
+        pl_item o = {b->h.size >> GP_ALIGN_SHIFT, (b->h.ptr - a->base) >> GP_ALIGN_SHIFT, 0, INT64_MAX, PL_OBST, 0};
         /* blocks of the last two steps: gone at their expected death */
         if (b->serial >= w0 && b->serial < pl->start) {
             uint64_t k = (b->serial - w0) % P, back = 2 - (b->serial - w0) / P; /* steps ago */
@@ -285,17 +293,81 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
      * gpt2_small_adamw, and the plan fell apart), the holes' memory given
      * back. The one touching fewer granules wins: that is the memory it
      * holds (a tie goes to A, which gives nothing back). */
+    /* B also uses the memory the permanent obstacles pin: the free parts
+     * of their chunks (whole chunks stay mapped while a block lives in
+     * them), for blocks that fit there, in the obstacles' arena. */
+    uint64_t ng = a->ngran, nw = (ng + 63) / 64, npe = 0;
+    uint64_t *pin = calloc(nw, sizeof *pin), *bits = calloc(nw, sizeof *bits);
+    pl_item *pe = malloc((no + 1) * sizeof *pe);
+    if (!pin || !bits || !pe) {
+        free(pin), free(bits), free(pe), free(all), free(tmp);
+        return GM_ENOHOSTMEM;
+    }
+    /* pass 0: chunks of every obstacle (held until the last steps' blocks
+     * die: B's first step needs them and its own arena at once); pass 1:
+     * of the permanent ones (held for good) */
+    uint64_t pin_all = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        memset(pin, 0, nw * sizeof *pin);
+        for (uint64_t j = 0; j < no; j++) {
+            if (pass && obs[j].e != INT64_MAX) continue;
+            for (uint64_t g = obs[j].off / gu; g <= (obs[j].off + obs[j].units - 1) / gu && g < ng; g++) {
+                if (a->gran[g] < 0) continue;
+                const gp_chunk *ch = &st->chunks[a->gran[g]];
+                for (uint64_t h = (uint64_t)ch->g0; h < (uint64_t)ch->g0 + ch->n && h < ng; h++)
+                    pin[h / 64] |= (uint64_t)1 << (h % 64);
+            }
+        }
+        for (uint64_t w = 0; !pass && w < nw; w++) pin_all += (uint64_t)__builtin_popcountll(pin[w]);
+    }
+    for (uint64_t g = 0; g < ng && npe < no + 1; g++) { /* runs of pinned granules, in units */
+        if (!(pin[g / 64] >> (g % 64) & 1)) {
+            if (!pin[g / 64]) g |= 63;
+            continue;
+        }
+        if (npe && pe[npe - 1].off + pe[npe - 1].units == g * gu) pe[npe - 1].units += gu;
+        else pe[npe++] = (pl_item){gu, g * gu, 0, 0, 0, 0};
+    }
     uint64_t cost[2] = {0, 0}, top[2] = {0, 0};
     for (int mode = 1; mode >= 0; mode--) {
         for (uint64_t i = 0; i < m; i++) {
             pl_item *it = &pl->items[i];
-            uint64_t nc = 0;
+            it->where = 0;
+            uint64_t nc = 0, pos = UINT64_MAX;
+            if (mode) { /* in a pinned chunk's free part first */
+                for (uint64_t j = 0; j < i; j++)
+                    if (pl->items[j].off != UINT64_MAX && pl->items[j].where && overlap(&pl->items[j], it, 2 * T)) tmp[nc++] = pl->items[j];
+                for (uint64_t j = 0; j < no; j++)
+                    if (blocks(&obs[j], it)) tmp[nc++] = obs[j];
+                qsort(tmp, nc, sizeof *tmp, cmp_off);
+                uint64_t cov = 0, x = 0;
+                for (uint64_t j = 0; j <= nc && pos == UINT64_MAX; j++) {
+                    uint64_t gs = cov, ge = j < nc ? tmp[j].off : UINT64_MAX; /* a gap between the ranges in the way */
+                    if (j < nc && tmp[j].off + tmp[j].units > cov) cov = tmp[j].off + tmp[j].units;
+                    if (ge <= gs) continue;
+                    while (x < npe && pe[x].off + pe[x].units <= gs) x++;
+                    for (uint64_t y = x; y < npe && pe[y].off < ge; y++) {
+                        uint64_t s0 = gs > pe[y].off ? gs : pe[y].off, e0 = pe[y].off + pe[y].units;
+                        if (e0 > ge) e0 = ge;
+                        if (e0 - s0 >= it->units) {
+                            pos = s0;
+                            break;
+                        }
+                    }
+                }
+                if (pos != UINT64_MAX) {
+                    it->off = pos;
+                    it->where = 1;
+                    continue;
+                }
+                nc = 0;
+            }
             for (uint64_t j = 0; j < i; j++)
-                if (pl->items[j].off != UINT64_MAX && overlap(&pl->items[j], it, 2 * T)) tmp[nc++] = pl->items[j];
+                if (pl->items[j].off != UINT64_MAX && !pl->items[j].where && overlap(&pl->items[j], it, 2 * T)) tmp[nc++] = pl->items[j];
             for (uint64_t j = 0; !mode && j < no; j++)
                 if (blocks(&obs[j], it)) tmp[nc++] = obs[j];
             qsort(tmp, nc, sizeof *tmp, cmp_off);
-            uint64_t pos = 0; /* first fit */
+            pos = 0; /* first fit */
             for (uint64_t j = 0; j < nc; j++) {
                 if (tmp[j].off >= pos + it->units) break;
                 if (tmp[j].off + tmp[j].units > pos) pos = tmp[j].off + tmp[j].units;
@@ -303,40 +375,43 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
             it->off = pos + it->units > limit ? UINT64_MAX : pos;
             if (it->off != UINT64_MAX && pos + it->units > top[mode]) top[mode] = pos + it->units;
         }
-        /* granules touched by the obstacles and the layout (B: apart) */
-        uint64_t otop = 0;
-        for (uint64_t j = 0; j < no; j++)
-            if (obs[j].off + obs[j].units > otop) otop = obs[j].off + obs[j].units;
-        uint64_t ng = (top[mode] > otop ? top[mode] : otop) / gu + 1;
-        if (ng < a->ngran) ng = a->ngran;
-        uint64_t nw = (ng + 63) / 64;
-        uint64_t *bits = calloc(nw, sizeof *bits);
-        if (!bits) {
-            free(all);
-            free(tmp);
-            return GM_ENOHOSTMEM;
+        /* granules touched: the obstacles' chunks (whole) and the layout's
+         * (B: in its own arena, apart; its blocks in pinned chunks are free) */
+        memcpy(bits, pin, nw * sizeof *bits);
+        if (mode) {
+            for (uint64_t w = 0; w < nw; w++) cost[1] += (uint64_t)__builtin_popcountll(bits[w]);
+            memset(bits, 0, nw * sizeof *bits);
         }
         for (uint64_t j = 0; j < m + no; j++) {
             const pl_item *x = j < m ? &pl->items[j] : &obs[j - m];
-            if (x->off == UINT64_MAX) continue;
-            for (uint64_t g = x->off / gu; g <= (x->off + x->units - 1) / gu; g++) {
-                if (j >= m && a->gran[g] >= 0) { /* an obstacle pins its chunks whole */
-                    const gp_chunk *ch = &st->chunks[a->gran[g]];
-                    for (uint64_t h = (uint64_t)ch->g0; h < (uint64_t)ch->g0 + ch->n && h < ng; h++)
-                        bits[h / 64] |= (uint64_t)1 << (h % 64);
-                }
-                bits[g / 64] |= (uint64_t)1 << (g % 64);
-            }
-            if (mode && j == m - 1) { /* the layout counted: now the obstacles apart */
-                for (uint64_t w = 0; w < nw; w++) cost[mode] += (uint64_t)__builtin_popcountll(bits[w]);
-                memset(bits, 0, nw * sizeof *bits);
-            }
+            if (x->off == UINT64_MAX || (j < m && x->where)) continue;
+            if (mode && j >= m) continue; /* counted in pin */
+            for (uint64_t g = x->off / gu; g <= (x->off + x->units - 1) / gu && g < ng; g++) bits[g / 64] |= (uint64_t)1 << (g % 64);
         }
         for (uint64_t w = 0; w < nw; w++) cost[mode] += (uint64_t)__builtin_popcountll(bits[w]);
-        free(bits);
+        if (mode == 1) {
+            /* B's first step holds every obstacle's chunks and its own arena
+             * (mapped at once): that must stay within the peak held so far,
+             * so the plan never raises the whole run's peak */
+            uint64_t pinned = 0;
+            for (uint64_t w = 0; w < nw; w++) pinned += (uint64_t)__builtin_popcountll(pin[w]);
+            uint64_t own = cost[1] - pinned;
+            uint64_t first = st->held_bytes - a->mapped_bytes + (pin_all + own) * st->gran;
+            if (first > (uint64_t)st->d->stats.reserved_bytes[GM_POOL_ALL].peak) {
+                PLOG("layout B: first step would hold %.1f MiB, the peak so far %.1f MiB: not B\n", first / 1048576.0,
+                     st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0);
+                cost[1] = UINT64_MAX;
+            }
+        }
         if (mode == 1) /* keep B's offsets while A is tried */
-            for (uint64_t i = 0; i < m; i++) pl->off[pl->items[i].k] = pl->items[i].off;
+            for (uint64_t i = 0; i < m; i++) {
+                pl->off[pl->items[i].k] = pl->items[i].off;
+                pl->inmain[pl->items[i].k] = (uint8_t)pl->items[i].where;
+            }
     }
+    free(pin);
+    free(bits);
+    free(pe);
     pl->rebase = cost[1] < cost[0];
     /* the plan must hold less than the arena holds now, else it is not made */
     if (cost[pl->rebase] * st->gran >= a->mapped_bytes) {
@@ -354,6 +429,7 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
          (unsigned long long)cost[0], top[0] / 2048.0, (unsigned long long)cost[1], top[1] / 2048.0,
          pl->rebase ? "apart" : "around");
     uint64_t topm = top[pl->rebase];
+    pl->top_units = topm;
 #ifdef GP_PLAN_DEBUG
     {
         uint64_t osum = 0, otop = 0, mx = 0;
@@ -364,7 +440,7 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         for (uint64_t i = 0; i < m; i++) {
             uint64_t l = 0;
             for (uint64_t j = 0; j < m; j++)
-                if (overlap(&(pl_item){0, 0, pl->items[i].b, pl->items[i].b + 1, 0}, &pl->items[j], T)) l += pl->items[j].units;
+                if (overlap(&(pl_item){0, 0, pl->items[i].b, pl->items[i].b + 1, 0, 0}, &pl->items[j], 2 * T)) l += pl->items[j].units;
             if (l > mx) mx = l;
         }
         PLOG("obstacles: permanent %.1f MiB, top %.1f MiB; intervals max live %.1f MiB\n", osum / 2048.0, otop / 2048.0, mx / 2048.0);
@@ -426,29 +502,43 @@ static void drop(gp_state *st) {
     gp_plan *pl = st->plan;
     PLOG("drop at %llu\n", (unsigned long long)pl->n);
     if (pl->ra) (void)gm__gp_va_index(pl->ra, false);
-    pl->ra = NULL;
+    if (pl->ma) (void)gm__gp_va_index(pl->ma, false);
+    pl->ra = pl->ma = NULL;
     pl->state = PL_NONE;
     pl->cand = pl->run = 0;
 }
 
 static void activate(gp_state *st) {
     gp_plan *pl = st->plan;
-    gp_arena *a;
+    gp_arena *a, *ra;
     pl->state = PL_NONE;
     if (gm__gp_arena_of(st, pl->pstream, GM_POOL_LARGE, &a) || !a->gran) return;
     if (layout(st, pl, a)) return; /* served as before */
+    ra = a;
     if (pl->rebase) {
         if (pl->pa && pl->pa->stream != pl->pstream) return; /* one own arena, for the first plan's stream */
         if (!pl->pa && (gm__gp_arena_new_plan(st, pl->pstream, GM_POOL_LARGE, &pl->pa) || !pl->pa->gran)) return;
-        a = pl->pa;
+        ra = pl->pa;
     }
     if (gm__gp_va_index(a, true)) return;
-    if (pl->rebase) { /* the holes' memory is not needed: give it back before the plan maps its own */
+    if (ra != a && gm__gp_va_index(ra, true)) {
+        (void)gm__gp_va_index(a, false);
+        return;
+    }
+    if (pl->rebase) {
+        /* the holes' memory is not needed: give it back, then map the plan's
+         * range at once, in chunks as large as gpumem_chunks allows (block by
+         * block it was one create + map per planned block: 1689 calls on
+         * gpt2_small_train against 869). Out of memory here only means
+         * the rest is mapped block by block. */
         gm__gp_flush_quick(st);
         for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
         gm__gp_release_unused(st);
+        if (pl->top_units) (void)gm__gp_ensure_mapped(st, ra, ra->base, pl->top_units << GP_ALIGN_SHIFT);
+        gm__gp_live_drop(st);
     }
-    pl->ra = a;
+    pl->ra = ra;
+    pl->ma = a;
     pl->state = PL_ACTIVE;
     pl->cur = pl->dev_step = 0;
     pl->settled = false;
@@ -481,7 +571,7 @@ static void deviation(gp_state *st) {
 
 static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out) {
     gp_plan *pl = st->plan;
-    if (!pl->ra->fidx) { /* the index could not grow */
+    if (!pl->ra->fidx || !pl->ma->fidx) { /* an index could not grow */
         drop(st);
         return 0;
     }
@@ -501,14 +591,15 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_bl
     /* laid over the mapped memory (layout A), the plan maps nothing of its
      * own before it settled: a plan that falls apart in its first step then
      * held no more than the usual placement would have */
-    int rc = gm__gp_va_place_at(st, pl->ra, pl->ra->base + (pl->off[c] << GP_ALIGN_SHIFT), units,
+    gp_arena *a = pl->rebase && !pl->inmain[c] ? pl->ra : pl->ma;
+    int rc = gm__gp_va_place_at(st, a, a->base + (pl->off[c] << GP_ALIGN_SHIFT), units,
                                 pl->rebase || pl->settled, &b);
     if (rc == 2) return 0;
     if (rc <= 0) {
 #ifdef GP_PLAN_DEBUG
         if (rc == 0) {
-            gm_devptr p0 = pl->ra->base + (pl->off[c] << GP_ALIGN_SHIFT);
-            for (const gp_block *o = pl->ra->head; o; o = o->next)
+            gm_devptr p0 = a->base + (pl->off[c] << GP_ALIGN_SHIFT);
+            for (const gp_block *o = a->head; o; o = o->next)
                 if (o->state == GP_USED && o->h.ptr < p0 + (units << GP_ALIGN_SHIFT) && p0 < o->h.ptr + o->h.size)
                     PLOG("slot %llu (%llu units) at %llu taken by serial %llu (pos %lld, %llu units)\n", (unsigned long long)c, (unsigned long long)units, (unsigned long long)pl->n, (unsigned long long)o->serial, (long long)(o->serial - pl->start) % (long long)pl->P, (unsigned long long)(o->h.size >> 9));
         }
@@ -555,14 +646,14 @@ void gm__gp_plan_step(gp_state *st) { (void)st; }
 
 uint64_t gm__gp_plan_served(const gp_state *st) { return st->plan ? st->plan->served : 0; }
 
-/* Only the active plan's arena has a free-range index, and it lists exactly
- * that arena's free ranges in address order. */
+/* Only the active plan's arenas have a free-range index, and it lists
+ * exactly that arena's free ranges in address order. */
 int gm__gp_plan_check(gp_state *st, char *err, size_t errlen) {
     gp_plan *pl = st->plan;
     for (uint32_t k = 0; k < st->narenas; k++) {
         const gp_arena *a = st->arenas[k];
         if (!a->fidx) continue;
-        if (!pl || pl->state != PL_ACTIVE || pl->ra != a)
+        if (!pl || pl->state != PL_ACTIVE || (pl->ra != a && pl->ma != a))
             return gm__check_fail(err, errlen, "arena %d has a free-range index but no active plan", a->index);
         uint64_t i = 0;
         for (const gp_block *b = a->head; b; b = b->next) {
