@@ -159,10 +159,22 @@ static inline bool same(gp_plan *pl, uint64_t i, uint64_t j) {
 
 /* ---- the plan: greedy placement of one step's intervals -------------------- */
 
+/* The greedy's orders (layout() tries each, keeps the best): 0 largest
+ * first, 1 longest-lived first, 2 largest size x lifetime first, 3 born
+ * first; ties: larger, longer, earlier, position. */
+#define PL_ORDERS 4
+static int pl_order; /* for cmp_item: qsort has no argument for it */
+
 static int cmp_item(const void *x, const void *y) {
     const pl_item *a = x, *b = y;
-    if (a->units != b->units) return a->units > b->units ? -1 : 1;
     int64_t la = a->e - a->b, lb = b->e - b->b;
+    if (pl_order == 1 && la != lb) return la > lb ? -1 : 1;
+    if (pl_order == 2) {
+        double xa = (double)a->units * (double)la, xb = (double)b->units * (double)lb;
+        if (xa != xb) return xa > xb ? -1 : 1;
+    }
+    if (pl_order == 3 && a->b != b->b) return a->b < b->b ? -1 : 1;
+    if (a->units != b->units) return a->units > b->units ? -1 : 1;
     if (la != lb) return la > lb ? -1 : 1;
     if (a->b != b->b) return a->b < b->b ? -1 : 1;
     return a->k < b->k ? -1 : a->k > b->k;
@@ -284,7 +296,6 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         }
         obs[no++] = o;
     }
-    qsort(pl->items, m, sizeof *pl->items, cmp_item);
     uint64_t limit = a->va_size >> GP_ALIGN_SHIFT, gu = st->gran >> GP_ALIGN_SHIFT;
     /* Two layouts: A, around the obstacles in their arena (fills the holes
      * between them, over memory mapped already); B, the step alone, in an
@@ -328,11 +339,25 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         if (npe && pe[npe - 1].off + pe[npe - 1].units == g * gu) pe[npe - 1].units += gu;
         else pe[npe++] = (pl_item){gu, g * gu, 0, 0, 0, 0};
     }
-    uint64_t cost[2] = {0, 0}, top[2] = {0, 0};
+    uint64_t cost[2] = {UINT64_MAX, UINT64_MAX}, top[2] = {0, 0};
+    uint64_t *offa = malloc(2 * P * sizeof *offa);
+    if (!offa) {
+        free(pin), free(bits), free(pe), free(all), free(tmp);
+        return GM_ENOHOSTMEM;
+    }
+    for (uint64_t k = 0; k < 2 * P; k++) offa[k] = UINT64_MAX;
     for (int mode = 1; mode >= 0; mode--) {
+      for (int ord = 0; ord < PL_ORDERS; ord++) { /* greedy in several orders: the best is kept */
+        pl_order = ord;
+        qsort(pl->items, m, sizeof *pl->items, cmp_item);
+        uint64_t c = 0, tp = 0;
         for (uint64_t i = 0; i < m; i++) {
             pl_item *it = &pl->items[i];
             it->where = 0;
+            it->off = UINT64_MAX;
+        }
+        for (uint64_t i = 0; i < m; i++) {
+            pl_item *it = &pl->items[i];
             uint64_t nc = 0, pos = UINT64_MAX;
             if (mode) { /* in a pinned chunk's free part first */
                 for (uint64_t j = 0; j < i; j++)
@@ -373,13 +398,13 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
                 if (tmp[j].off + tmp[j].units > pos) pos = tmp[j].off + tmp[j].units;
             }
             it->off = pos + it->units > limit ? UINT64_MAX : pos;
-            if (it->off != UINT64_MAX && pos + it->units > top[mode]) top[mode] = pos + it->units;
+            if (it->off != UINT64_MAX && pos + it->units > tp) tp = pos + it->units;
         }
         /* granules touched: the obstacles' chunks (whole) and the layout's
          * (B: in its own arena, apart; its blocks in pinned chunks are free) */
         memcpy(bits, pin, nw * sizeof *bits);
         if (mode) {
-            for (uint64_t w = 0; w < nw; w++) cost[1] += (uint64_t)__builtin_popcountll(bits[w]);
+            for (uint64_t w = 0; w < nw; w++) c += (uint64_t)__builtin_popcountll(bits[w]);
             memset(bits, 0, nw * sizeof *bits);
         }
         for (uint64_t j = 0; j < m + no; j++) {
@@ -388,43 +413,55 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
             if (mode && j >= m) continue; /* counted in pin */
             for (uint64_t g = x->off / gu; g <= (x->off + x->units - 1) / gu && g < ng; g++) bits[g / 64] |= (uint64_t)1 << (g % 64);
         }
-        for (uint64_t w = 0; w < nw; w++) cost[mode] += (uint64_t)__builtin_popcountll(bits[w]);
+        for (uint64_t w = 0; w < nw; w++) c += (uint64_t)__builtin_popcountll(bits[w]);
         if (mode == 1) {
             /* B's first step holds every obstacle's chunks and its own arena
              * (mapped at once): that must stay within the peak held so far,
              * so the plan never raises the whole run's peak */
             uint64_t pinned = 0;
             for (uint64_t w = 0; w < nw; w++) pinned += (uint64_t)__builtin_popcountll(pin[w]);
-            uint64_t own = cost[1] - pinned;
-            uint64_t first = st->held_bytes - a->mapped_bytes + (pin_all + own) * st->gran;
+            uint64_t first = st->held_bytes - a->mapped_bytes + (pin_all + c - pinned) * st->gran;
             if (first > (uint64_t)st->d->stats.reserved_bytes[GM_POOL_ALL].peak) {
-                PLOG("layout B: first step would hold %.1f MiB, the peak so far %.1f MiB: not B\n", first / 1048576.0,
+                PLOG("layout B (order %d): first step would hold %.1f MiB, the peak so far %.1f MiB\n", ord, first / 1048576.0,
                      st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0);
-                cost[1] = UINT64_MAX;
+                continue;
             }
         }
-        if (mode == 1) /* keep B's offsets while A is tried */
-            for (uint64_t i = 0; i < m; i++) {
-                pl->off[pl->items[i].k] = pl->items[i].off;
-                pl->inmain[pl->items[i].k] = (uint8_t)pl->items[i].where;
+        PLOG("layout %c order %d: %llu granules\n", mode ? 'B' : 'A', ord, (unsigned long long)c);
+        if (c >= cost[mode]) continue;
+        cost[mode] = c;
+        top[mode] = tp;
+        for (uint64_t i = 0; i < m; i++) {
+            const pl_item *it = &pl->items[i];
+            if (mode) {
+                pl->off[it->k] = it->off;
+                pl->inmain[it->k] = (uint8_t)it->where;
+            } else {
+                offa[it->k] = it->off;
             }
+        }
+      }
     }
     free(pin);
     free(bits);
     free(pe);
+    if (cost[0] == UINT64_MAX && cost[1] == UINT64_MAX) {
+        free(offa), free(all), free(tmp);
+        return GM_ENOMEM;
+    }
     pl->rebase = cost[1] < cost[0];
     /* the plan must hold less than the arena holds now, else it is not made */
     if (cost[pl->rebase] * st->gran >= a->mapped_bytes) {
         PLOG("layout at %llu: %llu granules, not less than the %.1f MiB mapped: no plan\n", (unsigned long long)pl->start, (unsigned long long)cost[pl->rebase], a->mapped_bytes / 1048576.0);
-        free(all);
-        free(tmp);
+        free(offa), free(all), free(tmp);
         return GM_ENOMEM;
     }
     for (uint64_t i = 0; i < m; i++) {
         pl_item *it = &pl->items[i];
-        if (!pl->rebase) pl->off[it->k] = it->off;
+        if (!pl->rebase) pl->off[it->k] = offa[it->k], pl->inmain[it->k] = 0;
         pl->planned[it->k] = pl->off[it->k] != UINT64_MAX;
     }
+    free(offa);
     PLOG("layouts: around obstacles %llu granules (top %.1f MiB), apart %llu (own arena, %.1f MiB): %s\n",
          (unsigned long long)cost[0], top[0] / 2048.0, (unsigned long long)cost[1], top[1] / 2048.0,
          pl->rebase ? "apart" : "around");
