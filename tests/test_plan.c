@@ -105,8 +105,41 @@ static void run_step(ctx *c, const tstep *t, int dev) {
     }
 }
 
-static void plan_steps(void **state) {
-    (void)state;
+/* Random deviations, each allocation's own: skipped, an extra allocation
+ * after it, its block freed a step late, or used on stream 2 (events
+ * completed a few allocations later). */
+static void run_step_random(ctx *c, const tstep *t, wl_rng *r, double p) {
+    gm_devptr *cur = c->ptr[0], *last = c->ptr[1];
+    for (int i = 0; i < NSTEP; i++)
+        if (last[i]) release(c, last[i]);
+    memcpy(last, cur, sizeof c->ptr[0]);
+    memset(cur, 0, sizeof c->ptr[0]);
+    int late[NSTEP] = {0}, done_at = -1;
+    for (int j = 0; j < NSTEP; j++) {
+        if (!wl_chance(r, p)) cur[j] = alloc(c, t->size[j], 0);
+        if (wl_chance(r, p)) release(c, alloc(c, wl_range(r, 512, 64 * MIB), 0));
+        late[j] = wl_chance(r, p);
+        if (cur[j] && !c->pend && wl_chance(r, p)) {
+            assert_int_equal(gm_record_stream(c->al, cur[j], 2), GM_OK);
+            c->pend = cur[j];
+            c->pend_size = t->size[j];
+            done_at = j + 1 + (int)wl_below(r, 8);
+        }
+        for (int i = 0; i < NSTEP; i++) {
+            if (last[i] && t->death[i] == NSTEP + j) release(c, last[i]), last[i] = 0;
+            if (cur[i] && t->death[i] == j && !late[i]) release(c, cur[i]), cur[i] = 0;
+        }
+        if (j == done_at) {
+            gm_sim_complete_events(c->be, 0, UINT64_MAX);
+            c->pend = 0;
+        }
+    }
+    gm_sim_complete_events(c->be, 0, UINT64_MAX);
+    c->pend = 0;
+}
+
+static void plan_steps_as(int force) {
+    gm__gp_plan_force = force;
     ctx c = {0};
     gm_sim_options o;
     gm_sim_options_init(&o);
@@ -144,11 +177,17 @@ static void plan_steps(void **state) {
         fail_msg("served %llu of %d large blocks in two steps", (unsigned long long)(served(&c) - before), 2 * nlarge);
     assert_int_equal(device_calls(&c), calls);            /* settled: no device call */
 
+    if (force) assert_int_equal(gm__gp_plan_layout(c.al->devices[0]->pstate), force);
+
     /* deviations, each twice in a row, then the plain step again */
     for (int dev = 1; dev <= 4; dev++)
         for (int s = 0; s < 2; s++) run_step(&c, &t, dev);
     for (int s = 0; s < 2; s++) run_step(&c, &t, 0);
     gm_sim_complete_events(c.be, 0, UINT64_MAX);
+    /* random deviations, rare then frequent (the plan may be dropped and
+     * made again): gm_check and the no-overlap model after every call */
+    for (int s = 0; s < 24; s++) run_step_random(&c, &t, &r, s < 12 ? 0.01 : 0.1);
+    for (int s = 0; s < 4; s++) run_step(&c, &t, 0);
 
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < NSTEP; i++)
@@ -162,11 +201,28 @@ static void plan_steps(void **state) {
     wl_model_free(&c.m);
     gm_allocator_destroy(c.al);
     gm_backend_destroy(c.be);
+    gm__gp_plan_force = 0;
+}
+
+/* The layout the policy picks (A on this step), and each one forced. */
+static void plan_steps(void **state) {
+    (void)state;
+    plan_steps_as(0);
+}
+static void plan_steps_around(void **state) {
+    (void)state;
+    plan_steps_as('A');
+}
+static void plan_steps_own_arena(void **state) {
+    (void)state;
+    plan_steps_as('B');
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(plan_steps),
+        cmocka_unit_test(plan_steps_around),
+        cmocka_unit_test(plan_steps_own_arena),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -213,6 +213,10 @@ void gm__gp_plan_free(gp_state *st, const gp_block *b);
 /* A step boundary marked by the program (gm_step_mark). */
 void gm__gp_plan_step(gp_state *st);
 uint64_t gm__gp_plan_served(const gp_state *st); /* allocations served from a plan so far */
+/* The active plan's layout: 'A' (around the live blocks), 'B' (own arena), 0 none. */
+int gm__gp_plan_layout(const gp_state *st);
+/* Tests: 0 the cheaper layout (default), 'A' or 'B' that one whenever it fits. */
+extern int gm__gp_plan_force;
 int gm__gp_plan_check(gp_state *st, char *err, size_t errlen);
 
 #endif /* GPUMEM_POLICY_GPUMEM_H */

@@ -235,6 +235,7 @@ static void make_plan(gp_plan *pl, uint64_t p) {
     pl->P = P;
     pl->start = phi + P;
     pl->state = PL_PENDING;
+    PLOG("period %llu confirmed at %llu: least live at %llu, plan from %llu\n", (unsigned long long)P, (unsigned long long)p, (unsigned long long)phi, (unsigned long long)pl->start);
 }
 
 /* Lay out the step [start - 2P, start - P) for the steps from `start` on,
@@ -258,7 +259,7 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         pl->inmain[k] = pl->inmain[k + P] = 0;
         pl->off[k] = pl->off[k + P] = UINT64_MAX;
         pl->pend[k] = 0;
-        if (r1->units <= GP_SMALL_UNITS || r1->stream != pl->pstream || r0->units != r1->units || r0->death < 0) continue;
+        if (r1->units <= GP_SMALL_UNITS || r1->stream != pl->pstream || r0->units != r1->units || r0->stream != r1->stream || r0->death < 0) continue;
         int64_t b0 = r0->birth - t0, b1 = r1->birth - t1, e0 = r0->death - t0, e;
         if (e0 >= T0) e0 += (e0 / T0) * (T - T0); /* on the last step's scale */
         if (r1->death < 0) { /* alive now: it crosses the boundary, as it must have before */
@@ -450,8 +451,10 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         return GM_ENOMEM;
     }
     pl->rebase = cost[1] < cost[0];
+    if (gm__gp_plan_force == 'A' && cost[0] != UINT64_MAX) pl->rebase = false;
+    if (gm__gp_plan_force == 'B' && cost[1] != UINT64_MAX) pl->rebase = true;
     /* the plan must hold less than the arena holds now, else it is not made */
-    if (cost[pl->rebase] * st->gran >= a->mapped_bytes) {
+    if (cost[pl->rebase] * st->gran >= a->mapped_bytes && !gm__gp_plan_force) {
         PLOG("layout at %llu: %llu granules, not less than the %.1f MiB mapped: no plan\n", (unsigned long long)pl->start, (unsigned long long)cost[pl->rebase], a->mapped_bytes / 1048576.0);
         free(offa), free(all), free(tmp);
         return GM_ENOMEM;
@@ -498,7 +501,7 @@ static void detect(gp_plan *pl, uint64_t p) {
         pl->run++;
     } else {
         pl->cand = pl->run = 0;
-        if (pl->state == PL_PENDING) pl->state = PL_NONE; /* the step changed before it began */
+        if (pl->state == PL_PENDING) pl->state = PL_NONE, PLOG("step changed at %llu before the plan began\n", (unsigned long long)p); /* the step changed before it began */
     }
     if (p + 1 < PL_W) return;
     uint64_t h = 1469598103934665603ull;
@@ -682,6 +685,13 @@ void gm__gp_plan_free(gp_state *st, const gp_block *b) {
 void gm__gp_plan_step(gp_state *st) { (void)st; }
 
 uint64_t gm__gp_plan_served(const gp_state *st) { return st->plan ? st->plan->served : 0; }
+
+int gm__gp_plan_force;
+
+int gm__gp_plan_layout(const gp_state *st) {
+    const gp_plan *pl = st->plan;
+    return pl && pl->state == PL_ACTIVE ? (pl->rebase ? 'B' : 'A') : 0;
+}
 
 /* Only the active plan's arenas have a free-range index, and it lists
  * exactly that arena's free ranges in address order. */
