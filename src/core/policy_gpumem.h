@@ -136,6 +136,8 @@ int gm__gp_flush_quick(gp_state *st);
 void gm__gp_touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int dir);
 int gm__gp_ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes);
 int gm__gp_release_unused(gp_state *st);
+/* The same, keeping the idle chunks keep(arg, chunk) says to keep. */
+int gm__gp_release_unused_but(gp_state *st, bool (*keep)(void *, const gp_chunk *), void *arg);
 void gm__gp_release_all(gp_state *st);
 void gm__gp_live_sync(gp_state *st);
 void gm__gp_live_drop_now(gp_state *st);

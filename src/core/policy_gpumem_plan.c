@@ -112,6 +112,7 @@ typedef struct gp_plan {
     bool settled;
     bool rebase; /* layout B: in the plan's own arena (pa); idle memory given back at the start */
     uint64_t top_units; /* the layout's extent */
+    uint64_t *fp, fp_words; /* layout A: granules of the stream's arena the plan uses */
     gp_arena *pa; /* the plan's own arena of pstream, once made (reused by later plans) */
     uint32_t tries;
     pl_item *items;
@@ -146,6 +147,7 @@ void gm__gp_plan_destroy(gp_state *st) {
     free(pl->inmain);
     free(pl->pend);
     free(pl->items);
+    free(pl->fp);
     free(pl);
     st->plan = NULL;
 }
@@ -459,10 +461,23 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         free(offa), free(all), free(tmp);
         return GM_ENOMEM;
     }
+    if (pl->fp_words < nw) {
+        uint64_t *f = realloc(pl->fp, nw * sizeof *f);
+        if (!f) {
+            free(offa), free(all), free(tmp);
+            return GM_ENOHOSTMEM;
+        }
+        pl->fp = f;
+        pl->fp_words = nw;
+    }
+    memset(pl->fp, 0, pl->fp_words * sizeof *pl->fp);
     for (uint64_t i = 0; i < m; i++) {
         pl_item *it = &pl->items[i];
         if (!pl->rebase) pl->off[it->k] = offa[it->k], pl->inmain[it->k] = 0;
         pl->planned[it->k] = pl->off[it->k] != UINT64_MAX;
+        if (!pl->rebase && pl->planned[it->k]) /* A's footprint, kept when idle memory is given back */
+            for (uint64_t g = pl->off[it->k] / gu; g <= (pl->off[it->k] + it->units - 1) / gu && g < ng; g++)
+                pl->fp[g / 64] |= (uint64_t)1 << (g % 64);
     }
     free(offa);
     PLOG("layouts: around obstacles %llu granules (top %.1f MiB), apart %llu (own arena, %.1f MiB): %s\n",
@@ -584,14 +599,35 @@ static void activate(gp_state *st) {
     pl->settled = false;
 }
 
+/* Idle chunks the plan will use again: its own arena's, or (layout A) any
+ * under its footprint in the stream's arena. */
+static bool keep_planned(void *arg, const gp_chunk *c) {
+    gp_state *st = arg;
+    const gp_plan *pl = st->plan;
+    if (c->arena < 0 || pl->state != PL_ACTIVE) return false;
+    if (pl->rebase) return c->arena == pl->ra->index;
+    if (c->arena != pl->ma->index) return false;
+    for (uint64_t g = (uint64_t)c->g0; g < (uint64_t)c->g0 + c->n && g / 64 < pl->fp_words; g++)
+        if (pl->fp[g / 64] >> (g % 64) & 1) return true;
+    return false;
+}
+
 /* Memory the plan does not need: idle chunks, given back once. */
 static void settle(gp_state *st) {
     gp_plan *pl = st->plan;
     pl->settled = true;
     PLOG("settle at %llu held %.1f MiB\n", (unsigned long long)pl->n, st->held_bytes / 1048576.0);
+#ifdef GP_PLAN_DEBUG
+    for (uint32_t k = 0; k < st->narenas; k++)
+        PLOG("  arena %u pool %d stream %llu mapped %.1f MiB\n", k, st->arenas[k]->pool, (unsigned long long)st->arenas[k]->stream, st->arenas[k]->mapped_bytes / 1048576.0);
+#endif
     gm__gp_flush_quick(st);
     for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
-    gm__gp_release_unused(st);
+    gm__gp_release_unused_but(st, keep_planned, st);
+#ifdef GP_PLAN_DEBUG
+    for (uint32_t k = 0; k < st->narenas; k++)
+        PLOG("  after: arena %u mapped %.1f MiB, small requested %.1f MiB\n", k, st->arenas[k]->mapped_bytes / 1048576.0, st->d->stats.requested_bytes[GM_POOL_SMALL].current / 1048576.0);
+#endif
 }
 
 static void advance(gp_state *st) {
