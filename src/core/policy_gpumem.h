@@ -121,6 +121,7 @@ typedef struct gp_state {
     size_t nslabs, slabs_cap;
     gp_block *plain;           /* no VMM: every live or cached device allocation */
     struct gp_plan *plan;      /* gpumem_plan:on (with VMM): step detection and the plan */
+    uint64_t soft_cap;         /* gpumem_plan:on, while the plan maps its arena: no chunk is created past it (0: none) */
 } gp_state;
 
 /* policy_gpumem.c */

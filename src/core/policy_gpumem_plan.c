@@ -563,6 +563,19 @@ static void drop(gp_state *st) {
     pl->cand = pl->run = 0;
 }
 
+/* Idle chunks the plan will use again: its own arena's, or (layout A) any
+ * under its footprint in the stream's arena. */
+static bool keep_planned(void *arg, const gp_chunk *c) {
+    gp_state *st = arg;
+    const gp_plan *pl = st->plan;
+    if (c->arena < 0 || pl->state != PL_ACTIVE) return false;
+    if (pl->rebase) return c->arena == pl->ra->index;
+    if (c->arena != pl->ma->index) return false;
+    for (uint64_t g = (uint64_t)c->g0; g < (uint64_t)c->g0 + c->n && g / 64 < pl->fp_words; g++)
+        if (pl->fp[g / 64] >> (g % 64) & 1) return true;
+    return false;
+}
+
 static void activate(gp_state *st) {
     gp_plan *pl = st->plan;
     gp_arena *a, *ra;
@@ -588,8 +601,16 @@ static void activate(gp_state *st) {
          * the rest is mapped block by block. */
         gm__gp_flush_quick(st);
         for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
-        gm__gp_release_unused(st);
+        pl->state = PL_ACTIVE; /* for keep_planned */
+        pl->ra = ra;
+        pl->ma = a;
+        /* idle chunks move into the plan's arena (unmap + map) rather than
+         * being given back and made anew (4 calls; at 1.01x capacity, one
+         * granule each); what is left idle is then given back */
+        st->soft_cap = st->held_bytes;
         if (pl->top_units) (void)gm__gp_ensure_mapped(st, ra, ra->base, pl->top_units << GP_ALIGN_SHIFT);
+        st->soft_cap = 0;
+        gm__gp_release_unused_but(st, keep_planned, st);
         gm__gp_live_drop(st);
     }
     pl->ra = ra;
@@ -597,19 +618,6 @@ static void activate(gp_state *st) {
     pl->state = PL_ACTIVE;
     pl->cur = pl->dev_step = 0;
     pl->settled = false;
-}
-
-/* Idle chunks the plan will use again: its own arena's, or (layout A) any
- * under its footprint in the stream's arena. */
-static bool keep_planned(void *arg, const gp_chunk *c) {
-    gp_state *st = arg;
-    const gp_plan *pl = st->plan;
-    if (c->arena < 0 || pl->state != PL_ACTIVE) return false;
-    if (pl->rebase) return c->arena == pl->ra->index;
-    if (c->arena != pl->ma->index) return false;
-    for (uint64_t g = (uint64_t)c->g0; g < (uint64_t)c->g0 + c->n && g / 64 < pl->fp_words; g++)
-        if (pl->fp[g / 64] >> (g % 64) & 1) return true;
-    return false;
 }
 
 /* Memory the plan does not need: idle chunks, given back once. */
