@@ -218,11 +218,82 @@ static void plan_steps_own_arena(void **state) {
     plan_steps_as('B');
 }
 
+/* Each step also keeps a block for good (live bytes grow every step, so
+ * the detector, which needs them to repeat, never makes a plan): with
+ * gm_step_mark after each step a plan is made from the marks and serves
+ * the step's blocks, with no more device calls than the kept blocks need. */
+static void marks_as(bool marks, uint64_t *served_out, uint64_t *calls_after) {
+    ctx c = {0};
+    gm_sim_options o;
+    gm_sim_options_init(&o);
+    o.capacity = 16 * 1024 * MIB;
+    o.events_manual = true;
+    assert_int_equal(gm_sim_create(&c.be, &o), GM_OK);
+    gm_config cfg;
+    gm_config_init(&cfg);
+    char err[128];
+    assert_int_equal(gm_config_parse(&cfg, "policy:gpumem,gpumem_plan:on", err, sizeof err), GM_OK);
+    assert_int_equal(gm_allocator_create(&c.al, c.be, &cfg), GM_OK);
+    wl_model_init(&c.m);
+    tstep t;
+    wl_rng r;
+    wl_seed(&r, 61);
+    for (int j = 0; j < NSTEP; j++) {
+        t.size[j] = wl_chance(&r, 0.3) ? wl_range(&r, 512, 1 * MIB) : wl_range(&r, 1 * MIB, 64 * MIB);
+        t.death[j] = j + 1 + (int)wl_below(&r, NSTEP - j - 1 > 0 ? (uint64_t)(NSTEP - j - 1) : 1);
+    }
+    t.death[NSTEP - 1] = NSTEP + 3; /* alive across the boundary */
+    gm_devptr kept[12] = {0};
+    uint64_t calls = 0;
+    for (int s = 0; s < 12; s++) {
+        kept[s] = alloc(&c, 4 * MIB, 0);
+        run_step(&c, &t, 0);
+        if (marks) assert_int_equal(gm_step_mark(c.al, 0), GM_OK);
+        if (s == 9) calls = device_calls(&c);
+    }
+    *served_out = served(&c);
+    *calls_after = device_calls(&c) - calls;
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < NSTEP; i++)
+            if (c.ptr[k][i]) release(&c, c.ptr[k][i]);
+    for (int s = 0; s < 12; s++) release(&c, kept[s]);
+    assert_int_equal(gm_empty_cache(c.al, 0), GM_OK);
+    check(&c);
+    wl_model_free(&c.m);
+    gm_allocator_destroy(c.al);
+    gm_backend_destroy(c.be);
+}
+
+static void plan_step_marks(void **state) {
+    (void)state;
+    uint64_t served_no, served_yes, calls_no, calls_yes;
+    marks_as(false, &served_no, &calls_no);
+    marks_as(true, &served_yes, &calls_yes);
+    assert_int_equal(served_no, 0); /* no marks: no plan */
+    if (served_yes < 4 * 20) fail_msg("marks: %llu allocations served from the plan", (unsigned long long)served_yes);
+    /* the last two steps: only the kept blocks' new memory, as without a plan */
+    if (calls_yes > calls_no) fail_msg("marks: %llu device calls in the last two steps, %llu without", (unsigned long long)calls_yes, (unsigned long long)calls_no);
+    /* the allocator without a plan (gpumem, plan off) ignores marks too */
+    gm_backend *be;
+    gm_sim_options o;
+    gm_sim_options_init(&o);
+    assert_int_equal(gm_sim_create(&be, &o), GM_OK);
+    gm_allocator *al;
+    assert_int_equal(gm_allocator_create(&al, be, NULL), GM_OK);
+    assert_int_equal(gm_step_mark(al, -1), GM_OK);
+    assert_int_equal(gm_step_mark(al, 0), GM_OK);
+    assert_int_equal(gm_step_mark(al, 7), GM_EDEVICE);
+    assert_int_equal(gm_step_mark(NULL, 0), GM_EINVAL);
+    gm_allocator_destroy(al);
+    gm_backend_destroy(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(plan_steps),
         cmocka_unit_test(plan_steps_around),
         cmocka_unit_test(plan_steps_own_arena),
+        cmocka_unit_test(plan_step_marks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

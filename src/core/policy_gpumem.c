@@ -368,6 +368,11 @@ static int gp_empty_cache(void *state) {
     return gm__gp_release_unused(st);
 }
 
+static void gp_step_mark(void *state) {
+    gp_state *st = state;
+    if (st->plan) gm__gp_plan_step(st);
+}
+
 const gm__policy_ops gm__policy_gpumem = {
     .name = "gpumem",
     .create = gp_create,
@@ -377,4 +382,5 @@ const gm__policy_ops gm__policy_gpumem = {
     .empty_cache = gp_empty_cache,
     .check = gm__gp_check,
     .walk_segments = gm__gp_walk,
+    .step_mark = gp_step_mark,
 };

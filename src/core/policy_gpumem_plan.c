@@ -115,6 +115,9 @@ typedef struct gp_plan {
     uint64_t *fp, fp_words; /* layout A: granules of the stream's arena the plan uses */
     gp_arena *pa; /* the plan's own arena of pstream, once made (reused by later plans) */
     uint32_t tries;
+    bool marked;       /* gm_step_mark was called: marks, not the detector, make plans */
+    uint64_t mark[3];  /* allocation numbers at the last three marks */
+    uint64_t nmarks;
     pl_item *items;
     uint64_t served;
 } gp_plan;
@@ -252,7 +255,7 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
      * to the usual placement. A block may live up to two steps, so the plan
      * covers two steps (2P positions, period 2T): each position twice. */
     int64_t t0 = rec(pl, w0)->birth, t1 = rec(pl, w1)->birth, T0 = t1 - t0, T = pl->op - t1;
-    uint64_t m = 0;
+    uint64_t m = 0, unplanned = 0; /* large blocks of the stream left to the usual placement */
     for (uint64_t k = 0; k < P; k++) {
         const pl_rec *r0 = rec(pl, w0 + k), *r1 = rec(pl, w1 + k);
         pl->tunits[k] = pl->tunits[k + P] = r1->units;
@@ -261,7 +264,9 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         pl->inmain[k] = pl->inmain[k + P] = 0;
         pl->off[k] = pl->off[k + P] = UINT64_MAX;
         pl->pend[k] = 0;
-        if (r1->units <= GP_SMALL_UNITS || r1->stream != pl->pstream || r0->units != r1->units || r0->stream != r1->stream || r0->death < 0) continue;
+        if (r1->units <= GP_SMALL_UNITS || r1->stream != pl->pstream) continue;
+        unplanned++; /* until it is an interval */
+        if (r0->units != r1->units || r0->stream != r1->stream || r0->death < 0) continue;
         int64_t b0 = r0->birth - t0, b1 = r1->birth - t1, e0 = r0->death - t0, e;
         if (e0 >= T0) e0 += (e0 / T0) * (T - T0); /* on the last step's scale */
         if (r1->death < 0) { /* alive now: it crosses the boundary, as it must have before */
@@ -275,6 +280,7 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         int64_t b = b0 < b1 ? b0 : b1;
         if (e - b >= 2 * T) continue; /* alive for two steps: the usual placement */
         pl->pend[k] = e;
+        unplanned--;
         pl->items[m++] = (pl_item){r1->units, 0, b, e, (uint32_t)k, 0};
         pl->items[m++] = (pl_item){r1->units, 0, b + T, e + T, (uint32_t)(k + P), 0};
     }
@@ -334,7 +340,10 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         }
         for (uint64_t w = 0; !pass && w < nw; w++) pin_all += (uint64_t)__builtin_popcountll(pin[w]);
     }
-    for (uint64_t g = 0; g < ng && npe < no + 1; g++) { /* runs of pinned granules, in units */
+    /* the usual placement prefers mapped free ranges, so blocks left to it
+     * would take those parts first: only when every large block of the
+     * step is planned */
+    for (uint64_t g = 0; !unplanned && g < ng && npe < no + 1; g++) { /* runs of pinned granules, in units */
         if (!(pin[g / 64] >> (g % 64) & 1)) {
             if (!pin[g / 64]) g |= 63;
             continue;
@@ -501,8 +510,8 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         PLOG("obstacles: permanent %.1f MiB, top %.1f MiB; intervals max live %.1f MiB\n", osum / 2048.0, otop / 2048.0, mx / 2048.0);
     }
 #endif
-    PLOG("layout at %llu: P %llu T %lld intervals %llu obstacles %llu top %.1f MiB mapped %.1f MiB\n",
-         (unsigned long long)pl->start, (unsigned long long)P, (long long)T, (unsigned long long)m,
+    PLOG("layout at %llu: P %llu T %lld intervals %llu (%llu large left out) obstacles %llu top %.1f MiB mapped %.1f MiB\n",
+         (unsigned long long)pl->start, (unsigned long long)P, (long long)T, (unsigned long long)m, (unsigned long long)unplanned,
          (unsigned long long)no, topm / 2048.0, a->mapped_bytes / 1048576.0);
     free(all);
     free(tmp);
@@ -539,7 +548,7 @@ static void detect(gp_plan *pl, uint64_t p) {
             pl->run = p - i;
         }
     }
-    if (pl->state == PL_NONE && pl->cand && pl->run >= pl->cand && pl->run >= PL_MINRUN &&
+    if (pl->state == PL_NONE && !pl->marked && pl->cand && pl->run >= pl->cand && pl->run >= PL_MINRUN &&
         pl->tries < PL_TRIES && p >= 2 * pl->cand && rec(pl, p)->live == rec(pl, p - pl->cand)->live)
         make_plan(pl, p);
 }
@@ -726,7 +735,33 @@ void gm__gp_plan_free(gp_state *st, const gp_block *b) {
     pl->op++;
 }
 
-void gm__gp_plan_step(gp_state *st) { (void)st; }
+/* gm_step_mark: the marks are the step boundaries. Once the last two
+ * marked steps made the same allocations (count, units, streams), the plan
+ * starts now, laid out from them; from the first mark on, the period
+ * detector (which needs the bytes live to repeat too) makes no plan. */
+void gm__gp_plan_step(gp_state *st) {
+    gp_plan *pl = st->plan;
+    pl->marked = true;
+    pl->mark[0] = pl->mark[1];
+    pl->mark[1] = pl->mark[2];
+    pl->mark[2] = pl->n;
+    pl->nmarks++;
+    if (pl->state != PL_NONE || pl->nmarks < 3 || pl->tries >= PL_TRIES) return;
+    uint64_t P = pl->mark[2] - pl->mark[1];
+    if (P < PL_MINP || P > PL_MAXP || pl->mark[1] - pl->mark[0] != P || pl->n - pl->mark[0] > PL_HIST) return;
+    for (uint64_t k = 0; k < P; k++)
+        if (!same(pl, pl->mark[0] + k, pl->mark[1] + k)) return;
+    uint64_t big = 0;
+    for (uint64_t k = 0; k < P; k++) {
+        const pl_rec *r = rec(pl, pl->mark[1] + k);
+        if (r->units > big) big = r->units, pl->pstream = r->stream;
+    }
+    pl->tries++;
+    pl->P = P;
+    pl->start = pl->n;
+    pl->state = PL_PENDING;
+    PLOG("marked steps of %llu alike: plan from %llu\n", (unsigned long long)P, (unsigned long long)pl->start);
+}
 
 uint64_t gm__gp_plan_served(const gp_state *st) { return st->plan ? st->plan->served : 0; }
 
