@@ -84,7 +84,7 @@ class SimBackendTest(unittest.TestCase):
         self.assertEqual(gt.check(0), "")
 
     def test_step_marks(self):
-        _lib.configure("gpumem_plan:on", "sim")
+        _lib.configure("policy:gpumem,gpumem_plan:on", "sim")
         gt.step_mark()  # before any allocation: nothing to learn, no error
 
         class Optimizer:  # torch.optim.Optimizer's hook interface, enough for mark_steps
@@ -102,7 +102,7 @@ class SimBackendTest(unittest.TestCase):
         opt = Optimizer()
         self.assertIs(gt.mark_steps(opt, 0), opt.hooks[0])
         for _ in range(6):  # identical marked steps: a plan is made and serves them
-            ps = [_lib.alloc_raw(sz * MIB, 0, 0) for sz in (3, 5, 2, 7)]
+            ps = [_lib.alloc_raw(sz * MIB, 0, 0) for sz in (3, 5, 2, 7, 4, 6, 9, 3)]
             for p in ps:
                 _lib.free_raw(p)
             opt.step()
