@@ -57,6 +57,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef GP_PLAN_DEBUG
+#include <time.h>
+#endif
 
 #ifdef GP_PLAN_DEBUG
 #define PLOG(...) fprintf(stderr, "plan: " __VA_ARGS__)
@@ -69,7 +72,7 @@
 #define PL_MINP 8             /* shortest step */
 #define PL_MINRUN 64          /* allocations matched before a period counts */
 #define PL_W 8                /* allocations hashed to propose a period */
-#define PL_TAB (1u << 16)     /* hash table of windows */
+#define PL_TAB (1u << 14)     /* hash table of windows (256 KiB: stays in cache) */
 #define PL_TRIES 8            /* plans made before the detector gives up */
 #define PL_RESYNC 8           /* positions searched ahead after a deviation */
 
@@ -95,7 +98,8 @@ typedef struct gp_plan {
     uint64_t n;   /* allocations so far */
     int64_t op;   /* operations (allocations + frees) so far */
     uint64_t live; /* units live */
-    uint64_t *tab_key, *tab_pos; /* window hash -> allocation number + 1 */
+    struct pl_slot { uint64_t key, pos; } *tab; /* window hash -> allocation number + 1 */
+    uint64_t wh;  /* rolling hash of the last PL_W allocations */
     uint64_t cand, run;
     int state;
     uint64_t P, start; /* step length; allocation number where serving starts */
@@ -126,9 +130,8 @@ int gm__gp_plan_create(gp_state *st) {
     gp_plan *pl = calloc(1, sizeof *pl);
     if (!pl) return GM_ENOHOSTMEM;
     pl->hist = calloc(PL_HIST, sizeof *pl->hist);
-    pl->tab_key = calloc(PL_TAB, sizeof *pl->tab_key);
-    pl->tab_pos = calloc(PL_TAB, sizeof *pl->tab_pos);
-    if (!pl->hist || !pl->tab_key || !pl->tab_pos) {
+    pl->tab = calloc(PL_TAB, sizeof *pl->tab);
+    if (!pl->hist || !pl->tab) {
         st->plan = pl;
         gm__gp_plan_destroy(st);
         return GM_ENOHOSTMEM;
@@ -141,8 +144,7 @@ void gm__gp_plan_destroy(gp_state *st) {
     gp_plan *pl = st->plan;
     if (!pl) return;
     free(pl->hist);
-    free(pl->tab_key);
-    free(pl->tab_pos);
+    free(pl->tab);
     free(pl->tunits);
     free(pl->off);
     free(pl->tstream);
@@ -520,6 +522,13 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
 
 /* ---- detection ------------------------------------------------------------- */
 
+static inline uint64_t rotl64(uint64_t x, unsigned r) { return (x << r) | (x >> (64 - r)); }
+
+static inline uint64_t mix(uint64_t units, gm_stream stream) {
+    uint64_t x = units * 0xff51afd7ed558ccdull ^ ((uint64_t)stream + 1) * 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 31);
+}
+
 static void detect(gp_plan *pl, uint64_t p) {
     if (pl->cand && same(pl, p, p - pl->cand)) {
         pl->run++;
@@ -527,18 +536,20 @@ static void detect(gp_plan *pl, uint64_t p) {
         pl->cand = pl->run = 0;
         if (pl->state == PL_PENDING) pl->state = PL_NONE, PLOG("step changed at %llu before the plan began\n", (unsigned long long)p); /* the step changed before it began */
     }
-    if (p + 1 < PL_W) return;
-    uint64_t h = 1469598103934665603ull;
-    for (uint64_t i = p + 1 - PL_W; i <= p; i++) {
-        const pl_rec *r = rec(pl, i);
-        h = (h ^ r->units) * 1099511628211ull;
-        h = (h ^ (uint64_t)r->stream) * 1099511628211ull;
+    /* a cyclic polynomial (buzhash) over the window: O(1) per allocation */
+    const pl_rec *in = rec(pl, p);
+    pl->wh = rotl64(pl->wh, 1) ^ mix(in->units, in->stream);
+    if (p >= PL_W) {
+        const pl_rec *out = rec(pl, p - PL_W);
+        pl->wh ^= rotl64(mix(out->units, out->stream), PL_W);
     }
+    if (p + 1 < PL_W) return;
+    uint64_t h = pl->wh * 0x9e3779b97f4a7c15ull;
     h ^= h >> 29;
-    uint64_t s = h & (PL_TAB - 1);
-    uint64_t q = pl->tab_key[s] == h ? pl->tab_pos[s] : 0;
-    pl->tab_key[s] = h;
-    pl->tab_pos[s] = p + 1;
+    struct pl_slot *sl = &pl->tab[h & (PL_TAB - 1)];
+    uint64_t q = sl->key == h ? sl->pos : 0;
+    sl->key = h;
+    sl->pos = p + 1;
     if (!pl->cand && q) {
         uint64_t P = p + 1 - q;
         if (P >= PL_MINP && P <= PL_MAXP && p >= 2 * P) {
@@ -590,7 +601,16 @@ static void activate(gp_state *st) {
     gp_arena *a, *ra;
     pl->state = PL_NONE;
     if (gm__gp_arena_of(st, pl->pstream, GM_POOL_LARGE, &a) || !a->gran) return;
+#ifdef GP_PLAN_DEBUG
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int lrc = layout(st, pl, a);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    PLOG("layout took %.1f ms\n", (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+    if (lrc) return;
+#else
     if (layout(st, pl, a)) return; /* served as before */
+#endif
     ra = a;
     if (pl->rebase) {
         if (pl->pa && pl->pa->stream != pl->pstream) return; /* one own arena, for the first plan's stream */
