@@ -170,6 +170,7 @@ static inline bool same(gp_plan *pl, uint64_t i, uint64_t j) {
  * first, 1 longest-lived first, 2 largest size x lifetime first, 3 born
  * first; ties: larger, longer, earlier, position. */
 #define PL_ORDERS 4
+#define PL_ORDERS_MAXM 8192 /* intervals above which only the first order is tried */
 static int pl_order; /* for cmp_item: qsort has no argument for it */
 
 static int cmp_item(const void *x, const void *y) {
@@ -203,6 +204,48 @@ static bool overlap(const pl_item *x, const pl_item *y, int64_t T) {
 /* Does an obstacle (there from the plan's start until o->e, not repeating)
  * overlap interval x of the first planned step? */
 static bool blocks(const pl_item *o, const pl_item *x) { return x->b < o->e; }
+
+/* What is in the way of interval `it`, in address order: the placed
+ * intervals of one space (indices sorted by offset) that overlap it in time,
+ * merged with the obstacles (sorted by offset) that do, if use_obs. */
+typedef struct cit {
+    const pl_item *items;
+    const uint32_t *s;
+    uint64_t ns, i;
+    const pl_item *obs;
+    uint64_t no, j;
+    bool use_obs;
+    const pl_item *it;
+    int64_t period;
+} cit;
+
+static const pl_item *cit_next(cit *c) {
+    for (;;) {
+        const pl_item *a = c->i < c->ns ? &c->items[c->s[c->i]] : NULL;
+        const pl_item *b = c->use_obs && c->j < c->no ? &c->obs[c->j] : NULL;
+        if (!a && !b) return NULL;
+        if (a && (!b || a->off <= b->off)) {
+            c->i++;
+            if (overlap(a, c->it, c->period)) return a;
+        } else {
+            c->j++;
+            if (blocks(b, c->it)) return b;
+        }
+    }
+}
+
+/* Insert item index k into s (sorted by the items' offsets). */
+static void sorted_insert(const pl_item *items, uint32_t *s, uint64_t *ns, uint32_t k) {
+    uint64_t lo = 0, hi = *ns, off = items[k].off;
+    while (lo < hi) {
+        uint64_t mid = (lo + hi) / 2;
+        if (items[s[mid]].off < off) lo = mid + 1;
+        else hi = mid;
+    }
+    memmove(&s[lo + 1], &s[lo], (*ns - lo) * sizeof *s);
+    s[lo] = k;
+    (*ns)++;
+}
 
 static int grow(gp_plan *pl, uint64_t P) {
     if (P <= pl->cap) return GM_OK;
@@ -288,12 +331,8 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
     }
     uint64_t nobs = 0;
     for (const gp_block *b = a->head; b; b = b->next) nobs += b->state == GP_USED;
-    pl_item *all = malloc((m + nobs) * sizeof *all), *tmp = malloc((m + nobs) * sizeof *tmp);
-    if (!all || !tmp) {
-        free(all);
-        free(tmp);
-        return GM_ENOHOSTMEM;
-    }
+    pl_item *all = malloc((m + nobs + 1) * sizeof *all);
+    if (!all) return GM_ENOHOSTMEM;
     pl_item *obs = all + m;
     uint64_t no = 0;
     for (const gp_block *b = a->head; b; b = b->next) {
@@ -322,7 +361,7 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
     uint64_t *pin = calloc(nw, sizeof *pin), *bits = calloc(nw, sizeof *bits);
     pl_item *pe = malloc((no + 1) * sizeof *pe);
     if (!pin || !bits || !pe) {
-        free(pin), free(bits), free(pe), free(all), free(tmp);
+        free(pin), free(bits), free(pe), free(all);
         return GM_ENOHOSTMEM;
     }
     /* pass 0: chunks of every obstacle (held until the last steps' blocks
@@ -355,16 +394,20 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
     }
     uint64_t cost[2] = {UINT64_MAX, UINT64_MAX}, top[2] = {0, 0};
     uint64_t *offa = malloc(2 * P * sizeof *offa);
-    if (!offa) {
-        free(pin), free(bits), free(pe), free(all), free(tmp);
+    uint32_t *sorted[2] = {malloc((m + 1) * sizeof(uint32_t)), malloc((m + 1) * sizeof(uint32_t))};
+    if (!offa || !sorted[0] || !sorted[1]) {
+        free(sorted[0]), free(sorted[1]);
+        free(offa), free(pin), free(bits), free(pe), free(all);
         return GM_ENOHOSTMEM;
     }
+    qsort(obs, no, sizeof *obs, cmp_off); /* in address order, merged with the placed intervals */
     for (uint64_t k = 0; k < 2 * P; k++) offa[k] = UINT64_MAX;
     for (int mode = 1; mode >= 0; mode--) {
-      for (int ord = 0; ord < PL_ORDERS; ord++) { /* greedy in several orders: the best is kept */
+      /* several orders, the best kept (one when the step is long: each is O(m^2)) */
+      for (int ord = 0; ord < (m > PL_ORDERS_MAXM ? 1 : PL_ORDERS); ord++) {
         pl_order = ord;
         qsort(pl->items, m, sizeof *pl->items, cmp_item);
-        uint64_t c = 0, tp = 0;
+        uint64_t c = 0, tp = 0, ns[2] = {0, 0};
         for (uint64_t i = 0; i < m; i++) {
             pl_item *it = &pl->items[i];
             it->where = 0;
@@ -372,47 +415,43 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
         }
         for (uint64_t i = 0; i < m; i++) {
             pl_item *it = &pl->items[i];
-            uint64_t nc = 0, pos = UINT64_MAX;
-            if (mode) { /* in a pinned chunk's free part first */
-                for (uint64_t j = 0; j < i; j++)
-                    if (pl->items[j].off != UINT64_MAX && pl->items[j].where && overlap(&pl->items[j], it, 2 * T)) tmp[nc++] = pl->items[j];
-                for (uint64_t j = 0; j < no; j++)
-                    if (blocks(&obs[j], it)) tmp[nc++] = obs[j];
-                qsort(tmp, nc, sizeof *tmp, cmp_off);
+            uint64_t pos = UINT64_MAX;
+            if (mode && npe) { /* in a pinned chunk's free part first: the gaps between what is in the way there */
+                cit ci = {pl->items, sorted[1], ns[1], 0, obs, no, 0, true, it, 2 * T};
                 uint64_t cov = 0, x = 0;
-                for (uint64_t j = 0; j <= nc && pos == UINT64_MAX; j++) {
-                    uint64_t gs = cov, ge = j < nc ? tmp[j].off : UINT64_MAX; /* a gap between the ranges in the way */
-                    if (j < nc && tmp[j].off + tmp[j].units > cov) cov = tmp[j].off + tmp[j].units;
-                    if (ge <= gs) continue;
-                    while (x < npe && pe[x].off + pe[x].units <= gs) x++;
-                    for (uint64_t y = x; y < npe && pe[y].off < ge; y++) {
-                        uint64_t s0 = gs > pe[y].off ? gs : pe[y].off, e0 = pe[y].off + pe[y].units;
-                        if (e0 > ge) e0 = ge;
-                        if (e0 - s0 >= it->units) {
-                            pos = s0;
-                            break;
+                for (const pl_item *cf = cit_next(&ci);; cf = cit_next(&ci)) {
+                    uint64_t gs = cov, ge = cf ? cf->off : UINT64_MAX;
+                    if (cf && cf->off + cf->units > cov) cov = cf->off + cf->units;
+                    if (ge > gs) {
+                        while (x < npe && pe[x].off + pe[x].units <= gs) x++;
+                        for (uint64_t y = x; y < npe && pe[y].off < ge; y++) {
+                            uint64_t s0 = gs > pe[y].off ? gs : pe[y].off, e0 = pe[y].off + pe[y].units;
+                            if (e0 > ge) e0 = ge;
+                            if (e0 - s0 >= it->units) {
+                                pos = s0;
+                                break;
+                            }
                         }
                     }
+                    if (pos != UINT64_MAX || !cf || x >= npe) break;
                 }
                 if (pos != UINT64_MAX) {
                     it->off = pos;
                     it->where = 1;
+                    sorted_insert(pl->items, sorted[1], &ns[1], (uint32_t)i);
                     continue;
                 }
-                nc = 0;
             }
-            for (uint64_t j = 0; j < i; j++)
-                if (pl->items[j].off != UINT64_MAX && !pl->items[j].where && overlap(&pl->items[j], it, 2 * T)) tmp[nc++] = pl->items[j];
-            for (uint64_t j = 0; !mode && j < no; j++)
-                if (blocks(&obs[j], it)) tmp[nc++] = obs[j];
-            qsort(tmp, nc, sizeof *tmp, cmp_off);
+            cit ci = {pl->items, sorted[0], ns[0], 0, obs, no, 0, !mode, it, 2 * T};
             pos = 0; /* first fit */
-            for (uint64_t j = 0; j < nc; j++) {
-                if (tmp[j].off >= pos + it->units) break;
-                if (tmp[j].off + tmp[j].units > pos) pos = tmp[j].off + tmp[j].units;
+            for (const pl_item *cf = cit_next(&ci); cf; cf = cit_next(&ci)) {
+                if (cf->off >= pos + it->units) break;
+                if (cf->off + cf->units > pos) pos = cf->off + cf->units;
             }
-            it->off = pos + it->units > limit ? UINT64_MAX : pos;
-            if (it->off != UINT64_MAX && pos + it->units > tp) tp = pos + it->units;
+            if (pos + it->units > limit) continue;
+            it->off = pos;
+            sorted_insert(pl->items, sorted[0], &ns[0], (uint32_t)i);
+            if (pos + it->units > tp) tp = pos + it->units;
         }
         /* granules touched: the obstacles' chunks (whole) and the layout's
          * (B: in its own arena, apart; its blocks in pinned chunks are free) */
@@ -459,8 +498,10 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
     free(pin);
     free(bits);
     free(pe);
+    free(sorted[0]);
+    free(sorted[1]);
     if (cost[0] == UINT64_MAX && cost[1] == UINT64_MAX) {
-        free(offa), free(all), free(tmp);
+        free(offa), free(all);
         return GM_ENOMEM;
     }
     pl->rebase = cost[1] < cost[0];
@@ -469,13 +510,13 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
     /* the plan must hold less than the arena holds now, else it is not made */
     if (cost[pl->rebase] * st->gran >= a->mapped_bytes && !gm__gp_plan_force) {
         PLOG("layout at %llu: %llu granules, not less than the %.1f MiB mapped: no plan\n", (unsigned long long)pl->start, (unsigned long long)cost[pl->rebase], a->mapped_bytes / 1048576.0);
-        free(offa), free(all), free(tmp);
+        free(offa), free(all);
         return GM_ENOMEM;
     }
     if (pl->fp_words < nw) {
         uint64_t *f = realloc(pl->fp, nw * sizeof *f);
         if (!f) {
-            free(offa), free(all), free(tmp);
+            free(offa), free(all);
             return GM_ENOHOSTMEM;
         }
         pl->fp = f;
@@ -516,7 +557,6 @@ static int layout(gp_state *st, gp_plan *pl, gp_arena *a) {
          (unsigned long long)pl->start, (unsigned long long)P, (long long)T, (unsigned long long)m, (unsigned long long)unplanned,
          (unsigned long long)no, topm / 2048.0, a->mapped_bytes / 1048576.0);
     free(all);
-    free(tmp);
     return topm ? GM_OK : GM_ENOMEM;
 }
 
