@@ -171,7 +171,7 @@ static inline bool same(gp_plan *pl, uint64_t i, uint64_t j) {
  * first; ties: larger, longer, earlier, position. */
 #define PL_ORDERS 4
 #define PL_ORDERS_MAXM 8192 /* intervals above which only the first order is tried */
-static int pl_order; /* for cmp_item: qsort has no argument for it */
+static _Thread_local int pl_order; /* for cmp_item (qsort has no argument for it); per thread: devices lay out plans under their own locks */
 
 static int cmp_item(const void *x, const void *y) {
     const pl_item *a = x, *b = y;
