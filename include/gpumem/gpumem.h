@@ -130,7 +130,7 @@ typedef struct gm_config {
     gm_gpumem_chunks gpumem_chunks;
     /* gpumem policy only: gpumem_plan:off|on (default off). on: the policy
      * finds the repeating allocation sequence of a training step online,
-     * places one step's blocks in one planned region (greedy, by size) and
+     * lays out two steps' blocks at planned addresses (greedy, by size) and
      * serves later steps' matching allocations there with no device call;
      * anything that deviates goes to the usual placement
      * (src/core/policy_gpumem_plan.c, bench/gpumem_policy_tradeoff.md). */
@@ -318,6 +318,12 @@ GM_API int gm_free(gm_allocator *a, gm_devptr ptr);
 GM_API int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream);
 /* Release cached, unused device memory. device -1 = every device. */
 GM_API int gm_empty_cache(gm_allocator *a, int device);
+/* The program finished one step of a repeating loop (e.g. after
+ * optimizer.step()). With gpumem_plan:on the gpumem policy takes the marks
+ * as step boundaries: once two marked steps made the same allocations, the
+ * next ones are served from a plan. Other policies ignore it. device -1 =
+ * every device. */
+GM_API int gm_step_mark(gm_allocator *a, int device);
 /* Like torch.cuda.set_per_process_memory_fraction. */
 GM_API int gm_set_memory_fraction(gm_allocator *a, int device, double fraction);
 /* Free and total bytes of the device as the backend reports them. */

@@ -123,6 +123,7 @@ _SIGS = {
     "gpumem_torch_free_raw": (ctypes.c_int, [ctypes.c_uint64]),
     "gpumem_torch_record_stream": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_uint64]),
     "gpumem_torch_empty_cache": (ctypes.c_int, [ctypes.c_int]),
+    "gpumem_torch_step_mark": (ctypes.c_int, [ctypes.c_int]),
     "gpumem_torch_set_memory_fraction": (ctypes.c_int, [ctypes.c_double, ctypes.c_int]),
     "gpumem_torch_mem_get_info": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64),
                                                  ctypes.POINTER(ctypes.c_uint64)]),

@@ -308,6 +308,20 @@ def empty_cache():
     _lib.check(_lib.load().gpumem_torch_empty_cache(-1), "empty_cache")
 
 
+def step_mark(device=-1):
+    """One step of the training loop ended (gm_step_mark). With
+    gpumem_plan:on the marks are the step boundaries: once two marked steps
+    made the same allocations, the next ones are served from a plan.
+    device -1 (default): every device."""
+    _lib.check(_lib.load().gpumem_torch_step_mark(-1 if device == -1 else _device(device)), "step_mark")
+
+
+def mark_steps(optimizer, device=-1):
+    """Call step_mark() after every optimizer.step() (a step post hook);
+    returns the hook's handle (handle.remove() stops it)."""
+    return optimizer.register_step_post_hook(lambda opt, args, kwargs: step_mark(device))
+
+
 def mem_get_info(device=None):
     """(free, total) bytes of the device, like torch.cuda.mem_get_info."""
     return _lib.mem_get_info(_device(device))

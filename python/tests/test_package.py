@@ -83,6 +83,35 @@ class SimBackendTest(unittest.TestCase):
         self.assertEqual(gt.memory_reserved(0), 0)
         self.assertEqual(gt.check(0), "")
 
+    def test_step_marks(self):
+        _lib.configure("policy:gpumem,gpumem_plan:on", "sim")
+        gt.step_mark()  # before any allocation: nothing to learn, no error
+
+        class Optimizer:  # torch.optim.Optimizer's hook interface, enough for mark_steps
+            def __init__(self):
+                self.hooks = []
+
+            def register_step_post_hook(self, hook):
+                self.hooks.append(hook)
+                return hook
+
+            def step(self):
+                for h in self.hooks:
+                    h(self, (), {})
+
+        opt = Optimizer()
+        self.assertIs(gt.mark_steps(opt, 0), opt.hooks[0])
+        for _ in range(6):  # identical marked steps: a plan is made and serves them
+            ps = [_lib.alloc_raw(sz * MIB, 0, 0) for sz in (3, 5, 2, 7, 4, 6, 9, 3)]
+            for p in ps:
+                _lib.free_raw(p)
+            opt.step()
+            self.assertEqual(gt.check(0), "")
+        self.assertEqual(gt.memory_allocated(0), 0)
+        with self.assertRaises(_lib.GpumemError) as cm:
+            gt.step_mark(5)  # the sim backend has one device
+        self.assertEqual(cm.exception.status_name, "GM_EDEVICE")
+
     def test_errors_are_explained(self):
         _lib.configure("", "sim")
         p = _lib.alloc_raw(MIB, 0, 0)

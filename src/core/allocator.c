@@ -436,6 +436,21 @@ int gm_empty_cache(gm_allocator *a, int device) {
     return rc;
 }
 
+int gm_step_mark(gm_allocator *a, int device) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    if (!a) return gm__set_error(GM_EINVAL, "gm_step_mark: NULL allocator");
+    gm__device *list[GM_MAX_DEVICES];
+    int n, rc = device_list(a, device, list, &n);
+    for (int i = 0; i < n; i++) {
+        gm__device *d = list[i];
+        if (!d->pops->step_mark) continue;
+        gm__devlock_lock(&d->lock);
+        d->pops->step_mark(d->pstate);
+        gm__devlock_unlock(&d->lock);
+    }
+    return rc;
+}
+
 int gm_set_memory_fraction(gm_allocator *a, int device, double fraction) {
     gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_set_memory_fraction: NULL allocator");

@@ -283,7 +283,7 @@ static const setting settings[] = {
     {"gpumem_chunks", NULL, T_CHUNKS, F(gpumem_chunks), "gpumem", "auto", "auto|granule|run",
      "size of the physical chunks (gm_config.gpumem_chunks in gpumem.h)"},
     {"gpumem_plan", NULL, T_ONOFF, F(gpumem_plan), "gpumem", "off", "off|on",
-     "learn the repeating step and serve its allocations from a planned region (gm_config.gpumem_plan)"},
+     "learn the repeating step and serve its allocations at planned addresses (gm_config.gpumem_plan)"},
 };
 #undef F
 #define NSETTINGS (sizeof settings / sizeof settings[0])

@@ -145,6 +145,8 @@ struct gm__policy_ops {
     /* recount and compare: GM_OK or GM_ESTATE naming the broken invariant */
     int (*check)(void *state, char *err, size_t errlen);
     int (*walk_segments)(void *state, gm__segment_cb cb, void *arg);
+    /* optional (NULL: ignored): the program marked the end of a step (gm_step_mark) */
+    void (*step_mark)(void *state);
 };
 
 extern const gm__policy_ops gm__policy_torch;

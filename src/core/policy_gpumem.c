@@ -115,6 +115,7 @@ static void arena_free(gp_state *st, gp_arena *a) {
     if (st->vmm && a->gran) (void)gm__be_cleanup_va_release(st->d, a->base, a->va_size);
     free(a->gran);
     free(a->mapped);
+    free(a->fidx);
     free(a);
 }
 
@@ -145,6 +146,11 @@ static int arena_new(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
 }
 
 static inline int arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out);
+int gm__gp_arena_new_plan(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
+    int rc = arena_new(st, stream, pool, out);
+    if (rc == GM_OK) (*out)->plan_only = true;
+    return rc;
+}
 int gm__gp_arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
     return arena_of(st, stream, pool, out);
 }
@@ -156,7 +162,7 @@ static inline int arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **
         return GM_OK;
     }
     for (uint32_t i = 0; i < st->narenas; i++) {
-        if (st->arenas[i]->stream == stream && st->arenas[i]->pool == pool) {
+        if (st->arenas[i]->stream == stream && st->arenas[i]->pool == pool && !st->arenas[i]->plan_only) {
             *out = st->last[pool] = st->arenas[i];
             return GM_OK;
         }
@@ -322,7 +328,6 @@ static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
             gm__gp_flush_quick(st);
             gm__device_process_events(st->d, true);
             gm__gp_flush_quick(st);
-            if (st->plan) gm__gp_plan_drop(st); /* gives the region back if nothing lives in it */
             for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
             if (st->vmm) gm__gp_release_unused(st);
             rc = place(st, a, units, &b);
@@ -341,7 +346,7 @@ static void gp_free(void *state, gm__block_hdr *hdr) {
     gp_block *b = (gp_block *)hdr;
     gp_arena *a = st->arenas[b->arena];
     active_dec(st, b);
-    if (st->plan && gm__gp_plan_free(st, b)) return;
+    if (st->plan) gm__gp_plan_free(st, b);
     uint64_t units = b->h.size >> GP_ALIGN_SHIFT;
     if (units <= GP_SMALL_UNITS) {
         b->state = GP_CACHED;
@@ -358,10 +363,14 @@ static void gp_free(void *state, gm__block_hdr *hdr) {
 
 static int gp_empty_cache(void *state) {
     gp_state *st = state;
-    if (st->plan) gm__gp_plan_drop(st); /* an unused region is cached memory too */
     gm__gp_flush_quick(st);
     if (!st->vmm) return GM_OK;
     return gm__gp_release_unused(st);
+}
+
+static void gp_step_mark(void *state) {
+    gp_state *st = state;
+    if (st->plan) gm__gp_plan_step(st);
 }
 
 const gm__policy_ops gm__policy_gpumem = {
@@ -373,4 +382,5 @@ const gm__policy_ops gm__policy_gpumem = {
     .empty_cache = gp_empty_cache,
     .check = gm__gp_check,
     .walk_segments = gm__gp_walk,
+    .step_mark = gp_step_mark,
 };

@@ -44,9 +44,7 @@
 #define GP_AUTO_HEADROOM 1024
 #endif
 
-/* GP_PLANNED: handed out at a planned offset inside the plan's region (a
- * GP_USED block of the arena); not on any arena list (policy_gpumem_plan.c). */
-enum { GP_FREE = 0, GP_USED = 1, GP_CACHED = 2, GP_PLANNED = 3 };
+enum { GP_FREE = 0, GP_USED = 1, GP_CACHED = 2 };
 enum { GP_LIST_NONE = 0, GP_LIST_IDLE = 1, GP_LIST_LOOSE = 2 };
 
 typedef struct gp_block {
@@ -76,6 +74,7 @@ typedef struct gp_arena {
     gm_stream stream;
     int32_t index;    /* in gp_state.arenas */
     uint8_t pool;     /* GM_POOL_SMALL or GM_POOL_LARGE: blocks of one pool only */
+    bool plan_only;   /* gpumem_plan:on: holds planned blocks only; arena_of never returns it */
     uint64_t mapped_bytes;
     gm_devptr base;
     uint64_t va_size;
@@ -90,6 +89,10 @@ typedef struct gp_arena {
     gp_block *bins[GP_NBINS];
     uint64_t bitmap[GP_NWORDS];
     uint64_t summary; /* bit w: bitmap[w] != 0 */
+    /* gpumem_plan:on, the plan's arena only: its free ranges by address, so
+     * a planned address finds the free range holding it (policy_gpumem_va.c) */
+    gp_block **fidx;
+    uint64_t nfidx, fidx_cap;
 } gp_arena;
 
 typedef struct gp_state {
@@ -118,6 +121,7 @@ typedef struct gp_state {
     size_t nslabs, slabs_cap;
     gp_block *plain;           /* no VMM: every live or cached device allocation */
     struct gp_plan *plan;      /* gpumem_plan:on (with VMM): step detection and the plan */
+    uint64_t soft_cap;         /* gpumem_plan:on, while the plan maps its arena: no chunk is created past it (0: none) */
 } gp_state;
 
 /* policy_gpumem.c */
@@ -133,6 +137,8 @@ int gm__gp_flush_quick(gp_state *st);
 void gm__gp_touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int dir);
 int gm__gp_ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes);
 int gm__gp_release_unused(gp_state *st);
+/* The same, keeping the idle chunks keep(arg, chunk) says to keep. */
+int gm__gp_release_unused_but(gp_state *st, bool (*keep)(void *, const gp_chunk *), void *arg);
 void gm__gp_release_all(gp_state *st);
 void gm__gp_live_sync(gp_state *st);
 void gm__gp_live_drop_now(gp_state *st);
@@ -173,6 +179,14 @@ static inline int gm__gp_split_partial(gp_state *st, gp_arena *a, const gp_block
 int gm__gp_arena_init_va(gp_state *st, gp_arena *a);
 int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
 void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b);
+/* gpumem_plan:on: [p, p+units) as a used block if it lies inside one free
+ * range (mapping what it needs): 1 and *out, 0 when it is not free (or
+ * memory ran out: the usual placement decides), 2 when it would need
+ * mapping and !map_ok, or an error. Needs the arena's free-range index
+ * (gm__gp_va_index). */
+int gm__gp_va_place_at(gp_state *st, gp_arena *a, gm_devptr p, uint64_t units, bool map_ok, gp_block **out);
+/* Build (on) or drop the arena's free-range index; GM_ENOHOSTMEM leaves none. */
+int gm__gp_va_index(gp_arena *a, bool on);
 void gm__gp_bin_insert(gp_arena *a, gp_block *b);
 void gm__gp_bin_remove(gp_arena *a, gp_block *b);
 unsigned gm__gp_bin_of(uint64_t units);
@@ -186,24 +200,26 @@ void gm__gp_plain_free(gp_state *st, gp_block *b);
 
 /* policy_gpumem.c */
 int gm__gp_arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out);
+/* A new arena of the stream and pool that only the plan places in. */
+int gm__gp_arena_new_plan(gp_state *st, gm_stream stream, int pool, gp_arena **out);
 
 /* policy_gpumem_plan.c (gpumem_plan:on; st->plan is NULL otherwise) */
 int gm__gp_plan_create(gp_state *st);
 void gm__gp_plan_destroy(gp_state *st);
 /* Before the usual placement: 1 and *out when the allocation was served
- * from the plan, 0 when the caller places it, or an error. */
+ * at its planned address, 0 when the caller places it, or an error. */
 int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out);
 /* After the usual placement served it. */
 void gm__gp_plan_placed(gp_state *st, gp_block *b);
-/* Every free (planned or not): 1 when it was a planned block (done), 0 when
- * the caller frees it as usual. */
-int gm__gp_plan_free(gp_state *st, gp_block *b);
-/* Out of memory: stop serving from the plan, give its region back once no
- * planned block lives in it. 1 if memory was given back. */
-int gm__gp_plan_drop(gp_state *st);
+/* Every free, before the block goes back to its arena as usual. */
+void gm__gp_plan_free(gp_state *st, const gp_block *b);
+/* A step boundary marked by the program (gm_step_mark). */
+void gm__gp_plan_step(gp_state *st);
 uint64_t gm__gp_plan_served(const gp_state *st); /* allocations served from a plan so far */
-bool gm__gp_plan_is_region(const gp_state *st, const gp_block *b);
-uint64_t gm__gp_plan_live_bytes(const gp_state *st, const gp_arena *a);
-int gm__gp_plan_check(gp_state *st, int64_t *active, int64_t *active_bytes, char *err, size_t errlen);
+/* The active plan's layout: 'A' (around the live blocks), 'B' (own arena), 0 none. */
+int gm__gp_plan_layout(const gp_state *st);
+/* Tests: 0 the cheaper layout (default), 'A' or 'B' that one whenever it fits. */
+extern int gm__gp_plan_force;
+int gm__gp_plan_check(gp_state *st, char *err, size_t errlen);
 
 #endif /* GPUMEM_POLICY_GPUMEM_H */

@@ -42,7 +42,7 @@ static int check_arena(gp_state *st, gp_arena *a, uint32_t *live, gp_count *cnt,
             continue;
         }
         if (b->state != GP_USED && b->state != GP_CACHED) return gm__check_fail(err, errlen, "block 0x%llx has bad state", (unsigned long long)b->h.ptr);
-        if (b->state == GP_USED && !gm__gp_plan_is_region(st, b)) { /* the region's blocks: gm__gp_plan_check */
+        if (b->state == GP_USED) {
             count_add(cnt->active, b->h.pool, 1);
             count_add(cnt->active_bytes, b->h.pool, (int64_t)b->h.size);
         }
@@ -171,7 +171,7 @@ int gm__gp_check(void *state, char *err, size_t errlen) {
         if (!rc) rc = check_quick(st, st->arenas[k], &cnt, err, errlen);
     }
     if (!rc) rc = st->vmm ? check_chunks(st, live, err, errlen) : check_plain(st, &cnt, err, errlen);
-    if (!rc) rc = gm__gp_plan_check(st, cnt.active, cnt.active_bytes, err, errlen);
+    if (!rc) rc = gm__gp_plan_check(st, err, errlen);
     if (!rc) rc = check_stats(st, &cnt, err, errlen);
     free(live);
     return rc;
@@ -199,7 +199,6 @@ int gm__gp_walk(void *state, gm__segment_cb cb, void *arg) {
         uint64_t used = 0;
         for (const gp_block *b = a->head; b; b = b->next) /* not freed by the caller */
             if (b->state == GP_USED && b->h.live) used += b->h.size;
-        used += gm__gp_plan_live_bytes(st, a);
         si.address = a->base;
         si.total_size = a->va_size;
         si.mapped_size = a->mapped_bytes;

@@ -325,6 +325,7 @@ static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
     gm__device *d = st->d;
     if (d->fraction_set && st->held_bytes + bytes > d->allowed_memory_maximum)
         return GM_ENOMEM;
+    if (st->soft_cap && st->held_bytes + bytes > st->soft_cap) return GM_ENOMEM; /* gpumem_plan: move, do not grow */
     int32_t i = chunk_slot(st);
     if (i < 0) return GM_ENOHOSTMEM;
     gp_chunk *c = &st->chunks[i];
@@ -546,7 +547,9 @@ int gm__gp_split_partial_at(gp_state *st, gp_arena *a, const gp_block *r, gm_dev
  * the tail of its list (chunk_release maps it again), so walking until the
  * list ends would try the failed ones forever while the backend keeps
  * failing. */
-int gm__gp_release_unused(gp_state *st) {
+int gm__gp_release_unused(gp_state *st) { return gm__gp_release_unused_but(st, NULL, NULL); }
+
+int gm__gp_release_unused_but(gp_state *st, bool (*keep)(void *, const gp_chunk *), void *arg) {
     int first = GM_OK;
     gm__gp_live_sync(st);
     for (int o = 0; o < GP_NORDERS; o++) {
@@ -557,6 +560,10 @@ int gm__gp_release_unused(gp_state *st) {
             int32_t i = *h;
             while (i >= 0 && left-- > 0) {
                 int32_t nx = st->chunks[i].lnext;
+                if (keep && keep(arg, &st->chunks[i])) {
+                    i = nx;
+                    continue;
+                }
                 int rc = chunk_release(st, i);
                 if (rc && !first) first = rc;
                 i = nx;

@@ -85,10 +85,68 @@ static gp_block *best_fit(gp_arena *a, uint64_t bytes) {
     return best;
 }
 
+/* ---- free-range index by address (gpumem_plan:on, the plan's arena) ------- */
+
+/* First index whose range starts at or after p. */
+static uint64_t fidx_lower(const gp_arena *a, gm_devptr p) {
+    uint64_t lo = 0, hi = a->nfidx;
+    while (lo < hi) {
+        uint64_t m = (lo + hi) / 2;
+        if (a->fidx[m]->h.ptr < p) lo = m + 1;
+        else hi = m;
+    }
+    return lo;
+}
+
+static void fidx_add(gp_arena *a, gp_block *b) {
+    if (a->nfidx == a->fidx_cap) {
+        uint64_t cap = a->fidx_cap * 2;
+        gp_block **n = realloc(a->fidx, cap * sizeof *n);
+        if (!n) { /* no index: the plan stops serving (gm__gp_plan_malloc) */
+            free(a->fidx);
+            a->fidx = NULL;
+            a->nfidx = a->fidx_cap = 0;
+            return;
+        }
+        a->fidx = n;
+        a->fidx_cap = cap;
+    }
+    uint64_t i = fidx_lower(a, b->h.ptr);
+    memmove(&a->fidx[i + 1], &a->fidx[i], (a->nfidx - i) * sizeof *a->fidx);
+    a->fidx[i] = b;
+    a->nfidx++;
+}
+
+static void fidx_del(gp_arena *a, const gp_block *b) {
+    uint64_t i = fidx_lower(a, b->h.ptr);
+    if (i >= a->nfidx || a->fidx[i] != b) return; /* cannot happen: gm__gp_plan_check says so */
+    memmove(&a->fidx[i], &a->fidx[i + 1], (a->nfidx - i - 1) * sizeof *a->fidx);
+    a->nfidx--;
+}
+
+int gm__gp_va_index(gp_arena *a, bool on) {
+    free(a->fidx);
+    a->fidx = NULL;
+    a->nfidx = a->fidx_cap = 0;
+    if (!on) return GM_OK;
+    uint64_t n = 0;
+    for (const gp_block *b = a->head; b; b = b->next) n += b->state == GP_FREE;
+    a->fidx_cap = n < 64 ? 64 : n * 2;
+    a->fidx = malloc(a->fidx_cap * sizeof *a->fidx);
+    if (!a->fidx) {
+        a->fidx_cap = 0;
+        return GM_ENOHOSTMEM;
+    }
+    for (gp_block *b = a->head; b; b = b->next)
+        if (b->state == GP_FREE) a->fidx[a->nfidx++] = b;
+    return GM_OK;
+}
+
 /* ---- free ranges ------------------------------------------------------------ */
 
 static void free_insert(gp_state *st, gp_arena *a, gp_block *b) {
     gm__gp_bin_insert(a, b);
+    if (a->fidx) fidx_add(a, b);
     b->split_cnt = b->next != NULL; /* the arena's top range is not a split */
     if (b->split_cnt)
         gm__stat_block_inc(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, b->h.size);
@@ -96,6 +154,7 @@ static void free_insert(gp_state *st, gp_arena *a, gp_block *b) {
 
 static void free_remove(gp_state *st, gp_arena *a, gp_block *b) {
     gm__gp_bin_remove(a, b);
+    if (a->fidx) fidx_del(a, b);
     if (b->split_cnt)
         gm__stat_block_dec(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, b->h.size);
     b->split_cnt = 0;
@@ -325,6 +384,30 @@ static int va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
         }
         return carve(st, a, r, at, bytes, out);
     }
+}
+
+int gm__gp_va_place_at(gp_state *st, gp_arena *a, gm_devptr p, uint64_t units, bool map_ok, gp_block **out) {
+    uint64_t bytes = units << GP_ALIGN_SHIFT;
+    if (!a->fidx || p < a->base || p - a->base > a->va_size - bytes || bytes > a->va_size) return 0;
+    uint64_t i = fidx_lower(a, p + 1); /* the last free range starting at or before p */
+    if (i == 0) return 0;
+    gp_block *r = a->fidx[i - 1];
+    if (r->h.ptr + r->h.size < p + bytes) return 0; /* a live block is in the way */
+    int rc = GM_OK;
+    if (unmapped_in(st, a, p, bytes)) {
+        if (!map_ok) return 2;
+        gm__gp_flush_quick(st); /* cached small blocks back first, as va_place does */
+        int cut = gm__gp_split_partial(st, a, r, p, bytes);
+        rc = cut < 0 ? cut : gm__gp_ensure_mapped(st, a, p, bytes);
+    } else {
+        int cut = gm__gp_split_partial(st, a, r, p, bytes);
+        if (cut < 0) rc = cut;
+        else if (cut) rc = gm__gp_ensure_mapped(st, a, p, bytes);
+    }
+    if (rc == GM_OK) rc = carve(st, a, r, p, bytes, out);
+    gm__gp_live_drop(st);
+    if (rc == GM_ENOMEM) return 0; /* the usual placement and its OOM retry decide */
+    return rc ? rc : 1;
 }
 
 int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {

@@ -279,6 +279,13 @@ int gpumem_torch_empty_cache(int device) {
     return st == GM_OK ? GM_OK : fail_lib(st, "empty_cache");
 }
 
+int gpumem_torch_step_mark(int device) {
+    gm_allocator *a = __atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE);
+    if (!a) return GM_OK; /* nothing allocated yet: no step to learn */
+    int st = gm_step_mark(a, device);
+    return st == GM_OK ? GM_OK : fail_lib(st, "step_mark");
+}
+
 int gpumem_torch_set_memory_fraction(double fraction, int device) {
     gm_allocator *a;
     int st = get(&a);

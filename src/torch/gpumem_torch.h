@@ -33,6 +33,8 @@ GPUMEM_TORCH_API int gpumem_torch_alloc_raw(int64_t size, int device, uint64_t s
 GPUMEM_TORCH_API int gpumem_torch_free_raw(uint64_t ptr);
 GPUMEM_TORCH_API int gpumem_torch_record_stream(uint64_t ptr, uint64_t stream);
 GPUMEM_TORCH_API int gpumem_torch_empty_cache(int device);
+/* gm_step_mark: one step of the training loop ended (gpumem_plan:on). */
+GPUMEM_TORCH_API int gpumem_torch_step_mark(int device);
 /* Record what the allocation at ptr holds (a gm_category): in its block, for
  * the OOM explanation, and in the history, for the report. */
 GPUMEM_TORCH_API int gpumem_torch_tag(uint64_t ptr, int category);
