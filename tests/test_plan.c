@@ -114,6 +114,45 @@ static void run_step(ctx *c, const tstep *t, int dev) {
     }
 }
 
+/* A sim of capacity bytes with manually completed events, and an allocator
+ * configured by conf, with the no-overlap model. */
+static void ctx_open(ctx *c, uint64_t capacity, const char *conf) {
+    gm_sim_options o;
+    gm_sim_options_init(&o);
+    o.capacity = capacity;
+    o.events_manual = true;
+    assert_int_equal(gm_sim_create(&c->be, &o), GM_OK);
+    gm_config cfg;
+    gm_config_init(&cfg);
+    char err[128];
+    if (gm_config_parse(&cfg, conf, err, sizeof err) != GM_OK) fail_msg("config '%s': %s", conf, err);
+    assert_int_equal(gm_allocator_create(&c->al, c->be, &cfg), GM_OK);
+    wl_model_init(&c->m);
+}
+
+/* Free both steps' blocks and weights (0: none), give everything back and
+ * check; the bytes still reserved (0 unless something leaked). */
+static int64_t release_all(ctx *c, gm_devptr weights) {
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < NSTEP; i++)
+            if (c->ptr[k][i]) release(c, c->ptr[k][i]);
+    if (weights) release(c, weights);
+    assert_int_equal(gm_empty_cache(c->al, 0), GM_OK);
+    check(c);
+    gm_stats st = {.size = sizeof st};
+    assert_int_equal(gm_get_stats(c->al, 0, &st), GM_OK);
+    return st.reserved_bytes[GM_POOL_ALL].current;
+}
+
+/* A random step of NSTEP blocks drawn from r: a share small of them up to
+ * 1 MiB, the rest 1 MiB to max_large; each dies later in the step. */
+static void step_random(tstep *t, wl_rng *r, double small, uint64_t max_large) {
+    for (int j = 0; j < NSTEP; j++) {
+        t->size[j] = wl_chance(r, small) ? wl_range(r, 512, 1 * MIB) : wl_range(r, 1 * MIB, max_large);
+        t->death[j] = j + 1 + (int)wl_below(r, NSTEP - j - 1 > 0 ? (uint64_t)(NSTEP - j - 1) : 1);
+    }
+}
+
 /* Random deviations, each allocation's own: skipped, an extra allocation
  * after it, its block freed a step late, or used on stream 2 (events
  * completed a few allocations later). */
@@ -150,25 +189,12 @@ static void run_step_random(ctx *c, const tstep *t, wl_rng *r, double p) {
 static void plan_steps_as(int force) {
     gm__gp_plan_force = force;
     ctx c = {0};
-    gm_sim_options o;
-    gm_sim_options_init(&o);
-    o.capacity = 16 * 1024 * MIB;
-    o.events_manual = true;
-    assert_int_equal(gm_sim_create(&c.be, &o), GM_OK);
-    gm_config cfg;
-    gm_config_init(&cfg);
-    char err[128];
-    assert_int_equal(gm_config_parse(&cfg, getenv("PLAN_CONF") ? getenv("PLAN_CONF") : "policy:gpumem,gpumem_plan:on", err, sizeof err), GM_OK);
-    assert_int_equal(gm_allocator_create(&c.al, c.be, &cfg), GM_OK);
-    wl_model_init(&c.m);
+    ctx_open(&c, 16 * 1024 * MIB, getenv("PLAN_CONF") ? getenv("PLAN_CONF") : "policy:gpumem,gpumem_plan:on");
 
     tstep t;
     wl_rng r;
     wl_seed(&r, 16);
-    for (int j = 0; j < NSTEP; j++) {
-        t.size[j] = wl_chance(&r, 0.4) ? wl_range(&r, 512, 1 * MIB) : wl_range(&r, 1 * MIB, 96 * MIB);
-        t.death[j] = j + 1 + (int)wl_below(&r, NSTEP - j - 1 > 0 ? (uint64_t)(NSTEP - j - 1) : 1);
-    }
+    step_random(&t, &r, 0.4, 96 * MIB);
     t.death[3] = NSTEP + 2; /* alive across the step boundary */
     t.death[NSTEP - 1] = NSTEP + 1;
     gm_devptr weights = alloc(&c, 200 * MIB, 0);
@@ -198,15 +224,8 @@ static void plan_steps_as(int force) {
     for (int s = 0; s < 24; s++) run_step_random(&c, &t, &r, s < 12 ? 0.01 : 0.1);
     for (int s = 0; s < 4; s++) run_step(&c, &t, 0);
 
-    for (int k = 0; k < 2; k++)
-        for (int i = 0; i < NSTEP; i++)
-            if (c.ptr[k][i]) release(&c, c.ptr[k][i]);
-    release(&c, weights);
-    assert_int_equal(gm_empty_cache(c.al, 0), GM_OK);
-    check(&c);
-    gm_stats st = {.size = sizeof st};
-    assert_int_equal(gm_get_stats(c.al, 0, &st), GM_OK);
-    if (st.reserved_bytes[GM_POOL_ALL].current) fail_msg("reserved %lld (small %lld, large %lld), active %lld", (long long)st.reserved_bytes[GM_POOL_ALL].current, (long long)st.reserved_bytes[GM_POOL_SMALL].current, (long long)st.reserved_bytes[GM_POOL_LARGE].current, (long long)st.active_bytes[GM_POOL_ALL].current);
+    int64_t left = release_all(&c, weights);
+    if (left) fail_msg("reserved %lld after freeing all", (long long)left);
     wl_model_free(&c.m);
     gm_allocator_destroy(c.al);
     gm_backend_destroy(c.be);
@@ -233,24 +252,11 @@ static void plan_steps_own_arena(void **state) {
  * the step's blocks, with no more device calls than the kept blocks need. */
 static void marks_as(bool marks, uint64_t *served_out, uint64_t *calls_after) {
     ctx c = {0};
-    gm_sim_options o;
-    gm_sim_options_init(&o);
-    o.capacity = 16 * 1024 * MIB;
-    o.events_manual = true;
-    assert_int_equal(gm_sim_create(&c.be, &o), GM_OK);
-    gm_config cfg;
-    gm_config_init(&cfg);
-    char err[128];
-    assert_int_equal(gm_config_parse(&cfg, "policy:gpumem,gpumem_plan:on", err, sizeof err), GM_OK);
-    assert_int_equal(gm_allocator_create(&c.al, c.be, &cfg), GM_OK);
-    wl_model_init(&c.m);
+    ctx_open(&c, 16 * 1024 * MIB, "policy:gpumem,gpumem_plan:on");
     tstep t;
     wl_rng r;
     wl_seed(&r, 61);
-    for (int j = 0; j < NSTEP; j++) {
-        t.size[j] = wl_chance(&r, 0.3) ? wl_range(&r, 512, 1 * MIB) : wl_range(&r, 1 * MIB, 64 * MIB);
-        t.death[j] = j + 1 + (int)wl_below(&r, NSTEP - j - 1 > 0 ? (uint64_t)(NSTEP - j - 1) : 1);
-    }
+    step_random(&t, &r, 0.3, 64 * MIB);
     t.death[NSTEP - 1] = NSTEP + 3; /* alive across the boundary */
     gm_devptr kept[12] = {0};
     uint64_t calls = 0;
@@ -262,12 +268,8 @@ static void marks_as(bool marks, uint64_t *served_out, uint64_t *calls_after) {
     }
     *served_out = served(&c);
     *calls_after = device_calls(&c) - calls;
-    for (int k = 0; k < 2; k++)
-        for (int i = 0; i < NSTEP; i++)
-            if (c.ptr[k][i]) release(&c, c.ptr[k][i]);
-    for (int s = 0; s < 12; s++) release(&c, kept[s]);
-    assert_int_equal(gm_empty_cache(c.al, 0), GM_OK);
-    check(&c);
+    for (int s = 0; s < 11; s++) release(&c, kept[s]);
+    if (release_all(&c, kept[11])) fail_msg("marks: memory still reserved after freeing all");
     wl_model_free(&c.m);
     gm_allocator_destroy(c.al);
     gm_backend_destroy(c.be);
@@ -305,24 +307,11 @@ static void plan_step_marks(void **state) {
 static int fault_point(uint64_t nth, int force, uint64_t *window_calls) {
     gm__gp_plan_force = force;
     ctx c = {0};
-    gm_sim_options o;
-    gm_sim_options_init(&o);
-    o.capacity = 2048 * MIB;
-    o.events_manual = true;
-    assert_int_equal(gm_sim_create(&c.be, &o), GM_OK);
-    gm_config cfg;
-    gm_config_init(&cfg);
-    char err[128];
-    assert_int_equal(gm_config_parse(&cfg, "policy:gpumem,gpumem_plan:on", err, sizeof err), GM_OK);
-    assert_int_equal(gm_allocator_create(&c.al, c.be, &cfg), GM_OK);
-    wl_model_init(&c.m);
+    ctx_open(&c, 2048 * MIB, "policy:gpumem,gpumem_plan:on");
     tstep t;
     wl_rng r;
     wl_seed(&r, 16);
-    for (int j = 0; j < NSTEP; j++) {
-        t.size[j] = wl_chance(&r, 0.4) ? wl_range(&r, 512, 1 * MIB) : wl_range(&r, 1 * MIB, 48 * MIB);
-        t.death[j] = j + 1 + (int)wl_below(&r, NSTEP - j - 1 > 0 ? (uint64_t)(NSTEP - j - 1) : 1);
-    }
+    step_random(&t, &r, 0.4, 48 * MIB);
     t.death[3] = NSTEP + 2;
     gm_devptr weights = alloc(&c, 100 * MIB, 0);
     for (int s = 0; s < 3; s++) {
@@ -340,15 +329,8 @@ static int fault_point(uint64_t nth, int force, uint64_t *window_calls) {
     if (window_calls) *window_calls = device_calls(&c) - calls0;
     run_step(&c, &t, 0);
     gm_sim_complete_events(c.be, 0, UINT64_MAX);
-    for (int k = 0; k < 2; k++)
-        for (int i = 0; i < NSTEP; i++)
-            if (c.ptr[k][i]) release(&c, c.ptr[k][i]);
-    release(&c, weights);
-    assert_int_equal(gm_empty_cache(c.al, 0), GM_OK);
-    check(&c);
-    gm_stats st = {.size = sizeof st};
-    assert_int_equal(gm_get_stats(c.al, 0, &st), GM_OK);
-    if (st.reserved_bytes[GM_POOL_ALL].current) fail_msg("fault %llu: reserved %lld after freeing all", (unsigned long long)nth, (long long)st.reserved_bytes[GM_POOL_ALL].current);
+    int64_t left = release_all(&c, weights);
+    if (left) fail_msg("fault %llu: reserved %lld after freeing all", (unsigned long long)nth, (long long)left);
     wl_model_free(&c.m);
     gm_allocator_destroy(c.al);
     gm_sim_live lv = {.size = sizeof lv};
