@@ -277,6 +277,19 @@ static void test_old_trace_and_anomalies(void **s) {
     gm_attribution_free(a);
     assert_int_equal(gm_attribute(t, 3, &a), GM_EDEVICE);
     gm_trace_free(t);
+
+    /* only an oversized alloc: replay makes no segment, and the timeline
+     * (its segment map at the peak) still builds (fuzz_trace found it) */
+    x = (tb){gm__tb_new(), 0};
+    ev(&x, GM_TA_ALLOC, 0x40000000, GM_LIMIT_ALLOC_BYTES + 1, 0);
+    t = finish(&x);
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(a->peak_bytes, 0);
+    gm_timeline *tl;
+    assert_int_equal(gm_timeline_build(a, NULL, 64, &tl), GM_OK);
+    gm_timeline_free(tl);
+    gm_attribution_free(a);
+    gm_trace_free(t);
 }
 
 /* gpumem.torch.track's phase scopes decide phases without Python frames. */

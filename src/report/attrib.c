@@ -225,7 +225,7 @@ static int classify(gm_attribution *a) {
         if (ph[al->ev] == GM_PH_NONE && long_lived(al, n) && al->ev < first_free)
             psizes[np++] = al->size;
     }
-    qsort(psizes, np, sizeof *psizes, cmp_u64);
+    if (np > 1) qsort(psizes, np, sizeof *psizes, cmp_u64);
     for (size_t k = 0; k < a->nallocs; k++) {
         gm_attr_alloc *al = &a->allocs[k];
         uint32_t i = al->ev;
@@ -264,7 +264,7 @@ static int classify(gm_attribution *a) {
     size_t nparam = 0;
     for (size_t k = 0; k < a->nallocs; k++)
         if (a->allocs[k].cat == GM_CAT_PARAMETERS) psizes[nparam++] = a->allocs[k].size;
-    qsort(psizes, nparam, sizeof *psizes, cmp_u64);
+    if (nparam > 1) qsort(psizes, nparam, sizeof *psizes, cmp_u64);
     for (size_t k = 0; k < a->nallocs; k++) {
         gm_attr_alloc *al = &a->allocs[k];
         if (nparam && al->cat == GM_CAT_GRADIENTS && al->method != GM_AM_TAGGED &&

@@ -92,7 +92,7 @@ int gm_frame_table(const gm_attribution *a, gm_frame_row **rows_out, size_t *nro
     for (size_t r = 0; r < nrows; r++)
         if (rows[r].total_calls) rows[w++] = rows[r];
     nrows = w;
-    qsort(rows, nrows, sizeof *rows, cmp_rows);
+    if (nrows > 1) qsort(rows, nrows, sizeof *rows, cmp_rows);
     *rows_out = rows;
     *nrows_out = nrows;
     rows = NULL;

@@ -289,7 +289,7 @@ int gm_scope_series_build(const gm_attribution *a, const gm_timeline *tl, size_t
         for (size_t k = 0; k < a->nallocs; k++) series_of[key_of[k]] = 1;
         for (uint32_t key = 0; key < K.n; key++)
             if (series_of[key]) rk[nused++] = (rank){key, at_peak[key], max[key]};
-        qsort(rk, nused, sizeof *rk, cmp_rank);
+        if (nused > 1) qsort(rk, nused, sizeof *rk, cmp_rank);
         size_t top = nused <= top_n + 1 ? nused : top_n; /* no "other" for a single leftover */
         gm_scope_view *v = &ss->views[ss->nviews++];
         v->depth = d;

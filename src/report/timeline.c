@@ -59,7 +59,7 @@ static int capture_segments(gm_allocator *al, const gm_attribution *a, const gm_
         free(c.v);
         return gm__set_error(GM_ENOHOSTMEM, "out of host memory for the segment map");
     }
-    qsort(c.v, c.n, sizeof *c.v, cmp_seg);
+    if (c.n > 1) qsort(c.v, c.n, sizeof *c.v, cmp_seg); /* c.v is NULL with no segment */
     size_t *count = calloc(c.n ? c.n : 1, sizeof *count);
     int rc = count ? GM_OK : GM_ENOHOSTMEM;
     for (int pass = 0; pass < 2 && !rc; pass++) {

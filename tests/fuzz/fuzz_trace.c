@@ -2,7 +2,7 @@
  * the pickle reader, and the gmt decoder, chosen by magic) on arbitrary
  * bytes; a trace that loads is re-encoded (gmt and torch snapshot), decoded
  * again (the round trips must keep every event), compiled for replay, and
- * given to the report's attribution and its text/JSON/Perfetto writers, so
+ * given to the report's attribution, scope series and text/JSON/Perfetto writers, so
  * the writers, the replay compiler and `gpumem report` see fuzzed traces too. */
 #include "gpumem/gpumem.h"
 #include "report/report.h"
@@ -21,13 +21,16 @@ static void report(const gm_trace *t) {
     gm_frame_row *rows = NULL;
     size_t nrows = 0;
     gm_timeline *tl = NULL;
-    gm_report_opts o = {"fuzz", 20};
+    gm_scope_series *ss = NULL;
     if (gm_frame_table(a, &rows, &nrows) == GM_OK &&
         gm_timeline_build(a, NULL, 64, &tl) == GM_OK) {
+        (void)gm_scope_series_build(a, tl, 4, &ss); /* the timeline stacked by scope, in --json */
+        gm_report_opts o = {.title = "fuzz", .max_rows = 20, .scopes = ss};
         gm_report_write_text(null, a, tl, rows, nrows, &o);
         gm_report_write_json(null, a, tl, &o);
         gm_report_write_perfetto(null, a, tl);
     }
+    gm_scope_series_free(ss);
     gm_timeline_free(tl);
     free(rows);
     gm_attribution_free(a);
