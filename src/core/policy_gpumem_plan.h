@@ -1,0 +1,79 @@
+/* policy_gpumem_plan.h — what the two halves of gpumem_plan share
+ * (private to src/core): the plan's state, its history of allocations and
+ * the intervals the layout places. policy_gpumem_plan.c learns the step and
+ * serves it; policy_gpumem_plan_layout.c lays one step out. */
+#ifndef GPUMEM_POLICY_GPUMEM_PLAN_H
+#define GPUMEM_POLICY_GPUMEM_PLAN_H
+
+#include "policy_gpumem.h"
+
+#include <stdio.h>
+
+/* -DGP_PLAN_DEBUG prints the plans and layouts made */
+#ifdef GP_PLAN_DEBUG
+#define PLOG(...) fprintf(stderr, "plan: " __VA_ARGS__)
+#else
+#define PLOG(...) ((void)0)
+#endif
+
+#define PL_HIST (1u << 15) /* allocations remembered */
+
+enum { PL_NONE, PL_PENDING, PL_ACTIVE };
+
+typedef struct pl_rec {
+    uint64_t units;
+    gm_stream stream;
+    int64_t birth, death; /* operation numbers; death -1 while alive */
+    uint64_t live;        /* units live just before this allocation */
+} pl_rec;
+
+typedef struct pl_item {
+    uint64_t units, off; /* off: units from the arena's base */
+    int64_t b, e;        /* operations since the step began; e may pass the step (circular) */
+    uint32_t k;          /* position in the step; PL_OBST: an obstacle */
+    uint32_t where;      /* layout B: 1 in a pinned chunk of the obstacles' arena */
+} pl_item;
+#define PL_OBST UINT32_MAX
+
+typedef struct gp_plan {
+    pl_rec *hist;
+    uint64_t n;   /* allocations so far */
+    int64_t op;   /* operations (allocations + frees) so far */
+    uint64_t live; /* units live */
+    struct pl_slot { uint64_t key, pos; } *tab; /* window hash -> allocation number + 1 */
+    uint64_t wh;  /* rolling hash of the last PL_W allocations */
+    uint64_t cand, run;
+    int state;
+    uint64_t P, start; /* step length; allocation number where serving starts */
+    uint64_t *tunits, *off;
+    gm_stream *tstream;
+    uint8_t *planned;
+    uint8_t *inmain; /* layout B: served from the obstacles' arena (ma), not the plan's own */
+    int64_t *pend; /* phase end per position (0: not an interval) */
+    uint64_t cap;  /* of the per-position arrays */
+    gm_stream pstream;
+    gp_arena *ra; /* where planned blocks go: the stream's arena (A) or the plan's own (B) */
+    gp_arena *ma; /* the stream's arena */
+    uint64_t cur, dev_step;
+    bool settled;
+    bool rebase; /* layout B: in the plan's own arena (pa); idle memory given back at the start */
+    uint64_t top_units; /* the layout's extent */
+    uint64_t *fp, fp_words; /* layout A: granules of the stream's arena the plan uses */
+    gp_arena *pa; /* the plan's own arena of pstream, once made (reused by later plans) */
+    uint32_t tries;
+    bool marked;       /* gm_step_mark was called: marks, not the detector, make plans */
+    uint64_t mark[3];  /* allocation numbers at the last three marks */
+    uint64_t nmarks;
+    pl_item *items;
+    uint64_t served;
+} gp_plan;
+
+static inline pl_rec *rec(gp_plan *pl, uint64_t i) { return &pl->hist[i & (PL_HIST - 1)]; }
+
+/* Lay out the step [start - 2P, start - P) for the steps from pl->start on,
+ * around the blocks live in arena a now (policy_gpumem_plan_layout.c):
+ * pl->off, planned, inmain, rebase, fp and top_units. GM_ENOMEM: no layout
+ * holds less than the arena maps now. */
+int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a);
+
+#endif

@@ -1,0 +1,387 @@
+/* policy_gpumem_plan_layout.c — gpumem_plan's offline half: one step's
+ * large blocks, as (size, lifetime) intervals over two steps, placed
+ * greedily at addresses of an arena so that no two overlap in time; the
+ * obstacles are the blocks live when the plan starts. Two layouts (around
+ * the obstacles, or in an arena of the plan's own) in several orders; the
+ * one touching the fewest granules is kept. policy_gpumem_plan.c says when
+ * a layout is made and how it is served. */
+#include "policy_gpumem_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the plan: greedy placement of one step's intervals -------------------- */
+
+/* The greedy's orders (layout() tries each, keeps the best): 0 largest
+ * first, 1 longest-lived first, 2 largest size x lifetime first, 3 born
+ * first; ties: larger, longer, earlier, position. */
+#define PL_ORDERS 4
+#define PL_ORDERS_MAXM 8192 /* intervals above which only the first order is tried */
+static _Thread_local int pl_order; /* for cmp_item (qsort has no argument for it); per thread: devices lay out plans under their own locks */
+
+static int cmp_item(const void *x, const void *y) {
+    const pl_item *a = x, *b = y;
+    int64_t la = a->e - a->b, lb = b->e - b->b;
+    if (pl_order == 1 && la != lb) return la > lb ? -1 : 1;
+    if (pl_order == 2) {
+        double xa = (double)a->units * (double)la, xb = (double)b->units * (double)lb;
+        if (xa != xb) return xa > xb ? -1 : 1;
+    }
+    if (pl_order == 3 && a->b != b->b) return a->b < b->b ? -1 : 1;
+    if (a->units != b->units) return a->units > b->units ? -1 : 1;
+    if (la != lb) return la > lb ? -1 : 1;
+    if (a->b != b->b) return a->b < b->b ? -1 : 1;
+    return a->k < b->k ? -1 : a->k > b->k;
+}
+
+static int cmp_off(const void *x, const void *y) {
+    const pl_item *a = x, *b = y;
+    return a->off < b->off ? -1 : a->off > b->off;
+}
+
+/* Do two intervals of a period of T operations overlap in time? Both
+ * repeat every period, and each is shorter than a period. */
+static bool overlap(const pl_item *x, const pl_item *y, int64_t T) {
+    for (int64_t s = -T; s <= T; s += T)
+        if (x->b < y->e + s && y->b + s < x->e) return true;
+    return false;
+}
+
+/* Does an obstacle (there from the plan's start until o->e, not repeating)
+ * overlap interval x of the first planned step? */
+static bool blocks(const pl_item *o, const pl_item *x) { return x->b < o->e; }
+
+/* What is in the way of interval `it`, in address order: the placed
+ * intervals of one space (indices sorted by offset) that overlap it in time,
+ * merged with the obstacles (sorted by offset) that do, if use_obs. */
+typedef struct cit {
+    const pl_item *items;
+    const uint32_t *s;
+    uint64_t ns, i;
+    const pl_item *obs;
+    uint64_t no, j;
+    bool use_obs;
+    const pl_item *it;
+    int64_t period;
+} cit;
+
+static const pl_item *cit_next(cit *c) {
+    for (;;) {
+        const pl_item *a = c->i < c->ns ? &c->items[c->s[c->i]] : NULL;
+        const pl_item *b = c->use_obs && c->j < c->no ? &c->obs[c->j] : NULL;
+        if (!a && !b) return NULL;
+        if (a && (!b || a->off <= b->off)) {
+            c->i++;
+            if (overlap(a, c->it, c->period)) return a;
+        } else {
+            c->j++;
+            if (blocks(b, c->it)) return b;
+        }
+    }
+}
+
+/* Insert item index k into s (sorted by the items' offsets). */
+static void sorted_insert(const pl_item *items, uint32_t *s, uint64_t *ns, uint32_t k) {
+    uint64_t lo = 0, hi = *ns, off = items[k].off;
+    while (lo < hi) {
+        uint64_t mid = (lo + hi) / 2;
+        if (items[s[mid]].off < off) lo = mid + 1;
+        else hi = mid;
+    }
+    memmove(&s[lo + 1], &s[lo], (*ns - lo) * sizeof *s);
+    s[lo] = k;
+    (*ns)++;
+}
+
+static int grow(gp_plan *pl, uint64_t P) {
+    if (P <= pl->cap) return GM_OK;
+    uint64_t *tu = realloc(pl->tunits, P * sizeof *tu);
+    if (tu) pl->tunits = tu;
+    uint64_t *of = realloc(pl->off, P * sizeof *of);
+    if (of) pl->off = of;
+    gm_stream *ts = realloc(pl->tstream, P * sizeof *ts);
+    if (ts) pl->tstream = ts;
+    uint8_t *pn = realloc(pl->planned, P * sizeof *pn);
+    if (pn) pl->planned = pn;
+    uint8_t *im = realloc(pl->inmain, P * sizeof *im);
+    if (im) pl->inmain = im;
+    int64_t *pe = realloc(pl->pend, P * sizeof *pe);
+    if (pe) pl->pend = pe;
+    pl_item *it = realloc(pl->items, P * sizeof *it);
+    if (it) pl->items = it;
+    if (!tu || !of || !ts || !pn || !im || !pe || !it) return GM_ENOHOSTMEM;
+    pl->cap = P;
+    return GM_OK;
+}
+
+/* Lay out the step [start - 2P, start - P) for the steps from `start` on,
+ * around the blocks live in arena a now. */
+int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
+    uint64_t P = pl->P, w0 = pl->start - 2 * P, w1 = pl->start - P;
+    int rc = grow(pl, 2 * P);
+    if (rc) return rc;
+    /* both recorded steps: an interval spans the block's lifetimes in either
+     * (so the plan holds if later steps behave like one of them), and a
+     * position whose lifetimes disagree on crossing the boundary is left
+     * to the usual placement. A block may live up to two steps, so the plan
+     * covers two steps (2P positions, period 2T): each position twice. */
+    int64_t t0 = rec(pl, w0)->birth, t1 = rec(pl, w1)->birth, T0 = t1 - t0, T = pl->op - t1;
+    uint64_t m = 0, unplanned = 0; /* large blocks of the stream left to the usual placement */
+    for (uint64_t k = 0; k < P; k++) {
+        const pl_rec *r0 = rec(pl, w0 + k), *r1 = rec(pl, w1 + k);
+        pl->tunits[k] = pl->tunits[k + P] = r1->units;
+        pl->tstream[k] = pl->tstream[k + P] = r1->stream;
+        pl->planned[k] = pl->planned[k + P] = 0;
+        pl->inmain[k] = pl->inmain[k + P] = 0;
+        pl->off[k] = pl->off[k + P] = UINT64_MAX;
+        pl->pend[k] = 0;
+        if (r1->units <= GP_SMALL_UNITS || r1->stream != pl->pstream) continue;
+        unplanned++; /* until it is an interval */
+        if (r0->units != r1->units || r0->stream != r1->stream || r0->death < 0) continue;
+        int64_t b0 = r0->birth - t0, b1 = r1->birth - t1, e0 = r0->death - t0, e;
+        if (e0 >= T0) e0 += (e0 / T0) * (T - T0); /* on the last step's scale */
+        if (r1->death < 0) { /* alive now: it crosses the boundary, as it must have before */
+            if (e0 < T) continue;
+            e = e0;
+        } else {
+            e = r1->death - t1;
+            if ((e0 >= T) != (e >= T)) continue;
+            if (e0 > e) e = e0;
+        }
+        int64_t b = b0 < b1 ? b0 : b1;
+        if (e - b >= 2 * T) continue; /* alive for two steps: the usual placement */
+        pl->pend[k] = e;
+        unplanned--;
+        pl->items[m++] = (pl_item){r1->units, 0, b, e, (uint32_t)k, 0};
+        pl->items[m++] = (pl_item){r1->units, 0, b + T, e + T, (uint32_t)(k + P), 0};
+    }
+    uint64_t nobs = 0;
+    for (const gp_block *b = a->head; b; b = b->next) nobs += b->state == GP_USED;
+    pl_item *all = malloc((m + nobs + 1) * sizeof *all);
+    if (!all) return GM_ENOHOSTMEM;
+    pl_item *obs = all + m;
+    uint64_t no = 0;
+    for (const gp_block *b = a->head; b; b = b->next) {
+        if (b->state != GP_USED) continue;
+        pl_item o = {b->h.size >> GP_ALIGN_SHIFT, (b->h.ptr - a->base) >> GP_ALIGN_SHIFT, 0, INT64_MAX, PL_OBST, 0};
+        /* blocks of the last two steps: gone at their expected death */
+        if (b->serial >= w0 && b->serial < pl->start) {
+            uint64_t k = (b->serial - w0) % P, back = 2 - (b->serial - w0) / P; /* steps ago */
+            int64_t e = pl->pend[k] - (int64_t)back * T;
+            if (pl->pend[k] && e > 0 && pl->tunits[k] == o.units) o.e = e;
+        }
+        obs[no++] = o;
+    }
+    uint64_t limit = a->va_size >> GP_ALIGN_SHIFT, gu = st->gran >> GP_ALIGN_SHIFT;
+    /* Two layouts: A, around the obstacles in their arena (fills the holes
+     * between them, over memory mapped already); B, the step alone, in an
+     * arena of its own (so blocks left to the usual placement never land in
+     * the plan's slots; measured: in one arena they did, on
+     * gpt2_small_adamw, and the plan fell apart), the holes' memory given
+     * back. The one touching fewer granules wins: that is the memory it
+     * holds (a tie goes to A, which gives nothing back). */
+    /* B also uses the memory the permanent obstacles pin: the free parts
+     * of their chunks (whole chunks stay mapped while a block lives in
+     * them), for blocks that fit there, in the obstacles' arena. */
+    uint64_t ng = a->ngran, nw = (ng + 63) / 64, npe = 0;
+    uint64_t *pin = calloc(nw, sizeof *pin), *bits = calloc(nw, sizeof *bits);
+    pl_item *pe = malloc((no + 1) * sizeof *pe);
+    if (!pin || !bits || !pe) {
+        free(pin), free(bits), free(pe), free(all);
+        return GM_ENOHOSTMEM;
+    }
+    /* pass 0: chunks of every obstacle (held until the last steps' blocks
+     * die: B's first step needs them and its own arena at once); pass 1:
+     * of the permanent ones (held for good) */
+    uint64_t pin_all = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        memset(pin, 0, nw * sizeof *pin);
+        for (uint64_t j = 0; j < no; j++) {
+            if (pass && obs[j].e != INT64_MAX) continue;
+            for (uint64_t g = obs[j].off / gu; g <= (obs[j].off + obs[j].units - 1) / gu && g < ng; g++) {
+                if (a->gran[g] < 0) continue;
+                const gp_chunk *ch = &st->chunks[a->gran[g]];
+                for (uint64_t h = (uint64_t)ch->g0; h < (uint64_t)ch->g0 + ch->n && h < ng; h++)
+                    pin[h / 64] |= (uint64_t)1 << (h % 64);
+            }
+        }
+        for (uint64_t w = 0; !pass && w < nw; w++) pin_all += (uint64_t)__builtin_popcountll(pin[w]);
+    }
+    /* the usual placement prefers mapped free ranges, so blocks left to it
+     * would take those parts first: only when every large block of the
+     * step is planned */
+    for (uint64_t g = 0; !unplanned && g < ng && npe < no + 1; g++) { /* runs of pinned granules, in units */
+        if (!(pin[g / 64] >> (g % 64) & 1)) {
+            if (!pin[g / 64]) g |= 63;
+            continue;
+        }
+        if (npe && pe[npe - 1].off + pe[npe - 1].units == g * gu) pe[npe - 1].units += gu;
+        else pe[npe++] = (pl_item){gu, g * gu, 0, 0, 0, 0};
+    }
+    uint64_t cost[2] = {UINT64_MAX, UINT64_MAX}, top[2] = {0, 0};
+    uint64_t *offa = malloc(2 * P * sizeof *offa);
+    uint32_t *sorted[2] = {malloc((m + 1) * sizeof(uint32_t)), malloc((m + 1) * sizeof(uint32_t))};
+    if (!offa || !sorted[0] || !sorted[1]) {
+        free(sorted[0]), free(sorted[1]);
+        free(offa), free(pin), free(bits), free(pe), free(all);
+        return GM_ENOHOSTMEM;
+    }
+    qsort(obs, no, sizeof *obs, cmp_off); /* in address order, merged with the placed intervals */
+    for (uint64_t k = 0; k < 2 * P; k++) offa[k] = UINT64_MAX;
+    for (int mode = 1; mode >= 0; mode--) {
+      /* several orders, the best kept (one when the step is long: each is O(m^2)) */
+      for (int ord = 0; ord < (m > PL_ORDERS_MAXM ? 1 : PL_ORDERS); ord++) {
+        pl_order = ord;
+        qsort(pl->items, m, sizeof *pl->items, cmp_item);
+        uint64_t c = 0, tp = 0, ns[2] = {0, 0};
+        for (uint64_t i = 0; i < m; i++) {
+            pl_item *it = &pl->items[i];
+            it->where = 0;
+            it->off = UINT64_MAX;
+        }
+        for (uint64_t i = 0; i < m; i++) {
+            pl_item *it = &pl->items[i];
+            uint64_t pos = UINT64_MAX;
+            if (mode && npe) { /* in a pinned chunk's free part first: the gaps between what is in the way there */
+                cit ci = {pl->items, sorted[1], ns[1], 0, obs, no, 0, true, it, 2 * T};
+                uint64_t cov = 0, x = 0;
+                for (const pl_item *cf = cit_next(&ci);; cf = cit_next(&ci)) {
+                    uint64_t gs = cov, ge = cf ? cf->off : UINT64_MAX;
+                    if (cf && cf->off + cf->units > cov) cov = cf->off + cf->units;
+                    if (ge > gs) {
+                        while (x < npe && pe[x].off + pe[x].units <= gs) x++;
+                        for (uint64_t y = x; y < npe && pe[y].off < ge; y++) {
+                            uint64_t s0 = gs > pe[y].off ? gs : pe[y].off, e0 = pe[y].off + pe[y].units;
+                            if (e0 > ge) e0 = ge;
+                            if (e0 - s0 >= it->units) {
+                                pos = s0;
+                                break;
+                            }
+                        }
+                    }
+                    if (pos != UINT64_MAX || !cf || x >= npe) break;
+                }
+                if (pos != UINT64_MAX) {
+                    it->off = pos;
+                    it->where = 1;
+                    sorted_insert(pl->items, sorted[1], &ns[1], (uint32_t)i);
+                    continue;
+                }
+            }
+            cit ci = {pl->items, sorted[0], ns[0], 0, obs, no, 0, !mode, it, 2 * T};
+            pos = 0; /* first fit */
+            for (const pl_item *cf = cit_next(&ci); cf; cf = cit_next(&ci)) {
+                if (cf->off >= pos + it->units) break;
+                if (cf->off + cf->units > pos) pos = cf->off + cf->units;
+            }
+            if (pos + it->units > limit) continue;
+            it->off = pos;
+            sorted_insert(pl->items, sorted[0], &ns[0], (uint32_t)i);
+            if (pos + it->units > tp) tp = pos + it->units;
+        }
+        /* granules touched: the obstacles' chunks (whole) and the layout's
+         * (B: in its own arena, apart; its blocks in pinned chunks are free) */
+        memcpy(bits, pin, nw * sizeof *bits);
+        if (mode) {
+            for (uint64_t w = 0; w < nw; w++) c += (uint64_t)__builtin_popcountll(bits[w]);
+            memset(bits, 0, nw * sizeof *bits);
+        }
+        for (uint64_t j = 0; j < m + no; j++) {
+            const pl_item *x = j < m ? &pl->items[j] : &obs[j - m];
+            if (x->off == UINT64_MAX || (j < m && x->where)) continue;
+            if (mode && j >= m) continue; /* counted in pin */
+            for (uint64_t g = x->off / gu; g <= (x->off + x->units - 1) / gu && g < ng; g++) bits[g / 64] |= (uint64_t)1 << (g % 64);
+        }
+        for (uint64_t w = 0; w < nw; w++) c += (uint64_t)__builtin_popcountll(bits[w]);
+        if (mode == 1) {
+            /* B's first step holds every obstacle's chunks and its own arena
+             * (mapped at once): that must stay within the peak held so far,
+             * so the plan never raises the whole run's peak */
+            uint64_t pinned = 0;
+            for (uint64_t w = 0; w < nw; w++) pinned += (uint64_t)__builtin_popcountll(pin[w]);
+            uint64_t first = st->held_bytes - a->mapped_bytes + (pin_all + c - pinned) * st->gran;
+            if (first > (uint64_t)st->d->stats.reserved_bytes[GM_POOL_ALL].peak) {
+                PLOG("layout B (order %d): first step would hold %.1f MiB, the peak so far %.1f MiB\n", ord, first / 1048576.0,
+                     st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0);
+                continue;
+            }
+        }
+        PLOG("layout %c order %d: %llu granules\n", mode ? 'B' : 'A', ord, (unsigned long long)c);
+        if (c >= cost[mode]) continue;
+        cost[mode] = c;
+        top[mode] = tp;
+        for (uint64_t i = 0; i < m; i++) {
+            const pl_item *it = &pl->items[i];
+            if (mode) {
+                pl->off[it->k] = it->off;
+                pl->inmain[it->k] = (uint8_t)it->where;
+            } else {
+                offa[it->k] = it->off;
+            }
+        }
+      }
+    }
+    free(pin);
+    free(bits);
+    free(pe);
+    free(sorted[0]);
+    free(sorted[1]);
+    if (cost[0] == UINT64_MAX && cost[1] == UINT64_MAX) {
+        free(offa), free(all);
+        return GM_ENOMEM;
+    }
+    pl->rebase = cost[1] < cost[0];
+    if (gm__gp_plan_force == 'A' && cost[0] != UINT64_MAX) pl->rebase = false;
+    if (gm__gp_plan_force == 'B' && cost[1] != UINT64_MAX) pl->rebase = true;
+    /* the plan must hold less than the arena holds now, else it is not made */
+    if (cost[pl->rebase] * st->gran >= a->mapped_bytes && !gm__gp_plan_force) {
+        PLOG("layout at %llu: %llu granules, not less than the %.1f MiB mapped: no plan\n", (unsigned long long)pl->start, (unsigned long long)cost[pl->rebase], a->mapped_bytes / 1048576.0);
+        free(offa), free(all);
+        return GM_ENOMEM;
+    }
+    if (pl->fp_words < nw) {
+        uint64_t *f = realloc(pl->fp, nw * sizeof *f);
+        if (!f) {
+            free(offa), free(all);
+            return GM_ENOHOSTMEM;
+        }
+        pl->fp = f;
+        pl->fp_words = nw;
+    }
+    memset(pl->fp, 0, pl->fp_words * sizeof *pl->fp);
+    for (uint64_t i = 0; i < m; i++) {
+        pl_item *it = &pl->items[i];
+        if (!pl->rebase) pl->off[it->k] = offa[it->k], pl->inmain[it->k] = 0;
+        pl->planned[it->k] = pl->off[it->k] != UINT64_MAX;
+        if (!pl->rebase && pl->planned[it->k]) /* A's footprint, kept when idle memory is given back */
+            for (uint64_t g = pl->off[it->k] / gu; g <= (pl->off[it->k] + it->units - 1) / gu && g < ng; g++)
+                pl->fp[g / 64] |= (uint64_t)1 << (g % 64);
+    }
+    free(offa);
+    PLOG("layouts: around obstacles %llu granules (top %.1f MiB), apart %llu (own arena, %.1f MiB): %s\n",
+         (unsigned long long)cost[0], top[0] / 2048.0, (unsigned long long)cost[1], top[1] / 2048.0,
+         pl->rebase ? "apart" : "around");
+    uint64_t topm = top[pl->rebase];
+    pl->top_units = topm;
+#ifdef GP_PLAN_DEBUG
+    {
+        uint64_t osum = 0, otop = 0, mx = 0;
+        for (uint64_t j = 0; j < no; j++) {
+            if (obs[j].e == INT64_MAX) osum += obs[j].units;
+            if (obs[j].off + obs[j].units > otop) otop = obs[j].off + obs[j].units;
+        }
+        for (uint64_t i = 0; i < m; i++) {
+            uint64_t l = 0;
+            for (uint64_t j = 0; j < m; j++)
+                if (overlap(&(pl_item){0, 0, pl->items[i].b, pl->items[i].b + 1, 0, 0}, &pl->items[j], 2 * T)) l += pl->items[j].units;
+            if (l > mx) mx = l;
+        }
+        PLOG("obstacles: permanent %.1f MiB, top %.1f MiB; intervals max live %.1f MiB\n", osum / 2048.0, otop / 2048.0, mx / 2048.0);
+    }
+#endif
+    PLOG("layout at %llu: P %llu T %lld intervals %llu (%llu large left out) obstacles %llu top %.1f MiB mapped %.1f MiB\n",
+         (unsigned long long)pl->start, (unsigned long long)P, (long long)T, (unsigned long long)m, (unsigned long long)unplanned,
+         (unsigned long long)no, topm / 2048.0, a->mapped_bytes / 1048576.0);
+    free(all);
+    return topm ? GM_OK : GM_ENOMEM;
+}
