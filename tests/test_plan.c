@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "gpumem/backend.h"
+#include "gm_test.h"
 #include "gpumem/gpumem.h"
 #include "policy_gpumem.h"
 #include "workload.h"
@@ -117,16 +118,8 @@ static void run_step(ctx *c, const tstep *t, int dev) {
 /* A sim of capacity bytes with manually completed events, and an allocator
  * configured by conf, with the no-overlap model. */
 static void ctx_open(ctx *c, uint64_t capacity, const char *conf) {
-    gm_sim_options o;
-    gm_sim_options_init(&o);
-    o.capacity = capacity;
-    o.events_manual = true;
-    assert_int_equal(gm_sim_create(&c->be, &o), GM_OK);
-    gm_config cfg;
-    gm_config_init(&cfg);
-    char err[128];
-    if (gm_config_parse(&cfg, conf, err, sizeof err) != GM_OK) fail_msg("config '%s': %s", conf, err);
-    assert_int_equal(gm_allocator_create(&c->al, c->be, &cfg), GM_OK);
+    if (gm_test_make(GM_POLICY_GPUMEM, conf, capacity, true, &c->be, &c->al) != GM_OK)
+        fail_msg("config '%s': %s", conf, gm_last_error_detail());
     wl_model_init(&c->m);
 }
 
