@@ -40,16 +40,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The installed package (pip install --no-build-isolation ./python: the shim)
-# when there is one; else the source tree's, over GPUMEM_LIB's library.
-try:
-    import importlib.util
-    _installed = importlib.util.find_spec("gpumem") is not None
-except (ImportError, ValueError):
-    _installed = False
-if not _installed:
-    sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 sys.path.insert(0, HERE)
+import gpumem_path  # noqa: E402,F401  (the installed gpumem, with its shim, when there is one)
 
 PROFILE_FIELDS = ("alloc_calls", "alloc_ns", "alloc_max_ns", "alloc_slow", "free_calls", "free_ns", "free_max_ns",
                   "free_slow")

@@ -31,6 +31,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gpumem_path  # noqa: E402,F401  (the installed gpumem, with its shim, when there is one)
 SCOPE_FILE = "<gpumem scope>"
 PHASES = {"forward", "backward", "optimizer.step", "untracked"}
 
@@ -63,7 +65,6 @@ def backward_bytes(snap):
 
 
 def stacks_child(dump):
-    sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
     import gpumem.torch as gt
     gt.install()
     import torch

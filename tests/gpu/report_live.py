@@ -22,7 +22,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)
+import gpumem_path  # noqa: E402,F401  (the installed gpumem, with its shim, when there is one)
 
 
 def child(name, dump):
