@@ -17,7 +17,7 @@ set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/gpumem-out}
 WHAT=${1:?usage: open_checks.sh report TRACES_DIR | ab}
-TRACES=${2:-$SRC/../shared/traces}
+TRACES=$(cd "${2:-$SRC/../shared/traces}" 2>/dev/null && pwd) # absolute: the checks run from /tmp
 ROUNDS=${GPUMEM_AB_ROUNDS:-3}
 WORK=$(mktemp -d)
 mkdir -p "$OUT" "$WORK/logs"
@@ -31,7 +31,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 git -C "$SRC" log --oneline -1 2>/dev/null; git -C "$SRC" status --short 2>/dev/null | head
 
-if (cd /tmp && python3 -c 'import gpumem._C' 2>/dev/null); then
+if (cd /tmp && python3 -c 'import torch, gpumem._C' 2>/dev/null); then
   echo "== gpumem already installed with its shim"
 else
   echo "== pip install --no-build-isolation ./python"
@@ -39,7 +39,7 @@ else
     { echo "pip install FAILED"; grep -iE "error" "$WORK/logs/pip.log" | head -30; exit 1; }
   echo "pip install: ok [$(elapsed) s]"
 fi
-(cd /tmp && python3 -c 'import gpumem, gpumem._C, gpumem._lib as l; print("installed:", gpumem.__file__, l.find_library())') || exit 1
+(cd /tmp && python3 -c 'import torch, gpumem, gpumem._C, gpumem._lib as l; print("installed:", gpumem.__file__, l.find_library())') || exit 1
 
 BUILD=$WORK/build
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPUMEM_TESTS=OFF -DGPUMEM_SANITIZE=OFF >"$WORK/logs/cmake.log" 2>&1 &&
