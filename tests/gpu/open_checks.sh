@@ -4,6 +4,9 @@
 #   tests/gpu/open_checks.sh report TRACES_DIR   (issue 13, ~3 min)
 #       tests/gpu/report_live.py   live attribution vs arithmetic, offline vs live
 #       tests/gpu/backward_scopes.py  per-module backward scopes, Python stacks
+#   tests/gpu/open_checks.sh plan                (issue 16, ~4 min)
+#       tests/gpu/plan_capped.py   GPT-2 (fixed shapes) and BERT (variable
+#       lengths) at a cap 1.03x their peak allocated: native, gpumem, gpumem_plan
 #   tests/gpu/open_checks.sh ab                  (issue 12, ~5 min)
 #       tests/gpu/ab_step_time.py  GPT-2 small step time: torch's allocator,
 #       gpumem through the C++ shim (the default) and gpumem through torch's
@@ -16,7 +19,7 @@
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/gpumem-out}
-WHAT=${1:?usage: open_checks.sh report TRACES_DIR | ab}
+WHAT=${1:?usage: open_checks.sh report TRACES_DIR | plan | ab}
 TRACES=$(cd "${2:-$SRC/../shared/traces}" 2>/dev/null && pwd) # absolute: the checks run from /tmp
 ROUNDS=${GPUMEM_AB_ROUNDS:-3}
 WORK=$(mktemp -d)
@@ -73,5 +76,8 @@ ab)
   done
   python3 "$SRC/tests/gpu/ab_step_time.py" --summarize "$WORK/logs/ab" 2>&1 | tee "$WORK/logs/ab_table.txt"
   ;;
-*) echo "unknown check '$WHAT': report or ab"; exit 2 ;;
+plan)
+  timeout -k 5 500 python3 "$SRC/tests/gpu/plan_capped.py" --json "$WORK/logs/plan_capped.json" 2>&1 | tee "$WORK/logs/plan_capped.txt"
+  ;;
+*) echo "unknown check '$WHAT': report, plan or ab"; exit 2 ;;
 esac
