@@ -57,6 +57,9 @@ def child(model_name, alloc, cap, steps):
     if gt and "plan" in alloc:
         gt.mark_steps(opt)
     g = torch.Generator().manual_seed(1)
+    # gpumem's own statistics carry its device calls (num_map, ...); torch's
+    # dict has only the keys torch knows
+    stats = (lambda: gt.memory_stats(0)) if gt else (lambda: torch.cuda.memory_stats(0))
     times, done, err = [], 0, None
     stats0 = {}
     for step in range(steps):
@@ -64,7 +67,7 @@ def child(model_name, alloc, cap, steps):
         ids = torch.randint(0, cfg.vocab_size, (batch, s), generator=g)
         if step == steps // 2:
             torch.cuda.synchronize()
-            stats0 = torch.cuda.memory_stats()
+            stats0 = stats()
         try:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -81,7 +84,7 @@ def child(model_name, alloc, cap, steps):
         except torch.OutOfMemoryError as e:
             err = "OOM at step %d: %s" % (step, str(e).splitlines()[0][:160])
             break
-    s1 = torch.cuda.memory_stats()
+    s1 = stats()
     calls = {k: s1[k] - stats0.get(k, 0) for k in s1 if k.startswith("num_") and stats0 and s1[k] != stats0.get(k, 0)}
     half = times[len(times) // 2:] if done == steps else []
     print(json.dumps({"model": model_name, "alloc": alloc, "cap": cap, "steps": done, "error": err,
