@@ -145,6 +145,10 @@ struct gm__policy_ops {
     /* recount and compare: GM_OK or GM_ESTATE naming the broken invariant */
     int (*check)(void *state, char *err, size_t errlen);
     int (*walk_segments)(void *state, gm__segment_cb cb, void *arg);
+    /* optional (NULL: a pointer inside a walked segment is ours): does p lie
+     * in address space the policy holds, mapped or not? Tells a double free
+     * from a foreign pointer when segments do not cover the address space */
+    bool (*owns)(void *state, gm_devptr p);
     /* optional (NULL: ignored): the program marked the end of a step (gm_step_mark) */
     void (*step_mark)(void *state);
 };
