@@ -288,7 +288,7 @@ static void gp_destroy(void *state) {
     if (st->vmm) {
         gm__gp_release_all(st);
     } else {
-        for (gp_block *b = st->plain; b; b = b->next) (void)gm__be_cleanup_free(st->d, b->h.ptr);
+        for (gp_block *b = st->plain; b; b = b->next) (void)gm__be_cleanup_free(st->d, b->h.ptr, b->h.size);
     }
     for (uint32_t i = 0; i < st->narenas; i++) arena_free(st, st->arenas[i]);
     free(st->arenas);
