@@ -340,7 +340,10 @@ GM_API int gm_memory_summary(gm_allocator *a, int device, bool abbreviated, char
  * block lists. GM_OK or GM_ESTATE with the broken invariant in err. */
 GM_API int gm_check(gm_allocator *a, int device, char *err, size_t errlen);
 
-/* One segment as seen by a memory snapshot. */
+/* One segment as seen by a memory snapshot, as torch reports them: a device
+ * allocation (policy:torch; policy:gpumem without VMM), or one contiguous
+ * mapped run of an expandable range (expandable true: policy:gpumem's
+ * arenas, torch's expandable segments; unmapped space is not reported). */
 typedef struct gm_segment_info {
     uint32_t size_of; /* sizeof(gm_segment_info) */
     gm_devptr address;
