@@ -458,7 +458,9 @@ typedef void (*gm_segment_observer)(int device, int event, gm_devptr address, ui
  * the device call, right after the call succeeds, WITH THAT DEVICE'S LOCK
  * HELD: it must not call into gpumem, and should do no more than append to a
  * buffer (a mutex of its own is fine if it never calls gpumem while holding
- * it). Unset, a device call pays one relaxed load and a predictable branch. */
+ * it). Unset, a device call pays one relaxed load and a predictable branch.
+ * An observer may still be running when it is replaced, so each (cb, arg)
+ * set is kept for the life of the process (a few bytes a call). */
 GM_API int gm_set_segment_observer(gm_segment_observer cb, void *arg);
 
 #ifdef __cplusplus
