@@ -4,7 +4,8 @@
  * them; off records nothing; the torch-format and .gmt dumps read back
  * through gpumem's reader with the same events, scopes and tags, and the
  * report attributes a tagged allocation by its tag; an OOM dumps when
- * asked to and keeps its explanation. */
+ * asked to and keeps its explanation; the segment observer sees map/unmap
+ * (policy:gpumem) or alloc/free (policy:torch) adding up to reserved bytes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -282,12 +283,70 @@ static void test_oom_dump(void **s) {
     gm_test_destroy(b, a);
 }
 
+/* ---- the segment observer ------------------------------------------------ */
+
+typedef struct seg_log {
+    int n[4];        /* events by GM_SEGMENT_* */
+    int64_t bytes;   /* mapped/allocated minus unmapped/freed */
+    int bad_device;
+} seg_log;
+
+static void log_seg(int device, int event, gm_devptr addr, uint64_t size, void *arg) {
+    seg_log *l = arg;
+    if (device != 0 || !addr || !size || event < 0 || event > 3) l->bad_device++;
+    else l->n[event]++;
+    l->bytes += event == GM_SEGMENT_ALLOC || event == GM_SEGMENT_MAP ? (int64_t)size : -(int64_t)size;
+}
+
+/* The observer sees every byte reserved and given back: map/unmap under
+ * policy:gpumem (VMM), alloc/free under policy:torch (map/unmap with
+ * expandable segments), none after it is unset. */
+static void observe(gm_policy_kind policy, const char *conf, int grow, int shrink) {
+    gm_backend *b;
+    gm_allocator *a;
+    assert_int_equal(gm_test_make(policy, conf, 0, false, &b, &a), GM_OK);
+    seg_log l = {{0}, 0, 0};
+    assert_int_equal(gm_set_segment_observer(log_seg, &l), GM_OK);
+    gm_devptr p[6];
+    for (int i = 0; i < 5; i++) assert_int_equal(gm_malloc(a, 0, (uint64_t)(i + 1) * 7 << 20, 0, &p[i]), GM_OK);
+    assert_int_equal(gm_malloc(a, 0, 4096, 0, &p[5]), GM_OK); /* the small pool too */
+    gm_stats s = gm_test_stats(a);
+    assert_true(l.n[grow] > 0);
+    assert_int_equal(l.n[shrink], 0);
+    assert_int_equal(l.bytes, s.reserved_bytes[GM_POOL_ALL].current);
+    gm_devptr keep = p[3];
+    for (int i = 0; i < 6; i++)
+        if (p[i] != keep) assert_int_equal(gm_free(a, p[i]), GM_OK);
+    assert_int_equal(gm_empty_cache(a, 0), GM_OK);
+    s = gm_test_stats(a);
+    assert_true(l.n[shrink] > 0);
+    assert_true(s.reserved_bytes[GM_POOL_ALL].current > 0);
+    assert_int_equal(l.bytes, s.reserved_bytes[GM_POOL_ALL].current);
+    assert_int_equal(l.bad_device, 0);
+    /* unset: nothing more arrives */
+    assert_int_equal(gm_set_segment_observer(NULL, NULL), GM_OK);
+    seg_log before = l;
+    assert_int_equal(gm_free(a, keep), GM_OK);
+    assert_int_equal(gm_empty_cache(a, 0), GM_OK);
+    assert_int_equal(gm_test_stats(a).reserved_bytes[GM_POOL_ALL].current, 0);
+    assert_memory_equal(&before, &l, sizeof l);
+    gm_test_destroy(b, a);
+}
+
+static void test_segment_observer(void **s) {
+    (void)s;
+    observe(GM_POLICY_GPUMEM, NULL, GM_SEGMENT_MAP, GM_SEGMENT_UNMAP);
+    observe(GM_POLICY_TORCH, NULL, GM_SEGMENT_ALLOC, GM_SEGMENT_FREE);
+    observe(GM_POLICY_TORCH, "expandable_segments:True", GM_SEGMENT_MAP, GM_SEGMENT_UNMAP);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scopes_across_threads),
         cmocka_unit_test(test_ring_drops_oldest),
         cmocka_unit_test(test_dump_roundtrip),
         cmocka_unit_test(test_oom_dump),
+        cmocka_unit_test(test_segment_observer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,8 +2,10 @@
  * backend: placement, no overlaps under random alloc/free (gm_check after
  * every step), moving idle granules instead of creating memory, OOM ->
  * reclaim -> retry, per-stream reuse, empty_cache, the fallback for a
- * backend without VMM, gpumem_chunks:run's and :auto's cold start, and
- * :auto cutting an idle chunk that a placement would use in part. */
+ * backend without VMM, gpumem_chunks:run's and :auto's cold start, :auto
+ * cutting an idle chunk that a placement would use in part, and the segment
+ * walk's shape (one segment per run of mapped memory, as torch's snapshot
+ * under expandable_segments). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -396,6 +398,100 @@ static void test_empty_cache(void **state) {
     teardown_env(&e);
 }
 
+/* ---- the segment walk: torch's expandable-segment shape ----------------- */
+
+typedef struct seg_set {
+    gm_segment_info v[256];
+    int n;
+    gm_block_info b[256];
+    int nb;
+} seg_set;
+
+static int keep_seg(const gm_segment_info *s, void *arg) {
+    seg_set *x = arg;
+    assert_true(x->n < 256);
+    x->v[x->n++] = *s;
+    return 0;
+}
+
+static int keep_block(const gm_block_info *b, void *arg) {
+    seg_set *x = arg;
+    assert_true(x->nb < 256);
+    x->b[x->nb++] = *b;
+    return 0;
+}
+
+/* Segments as torch reports expandable segments: one per run of mapped
+ * memory, adding up to reserved_bytes (all pools and each pool), each live
+ * block inside exactly one, none larger than what is mapped. Returns how
+ * many there are. */
+static int check_segment_runs(gm_allocator *al) {
+    seg_set x = {.n = 0};
+    assert_int_equal(gm_walk_segments(al, 0, keep_seg, &x), GM_OK);
+    assert_int_equal(gm_walk_blocks(al, 0, keep_block, &x), GM_OK);
+    gm_stats s = stats(al);
+    uint64_t sum[GM_POOL_COUNT] = {0};
+    for (int i = 0; i < x.n; i++) {
+        const gm_segment_info *g = &x.v[i];
+        assert_true(g->expandable);
+        assert_true(g->total_size > 0);
+        assert_int_equal(g->total_size, g->mapped_size);
+        assert_true(g->allocated_size <= g->total_size);
+        assert_true(g->total_size <= (uint64_t)s.reserved_bytes[GM_POOL_ALL].current);
+        sum[GM_POOL_ALL] += g->total_size;
+        sum[g->pool] += g->total_size;
+        for (int j = 0; j < i; j++) /* disjoint, and maximal: two runs never touch */
+            assert_true(x.v[j].address + x.v[j].total_size < g->address ||
+                        g->address + g->total_size < x.v[j].address);
+    }
+    for (int p = 0; p < GM_POOL_COUNT; p++) assert_int_equal(sum[p], s.reserved_bytes[p].current);
+    for (int k = 0; k < x.nb; k++) {
+        int in = 0;
+        for (int i = 0; i < x.n; i++)
+            in += x.b[k].address >= x.v[i].address &&
+                  x.b[k].address + x.b[k].size <= x.v[i].address + x.v[i].total_size;
+        assert_int_equal(in, 1);
+    }
+    return x.n;
+}
+
+static void test_segments_are_mapped_runs(void **state) {
+    (void)state;
+    env e;
+    setup_env(&e, 1024 * MIB, false);
+    assert_int_equal(check_segment_runs(e.al), 0);
+    /* big blocks packed back to back on stream 0, another arena (stream 1) */
+    gm_devptr big[6], small[6], other = alloc(e.al, 5 * MIB, 1);
+    for (int i = 0; i < 6; i++) {
+        big[i] = alloc(e.al, (uint64_t)(i + 3) * MIB + 4096, 0);
+        small[i] = alloc(e.al, (uint64_t)(i + 1) * 100 * 1024, 0);
+    }
+    assert_int_equal(check_segment_runs(e.al), 3); /* one run per arena in use */
+    /* free every other big block: with the cache emptied, the granules only
+     * they touched go back and stream 0's large arena falls apart into runs */
+    for (int i = 0; i < 6; i += 2) {
+        assert_int_equal(gm_free(e.al, big[i]), GM_OK);
+        assert_int_equal(gm_free(e.al, small[i]), GM_OK);
+    }
+    check_segment_runs(e.al);
+    gm_stats before = stats(e.al);
+    assert_int_equal(gm_empty_cache(e.al, 0), GM_OK);
+    assert_true(stats(e.al).reserved_bytes[GM_POOL_ALL].current < before.reserved_bytes[GM_POOL_ALL].current);
+    assert_true(check_segment_runs(e.al) >= 5);
+    check_ok(e.al);
+    for (int i = 1; i < 6; i += 2) {
+        assert_int_equal(gm_free(e.al, big[i]), GM_OK);
+        assert_int_equal(gm_free(e.al, small[i]), GM_OK);
+    }
+    assert_int_equal(gm_free(e.al, other), GM_OK);
+    assert_int_equal(gm_empty_cache(e.al, 0), GM_OK);
+    assert_int_equal(check_segment_runs(e.al), 0);
+    /* a pointer into memory given back is still known to be ours */
+    assert_int_equal(gm_free(e.al, big[0]), GM_EDOUBLEFREE);
+    check_ok(e.al);
+    teardown_env(&e);
+}
+
 /* ---- a backend without VMM: plain allocations from a bump pointer ------- */
 
 typedef struct plain_be {
@@ -484,6 +580,7 @@ int main(void) {
         cmocka_unit_test(test_oom_reclaim_retry),
         cmocka_unit_test(test_stream_reuse),
         cmocka_unit_test(test_empty_cache),
+        cmocka_unit_test(test_segments_are_mapped_runs),
         cmocka_unit_test(test_fallback_without_vmm),
         cmocka_unit_test(test_chunks_run_cold_start),
         cmocka_unit_test(test_chunks_auto_cuts_partial_reuse),

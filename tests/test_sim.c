@@ -72,7 +72,7 @@ static void test_capacity(void **state) {
     assert_int_equal(gm__be_mem_info(&f->d, &fr, &tot), GM_OK);
     assert_true(fr == 0);
     assert_int_equal(gm__be_phys_release(&f->d, h), GM_OK);
-    assert_int_equal(gm__be_free(&f->d, p1), GM_OK);
+    assert_int_equal(gm__be_free(&f->d, p1, 0), GM_OK);
     assert_int_equal(gm__be_malloc(&f->d, 8 * MIB, &p3), GM_OK);
     assert_int_equal(gm__be_malloc(&f->d, 0, &p3), GM_EINVAL);
     /* device 1 has its own capacity */
@@ -93,7 +93,7 @@ static void test_addresses(void **state) {
     assert_true(a == 0x7f0000000000ull);
     assert_true(b == a + 2 * MIB);
     assert_true(c == b + 4 * MIB); /* 3 MiB rounds to 4 MiB */
-    assert_int_equal(gm__be_free(&f->d, b), GM_OK);
+    assert_int_equal(gm__be_free(&f->d, b, 0), GM_OK);
     /* first fit at the lowest free address: a 2 MiB request reuses b's hole */
     assert_int_equal(gm__be_malloc(&f->d, 2 * MIB, &d), GM_OK);
     assert_true(d == b);
@@ -101,10 +101,10 @@ static void test_addresses(void **state) {
     assert_int_equal(gm__be_malloc(&f->d, 4 * MIB, &e), GM_OK);
     assert_true(e == c + 2 * MIB);
     /* double free and unknown pointers are rejected */
-    assert_int_equal(gm__be_free(&f->d, b + 2 * MIB), GM_EINVAL);
-    assert_int_equal(gm__be_free(&f->d, a), GM_OK);
-    assert_int_equal(gm__be_free(&f->d, a), GM_EINVAL);
-    assert_int_equal(gm__be_free(&f->d, a + 512), GM_EINVAL);
+    assert_int_equal(gm__be_free(&f->d, b + 2 * MIB, 0), GM_EINVAL);
+    assert_int_equal(gm__be_free(&f->d, a, 0), GM_OK);
+    assert_int_equal(gm__be_free(&f->d, a, 0), GM_EINVAL);
+    assert_int_equal(gm__be_free(&f->d, a + 512, 0), GM_EINVAL);
     /* device 1's addresses do not overlap device 0's */
     gm__device d1 = {.index = 1, .backend = f->b};
     gm_devptr x;
@@ -213,7 +213,7 @@ static void test_counts_and_faults(void **state) {
     fixture *f = make(GIB, false);
     gm_devptr p;
     assert_int_equal(gm__be_malloc(&f->d, MIB, &p), GM_OK);
-    assert_int_equal(gm__be_free(&f->d, p), GM_OK);
+    assert_int_equal(gm__be_free(&f->d, p, 0), GM_OK);
     assert_true(gm_backend_call_count(f->b, 0, GM_BCALL_MALLOC) == 1);
     assert_true(gm_backend_call_count(f->b, 0, GM_BCALL_FREE) == 1);
     assert_true(gm_backend_call_count(f->b, 1, GM_BCALL_MALLOC) == 0);
@@ -227,10 +227,10 @@ static void test_counts_and_faults(void **state) {
     /* the 2nd malloc from now fails, once */
     assert_int_equal(gm_backend_inject_fault(f->b, GM_BCALL_MALLOC, 2, GM_EBACKEND), GM_OK);
     assert_int_equal(gm__be_malloc(&f->d, MIB, &p), GM_OK);
-    assert_int_equal(gm__be_free(&f->d, p), GM_OK);
+    assert_int_equal(gm__be_free(&f->d, p, 0), GM_OK);
     assert_int_equal(gm__be_malloc(&f->d, MIB, &p), GM_EBACKEND);
     assert_int_equal(gm__be_malloc(&f->d, MIB, &p), GM_OK);
-    assert_int_equal(gm__be_free(&f->d, p), GM_OK);
+    assert_int_equal(gm__be_free(&f->d, p, 0), GM_OK);
     assert_true(gm_backend_call_count(f->b, 0, GM_BCALL_MALLOC) == 4); /* failures count */
     assert_true(f->d.stats.num_device_alloc == 3);                      /* stats: successes */
     /* the injected failure did not reach the sim: nothing was allocated */
@@ -245,7 +245,7 @@ static void test_counts_and_faults(void **state) {
     assert_int_equal(gm_backend_inject_fault(f->b, GM_BCALL_FREE, 1, GM_EBACKEND), GM_OK);
     assert_int_equal(gm_backend_inject_fault(f->b, GM_BCALL_FREE, 0, 0), GM_OK);
     assert_int_equal(gm__be_malloc(&f->d, MIB, &p), GM_OK);
-    assert_int_equal(gm__be_free(&f->d, p), GM_OK);
+    assert_int_equal(gm__be_free(&f->d, p, 0), GM_OK);
     assert_int_equal(gm_backend_inject_fault(f->b, 99, 1, GM_EBACKEND), GM_EINVAL);
     assert_int_equal(gm_backend_inject_fault(f->b, GM_BCALL_MAP, 1, GM_OK), GM_EINVAL);
     assert_string_equal(gm_bcall_name(GM_BCALL_PHYS_CREATE), "PHYS_CREATE");

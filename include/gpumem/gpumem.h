@@ -340,7 +340,10 @@ GM_API int gm_memory_summary(gm_allocator *a, int device, bool abbreviated, char
  * block lists. GM_OK or GM_ESTATE with the broken invariant in err. */
 GM_API int gm_check(gm_allocator *a, int device, char *err, size_t errlen);
 
-/* One segment as seen by a memory snapshot. */
+/* One segment as seen by a memory snapshot, as torch reports them: a device
+ * allocation (policy:torch; policy:gpumem without VMM), or one contiguous
+ * mapped run of an expandable range (expandable true: policy:gpumem's
+ * arenas, torch's expandable segments; unmapped space is not reported). */
 typedef struct gm_segment_info {
     uint32_t size_of; /* sizeof(gm_segment_info) */
     gm_devptr address;
@@ -441,6 +444,24 @@ GM_API int gm_history_dump(const char *path, int format);
 /* Dump to path automatically when an allocation runs out of memory (NULL:
  * stop doing so). */
 GM_API int gm_history_dump_on_oom(const char *path, int format);
+
+/* Segment events, as torch's trace names them: device memory allocated or
+ * freed as a whole segment (segment_alloc / segment_free: policy:torch
+ * without expandable segments, or no VMM), or mapped into / unmapped from a
+ * reserved address range (segment_map / segment_unmap: policy:gpumem, or
+ * expandable segments). Sizes add up to the change in reserved bytes. */
+enum { GM_SEGMENT_ALLOC = 0, GM_SEGMENT_FREE = 1, GM_SEGMENT_MAP = 2, GM_SEGMENT_UNMAP = 3 };
+typedef void (*gm_segment_observer)(int device, int event, gm_devptr address, uint64_t size,
+                                    void *arg);
+/* One process-wide observer of segment events of every allocator (NULL:
+ * none; the previous one is replaced). It is called on the thread that made
+ * the device call, right after the call succeeds, WITH THAT DEVICE'S LOCK
+ * HELD: it must not call into gpumem, and should do no more than append to a
+ * buffer (a mutex of its own is fine if it never calls gpumem while holding
+ * it). Unset, a device call pays one relaxed load and a predictable branch.
+ * An observer may still be running when it is replaced, so each (cb, arg)
+ * set is kept for the life of the process (a few bytes a call). */
+GM_API int gm_set_segment_observer(gm_segment_observer cb, void *arg);
 
 #ifdef __cplusplus
 }

@@ -66,6 +66,7 @@ struct Api {
   int (*walk_blocks)(int, gm_block_cb, void*);
   int (*config)(gm_config*, char*, size_t);
   void (*note_failed_free)();
+  int (*set_segment_observer)(gm_segment_observer, void*);
 };
 Api api;
 std::string api_path;
@@ -96,6 +97,7 @@ void load_api(const std::string& path) {
   resolve(h, "gpumem_torch_walk_blocks", api.walk_blocks);
   resolve(h, "gpumem_torch_config", api.config);
   resolve(h, "gpumem_torch_note_failed_free", api.note_failed_free);
+  resolve(h, "gpumem_torch_set_segment_observer", api.set_segment_observer);
 }
 
 std::string last_error(const char* what) {
@@ -250,16 +252,21 @@ class GpumemAllocator : public PA {
                      bool clearHistory, const std::vector<std::string>& skip_actions) override {
     std::vector<cca::TraceEntry::Action> skip;
     for (const auto& a : skip_actions) skip.push_back(c10::CachingDeviceAllocator::parseTraceEntryAction(a));
-    std::lock_guard<std::mutex> g(hist_mu_);
-    skip_ = std::move(skip);
-    recorder_ = enabled ? recorder : nullptr;
-    when_ = enabled ? when : cca::RecordContext::NEVER;
-    max_entries_ = std::max<size_t>(1, max_entries);
-    if (!enabled || clearHistory) {
-      rings_.clear();
-      if (!enabled) contexts_.clear();
+    {
+      std::lock_guard<std::mutex> g(hist_mu_);
+      skip_ = std::move(skip);
+      recorder_ = enabled ? recorder : nullptr;
+      when_ = enabled ? when : cca::RecordContext::NEVER;
+      max_entries_ = std::max<size_t>(1, max_entries);
+      if (!enabled || clearHistory) {
+        rings_.clear();
+        if (!enabled) contexts_.clear();
+      }
+      history_on_.store(enabled);
     }
-    history_on_.store(enabled);
+    // segment_map/unmap/alloc/free reach the ring from the library as they
+    // happen (on_segment); set outside hist_mu_, which the observer takes
+    check(api.set_segment_observer(enabled ? &on_segment : nullptr, this), "_record_memory_history");
   }
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
     std::lock_guard<std::mutex> g(mu_);
@@ -305,6 +312,29 @@ class GpumemAllocator : public PA {
     } else {
       r.v[r.next] = std::move(te);
       r.next = (r.next + 1) % max_entries_;
+    }
+  }
+
+  // The library's segment observer (gm_set_segment_observer), on while
+  // history is on. It runs under gpumem's device lock, so it only appends to
+  // the ring: lock order is device lock -> hist_mu_, and nothing in this file
+  // calls into the library while holding hist_mu_. No context: gathering one
+  // may take the GIL. It must not throw into C.
+  static void on_segment(int device, int event, gm_devptr addr, uint64_t size, void* arg) noexcept {
+    cca::TraceEntry::Action action;
+    switch (event) {
+      case GM_SEGMENT_ALLOC: action = cca::TraceEntry::SEGMENT_ALLOC; break;
+      case GM_SEGMENT_FREE: action = cca::TraceEntry::SEGMENT_FREE; break;
+      case GM_SEGMENT_MAP: action = cca::TraceEntry::SEGMENT_MAP; break;
+      case GM_SEGMENT_UNMAP: action = cca::TraceEntry::SEGMENT_UNMAP; break;
+      default: return;
+    }
+    auto* self = static_cast<GpumemAllocator*>(arg);
+    try {
+      std::lock_guard<std::mutex> g(self->hist_mu_);
+      if (self->history_on_.load()) self->record(action, device, addr, size, nullptr, nullptr);
+    } catch (...) {
+      // out of host memory for the ring: the entry is lost, the allocation is not
     }
   }
 
@@ -422,7 +452,8 @@ int blk_cb(const gm_block_info* b, void* arg) {
 }
 
 // Segments are gpumem's (gm_walk_segments: a cudaMalloc'd segment under
-// policy:torch, an arena's virtual range under policy:gpumem); blocks are the
+// policy:torch, a run of mapped memory in an arena under policy:gpumem, as
+// torch reports expandable segments); blocks are the
 // live and stream-waiting allocations in each, with the gaps between them as
 // inactive blocks, so each segment's blocks tile it as torch's viewer expects.
 cca::SnapshotInfo GpumemAllocator::snapshot(c10::MempoolId_t, bool include_traces) {

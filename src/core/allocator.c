@@ -360,7 +360,8 @@ static int classify_unknown(gm_allocator *a, gm_devptr ptr, const char *what) {
         gm__device *d = dev_peek(a, i);
         if (!d) continue;
         gm__devlock_lock(&d->lock);
-        d->pops->walk_segments(d->pstate, inside_cb, &ia);
+        if (d->pops->owns) ia.inside = d->pops->owns(d->pstate, ptr);
+        else d->pops->walk_segments(d->pstate, inside_cb, &ia);
         gm__devlock_unlock(&d->lock);
     }
     if (ia.inside)

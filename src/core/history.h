@@ -40,6 +40,28 @@ static inline void gm__history_note_free(int device, uint64_t addr, uint64_t siz
         gm__history_record_free(device, addr, size, stream, completed);
 }
 
+/* The segment observer (gm_set_segment_observer): NULL, or the pair in
+ * effect. Pairs are never freed (an observer may be running when another is
+ * set), so one load gives a matching cb and arg. */
+typedef struct gm__seg_observer {
+    gm_segment_observer cb;
+    void *arg;
+    struct gm__seg_observer *older; /* the one set before: kept, never freed */
+} gm__seg_observer;
+extern gm__seg_observer *gm__seg_observer_now; /* read relaxed on every device segment call */
+
+/* A segment call succeeded (the backend wrapper, under the device lock):
+ * into the history ring, and to the observer. `action` is a gm_trace_action
+ * GM_TA_SEGMENT_*, `event` the matching GM_SEGMENT_*. */
+static inline void gm__segment_note(int device, int action, int event, uint64_t addr, uint64_t size) {
+    gm__history_note(device, action, addr, size, 0);
+    gm__seg_observer *o = __atomic_load_n(&gm__seg_observer_now, __ATOMIC_RELAXED);
+    if (__builtin_expect(o != NULL, 0)) {
+        o = __atomic_load_n(&gm__seg_observer_now, __ATOMIC_ACQUIRE); /* its fields, written before */
+        if (o) o->cb(device, event, addr, size, o->arg);
+    }
+}
+
 /* ---- for the dump -------------------------------------------------------- */
 
 /* A copy of the ring, oldest first (malloc'd; free it), and the clock to

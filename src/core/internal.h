@@ -145,6 +145,10 @@ struct gm__policy_ops {
     /* recount and compare: GM_OK or GM_ESTATE naming the broken invariant */
     int (*check)(void *state, char *err, size_t errlen);
     int (*walk_segments)(void *state, gm__segment_cb cb, void *arg);
+    /* optional (NULL: a pointer inside a walked segment is ours): does p lie
+     * in address space the policy holds, mapped or not? Tells a double free
+     * from a foreign pointer when segments do not cover the address space */
+    bool (*owns)(void *state, gm_devptr p);
     /* optional (NULL: ignored): the program marked the end of a step (gm_step_mark) */
     void (*step_mark)(void *state);
 };
@@ -173,7 +177,8 @@ void gm__policy_names(char *buf, size_t len);
  * and applies fault injection. */
 int gm__be_mem_info(gm__device *d, uint64_t *free_bytes, uint64_t *total_bytes);
 int gm__be_malloc(gm__device *d, uint64_t size, gm_devptr *out);
-int gm__be_free(gm__device *d, gm_devptr ptr);
+/* size: the allocation's bytes, for the history and the segment observer */
+int gm__be_free(gm__device *d, gm_devptr ptr, uint64_t size);
 int gm__be_granularity(gm__device *d, uint64_t *bytes); /* GM_ENOTSUP without VMM */
 int gm__be_va_reserve(gm__device *d, uint64_t size, gm_devptr *out);
 int gm__be_va_release(gm__device *d, gm_devptr va, uint64_t size);
@@ -188,7 +193,7 @@ int gm__be_event_destroy(gm__device *d, gm_event ev);
 /* The same calls for cleanup paths: tried twice; if both fail the object is
  * left to the backend and counted in gm_backend_dropped_count. Return the
  * last status. */
-int gm__be_cleanup_free(gm__device *d, gm_devptr ptr);
+int gm__be_cleanup_free(gm__device *d, gm_devptr ptr, uint64_t size);
 int gm__be_cleanup_va_release(gm__device *d, gm_devptr va, uint64_t size);
 int gm__be_cleanup_phys_release(gm__device *d, gm_physmem h);
 int gm__be_cleanup_unmap(gm__device *d, gm_devptr va, uint64_t size);

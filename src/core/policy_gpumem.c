@@ -67,9 +67,13 @@
  * to the other pool's arena moves its count and bytes). reserved_bytes =
  * physical bytes held. active counts blocks handed out. inactive_split counts
  * small blocks cached in size-class lists and free ranges of an arena other
- * than its topmost one. gm_walk_segments reports one segment per arena:
- * total_size = its virtual range, mapped_size = bytes mapped in it, so the
- * mapped sizes add up to reserved_bytes per pool. */
+ * than its topmost one. gm_walk_segments reports, as torch's snapshot does
+ * for expandable segments, one segment per maximal run of mapped granules in
+ * an arena (total_size = mapped_size = the run's bytes; unmapped address
+ * space is not reported), so the sizes add up to reserved_bytes per pool
+ * (short of a chunk held but unmapped, which only a failed placement leaves
+ * until the next empty_cache). Whether a pointer lies in an arena at all
+ * (a double free or a foreign pointer) is the ops' `owns`. */
 #include "policy_gpumem.h"
 
 #include <math.h>
@@ -284,7 +288,7 @@ static void gp_destroy(void *state) {
     if (st->vmm) {
         gm__gp_release_all(st);
     } else {
-        for (gp_block *b = st->plain; b; b = b->next) (void)gm__be_cleanup_free(st->d, b->h.ptr);
+        for (gp_block *b = st->plain; b; b = b->next) (void)gm__be_cleanup_free(st->d, b->h.ptr, b->h.size);
     }
     for (uint32_t i = 0; i < st->narenas; i++) arena_free(st, st->arenas[i]);
     free(st->arenas);
@@ -382,5 +386,6 @@ const gm__policy_ops gm__policy_gpumem = {
     .empty_cache = gp_empty_cache,
     .check = gm__gp_check,
     .walk_segments = gm__gp_walk,
+    .owns = gm__gp_owns,
     .step_mark = gp_step_mark,
 };

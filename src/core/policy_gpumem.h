@@ -195,6 +195,7 @@ unsigned gm__gp_order(uint64_t n);
 /* policy_gpumem_check.c */
 int gm__gp_check(void *state, char *err, size_t errlen);
 int gm__gp_walk(void *state, gm__segment_cb cb, void *arg);
+bool gm__gp_owns(void *state, gm_devptr p);
 int gm__gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
 void gm__gp_plain_free(gp_state *st, gp_block *b);
 

@@ -177,7 +177,47 @@ int gm__gp_check(void *state, char *err, size_t errlen) {
     return rc;
 }
 
-/* ---- segment walk: one segment per arena (or plain allocation) ---------- */
+/* ---- segment walk --------------------------------------------------------
+ * Like torch's snapshot under expandable_segments: one segment per maximal
+ * run of mapped granules in an arena (total == mapped == the run's bytes),
+ * never the arena's whole virtual range, so the sizes add up to the memory
+ * held. A live block lies on mapped granules only (check_arena), so it lies
+ * in exactly one run. */
+
+/* First granule >= g whose mapped bit is `want`, or a->ngran. */
+static uint64_t next_gran(const gp_arena *a, uint64_t g, bool want) {
+    while (g < a->ngran) {
+        uint64_t w = a->mapped[g >> 6];
+        if (!want) w = ~w;
+        w &= ~(uint64_t)0 << (g & 63);
+        if (w) {
+            g = (g & ~(uint64_t)63) + (uint64_t)__builtin_ctzll(w);
+            return g < a->ngran ? g : a->ngran;
+        }
+        g = (g | 63) + 1;
+    }
+    return a->ngran;
+}
+
+static int walk_arena(gp_state *st, const gp_arena *a, gm__segment_cb cb, void *arg) {
+    gm_segment_info si = {.size_of = sizeof si, .stream = a->stream, .pool = a->pool, .expandable = true};
+    const gp_block *b = a->head;
+    for (uint64_t g = next_gran(a, 0, true); g < a->ngran;) {
+        uint64_t e = next_gran(a, g, false);
+        si.address = a->base + (g << st->gshift);
+        si.total_size = si.mapped_size = (e - g) << st->gshift;
+        si.allocated_size = 0;
+        gm_devptr end = si.address + si.total_size;
+        while (b && b->h.ptr + b->h.size <= si.address) b = b->next;
+        /* only a free range can reach past the run: skipping it loses nothing */
+        for (; b && b->h.ptr < end; b = b->next) /* not freed by the caller */
+            if (b->state == GP_USED && b->h.live) si.allocated_size += b->h.size;
+        int rc = cb(&si, arg);
+        if (rc) return rc;
+        g = next_gran(a, e, true);
+    }
+    return GM_OK;
+}
 
 int gm__gp_walk(void *state, gm__segment_cb cb, void *arg) {
     gp_state *st = state;
@@ -195,19 +235,19 @@ int gm__gp_walk(void *state, gm__segment_cb cb, void *arg) {
         return GM_OK;
     }
     for (uint32_t k = 0; k < st->narenas; k++) {
-        const gp_arena *a = st->arenas[k];
-        uint64_t used = 0;
-        for (const gp_block *b = a->head; b; b = b->next) /* not freed by the caller */
-            if (b->state == GP_USED && b->h.live) used += b->h.size;
-        si.address = a->base;
-        si.total_size = a->va_size;
-        si.mapped_size = a->mapped_bytes;
-        si.allocated_size = used;
-        si.stream = a->stream;
-        si.pool = a->pool;
-        si.expandable = true;
-        int rc = cb(&si, arg);
+        int rc = walk_arena(st, st->arenas[k], cb, arg);
         if (rc) return rc;
     }
     return GM_OK;
+}
+
+bool gm__gp_owns(void *state, gm_devptr p) {
+    gp_state *st = state;
+    for (uint32_t k = 0; st->vmm && k < st->narenas; k++) {
+        const gp_arena *a = st->arenas[k];
+        if (p >= a->base && p - a->base < a->va_size) return true;
+    }
+    for (const gp_block *b = st->plain; b; b = b->next)
+        if (p >= b->h.ptr && p - b->h.ptr < b->h.size) return true;
+    return false;
 }

@@ -36,7 +36,7 @@ void gm__gp_plain_free(gp_state *st, gp_block *b) {
     if (b->prev) b->prev->next = b->next;
     else st->plain = b->next;
     if (b->next) b->next->prev = b->prev;
-    (void)gm__be_cleanup_free(st->d, b->h.ptr); /* a free cannot fail back to the caller */
+    (void)gm__be_cleanup_free(st->d, b->h.ptr, b->h.size); /* a free cannot fail back to the caller */
     st->held_bytes -= b->h.size;
     gm__stat_pool_add(st->d->stats.reserved_bytes, b->h.pool, -(int64_t)b->h.size);
     gm__stat_pool_add(st->d->stats.segment, b->h.pool, -1);

@@ -230,7 +230,7 @@ static int release_block(tp_state *st, tp_block *b) {
     tp_pool *p = tp_pool_of(st, b->h.pool);
     int rc = set_remove(p, b);
     if (rc < 0) return rc;
-    rc = gm__be_free(d, b->h.ptr);
+    rc = gm__be_free(d, b->h.ptr, b->h.size);
     if (rc < 0) { /* still ours: back in the pool (its age kept) */
         (void)tp_set_insert(st, &p->blocks, b);
         return rc;
@@ -531,7 +531,7 @@ static void tp_destroy(void *state) {
         tp_seg *s = st->segs;
         tp_seg_unlink(st, s);
         if (s->expandable) tp_expandable_destroy(st, s);
-        else (void)gm__be_cleanup_free(st->d, s->base);
+        else (void)gm__be_cleanup_free(st->d, s->base, s->size);
         free(s->handles);
         free(s);
     }

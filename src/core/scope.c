@@ -241,6 +241,31 @@ static void calibrate(void) {
     ns_per_tick = t1 > t0 ? (n1 - n0) / (double)(t1 - t0) : 1.0;
 }
 
+/* ---- segment observer (history.h) ---------------------------------------- */
+
+gm__seg_observer *gm__seg_observer_now;
+static gm__seg_observer *obs_chain; /* every pair ever set, newest first */
+static pthread_mutex_t obs_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int gm_set_segment_observer(gm_segment_observer cb, void *arg) {
+    gm__clear_error();
+    gm__seg_observer *o = NULL;
+    if (cb) {
+        o = calloc(1, sizeof *o);
+        if (!o) return gm__set_error(GM_ENOHOSTMEM, "gm_set_segment_observer: out of host memory");
+        o->cb = cb;
+        o->arg = arg;
+    }
+    pthread_mutex_lock(&obs_mu);
+    if (o) {
+        o->older = obs_chain;
+        obs_chain = o;
+    }
+    __atomic_store_n(&gm__seg_observer_now, o, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&obs_mu);
+    return GM_OK;
+}
+
 int gm_history_enable(size_t max_entries) {
     gm__hist_entry *fresh = NULL;
     if (max_entries) {

@@ -391,6 +391,11 @@ int gpumem_torch_walk_blocks(int device, gm_block_cb cb, void *arg) {
     return st == GM_OK ? GM_OK : fail_lib(st, "walk_blocks");
 }
 
+int gpumem_torch_set_segment_observer(gm_segment_observer cb, void *arg) {
+    int st = gm_set_segment_observer(cb, arg);
+    return st == GM_OK ? GM_OK : fail_lib(st, "set_segment_observer");
+}
+
 int gpumem_torch_config(gm_config *out, char *conf_str, size_t len) {
     gm_allocator *a;
     int st = get(&a);

@@ -62,6 +62,10 @@ GPUMEM_TORCH_API int gpumem_torch_walk_segments(int device, gm_segment_cb cb, vo
 GPUMEM_TORCH_API int gpumem_torch_walk_blocks(int device, gm_block_cb cb, void *arg);
 GPUMEM_TORCH_API int gpumem_torch_config(gm_config *out, char *conf_str, size_t len);
 GPUMEM_TORCH_API void gpumem_torch_note_failed_free(void);
+/* gm_set_segment_observer: segment_alloc/free/map/unmap as they happen, for
+ * the shim's torch-format trace. The callback runs under the device lock:
+ * append to a buffer, never call back into gpumem. */
+GPUMEM_TORCH_API int gpumem_torch_set_segment_observer(gm_segment_observer cb, void *arg);
 
 /* GPUMEM_PROFILE=1 in the environment (read when the library loads) or
  * profile_enable(1): count alloc_raw/free_raw calls (the pluggable entry

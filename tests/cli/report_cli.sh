@@ -171,6 +171,29 @@ PY
 "$GPUMEM" report "$T/seg.pickle" -o "$T/seg.html" 2>"$T/err" || fail "unaligned segment: $(cat "$T/err")"
 grep -q 'content="100"' "$T/seg.html" || fail "unaligned segment: peak"
 
+# a snapshot like the shim's under policy:gpumem: segment_map/segment_unmap
+# in the trace, one expandable segment per mapped run; report and replay
+# read it and take the allocations' peak
+python3 - "$T/map.pickle" <<'PY' || fail "writing map.pickle"
+import pickle, sys
+M = 1 << 20
+def ev(a, addr, size, t): return {"action": a, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": []}
+base = 0x7f0000000000
+ev_ = [ev("segment_map", base, 4 * M, 1), ev("alloc", base, 3 * M, 2), ev("segment_map", base + 4 * M, 2 * M, 3),
+       ev("alloc", base + 3 * M, 2 * M, 4), ev("free_requested", base, 3 * M, 5), ev("free_completed", base, 3 * M, 6),
+       ev("segment_unmap", base, 2 * M, 7)]
+seg = {"device": 0, "address": base + 2 * M, "total_size": 4 * M, "allocated_size": 2 * M, "active_size": 2 * M,
+       "requested_size": 2 * M, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+       "is_expandable": True, "frames": [],
+       "blocks": [{"size": M, "requested_size": 0, "state": "inactive"},
+                  {"size": 2 * M, "requested_size": 2 * M, "state": "active_allocated", "frames": []},
+                  {"size": M, "requested_size": 0, "state": "inactive"}]}
+pickle.dump({"segments": [seg], "device_traces": [ev_]}, open(sys.argv[1], "wb"))
+PY
+"$GPUMEM" report "$T/map.pickle" -o "$T/map.html" 2>"$T/err" || fail "segment_map snapshot: $(cat "$T/err")"
+check_html "$T/map.pickle" "$T/map.html"
+grep -q "content=\"$((5 << 20))\"" "$T/map.html" || fail "segment_map snapshot: peak"
+
 # the real traces
 SH=${GPUMEM_SHARED:-$SRC/../shared}
 if [ -d "$SH/traces" ]; then

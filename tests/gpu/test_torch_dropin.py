@@ -177,19 +177,35 @@ def _tiles(seg):
 def test_history_snapshot():
     import torch
     gt = _gt()
+    conf = gt.effective_conf(gt.status()["conf"])
+    vmm = "policy:gpumem" in conf or "expandable_segments:True" in conf
+    reserved0 = torch.cuda.memory_reserved()
     torch.cuda.memory._record_memory_history(max_entries=100000)
     keep = [torch.empty(n * MIB, dtype=torch.uint8, device="cuda") for n in (1, 3, 7)]
     tmp = torch.empty(5 * MIB, device="cuda")
     del tmp
+    # more than is cached: memory must grow, and the trace must say so
+    grow = torch.empty(reserved0 + 64 * MIB, dtype=torch.uint8, device="cuda")
     snap = torch.cuda.memory._snapshot()
+    reserved1 = torch.cuda.memory_reserved()
     torch.cuda.memory._record_memory_history(enabled=None)
+    assert reserved1 > reserved0, (reserved0, reserved1)
     segs = snap["segments"]
     assert segs and all(_tiles(s) for s in segs), "segments empty or blocks do not tile them"
+    total = sum(s["total_size"] for s in segs)
+    if "policy:gpumem" in conf:  # one segment per mapped run, as torch's expandable segments
+        assert total == reserved1, ("segments add up to %d, reserved %d" % (total, reserved1))
+        assert all(s["is_expandable"] for s in segs), "policy:gpumem segments not expandable"
     live = sum(b["size"] for s in segs for b in s["blocks"] if b["state"] == "active_allocated")
     assert live == gt.memory_allocated() == torch.cuda.memory_allocated(), (live, gt.memory_allocated())
     tr = snap["device_traces"][torch.cuda.current_device()]
     acts = [e["action"] for e in tr]
     assert acts.count("alloc") >= 4 and "free_requested" in acts and "free_completed" in acts, acts[:20]
+    grew = "segment_map" if vmm else "segment_alloc"
+    assert grew in acts, "memory grew by %d bytes but no %s in the trace" % (reserved1 - reserved0, grew)
+    sign = {"segment_map": 1, "segment_alloc": 1, "segment_unmap": -1, "segment_free": -1}
+    net = sum(sign[e["action"]] * e["size"] for e in tr if e["action"] in sign)
+    assert net == reserved1 - reserved0, ("segment events add up to %d, reserved grew %d" % (net, reserved1 - reserved0))
     framed = [e for e in tr if e["action"] == "alloc" and e.get("frames")]
     assert framed, "no Python frames on alloc events"
     mine = [b for s in segs for b in s["blocks"] if b["state"] == "active_allocated" and b.get("frames")]
@@ -204,7 +220,7 @@ def test_history_snapshot():
     size = os.path.getsize(html)
     assert size > 1000, size
     _STATE["snapshot"] = path
-    del keep
+    del keep, grow
     return "%d segments, %d trace events (%d with frames); trace_plot HTML %d bytes" % (
         len(segs), len(tr), len(framed), size)
 
