@@ -343,6 +343,38 @@ static void test_oom_reclaim_retry(void **state) {
     teardown_env(&e);
 }
 
+/* An allocation that cannot fit holds nothing afterwards: the chunks the
+ * failed placement created on its way are given back, so the device is as
+ * free as before the attempt (a batch-size search that catches the OOM, or
+ * another process, can use it). Found on the H200: a 2x-device request left
+ * the whole device reserved. */
+static void test_failed_alloc_holds_nothing(void **state) {
+    (void)state;
+    const char *confs[] = {"policy:gpumem", "policy:gpumem,gpumem_chunks:granule", "policy:gpumem,gpumem_slack:0"};
+    for (unsigned k = 0; k < sizeof confs / sizeof *confs; k++) {
+        env e;
+        setup_env_conf(&e, 256 * MIB, false, confs[k]);
+        gm_devptr live = alloc(e.al, 40 * MIB, 0);
+        int64_t held = stats(e.al).reserved_bytes[GM_POOL_ALL].current;
+        uint64_t sizes[] = {2 * 256 * MIB, 300 * MIB, 250 * MIB};
+        for (unsigned i = 0; i < 3; i++) {
+            gm_devptr p = 0;
+            assert_int_equal(gm_malloc(e.al, 0, sizes[i], 0, &p), GM_ENOMEM);
+            check_ok(e.al);
+            gm_stats s = stats(e.al);
+            if (s.reserved_bytes[GM_POOL_ALL].current > held)
+                fail_msg("%s: after a failed %llu MiB request %lld MiB reserved, %lld before", confs[k],
+                         (unsigned long long)(sizes[i] / MIB), (long long)(s.reserved_bytes[GM_POOL_ALL].current / MIB),
+                         (long long)(held / MIB));
+        }
+        gm_devptr q = alloc(e.al, 200 * MIB, 0); /* what is left is still there */
+        assert_int_equal(gm_free(e.al, q), GM_OK);
+        assert_int_equal(gm_free(e.al, live), GM_OK);
+        check_ok(e.al);
+        teardown_env(&e);
+    }
+}
+
 /* Freed blocks are reused at once on their stream, never on another one. */
 static void test_stream_reuse(void **state) {
     (void)state;
@@ -582,6 +614,7 @@ int main(void) {
         cmocka_unit_test(test_empty_cache),
         cmocka_unit_test(test_segments_are_mapped_runs),
         cmocka_unit_test(test_fallback_without_vmm),
+        cmocka_unit_test(test_failed_alloc_holds_nothing),
         cmocka_unit_test(test_chunks_run_cold_start),
         cmocka_unit_test(test_chunks_auto_cuts_partial_reuse),
     };

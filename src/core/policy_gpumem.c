@@ -58,7 +58,9 @@
  *    in O(1); the lists are flushed back into the arena whenever a placement
  *    would need more mapping, and on empty_cache / OOM.
  *  - OOM: flush the caches, let the front end finish pending frees
- *    (gm__device_process_events(d, true)), release every unused chunk, retry.
+ *    (gm__device_process_events(d, true)), release every unused chunk, retry;
+ *    if that fails too, release what the failed placement mapped, so an OOM
+ *    holds no more memory than before it.
  *  - Without VMM (granularity gives GM_ENOTSUP) each block is one plain
  *    device allocation, small ones cached by size class (policy_gpumem_check.c).
  *
@@ -335,6 +337,9 @@ static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
             for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
             if (st->vmm) gm__gp_release_unused(st);
             rc = place(st, a, units, &b);
+            /* the failed placement mapped what it could on its way: give it
+             * back, so an OOM leaves the device as free as it found it */
+            if (rc == GM_ENOMEM && st->vmm) gm__gp_release_unused(st);
         }
         if (rc) return rc;
         b->h.pool = (uint8_t)pool;
