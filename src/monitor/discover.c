@@ -112,7 +112,10 @@ static int read_fd(gm__mon_proc *p, int fd, int name_pid_v) {
     struct stat st;
     int rc = check_fd(fd, name_pid_v, &st);
     if (rc != GM_OK) return rc;
-    static _Thread_local char buf[GM__SHM_SIZE]; /* 8.5 KiB: off the stack */
+    /* 8.5 KiB: off the stack. Aligned for the header and records read in
+     * place: a plain char array may land on any address (UBSan found it
+     * misaligned in one build's TLS layout). */
+    static _Thread_local _Alignas(16) char buf[GM__SHM_SIZE];
     size_t want = (size_t)st.st_size < sizeof buf ? (size_t)st.st_size : sizeof buf;
     ssize_t got = pread(fd, buf, want, 0);
     if (got < (ssize_t)GM__SHM_HEADER_SIZE) return SEG_SKIP; /* shrank since fstat */
