@@ -9,29 +9,84 @@
 
 #include <stdlib.h>
 #include <string.h>
+#ifdef GP_PLAN_DEBUG
+#include <time.h>
+#endif
 
 /* ---- the plan: greedy placement of one step's intervals -------------------- */
 
 /* The greedy's orders (layout() tries each, keeps the best): 0 largest
  * first, 1 longest-lived first, 2 largest size x lifetime first, 3 born
+ * first, 4 most contended first (the most memory live, obstacles included,
+ * at some moment of its life: those set the peak, so they go in first; the
+ * "greedy by breadth" of static planners), 5 most contended, then born
  * first; ties: larger, longer, earlier, position. */
-#define PL_ORDERS 4
+#define PL_ORDERS 6
 #define PL_ORDERS_MAXM 8192 /* intervals above which only the first order is tried */
 static _Thread_local int pl_order; /* for cmp_item (qsort has no argument for it); per thread: devices lay out plans under their own locks */
+static _Thread_local const uint64_t *pl_cont; /* orders 4, 5: contention per position */
 
 static int cmp_item(const void *x, const void *y) {
     const pl_item *a = x, *b = y;
     int64_t la = a->e - a->b, lb = b->e - b->b;
+    if (pl_order >= 4 && pl_cont[a->k] != pl_cont[b->k]) return pl_cont[a->k] > pl_cont[b->k] ? -1 : 1;
     if (pl_order == 1 && la != lb) return la > lb ? -1 : 1;
     if (pl_order == 2) {
         double xa = (double)a->units * (double)la, xb = (double)b->units * (double)lb;
         if (xa != xb) return xa > xb ? -1 : 1;
     }
-    if (pl_order == 3 && a->b != b->b) return a->b < b->b ? -1 : 1;
+    if ((pl_order == 3 || pl_order == 5) && a->b != b->b) return a->b < b->b ? -1 : 1;
     if (a->units != b->units) return a->units > b->units ? -1 : 1;
     if (la != lb) return la > lb ? -1 : 1;
     if (a->b != b->b) return a->b < b->b ? -1 : 1;
     return a->k < b->k ? -1 : a->k > b->k;
+}
+
+static int cmp_i64(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Contention of each interval (cont[k], k its position): the most units
+ * live at a birth within its life (live memory only grows at births), over
+ * a period of 2T, the intervals repeating and the obstacles there from the
+ * start until they die. O(m^2) at worst: only when m <= PL_ORDERS_MAXM. */
+static int contention(const pl_item *it, uint64_t m, const pl_item *obs, uint64_t no, int64_t T2, uint64_t *cont) {
+    int64_t *tm = malloc((m + 1) * sizeof *tm);
+    uint64_t *live = calloc(m + 1, sizeof *live);
+    if (!tm || !live) {
+        free(tm), free(live);
+        return GM_ENOHOSTMEM;
+    }
+    for (uint64_t i = 0; i < m; i++) tm[i] = ((it[i].b % T2) + T2) % T2;
+    qsort(tm, m, sizeof *tm, cmp_i64);
+    uint64_t nt = 0;
+    for (uint64_t i = 0; i < m; i++)
+        if (!nt || tm[nt - 1] != tm[i]) tm[nt++] = tm[i];
+    for (uint64_t x = 0; x < nt; x++) {
+        uint64_t v = 0;
+        for (uint64_t i = 0; i < m; i++)
+            for (int64_t s = -T2; s <= T2; s += T2)
+                if (it[i].b + s <= tm[x] && tm[x] < it[i].e + s) {
+                    v += it[i].units;
+                    break;
+                }
+        for (uint64_t j = 0; j < no; j++)
+            if (tm[x] < obs[j].e) v += obs[j].units;
+        live[x] = v;
+    }
+    for (uint64_t i = 0; i < m; i++) {
+        uint64_t c = 0;
+        for (uint64_t x = 0; x < nt; x++)
+            for (int64_t s = -T2; s <= T2; s += T2)
+                if (it[i].b + s <= tm[x] && tm[x] < it[i].e + s) {
+                    if (live[x] > c) c = live[x];
+                    break;
+                }
+        cont[it[i].k] = c;
+    }
+    free(tm), free(live);
+    return GM_OK;
 }
 
 static int cmp_off(const void *x, const void *y) {
@@ -114,6 +169,48 @@ static int grow(gp_plan *pl, uint64_t P) {
     return GM_OK;
 }
 
+#ifdef GP_PLAN_DEBUG
+/* How far can a layout be from the best? Print lower bounds on the
+ * granules any layout touches: the obstacles' granules (all counted), and
+ * at each start of an interval (the live sum only grows there), the
+ * obstacles live then plus the intervals live then (first step: no wrap;
+ * later steps: circular, only permanent obstacles). */
+static void lower_bound(const pl_item *it, uint64_t m, const pl_item *obs, uint64_t no, uint64_t gu, uint64_t ng, int64_t T) {
+    uint64_t nw = (ng + 63) / 64, uo = 0, lb1 = 0, lb2 = 0, lbs = 0, perm = 0, pu = 0;
+    uint64_t *bits = calloc(nw, sizeof *bits), *lb = calloc(nw, sizeof *lb);
+    if (!bits || !lb) { free(bits), free(lb); return; }
+    for (uint64_t j = 0; j < no; j++)
+        for (uint64_t g = obs[j].off / gu; g <= (obs[j].off + obs[j].units - 1) / gu && g < ng; g++) bits[g / 64] |= (uint64_t)1 << (g % 64);
+    for (uint64_t w = 0; w < nw; w++) uo += (uint64_t)__builtin_popcountll(bits[w]);
+    for (uint64_t j = 0; j < no; j++)
+        if (obs[j].e == INT64_MAX) perm += (obs[j].units + gu - 1) / gu, pu += obs[j].units;
+    for (uint64_t x = 0; x <= m; x++) {
+        int64_t t = x < m ? it[x].b : 0;
+        uint64_t ou = 0, iu = 0, iuc = 0, og = 0;
+        memset(lb, 0, nw * sizeof *lb);
+        for (uint64_t j = 0; j < no; j++) {
+            if (obs[j].e <= t) continue;
+            ou += obs[j].units;
+            for (uint64_t g = obs[j].off / gu; g <= (obs[j].off + obs[j].units - 1) / gu && g < ng; g++) lb[g / 64] |= (uint64_t)1 << (g % 64);
+        }
+        for (uint64_t w = 0; w < nw; w++) og += (uint64_t)__builtin_popcountll(lb[w]);
+        for (uint64_t i = 0; i < m; i++) {
+            if (it[i].b <= t && t < it[i].e) iu += it[i].units;
+            for (int64_t s = -2 * T; s <= 2 * T; s += 2 * T)
+                if (it[i].b + s <= t && t < it[i].e + s) iuc += it[i].units;
+        }
+        uint64_t v1 = (ou + iu + gu - 1) / gu, v2 = og + (iu + gu - 1) / gu, vs = (pu + iuc + gu - 1) / gu;
+        (void)perm;
+        if (v1 > lb1) lb1 = v1;
+        if (v2 > lb2) lb2 = v2;
+        if (vs > lbs) lbs = vs;
+    }
+    PLOG("lower bounds (granules): obstacles' granules %llu; max live (units) first step %llu; obstacles' granules live + intervals %llu; steady %llu; m %llu obstacles %llu\n",
+         (unsigned long long)uo, (unsigned long long)lb1, (unsigned long long)lb2, (unsigned long long)lbs, (unsigned long long)m, (unsigned long long)no);
+    free(bits), free(lb);
+}
+#endif
+
 /* Lay out the step [start - 2P, start - P) for the steps from `start` on,
  * around the blocks live in arena a now. */
 int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
@@ -173,6 +270,15 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         obs[no++] = o;
     }
     uint64_t limit = a->va_size >> GP_ALIGN_SHIFT, gu = st->gran >> GP_ALIGN_SHIFT;
+#ifdef GP_PLAN_DEBUG
+    {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        lower_bound(pl->items, m, obs, no, gu, a->ngran, T);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        PLOG("lower bound took %.1f ms (not counted in the layout's time)\n", (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+    }
+#endif
     /* Two layouts: A, around the obstacles in their arena (fills the holes
      * between them, over memory mapped already); B, the step alone, in an
      * arena of its own (so blocks left to the usual placement never land in
@@ -226,11 +332,21 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         free(offa), free(pin), free(bits), free(pe), free(all);
         return GM_ENOHOSTMEM;
     }
+    uint64_t *cont = m <= PL_ORDERS_MAXM ? malloc(2 * P * sizeof *cont) : NULL;
+    if (m <= PL_ORDERS_MAXM && (!cont || contention(pl->items, m, obs, no, 2 * T, cont))) {
+        free(cont), free(sorted[0]), free(sorted[1]);
+        free(offa), free(pin), free(bits), free(pe), free(all);
+        return GM_ENOHOSTMEM;
+    }
+    pl_cont = cont;
     qsort(obs, no, sizeof *obs, cmp_off); /* in address order, merged with the placed intervals */
     for (uint64_t k = 0; k < 2 * P; k++) offa[k] = UINT64_MAX;
     for (int mode = 1; mode >= 0; mode--) {
       /* several orders, the best kept (one when the step is long: each is O(m^2)) */
-      for (int ord = 0; ord < (m > PL_ORDERS_MAXM ? 1 : PL_ORDERS); ord++) {
+      /* A: each order first fit, then best fit; B (rarely within the
+       * peak: its first step holds two arenas) the first four, first fit */
+      for (int v = 0; v < (m > PL_ORDERS_MAXM ? 1 : mode ? 4 : 2 * PL_ORDERS); v++) {
+        int ord = mode ? v : v / 2, fit = mode ? 0 : v % 2;
         pl_order = ord;
         qsort(pl->items, m, sizeof *pl->items, cmp_item);
         uint64_t c = 0, tp = 0, ns[2] = {0, 0};
@@ -269,10 +385,21 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
                 }
             }
             cit ci = {pl->items, sorted[0], ns[0], 0, obs, no, 0, !mode, it, 2 * T};
-            pos = 0; /* first fit */
-            for (const pl_item *cf = cit_next(&ci); cf; cf = cit_next(&ci)) {
-                if (cf->off >= pos + it->units) break;
-                if (cf->off + cf->units > pos) pos = cf->off + cf->units;
+            if (!fit) { /* first fit */
+                pos = 0;
+                for (const pl_item *cf = cit_next(&ci); cf; cf = cit_next(&ci)) {
+                    if (cf->off >= pos + it->units) break;
+                    if (cf->off + cf->units > pos) pos = cf->off + cf->units;
+                }
+            } else { /* best fit: the smallest gap it fits in, the lowest of those */
+                uint64_t cov = 0, best = UINT64_MAX;
+                for (const pl_item *cf = cit_next(&ci);; cf = cit_next(&ci)) {
+                    uint64_t ge = cf ? cf->off : limit;
+                    if (ge > cov && ge - cov >= it->units && ge - cov < best) best = ge - cov, pos = cov;
+                    if (!cf) break;
+                    if (cf->off + cf->units > cov) cov = cf->off + cf->units;
+                }
+                if (best == UINT64_MAX) continue;
             }
             if (pos + it->units > limit) continue;
             it->off = pos;
@@ -301,12 +428,12 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
             for (uint64_t w = 0; w < nw; w++) pinned += (uint64_t)__builtin_popcountll(pin[w]);
             uint64_t first = st->held_bytes - a->mapped_bytes + (pin_all + c - pinned) * st->gran;
             if (first > (uint64_t)st->d->stats.reserved_bytes[GM_POOL_ALL].peak) {
-                PLOG("layout B (order %d): first step would hold %.1f MiB, the peak so far %.1f MiB\n", ord, first / 1048576.0,
+                PLOG("layout B (order %d fit %d): first step would hold %.1f MiB, the peak so far %.1f MiB\n", ord, fit, first / 1048576.0,
                      st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0);
                 continue;
             }
         }
-        PLOG("layout %c order %d: %llu granules\n", mode ? 'B' : 'A', ord, (unsigned long long)c);
+        PLOG("layout %c order %d fit %d: %llu granules, top %llu granules\n", mode ? 'B' : 'A', ord, fit, (unsigned long long)c, (unsigned long long)((tp + gu - 1) / gu));
         if (c >= cost[mode]) continue;
         cost[mode] = c;
         top[mode] = tp;
@@ -321,6 +448,8 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         }
       }
     }
+    free(cont);
+    pl_cont = NULL;
     free(pin);
     free(bits);
     free(pe);
