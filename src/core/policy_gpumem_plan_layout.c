@@ -25,10 +25,22 @@
 #define PL_ORDERS_MAXM 8192 /* intervals above which only the first order is tried */
 static _Thread_local int pl_order; /* for cmp_item (qsort has no argument for it); per thread: devices lay out plans under their own locks */
 static _Thread_local const uint64_t *pl_cont; /* orders 4, 5: contention per position */
+static _Thread_local const uint32_t *pl_boost; /* improvement rounds: times a position set the top (more: earlier) */
+/* Layout A's variants, (order, fit: 0 first, 1 best): every order first
+ * fit, then best fit for the three that won on the traces measured (best
+ * fit of orders 0-2 never did); then PL_ROUNDS improvement rounds. Each
+ * run is O(m^2): above PL_ROUNDS_MAXM intervals, the first six only, above
+ * PL_ORDERS_MAXM the first. gpt2_small_adamw_bf16 (m 1948): 20 runs with
+ * layout B's four, ~250 ms. */
+static const unsigned char pl_avar[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}, {3, 1}, {4, 1}, {5, 1}};
+#define PL_AVARS (sizeof pl_avar / sizeof pl_avar[0])
+#define PL_ROUNDS 7 /* improvement rounds of layout A: the best variant again, the intervals that set the last top first */
+#define PL_ROUNDS_MAXM 2048
 
 static int cmp_item(const void *x, const void *y) {
     const pl_item *a = x, *b = y;
     int64_t la = a->e - a->b, lb = b->e - b->b;
+    if (pl_boost && pl_boost[a->k] != pl_boost[b->k]) return pl_boost[a->k] > pl_boost[b->k] ? -1 : 1;
     if (pl_order >= 4 && pl_cont[a->k] != pl_cont[b->k]) return pl_cont[a->k] > pl_cont[b->k] ? -1 : 1;
     if (pl_order == 1 && la != lb) return la > lb ? -1 : 1;
     if (pl_order == 2) {
@@ -275,6 +287,14 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         lower_bound(pl->items, m, obs, no, gu, a->ngran, T);
+        const char *dump = getenv("GP_PLAN_DUMP"); /* the problem, for experiments offline */
+        FILE *f = dump ? fopen(dump, "w") : NULL;
+        if (f) {
+            fprintf(f, "T2 %lld gu %llu limit %llu\n", (long long)(2 * T), (unsigned long long)gu, (unsigned long long)limit);
+            for (uint64_t i = 0; i < m; i++) fprintf(f, "I %llu %lld %lld %u\n", (unsigned long long)pl->items[i].units, (long long)pl->items[i].b, (long long)pl->items[i].e, pl->items[i].k);
+            for (uint64_t j = 0; j < no; j++) fprintf(f, "O %llu %llu %lld\n", (unsigned long long)obs[j].units, (unsigned long long)obs[j].off, (long long)obs[j].e);
+            fclose(f);
+        }
         clock_gettime(CLOCK_MONOTONIC, &t1);
         PLOG("lower bound took %.1f ms (not counted in the layout's time)\n", (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
     }
@@ -333,8 +353,9 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         return GM_ENOHOSTMEM;
     }
     uint64_t *cont = m <= PL_ORDERS_MAXM ? malloc(2 * P * sizeof *cont) : NULL;
-    if (m <= PL_ORDERS_MAXM && (!cont || contention(pl->items, m, obs, no, 2 * T, cont))) {
-        free(cont), free(sorted[0]), free(sorted[1]);
+    uint32_t *boost = m <= PL_ORDERS_MAXM ? calloc(2 * P, sizeof *boost) : NULL;
+    if (m <= PL_ORDERS_MAXM && (!cont || !boost || contention(pl->items, m, obs, no, 2 * T, cont))) {
+        free(boost), free(cont), free(sorted[0]), free(sorted[1]);
         free(offa), free(pin), free(bits), free(pe), free(all);
         return GM_ENOHOSTMEM;
     }
@@ -345,9 +366,21 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
       /* several orders, the best kept (one when the step is long: each is O(m^2)) */
       /* A: each order first fit, then best fit; B (rarely within the
        * peak: its first step holds two arenas) the first four, first fit */
-      for (int v = 0; v < (m > PL_ORDERS_MAXM ? 1 : mode ? 4 : 2 * PL_ORDERS); v++) {
-        int ord = mode ? v : v / 2, fit = mode ? 0 : v % 2;
+      /* then (A) a few rounds of improvement: the best variant again, the
+       * intervals that set the last round's top moved to the front (they
+       * go where the earlier ones left room; those find room elsewhere) */
+      int bestv = 0, nav = m > PL_ORDERS_MAXM ? 1 : m > PL_ROUNDS_MAXM ? PL_ORDERS : (int)PL_AVARS;
+      int nrun = mode ? (m > PL_ORDERS_MAXM ? 1 : 4) : nav + (m > PL_ROUNDS_MAXM ? 0 : PL_ROUNDS);
+      for (int v = 0; v < nrun; v++) {
+        bool round = !mode && v >= nav;
+        int av = round ? bestv : v, ord = mode ? v : pl_avar[av][0], fit = mode ? 0 : pl_avar[av][1];
+        if (round && v == nav) {
+            if (cost[0] == UINT64_MAX) break;
+            for (uint64_t k = 0; k < 2 * P; k++)
+                if (offa[k] != UINT64_MAX && offa[k] + pl->tunits[k] >= top[0]) boost[k]++;
+        }
         pl_order = ord;
+        pl_boost = round ? boost : NULL;
         qsort(pl->items, m, sizeof *pl->items, cmp_item);
         uint64_t c = 0, tp = 0, ns[2] = {0, 0};
         for (uint64_t i = 0; i < m; i++) {
@@ -406,6 +439,8 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
             sorted_insert(pl->items, sorted[0], &ns[0], (uint32_t)i);
             if (pos + it->units > tp) tp = pos + it->units;
         }
+        for (uint64_t i = 0; round && i < m; i++)
+            if (pl->items[i].off != UINT64_MAX && pl->items[i].off + pl->items[i].units >= tp) boost[pl->items[i].k]++;
         /* granules touched: the obstacles' chunks (whole) and the layout's
          * (B: in its own arena, apart; its blocks in pinned chunks are free) */
         memcpy(bits, pin, nw * sizeof *bits);
@@ -420,6 +455,21 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
             for (uint64_t g = x->off / gu; g <= (x->off + x->units - 1) / gu && g < ng; g++) bits[g / 64] |= (uint64_t)1 << (g % 64);
         }
         for (uint64_t w = 0; w < nw; w++) c += (uint64_t)__builtin_popcountll(bits[w]);
+        if (mode == 0) {
+            /* A maps nothing before it settled: a slot in a granule not
+             * mapped now goes to the usual placement in the first step,
+             * which lands on later slots if it cannot map more (measured:
+             * gpt2_small_train_bf16 at 1.01x capacity, a tighter A than
+             * before fell apart every step). So A's new granules must fit
+             * under the device's limit. */
+            uint64_t newg = 0;
+            for (uint64_t g = 0; g < ng; g++)
+                if ((bits[g / 64] >> (g % 64) & 1) && a->gran[g] < 0) newg++;
+            if (st->held_bytes + newg * st->gran > gm__gp_device_limit(st)) {
+                PLOG("layout A (order %d fit %d): %llu granules not mapped, more than the device has left\n", ord, fit, (unsigned long long)newg);
+                continue;
+            }
+        }
         if (mode == 1) {
             /* B's first step holds every obstacle's chunks and its own arena
              * (mapped at once): that must stay within the peak held so far,
@@ -433,8 +483,9 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
                 continue;
             }
         }
-        PLOG("layout %c order %d fit %d: %llu granules, top %llu granules\n", mode ? 'B' : 'A', ord, fit, (unsigned long long)c, (unsigned long long)((tp + gu - 1) / gu));
+        PLOG("layout %c order %d fit %d%s: %llu granules, top %llu granules\n", mode ? 'B' : 'A', ord, fit, round ? " (round)" : "", (unsigned long long)c, (unsigned long long)((tp + gu - 1) / gu));
         if (c >= cost[mode]) continue;
+        if (!round) bestv = v;
         cost[mode] = c;
         top[mode] = tp;
         for (uint64_t i = 0; i < m; i++) {
@@ -449,7 +500,9 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
       }
     }
     free(cont);
+    free(boost);
     pl_cont = NULL;
+    pl_boost = NULL;
     free(pin);
     free(bits);
     free(pe);
