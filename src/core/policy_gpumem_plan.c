@@ -86,6 +86,16 @@ void gm__gp_plan_destroy(gp_state *st) {
     gp_plan *pl = st->plan;
     if (!pl) return;
     PLOG("end: %llu allocations, state %d, plan from %llu\n", (unsigned long long)pl->n, pl->state, (unsigned long long)pl->start);
+#ifdef GP_PLAN_DEBUG
+    const char *hd = getenv("GP_PLAN_HIST"); /* the allocations remembered, for study offline */
+    FILE *hf = hd ? fopen(hd, "w") : NULL;
+    if (hf) {
+        for (uint64_t i = pl->n > PL_HIST ? pl->n - PL_HIST : 0; i < pl->n; i++)
+            fprintf(hf, "%llu %llu %llu %lld %lld %llu\n", (unsigned long long)i, (unsigned long long)rec(pl, i)->units, (unsigned long long)rec(pl, i)->stream,
+                    (long long)rec(pl, i)->birth, (long long)rec(pl, i)->death, (unsigned long long)rec(pl, i)->live);
+        fclose(hf);
+    }
+#endif
     free(pl->hist);
     free(pl->tab);
     free(pl->tunits);
@@ -393,6 +403,8 @@ void gm__gp_plan_step(gp_state *st) {
 uint64_t gm__gp_plan_served(const gp_state *st) { return st->plan ? st->plan->served : 0; }
 
 int gm__gp_plan_force;
+int gm__gp_plan_verify;
+uint64_t gm__gp_plan_verified, gm__gp_plan_wrong;
 
 int gm__gp_plan_layout(const gp_state *st) {
     const gp_plan *pl = st->plan;

@@ -223,6 +223,28 @@ static void lower_bound(const pl_item *it, uint64_t m, const pl_item *obs, uint6
 }
 #endif
 
+/* Tests (gm__gp_plan_verify): is one try's layout sound? Intervals of one
+ * space (where: B's own arena 0, or the obstacles' arena: A, or B's pinned
+ * chunks 1) that meet in time are apart in address; those in the
+ * obstacles' arena are apart from each obstacle they meet; all below
+ * limit. O(m^2 + m no). */
+static bool layout_sound(const pl_item *it, uint64_t m, const pl_item *obs, uint64_t no, bool mode_b, uint64_t limit, int64_t T2) {
+    for (uint64_t i = 0; i < m; i++) {
+        const pl_item *x = &it[i];
+        if (x->off == UINT64_MAX) continue;
+        if (x->off + x->units > limit) return false;
+        for (uint64_t j = i + 1; j < m; j++) {
+            const pl_item *y = &it[j];
+            if (y->off == UINT64_MAX || x->where != y->where) continue;
+            if (x->off < y->off + y->units && y->off < x->off + x->units && overlap(x, y, T2)) return false;
+        }
+        if (mode_b && !x->where) continue;
+        for (uint64_t j = 0; j < no; j++)
+            if (x->off < obs[j].off + obs[j].units && obs[j].off < x->off + x->units && blocks(&obs[j], x)) return false;
+    }
+    return true;
+}
+
 /* Lay out the step [start - 2P, start - P) for the steps from `start` on,
  * around the blocks live in arena a now. */
 int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
@@ -438,6 +460,10 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
             it->off = pos;
             sorted_insert(pl->items, sorted[0], &ns[0], (uint32_t)i);
             if (pos + it->units > tp) tp = pos + it->units;
+        }
+        if (gm__gp_plan_verify) {
+            gm__gp_plan_verified++;
+            if (!layout_sound(pl->items, m, obs, no, mode, limit, 2 * T)) gm__gp_plan_wrong++;
         }
         for (uint64_t i = 0; round && i < m; i++)
             if (pl->items[i].off != UINT64_MAX && pl->items[i].off + pl->items[i].units >= tp) boost[pl->items[i].k]++;
