@@ -15,13 +15,12 @@
 
 /* ---- the plan: greedy placement of one step's intervals -------------------- */
 
-/* The greedy's orders (layout() tries each, keeps the best): 0 largest
+/* The greedy's orders (gm__gp_plan_solve tries them, keeps the best): 0 largest
  * first, 1 longest-lived first, 2 largest size x lifetime first, 3 born
  * first, 4 most contended first (the most memory live, obstacles included,
  * at some moment of its life: those set the peak, so they go in first; the
  * "greedy by breadth" of static planners), 5 most contended, then born
  * first; ties: larger, longer, earlier, position. */
-#define PL_ORDERS 6
 #define PL_ORDERS_MAXM 8192 /* intervals above which only the first order is tried */
 static _Thread_local int pl_order; /* for cmp_item (qsort has no argument for it); per thread: devices lay out plans under their own locks */
 static _Thread_local const uint64_t *pl_cont; /* orders 4, 5: contention per position */
@@ -29,9 +28,10 @@ static _Thread_local const uint32_t *pl_boost; /* improvement rounds: times a po
 /* Layout A's variants, (order, fit: 0 first, 1 best): every order first
  * fit, then best fit for the three that won on the traces measured (best
  * fit of orders 0-2 never did); then PL_ROUNDS improvement rounds. Each
- * run is O(m^2): above PL_ROUNDS_MAXM intervals, the first six only, above
- * PL_ORDERS_MAXM the first. gpt2_small_adamw_bf16 (m 1948): 20 runs with
- * layout B's four, ~250 ms. */
+ * run is O(m^2), and so is the contention orders 4 and 5 need: above
+ * PL_ROUNDS_MAXM intervals, orders 0-3 first fit only (eight runs with
+ * B's, as the first solver did), above PL_ORDERS_MAXM the first.
+ * gpt2_small_adamw_bf16 (m 1948): 20 runs with B's four, ~250 ms. */
 static const unsigned char pl_avar[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}, {3, 1}, {4, 1}, {5, 1}};
 #define PL_AVARS (sizeof pl_avar / sizeof pl_avar[0])
 #define PL_ROUNDS 7 /* improvement rounds of layout A: the best variant again, the intervals that set the last top first */
@@ -62,7 +62,7 @@ static int cmp_i64(const void *x, const void *y) {
 /* Contention of each interval (cont[k], k its position): the most units
  * live at a birth within its life (live memory only grows at births), over
  * a period of 2T, the intervals repeating and the obstacles there from the
- * start until they die. O(m^2) at worst: only when m <= PL_ORDERS_MAXM. */
+ * start until they die. O(m^2) at worst: only when m <= PL_ROUNDS_MAXM. */
 static int contention(const pl_item *it, uint64_t m, const pl_item *obs, uint64_t no, int64_t T2, uint64_t *cont) {
     int64_t *tm = malloc((m + 1) * sizeof *tm);
     uint64_t *live = calloc(m + 1, sizeof *live);
@@ -374,9 +374,9 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         free(offa), free(pin), free(bits), free(pe), free(all);
         return GM_ENOHOSTMEM;
     }
-    uint64_t *cont = m <= PL_ORDERS_MAXM ? malloc(2 * P * sizeof *cont) : NULL;
-    uint32_t *boost = m <= PL_ORDERS_MAXM ? calloc(2 * P, sizeof *boost) : NULL;
-    if (m <= PL_ORDERS_MAXM && (!cont || !boost || contention(pl->items, m, obs, no, 2 * T, cont))) {
+    uint64_t *cont = m <= PL_ROUNDS_MAXM ? malloc(2 * P * sizeof *cont) : NULL;
+    uint32_t *boost = m <= PL_ROUNDS_MAXM ? calloc(2 * P, sizeof *boost) : NULL;
+    if (m <= PL_ROUNDS_MAXM && (!cont || !boost || contention(pl->items, m, obs, no, 2 * T, cont))) {
         free(boost), free(cont), free(sorted[0]), free(sorted[1]);
         free(offa), free(pin), free(bits), free(pe), free(all);
         return GM_ENOHOSTMEM;
@@ -391,7 +391,7 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
       /* then (A) a few rounds of improvement: the best variant again, the
        * intervals that set the last round's top moved to the front (they
        * go where the earlier ones left room; those find room elsewhere) */
-      int bestv = 0, nav = m > PL_ORDERS_MAXM ? 1 : m > PL_ROUNDS_MAXM ? PL_ORDERS : (int)PL_AVARS;
+      int bestv = 0, nav = m > PL_ORDERS_MAXM ? 1 : m > PL_ROUNDS_MAXM ? 4 : (int)PL_AVARS;
       int nrun = mode ? (m > PL_ORDERS_MAXM ? 1 : 4) : nav + (m > PL_ROUNDS_MAXM ? 0 : PL_ROUNDS);
       for (int v = 0; v < nrun; v++) {
         bool round = !mode && v >= nav;
