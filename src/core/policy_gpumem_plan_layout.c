@@ -182,44 +182,42 @@ static int grow(gp_plan *pl, uint64_t P) {
 }
 
 #ifdef GP_PLAN_DEBUG
-/* How far can a layout be from the best? Print lower bounds on the
- * granules any layout touches: the obstacles' granules (all counted), and
- * at each start of an interval (the live sum only grows there), the
- * obstacles live then plus the intervals live then (first step: no wrap;
- * later steps: circular, only permanent obstacles). */
+/* How far can a layout be from the best? Lower bounds on the granules
+ * layout A touches (each is counted): the obstacles' own granules; the most
+ * units live at once in the first step (obstacles until they die, the
+ * intervals without wrap: those wrapping in are the last steps' blocks,
+ * obstacles already); the same once settled (permanent obstacles, the
+ * intervals circular). Live memory only grows at a birth, so the births
+ * are the moments to look at. O(m (m + no)). Not a bound: obstacles'
+ * granules live plus the intervals (intervals may share those granules). */
 static void lower_bound(const pl_item *it, uint64_t m, const pl_item *obs, uint64_t no, uint64_t gu, uint64_t ng, int64_t T) {
-    uint64_t nw = (ng + 63) / 64, uo = 0, lb1 = 0, lb2 = 0, lbs = 0, perm = 0, pu = 0;
-    uint64_t *bits = calloc(nw, sizeof *bits), *lb = calloc(nw, sizeof *lb);
-    if (!bits || !lb) { free(bits), free(lb); return; }
-    for (uint64_t j = 0; j < no; j++)
+    uint64_t nw = (ng + 63) / 64, uo = 0, first = 0, steady = 0, pu = 0;
+    uint64_t *bits = calloc(nw, sizeof *bits);
+    if (!bits) return;
+    for (uint64_t j = 0; j < no; j++) {
         for (uint64_t g = obs[j].off / gu; g <= (obs[j].off + obs[j].units - 1) / gu && g < ng; g++) bits[g / 64] |= (uint64_t)1 << (g % 64);
+        if (obs[j].e == INT64_MAX) pu += obs[j].units;
+    }
     for (uint64_t w = 0; w < nw; w++) uo += (uint64_t)__builtin_popcountll(bits[w]);
-    for (uint64_t j = 0; j < no; j++)
-        if (obs[j].e == INT64_MAX) perm += (obs[j].units + gu - 1) / gu, pu += obs[j].units;
-    for (uint64_t x = 0; x <= m; x++) {
-        int64_t t = x < m ? it[x].b : 0;
-        uint64_t ou = 0, iu = 0, iuc = 0, og = 0;
-        memset(lb, 0, nw * sizeof *lb);
-        for (uint64_t j = 0; j < no; j++) {
-            if (obs[j].e <= t) continue;
-            ou += obs[j].units;
-            for (uint64_t g = obs[j].off / gu; g <= (obs[j].off + obs[j].units - 1) / gu && g < ng; g++) lb[g / 64] |= (uint64_t)1 << (g % 64);
-        }
-        for (uint64_t w = 0; w < nw; w++) og += (uint64_t)__builtin_popcountll(lb[w]);
+    for (uint64_t x = 0; x < m; x++) {
+        int64_t t = it[x].b;
+        uint64_t ou = 0, iu = 0, iuc = 0;
+        for (uint64_t j = 0; j < no; j++)
+            if (t < obs[j].e) ou += obs[j].units;
         for (uint64_t i = 0; i < m; i++) {
             if (it[i].b <= t && t < it[i].e) iu += it[i].units;
             for (int64_t s = -2 * T; s <= 2 * T; s += 2 * T)
-                if (it[i].b + s <= t && t < it[i].e + s) iuc += it[i].units;
+                if (it[i].b + s <= t && t < it[i].e + s) {
+                    iuc += it[i].units;
+                    break;
+                }
         }
-        uint64_t v1 = (ou + iu + gu - 1) / gu, v2 = og + (iu + gu - 1) / gu, vs = (pu + iuc + gu - 1) / gu;
-        (void)perm;
-        if (v1 > lb1) lb1 = v1;
-        if (v2 > lb2) lb2 = v2;
-        if (vs > lbs) lbs = vs;
+        if ((ou + iu + gu - 1) / gu > first) first = (ou + iu + gu - 1) / gu;
+        if ((pu + iuc + gu - 1) / gu > steady) steady = (pu + iuc + gu - 1) / gu;
     }
-    PLOG("lower bounds (granules): obstacles' granules %llu; max live (units) first step %llu; obstacles' granules live + intervals %llu; steady %llu; m %llu obstacles %llu\n",
-         (unsigned long long)uo, (unsigned long long)lb1, (unsigned long long)lb2, (unsigned long long)lbs, (unsigned long long)m, (unsigned long long)no);
-    free(bits), free(lb);
+    PLOG("lower bounds (granules): obstacles' own %llu; most live in the first step %llu; settled %llu (m %llu, obstacles %llu)\n",
+         (unsigned long long)uo, (unsigned long long)first, (unsigned long long)steady, (unsigned long long)m, (unsigned long long)no);
+    free(bits);
 }
 #endif
 
