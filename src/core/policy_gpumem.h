@@ -221,6 +221,12 @@ uint64_t gm__gp_plan_served(const gp_state *st); /* allocations served from a pl
 int gm__gp_plan_layout(const gp_state *st);
 /* Tests: 0 the cheaper layout (default), 'A' or 'B' that one whenever it fits. */
 extern int gm__gp_plan_force;
+/* Tests: when gm__gp_plan_verify is set, every layout the solver tries (each
+ * order, fit and round) is checked: no two intervals that meet in time share
+ * an address, none meets an obstacle it overlaps, none passes the arena's
+ * end. Counts of layouts checked and found wrong. */
+extern int gm__gp_plan_verify;
+extern uint64_t gm__gp_plan_verified, gm__gp_plan_wrong;
 int gm__gp_plan_check(gp_state *st, char *err, size_t errlen);
 
 #endif /* GPUMEM_POLICY_GPUMEM_H */

@@ -85,6 +85,17 @@ int gm__gp_plan_create(gp_state *st) {
 void gm__gp_plan_destroy(gp_state *st) {
     gp_plan *pl = st->plan;
     if (!pl) return;
+    PLOG("end: %llu allocations, state %d, plan from %llu\n", (unsigned long long)pl->n, pl->state, (unsigned long long)pl->start);
+#ifdef GP_PLAN_DEBUG
+    const char *hd = getenv("GP_PLAN_HIST"); /* the allocations remembered, for study offline */
+    FILE *hf = hd ? fopen(hd, "w") : NULL;
+    if (hf) {
+        for (uint64_t i = pl->n > PL_HIST ? pl->n - PL_HIST : 0; i < pl->n; i++)
+            fprintf(hf, "%llu %llu %llu %lld %lld %llu\n", (unsigned long long)i, (unsigned long long)rec(pl, i)->units, (unsigned long long)rec(pl, i)->stream,
+                    (long long)rec(pl, i)->birth, (long long)rec(pl, i)->death, (unsigned long long)rec(pl, i)->live);
+        fclose(hf);
+    }
+#endif
     free(pl->hist);
     free(pl->tab);
     free(pl->tunits);
@@ -203,7 +214,10 @@ static void activate(gp_state *st) {
     gp_plan *pl = st->plan;
     gp_arena *a, *ra;
     pl->state = PL_NONE;
-    if (gm__gp_arena_of(st, pl->pstream, GM_POOL_LARGE, &a) || !a->gran) return;
+    if (gm__gp_arena_of(st, pl->pstream, GM_POOL_LARGE, &a) || !a->gran) {
+        PLOG("no large arena mapped for stream %llu at %llu: no plan\n", (unsigned long long)pl->pstream, (unsigned long long)pl->n);
+        return;
+    }
 #ifdef GP_PLAN_DEBUG
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -334,7 +348,7 @@ int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream,
     if (pl->state == PL_PENDING && pl->n == pl->start) {
         const pl_rec *r = rec(pl, pl->start - pl->P); /* the step must begin as the last one did */
         if (r->units == units && r->stream == stream) activate(st);
-        else pl->state = PL_NONE;
+        else pl->state = PL_NONE, PLOG("the step begins otherwise at %llu: %llu units, the last %llu\n", (unsigned long long)pl->n, (unsigned long long)units, (unsigned long long)r->units);
     }
     if (pl->state != PL_ACTIVE) return 0;
     int rc = serve(st, units, pool, stream, out);
@@ -389,6 +403,8 @@ void gm__gp_plan_step(gp_state *st) {
 uint64_t gm__gp_plan_served(const gp_state *st) { return st->plan ? st->plan->served : 0; }
 
 int gm__gp_plan_force;
+int gm__gp_plan_verify;
+uint64_t gm__gp_plan_verified, gm__gp_plan_wrong;
 
 int gm__gp_plan_layout(const gp_state *st) {
     const gp_plan *pl = st->plan;

@@ -9,29 +9,96 @@
 
 #include <stdlib.h>
 #include <string.h>
+#ifdef GP_PLAN_DEBUG
+#include <time.h>
+#endif
 
 /* ---- the plan: greedy placement of one step's intervals -------------------- */
 
-/* The greedy's orders (layout() tries each, keeps the best): 0 largest
+/* The greedy's orders (gm__gp_plan_solve tries them, keeps the best): 0 largest
  * first, 1 longest-lived first, 2 largest size x lifetime first, 3 born
+ * first, 4 most contended first (the most memory live, obstacles included,
+ * at some moment of its life: those set the peak, so they go in first; the
+ * "greedy by breadth" of static planners), 5 most contended, then born
  * first; ties: larger, longer, earlier, position. */
-#define PL_ORDERS 4
 #define PL_ORDERS_MAXM 8192 /* intervals above which only the first order is tried */
 static _Thread_local int pl_order; /* for cmp_item (qsort has no argument for it); per thread: devices lay out plans under their own locks */
+static _Thread_local const uint64_t *pl_cont; /* orders 4, 5: contention per position */
+static _Thread_local const uint32_t *pl_boost; /* improvement rounds: times a position set the top (more: earlier) */
+/* Layout A's variants, (order, fit: 0 first, 1 best): every order first
+ * fit, then best fit for the three that won on the traces measured (best
+ * fit of orders 0-2 never did); then PL_ROUNDS improvement rounds. Each
+ * run is O(m^2), and so is the contention orders 4 and 5 need: above
+ * PL_ROUNDS_MAXM intervals, orders 0-3 first fit only (eight runs with
+ * B's, as the first solver did), above PL_ORDERS_MAXM the first.
+ * gpt2_small_adamw_bf16 (m 1948): 20 runs with B's four, ~250 ms. */
+static const unsigned char pl_avar[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}, {3, 1}, {4, 1}, {5, 1}};
+#define PL_AVARS (sizeof pl_avar / sizeof pl_avar[0])
+#define PL_ROUNDS 7 /* improvement rounds of layout A: the best variant again, the intervals that set the last top first */
+#define PL_ROUNDS_MAXM 2048
 
 static int cmp_item(const void *x, const void *y) {
     const pl_item *a = x, *b = y;
     int64_t la = a->e - a->b, lb = b->e - b->b;
+    if (pl_boost && pl_boost[a->k] != pl_boost[b->k]) return pl_boost[a->k] > pl_boost[b->k] ? -1 : 1;
+    if (pl_order >= 4 && pl_cont[a->k] != pl_cont[b->k]) return pl_cont[a->k] > pl_cont[b->k] ? -1 : 1;
     if (pl_order == 1 && la != lb) return la > lb ? -1 : 1;
     if (pl_order == 2) {
         double xa = (double)a->units * (double)la, xb = (double)b->units * (double)lb;
         if (xa != xb) return xa > xb ? -1 : 1;
     }
-    if (pl_order == 3 && a->b != b->b) return a->b < b->b ? -1 : 1;
+    if ((pl_order == 3 || pl_order == 5) && a->b != b->b) return a->b < b->b ? -1 : 1;
     if (a->units != b->units) return a->units > b->units ? -1 : 1;
     if (la != lb) return la > lb ? -1 : 1;
     if (a->b != b->b) return a->b < b->b ? -1 : 1;
     return a->k < b->k ? -1 : a->k > b->k;
+}
+
+static int cmp_i64(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Contention of each interval (cont[k], k its position): the most units
+ * live at a birth within its life (live memory only grows at births), over
+ * a period of 2T, the intervals repeating and the obstacles there from the
+ * start until they die. O(m^2) at worst: only when m <= PL_ROUNDS_MAXM. */
+static int contention(const pl_item *it, uint64_t m, const pl_item *obs, uint64_t no, int64_t T2, uint64_t *cont) {
+    int64_t *tm = malloc((m + 1) * sizeof *tm);
+    uint64_t *live = calloc(m + 1, sizeof *live);
+    if (!tm || !live) {
+        free(tm), free(live);
+        return GM_ENOHOSTMEM;
+    }
+    for (uint64_t i = 0; i < m; i++) tm[i] = ((it[i].b % T2) + T2) % T2;
+    qsort(tm, m, sizeof *tm, cmp_i64);
+    uint64_t nt = 0;
+    for (uint64_t i = 0; i < m; i++)
+        if (!nt || tm[nt - 1] != tm[i]) tm[nt++] = tm[i];
+    for (uint64_t x = 0; x < nt; x++) {
+        uint64_t v = 0;
+        for (uint64_t i = 0; i < m; i++)
+            for (int64_t s = -T2; s <= T2; s += T2)
+                if (it[i].b + s <= tm[x] && tm[x] < it[i].e + s) {
+                    v += it[i].units;
+                    break;
+                }
+        for (uint64_t j = 0; j < no; j++)
+            if (tm[x] < obs[j].e) v += obs[j].units;
+        live[x] = v;
+    }
+    for (uint64_t i = 0; i < m; i++) {
+        uint64_t c = 0;
+        for (uint64_t x = 0; x < nt; x++)
+            for (int64_t s = -T2; s <= T2; s += T2)
+                if (it[i].b + s <= tm[x] && tm[x] < it[i].e + s) {
+                    if (live[x] > c) c = live[x];
+                    break;
+                }
+        cont[it[i].k] = c;
+    }
+    free(tm), free(live);
+    return GM_OK;
 }
 
 static int cmp_off(const void *x, const void *y) {
@@ -114,6 +181,68 @@ static int grow(gp_plan *pl, uint64_t P) {
     return GM_OK;
 }
 
+#ifdef GP_PLAN_DEBUG
+/* How far can a layout be from the best? Lower bounds on the granules
+ * layout A touches (each is counted): the obstacles' own granules; the most
+ * units live at once in the first step (obstacles until they die, the
+ * intervals without wrap: those wrapping in are the last steps' blocks,
+ * obstacles already); the same once settled (permanent obstacles, the
+ * intervals circular). Live memory only grows at a birth, so the births
+ * are the moments to look at. O(m (m + no)). Not a bound: obstacles'
+ * granules live plus the intervals (intervals may share those granules). */
+static void lower_bound(const pl_item *it, uint64_t m, const pl_item *obs, uint64_t no, uint64_t gu, uint64_t ng, int64_t T) {
+    uint64_t nw = (ng + 63) / 64, uo = 0, first = 0, steady = 0, pu = 0;
+    uint64_t *bits = calloc(nw, sizeof *bits);
+    if (!bits) return;
+    for (uint64_t j = 0; j < no; j++) {
+        for (uint64_t g = obs[j].off / gu; g <= (obs[j].off + obs[j].units - 1) / gu && g < ng; g++) bits[g / 64] |= (uint64_t)1 << (g % 64);
+        if (obs[j].e == INT64_MAX) pu += obs[j].units;
+    }
+    for (uint64_t w = 0; w < nw; w++) uo += (uint64_t)__builtin_popcountll(bits[w]);
+    for (uint64_t x = 0; x < m; x++) {
+        int64_t t = it[x].b;
+        uint64_t ou = 0, iu = 0, iuc = 0;
+        for (uint64_t j = 0; j < no; j++)
+            if (t < obs[j].e) ou += obs[j].units;
+        for (uint64_t i = 0; i < m; i++) {
+            if (it[i].b <= t && t < it[i].e) iu += it[i].units;
+            for (int64_t s = -2 * T; s <= 2 * T; s += 2 * T)
+                if (it[i].b + s <= t && t < it[i].e + s) {
+                    iuc += it[i].units;
+                    break;
+                }
+        }
+        if ((ou + iu + gu - 1) / gu > first) first = (ou + iu + gu - 1) / gu;
+        if ((pu + iuc + gu - 1) / gu > steady) steady = (pu + iuc + gu - 1) / gu;
+    }
+    PLOG("lower bounds (granules): obstacles' own %llu; most live in the first step %llu; settled %llu (m %llu, obstacles %llu)\n",
+         (unsigned long long)uo, (unsigned long long)first, (unsigned long long)steady, (unsigned long long)m, (unsigned long long)no);
+    free(bits);
+}
+#endif
+
+/* Tests (gm__gp_plan_verify): is one try's layout sound? Intervals of one
+ * space (where: B's own arena 0, or the obstacles' arena: A, or B's pinned
+ * chunks 1) that meet in time are apart in address; those in the
+ * obstacles' arena are apart from each obstacle they meet; all below
+ * limit. O(m^2 + m no). */
+static bool layout_sound(const pl_item *it, uint64_t m, const pl_item *obs, uint64_t no, bool mode_b, uint64_t limit, int64_t T2) {
+    for (uint64_t i = 0; i < m; i++) {
+        const pl_item *x = &it[i];
+        if (x->off == UINT64_MAX) continue;
+        if (x->off + x->units > limit) return false;
+        for (uint64_t j = i + 1; j < m; j++) {
+            const pl_item *y = &it[j];
+            if (y->off == UINT64_MAX || x->where != y->where) continue;
+            if (x->off < y->off + y->units && y->off < x->off + x->units && overlap(x, y, T2)) return false;
+        }
+        if (mode_b && !x->where) continue;
+        for (uint64_t j = 0; j < no; j++)
+            if (x->off < obs[j].off + obs[j].units && obs[j].off < x->off + x->units && blocks(&obs[j], x)) return false;
+    }
+    return true;
+}
+
 /* Lay out the step [start - 2P, start - P) for the steps from `start` on,
  * around the blocks live in arena a now. */
 int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
@@ -173,6 +302,23 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         obs[no++] = o;
     }
     uint64_t limit = a->va_size >> GP_ALIGN_SHIFT, gu = st->gran >> GP_ALIGN_SHIFT;
+#ifdef GP_PLAN_DEBUG
+    {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        lower_bound(pl->items, m, obs, no, gu, a->ngran, T);
+        const char *dump = getenv("GP_PLAN_DUMP"); /* the problem, for experiments offline */
+        FILE *f = dump ? fopen(dump, "w") : NULL;
+        if (f) {
+            fprintf(f, "T2 %lld gu %llu limit %llu\n", (long long)(2 * T), (unsigned long long)gu, (unsigned long long)limit);
+            for (uint64_t i = 0; i < m; i++) fprintf(f, "I %llu %lld %lld %u\n", (unsigned long long)pl->items[i].units, (long long)pl->items[i].b, (long long)pl->items[i].e, pl->items[i].k);
+            for (uint64_t j = 0; j < no; j++) fprintf(f, "O %llu %llu %lld\n", (unsigned long long)obs[j].units, (unsigned long long)obs[j].off, (long long)obs[j].e);
+            fclose(f);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        PLOG("lower bound took %.1f ms (debug only, inside the layout's time)\n", (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+    }
+#endif
     /* Two layouts: A, around the obstacles in their arena (fills the holes
      * between them, over memory mapped already); B, the step alone, in an
      * arena of its own (so blocks left to the usual placement never land in
@@ -226,12 +372,35 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         free(offa), free(pin), free(bits), free(pe), free(all);
         return GM_ENOHOSTMEM;
     }
+    uint64_t *cont = m <= PL_ROUNDS_MAXM ? malloc(2 * P * sizeof *cont) : NULL;
+    uint32_t *boost = m <= PL_ROUNDS_MAXM ? calloc(2 * P, sizeof *boost) : NULL;
+    if (m <= PL_ROUNDS_MAXM && (!cont || !boost || contention(pl->items, m, obs, no, 2 * T, cont))) {
+        free(boost), free(cont), free(sorted[0]), free(sorted[1]);
+        free(offa), free(pin), free(bits), free(pe), free(all);
+        return GM_ENOHOSTMEM;
+    }
+    pl_cont = cont;
     qsort(obs, no, sizeof *obs, cmp_off); /* in address order, merged with the placed intervals */
     for (uint64_t k = 0; k < 2 * P; k++) offa[k] = UINT64_MAX;
     for (int mode = 1; mode >= 0; mode--) {
       /* several orders, the best kept (one when the step is long: each is O(m^2)) */
-      for (int ord = 0; ord < (m > PL_ORDERS_MAXM ? 1 : PL_ORDERS); ord++) {
+      /* A: each order first fit, then best fit; B (rarely within the
+       * peak: its first step holds two arenas) the first four, first fit */
+      /* then (A) a few rounds of improvement: the best variant again, the
+       * intervals that set the last round's top moved to the front (they
+       * go where the earlier ones left room; those find room elsewhere) */
+      int bestv = 0, nav = m > PL_ORDERS_MAXM ? 1 : m > PL_ROUNDS_MAXM ? 4 : (int)PL_AVARS;
+      int nrun = mode ? (m > PL_ORDERS_MAXM ? 1 : 4) : nav + (m > PL_ROUNDS_MAXM ? 0 : PL_ROUNDS);
+      for (int v = 0; v < nrun; v++) {
+        bool round = !mode && v >= nav;
+        int av = round ? bestv : v, ord = mode ? v : pl_avar[av][0], fit = mode ? 0 : pl_avar[av][1];
+        if (round && v == nav) {
+            if (cost[0] == UINT64_MAX) break;
+            for (uint64_t k = 0; k < 2 * P; k++)
+                if (offa[k] != UINT64_MAX && offa[k] + pl->tunits[k] >= top[0]) boost[k]++;
+        }
         pl_order = ord;
+        pl_boost = round ? boost : NULL;
         qsort(pl->items, m, sizeof *pl->items, cmp_item);
         uint64_t c = 0, tp = 0, ns[2] = {0, 0};
         for (uint64_t i = 0; i < m; i++) {
@@ -269,16 +438,33 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
                 }
             }
             cit ci = {pl->items, sorted[0], ns[0], 0, obs, no, 0, !mode, it, 2 * T};
-            pos = 0; /* first fit */
-            for (const pl_item *cf = cit_next(&ci); cf; cf = cit_next(&ci)) {
-                if (cf->off >= pos + it->units) break;
-                if (cf->off + cf->units > pos) pos = cf->off + cf->units;
+            if (!fit) { /* first fit */
+                pos = 0;
+                for (const pl_item *cf = cit_next(&ci); cf; cf = cit_next(&ci)) {
+                    if (cf->off >= pos + it->units) break;
+                    if (cf->off + cf->units > pos) pos = cf->off + cf->units;
+                }
+            } else { /* best fit: the smallest gap it fits in, the lowest of those */
+                uint64_t cov = 0, best = UINT64_MAX;
+                for (const pl_item *cf = cit_next(&ci);; cf = cit_next(&ci)) {
+                    uint64_t ge = cf ? cf->off : limit;
+                    if (ge > cov && ge - cov >= it->units && ge - cov < best) best = ge - cov, pos = cov;
+                    if (!cf) break;
+                    if (cf->off + cf->units > cov) cov = cf->off + cf->units;
+                }
+                if (best == UINT64_MAX) continue;
             }
             if (pos + it->units > limit) continue;
             it->off = pos;
             sorted_insert(pl->items, sorted[0], &ns[0], (uint32_t)i);
             if (pos + it->units > tp) tp = pos + it->units;
         }
+        if (gm__gp_plan_verify) {
+            gm__gp_plan_verified++;
+            if (!layout_sound(pl->items, m, obs, no, mode, limit, 2 * T)) gm__gp_plan_wrong++;
+        }
+        for (uint64_t i = 0; round && i < m; i++)
+            if (pl->items[i].off != UINT64_MAX && pl->items[i].off + pl->items[i].units >= tp) boost[pl->items[i].k]++;
         /* granules touched: the obstacles' chunks (whole) and the layout's
          * (B: in its own arena, apart; its blocks in pinned chunks are free) */
         memcpy(bits, pin, nw * sizeof *bits);
@@ -293,6 +479,21 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
             for (uint64_t g = x->off / gu; g <= (x->off + x->units - 1) / gu && g < ng; g++) bits[g / 64] |= (uint64_t)1 << (g % 64);
         }
         for (uint64_t w = 0; w < nw; w++) c += (uint64_t)__builtin_popcountll(bits[w]);
+        if (mode == 0) {
+            /* A maps nothing before it settled: a slot in a granule not
+             * mapped now goes to the usual placement in the first step,
+             * which lands on later slots if it cannot map more (measured:
+             * gpt2_small_train_bf16 at 1.01x capacity, a tighter A than
+             * before fell apart every step). So A's new granules must fit
+             * under the device's limit. */
+            uint64_t newg = 0;
+            for (uint64_t g = 0; g < ng; g++)
+                if ((bits[g / 64] >> (g % 64) & 1) && a->gran[g] < 0) newg++;
+            if (st->held_bytes + newg * st->gran > gm__gp_device_limit(st)) {
+                PLOG("layout A (order %d fit %d): %llu granules not mapped, more than the device has left\n", ord, fit, (unsigned long long)newg);
+                continue;
+            }
+        }
         if (mode == 1) {
             /* B's first step holds every obstacle's chunks and its own arena
              * (mapped at once): that must stay within the peak held so far,
@@ -301,13 +502,14 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
             for (uint64_t w = 0; w < nw; w++) pinned += (uint64_t)__builtin_popcountll(pin[w]);
             uint64_t first = st->held_bytes - a->mapped_bytes + (pin_all + c - pinned) * st->gran;
             if (first > (uint64_t)st->d->stats.reserved_bytes[GM_POOL_ALL].peak) {
-                PLOG("layout B (order %d): first step would hold %.1f MiB, the peak so far %.1f MiB\n", ord, first / 1048576.0,
+                PLOG("layout B (order %d fit %d): first step would hold %.1f MiB, the peak so far %.1f MiB\n", ord, fit, first / 1048576.0,
                      st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0);
                 continue;
             }
         }
-        PLOG("layout %c order %d: %llu granules\n", mode ? 'B' : 'A', ord, (unsigned long long)c);
+        PLOG("layout %c order %d fit %d%s: %llu granules, top %llu granules\n", mode ? 'B' : 'A', ord, fit, round ? " (round)" : "", (unsigned long long)c, (unsigned long long)((tp + gu - 1) / gu));
         if (c >= cost[mode]) continue;
+        if (!round) bestv = v;
         cost[mode] = c;
         top[mode] = tp;
         for (uint64_t i = 0; i < m; i++) {
@@ -321,6 +523,10 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         }
       }
     }
+    free(cont);
+    free(boost);
+    pl_cont = NULL;
+    pl_boost = NULL;
     free(pin);
     free(bits);
     free(pe);
