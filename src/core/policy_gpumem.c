@@ -304,22 +304,11 @@ static int place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
     return st->vmm ? gm__gp_va_place(st, a, units, out) : gm__gp_plain_malloc(st, a, units, out);
 }
 
-static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr **out) {
-    gp_state *st = state;
-    if (size > UINT64_MAX - GP_ALIGN) return GM_ENOMEM;
-    uint64_t units = (size + GP_ALIGN - 1) >> GP_ALIGN_SHIFT;
-    if (units == 0) units = 1;
-    int pool = units <= GP_SMALL_UNITS ? GM_POOL_SMALL : GM_POOL_LARGE;
-    gp_arena *a;
-    int rc = arena_of(st, stream, pool, &a);
-    if (rc) return rc;
+/* A block for `units` from arena a: the size-class cache, else a placement
+ * (with the OOM retry). Inlined into both entry points below. */
+static inline __attribute__((always_inline)) int take(gp_state *st, gp_arena *a, uint64_t units, int pool,
+                                                      gp_block **out) {
     gp_block *b;
-    if (st->plan && (rc = gm__gp_plan_malloc(st, units, pool, stream, &b)) != 0) {
-        if (rc < 0) return rc;
-        active_inc(st, b);
-        *out = &b->h;
-        return GM_OK;
-    }
     if (units <= GP_SMALL_UNITS && (b = a->quick[units]) != NULL) {
         a->quick[units] = b->fnext;
         if (!b->fnext) a->qmap[(units - 1) >> 6] &= ~((uint64_t)1 << ((units - 1) & 63));
@@ -328,7 +317,7 @@ static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
         cached_dec(st, b);
         b->state = GP_USED;
     } else {
-        rc = place(st, a, units, &b);
+        int rc = place(st, a, units, &b);
         if (rc == GM_ENOMEM) {
             st->d->stats.num_alloc_retries++;
             gm__gp_flush_quick(st);
@@ -344,18 +333,13 @@ static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
         if (rc) return rc;
         b->h.pool = (uint8_t)pool;
     }
-    if (st->plan) gm__gp_plan_placed(st, b);
-    active_inc(st, b);
-    *out = &b->h;
+    *out = b;
     return GM_OK;
 }
 
-static void gp_free(void *state, gm__block_hdr *hdr) {
-    gp_state *st = state;
-    gp_block *b = (gp_block *)hdr;
+/* A freed block back to its arena: small ones into the size-class cache. */
+static inline __attribute__((always_inline)) void give(gp_state *st, gp_block *b) {
     gp_arena *a = st->arenas[b->arena];
-    active_dec(st, b);
-    if (st->plan) gm__gp_plan_free(st, b);
     uint64_t units = b->h.size >> GP_ALIGN_SHIFT;
     if (units <= GP_SMALL_UNITS) {
         b->state = GP_CACHED;
@@ -368,6 +352,56 @@ static void gp_free(void *state, gm__block_hdr *hdr) {
         return;
     }
     block_release(st, a, b);
+}
+
+/* The entry points with a plan (gpumem_plan:on) live apart from the warm
+ * path: without a plan, gp_malloc and gp_free make no call that needs
+ * registers saved, as before plans existed (bench_hotpath under callgrind). */
+__attribute__((noinline, cold)) static int gp_malloc_planned(gp_state *st, gp_arena *a, uint64_t units, int pool,
+                                                            gm_stream stream, gm__block_hdr **out) {
+    gp_block *b;
+    int rc = gm__gp_plan_malloc(st, units, pool, stream, &b);
+    if (rc < 0) return rc;
+    if (rc == 0) {
+        if ((rc = take(st, a, units, pool, &b)) != GM_OK) return rc;
+        gm__gp_plan_placed(st, b);
+    }
+    active_inc(st, b);
+    *out = &b->h;
+    return GM_OK;
+}
+
+__attribute__((noinline, cold)) static void gp_free_planned(gp_state *st, gp_block *b) {
+    gm__gp_plan_free(st, b);
+    give(st, b);
+}
+
+static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr **out) {
+    gp_state *st = state;
+    if (size > UINT64_MAX - GP_ALIGN) return GM_ENOMEM;
+    uint64_t units = (size + GP_ALIGN - 1) >> GP_ALIGN_SHIFT;
+    if (units == 0) units = 1;
+    int pool = units <= GP_SMALL_UNITS ? GM_POOL_SMALL : GM_POOL_LARGE;
+    gp_arena *a;
+    int rc = arena_of(st, stream, pool, &a);
+    if (rc) return rc;
+    if (__builtin_expect(st->plan != NULL, 0)) return gp_malloc_planned(st, a, units, pool, stream, out);
+    gp_block *b;
+    if ((rc = take(st, a, units, pool, &b)) != GM_OK) return rc;
+    active_inc(st, b);
+    *out = &b->h;
+    return GM_OK;
+}
+
+static void gp_free(void *state, gm__block_hdr *hdr) {
+    gp_state *st = state;
+    gp_block *b = (gp_block *)hdr;
+    active_dec(st, b);
+    if (__builtin_expect(st->plan != NULL, 0)) {
+        gp_free_planned(st, b);
+        return;
+    }
+    give(st, b);
 }
 
 static int gp_empty_cache(void *state) {

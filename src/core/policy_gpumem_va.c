@@ -98,7 +98,7 @@ static uint64_t fidx_lower(const gp_arena *a, gm_devptr p) {
     return lo;
 }
 
-static void fidx_add(gp_arena *a, gp_block *b) {
+__attribute__((noinline, cold)) static void fidx_add(gp_arena *a, gp_block *b) {
     if (a->nfidx == a->fidx_cap) {
         uint64_t cap = a->fidx_cap * 2;
         gp_block **n = realloc(a->fidx, cap * sizeof *n);
@@ -117,7 +117,7 @@ static void fidx_add(gp_arena *a, gp_block *b) {
     a->nfidx++;
 }
 
-static void fidx_del(gp_arena *a, const gp_block *b) {
+__attribute__((noinline, cold)) static void fidx_del(gp_arena *a, const gp_block *b) {
     uint64_t i = fidx_lower(a, b->h.ptr);
     if (i >= a->nfidx || a->fidx[i] != b) return; /* cannot happen: gm__gp_plan_check says so */
     memmove(&a->fidx[i], &a->fidx[i + 1], (a->nfidx - i - 1) * sizeof *a->fidx);
@@ -146,15 +146,15 @@ int gm__gp_va_index(gp_arena *a, bool on) {
 
 static void free_insert(gp_state *st, gp_arena *a, gp_block *b) {
     gm__gp_bin_insert(a, b);
-    if (a->fidx) fidx_add(a, b);
+    if (__builtin_expect(a->fidx != NULL, 0)) fidx_add(a, b); /* plans only: off the warm path */
     b->split_cnt = b->next != NULL; /* the arena's top range is not a split */
     if (b->split_cnt)
         gm__stat_block_inc(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, b->h.size);
 }
 
-static void free_remove(gp_state *st, gp_arena *a, gp_block *b) {
+static inline __attribute__((always_inline)) void free_remove(gp_state *st, gp_arena *a, gp_block *b) {
     gm__gp_bin_remove(a, b);
-    if (a->fidx) fidx_del(a, b);
+    if (__builtin_expect(a->fidx != NULL, 0)) fidx_del(a, b);
     if (b->split_cnt)
         gm__stat_block_dec(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, b->h.size);
     b->split_cnt = 0;
@@ -329,7 +329,7 @@ static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at
 }
 
 /* Split free range r so that [p, p+bytes) becomes a used block. */
-static int carve(gp_state *st, gp_arena *a, gp_block *r, gm_devptr p, uint64_t bytes,
+static inline __attribute__((always_inline)) int carve(gp_state *st, gp_arena *a, gp_block *r, gm_devptr p, uint64_t bytes,
                  gp_block **out) {
     uint64_t front = p - r->h.ptr, back = r->h.ptr + r->h.size - (p + bytes);
     gp_block *b = NULL, *tail = NULL;
