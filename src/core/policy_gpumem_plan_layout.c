@@ -2,8 +2,11 @@
  * large blocks, as (size, lifetime) intervals over two steps, placed
  * greedily at addresses of an arena so that no two overlap in time; the
  * obstacles are the blocks live when the plan starts. Two layouts (around
- * the obstacles, or in an arena of the plan's own) in several orders; the
- * one touching the fewest granules is kept. policy_gpumem_plan.c says when
+ * the obstacles, or in an arena of the plan's own) in several orders (and,
+ * around the obstacles, shakes: the big intervals at random places); the
+ * one touching the fewest granules is kept. The two steps' copies of a
+ * position are intervals of their own, so even and odd steps may place
+ * a position apart. policy_gpumem_plan.c says when
  * a layout is made and how it is served. */
 #include "policy_gpumem_plan.h"
 
@@ -36,10 +39,11 @@ static const unsigned char pl_avar[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0
 #define PL_AVARS (sizeof pl_avar / sizeof pl_avar[0])
 #define PL_ROUNDS 7 /* improvement rounds of layout A: the best variant again, the intervals that set the last top first */
 #define PL_ROUNDS_MAXM 2048
-/* Shakes of layout A (after the rounds): the best variant again, its big
- * intervals (at least a quarter of the largest, at most PL_SHAKE_BIG)
+/* Shakes of layout A (after the rounds): the contention order again, its
+ * big intervals (at least a quarter of the largest, at most PL_SHAKE_BIG)
  * placed first, each at a random place where it fits next to an interval
- * or obstacle placed already (one of its edges). Why: the plan covers two
+ * or obstacle placed already (one of its edges); only when a big interval
+ * lives longer than a step. Why: the plan covers two
  * steps and the two copies of a position are placed apart, but a greedy
  * puts both copies of a big short block at the same address, so the slot
  * of a block living longer than a step (its two copies overlap) stands
@@ -47,8 +51,8 @@ static const unsigned char pl_avar[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0
  * blocks fills it, and no order finds one. Measured offline on
  * gpt2_small_adamw_bf16's layout problem (GP_PLAN_DUMP): 600 shakes, 1% at
  * 7041 granules (bound 6871), most 7272-7460, against 7360 for the best
- * variant; in the solver 48 shakes reach 7041 (~15 ms each: the layout
- * takes ~0.9 s there instead of ~0.2). The generator is seeded per plan:
+ * variant; in the solver 48 shakes reach 7041 (~10 ms each: its Release
+ * replay takes ~0.45 s instead of ~0.24). The generator is seeded per plan:
  * a layout is reproducible. */
 #define PL_SHAKES 48
 #define PL_SHAKE_V0 4 /* pl_avar's (4, 0): contention, first fit */
