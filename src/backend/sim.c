@@ -106,17 +106,13 @@ typedef struct sim {
 
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-/* Room for one more element in the array *arrp (any T **: the pointer is
- * copied, not read through void **), n of *cap used, elem bytes each: the
- * capacity doubles, starting at `first`. On failure nothing changes. */
+/* Room for one more element in the array *arrp (any T **), n of *cap
+ * used, elem bytes each: the capacity doubles, starting at `first`. On
+ * failure nothing changes. */
 static int grow(void *arrp, size_t n, size_t *cap, size_t elem, size_t first) {
     if (n < *cap) return GM_OK;
     size_t nc = *cap ? *cap * 2 : first;
-    void *v;
-    memcpy(&v, arrp, sizeof v);
-    void *nv = realloc(v, nc * elem);
-    if (!nv) return GM_ENOHOSTMEM;
-    memcpy(arrp, &nv, sizeof nv);
+    if (!gm__realloc_array(arrp, nc, elem)) return GM_ENOHOSTMEM;
     *cap = nc;
     return GM_OK;
 }

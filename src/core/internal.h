@@ -11,6 +11,9 @@
 #include "gpumem/gpumem.h"
 
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "devlock.h"
 #include "gm_limits.h"
@@ -26,6 +29,17 @@
 /* Set the calling thread's gm_last_error_detail() text; returns status. An
  * argument may be the current detail itself. */
 int gm__set_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Resize the array *arrp (any T **: the pointer is copied, not read through
+ * void **) to n elements of elem bytes. false, and nothing changed, when
+ * realloc fails. */
+static inline bool gm__realloc_array(void *arrp, size_t n, size_t elem) {
+    void *v;
+    memcpy(&v, arrp, sizeof v);
+    void *nv = realloc(v, n * elem);
+    if (!nv) return false;
+    memcpy(arrp, &nv, sizeof nv);
+    return true;
+}
 /* "512 B", "13.24 GiB": the one byte formatter (putbuf.c); returns buf. */
 const char *gm__format_bytes(int64_t bytes, char *buf, size_t len);
 void gm__clear_error(void);

@@ -185,21 +185,16 @@ static void sorted_insert(const pl_item *items, uint32_t *s, uint64_t *ns, uint3
 
 static int grow(gp_plan *pl, uint64_t P) {
     if (P <= pl->cap) return GM_OK;
-    uint64_t *tu = realloc(pl->tunits, P * sizeof *tu);
-    if (tu) pl->tunits = tu;
-    uint64_t *of = realloc(pl->off, P * sizeof *of);
-    if (of) pl->off = of;
-    gm_stream *ts = realloc(pl->tstream, P * sizeof *ts);
-    if (ts) pl->tstream = ts;
-    uint8_t *pn = realloc(pl->planned, P * sizeof *pn);
-    if (pn) pl->planned = pn;
-    uint8_t *im = realloc(pl->inmain, P * sizeof *im);
-    if (im) pl->inmain = im;
-    int64_t *pe = realloc(pl->pend, P * sizeof *pe);
-    if (pe) pl->pend = pe;
-    pl_item *it = realloc(pl->items, P * sizeof *it);
-    if (it) pl->items = it;
-    if (!tu || !of || !ts || !pn || !im || !pe || !it) return GM_ENOHOSTMEM;
+    /* every array is tried (`&`, not `&&`); one that grew stays grown, and
+     * cap moves only once all have */
+    bool ok = gm__realloc_array(&pl->tunits, P, sizeof *pl->tunits) &
+              gm__realloc_array(&pl->off, P, sizeof *pl->off) &
+              gm__realloc_array(&pl->tstream, P, sizeof *pl->tstream) &
+              gm__realloc_array(&pl->planned, P, sizeof *pl->planned) &
+              gm__realloc_array(&pl->inmain, P, sizeof *pl->inmain) &
+              gm__realloc_array(&pl->pend, P, sizeof *pl->pend) &
+              gm__realloc_array(&pl->items, P, sizeof *pl->items);
+    if (!ok) return GM_ENOHOSTMEM;
     pl->cap = P;
     return GM_OK;
 }

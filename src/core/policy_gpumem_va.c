@@ -393,17 +393,13 @@ int gm__gp_va_place_at(gp_state *st, gp_arena *a, gm_devptr p, uint64_t units, b
     if (i == 0) return 0;
     gp_block *r = a->fidx[i - 1];
     if (r->h.ptr + r->h.size < p + bytes) return 0; /* a live block is in the way */
-    int rc = GM_OK;
-    if (unmapped_in(st, a, p, bytes)) {
+    bool unmapped = unmapped_in(st, a, p, bytes) != 0;
+    if (unmapped) {
         if (!map_ok) return 2;
         gm__gp_flush_quick(st); /* cached small blocks back first, as va_place does */
-        int cut = gm__gp_split_partial(st, a, r, p, bytes);
-        rc = cut < 0 ? cut : gm__gp_ensure_mapped(st, a, p, bytes);
-    } else {
-        int cut = gm__gp_split_partial(st, a, r, p, bytes);
-        if (cut < 0) rc = cut;
-        else if (cut) rc = gm__gp_ensure_mapped(st, a, p, bytes);
     }
+    int rc = gm__gp_split_partial(st, a, r, p, bytes);
+    if (rc > 0 || (rc == 0 && unmapped)) rc = gm__gp_ensure_mapped(st, a, p, bytes);
     if (rc == GM_OK) rc = carve(st, a, r, p, bytes, out);
     gm__gp_live_drop(st);
     if (rc == GM_ENOMEM) return 0; /* the usual placement and its OOM retry decide */
