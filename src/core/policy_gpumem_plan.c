@@ -114,6 +114,16 @@ static inline bool same(gp_plan *pl, uint64_t i, uint64_t j) {
     const pl_rec *a = rec(pl, i), *b = rec(pl, j);
     return a->units == b->units && a->stream == b->stream;
 }
+/* The plan serves the stream of the largest block of the step of P
+ * allocations from allocation `from`. */
+static void plan_stream(gp_plan *pl, uint64_t from, uint64_t P) {
+    uint64_t big = 0;
+    for (uint64_t k = 0; k < P; k++) {
+        const pl_rec *r = rec(pl, from + k);
+        if (r->units > big) big = r->units, pl->pstream = r->stream;
+    }
+}
+
 /* Period P confirmed at allocation p: the plan starts at the phase with the
  * least memory live, one step after the last time it was there. */
 static void make_plan(gp_plan *pl, uint64_t p) {
@@ -123,11 +133,7 @@ static void make_plan(gp_plan *pl, uint64_t p) {
     for (uint64_t i = p - P + 1; i < p; i++)
         if (rec(pl, i)->live < rec(pl, phi)->live) phi = i;
     if (phi < 2 * P) return; /* the layout needs the whole step before phi */
-    uint64_t big = 0;
-    for (uint64_t k = 0; k < P; k++) {
-        const pl_rec *r = rec(pl, phi - P + k);
-        if (r->units > big) big = r->units, pl->pstream = r->stream;
-    }
+    plan_stream(pl, phi - P, P);
     pl->P = P;
     pl->start = phi + P;
     pl->state = PL_PENDING;
@@ -388,11 +394,7 @@ void gm__gp_plan_step(gp_state *st) {
     if (P < PL_MINP || P > PL_MAXP || pl->mark[1] - pl->mark[0] != P || pl->n - pl->mark[0] > PL_HIST) return;
     for (uint64_t k = 0; k < P; k++)
         if (!same(pl, pl->mark[0] + k, pl->mark[1] + k)) return;
-    uint64_t big = 0;
-    for (uint64_t k = 0; k < P; k++) {
-        const pl_rec *r = rec(pl, pl->mark[1] + k);
-        if (r->units > big) big = r->units, pl->pstream = r->stream;
-    }
+    plan_stream(pl, pl->mark[1], P);
     pl->tries++;
     pl->P = P;
     pl->start = pl->n;

@@ -183,18 +183,24 @@ static void sorted_insert(const pl_item *items, uint32_t *s, uint64_t *ns, uint3
     (*ns)++;
 }
 
+/* Set the bit of every granule (gu units each, ng in all) that
+ * [off, off + units) touches. */
+static void mark_granules(uint64_t *bits, uint64_t off, uint64_t units, uint64_t gu, uint64_t ng) {
+    for (uint64_t g = off / gu; g <= (off + units - 1) / gu && g < ng; g++) bits[g / 64] |= (uint64_t)1 << (g % 64);
+}
+
 static int grow(gp_plan *pl, uint64_t P) {
     if (P <= pl->cap) return GM_OK;
-    /* every array is tried (`&`, not `&&`); one that grew stays grown, and
-     * cap moves only once all have */
-    bool ok = gm__realloc_array(&pl->tunits, P, sizeof *pl->tunits) &
-              gm__realloc_array(&pl->off, P, sizeof *pl->off) &
-              gm__realloc_array(&pl->tstream, P, sizeof *pl->tstream) &
-              gm__realloc_array(&pl->planned, P, sizeof *pl->planned) &
-              gm__realloc_array(&pl->inmain, P, sizeof *pl->inmain) &
-              gm__realloc_array(&pl->pend, P, sizeof *pl->pend) &
-              gm__realloc_array(&pl->items, P, sizeof *pl->items);
-    if (!ok) return GM_ENOHOSTMEM;
+    /* every array is tried; one that grew stays grown, and cap moves only
+     * once all have */
+    int failed = !gm__realloc_array(&pl->tunits, P, sizeof *pl->tunits);
+    failed += !gm__realloc_array(&pl->off, P, sizeof *pl->off);
+    failed += !gm__realloc_array(&pl->tstream, P, sizeof *pl->tstream);
+    failed += !gm__realloc_array(&pl->planned, P, sizeof *pl->planned);
+    failed += !gm__realloc_array(&pl->inmain, P, sizeof *pl->inmain);
+    failed += !gm__realloc_array(&pl->pend, P, sizeof *pl->pend);
+    failed += !gm__realloc_array(&pl->items, P, sizeof *pl->items);
+    if (failed) return GM_ENOHOSTMEM;
     pl->cap = P;
     return GM_OK;
 }
@@ -213,7 +219,7 @@ static void lower_bound(const pl_item *it, uint64_t m, const pl_item *obs, uint6
     uint64_t *bits = calloc(nw, sizeof *bits);
     if (!bits) return;
     for (uint64_t j = 0; j < no; j++) {
-        for (uint64_t g = obs[j].off / gu; g <= (obs[j].off + obs[j].units - 1) / gu && g < ng; g++) bits[g / 64] |= (uint64_t)1 << (g % 64);
+        mark_granules(bits, obs[j].off, obs[j].units, gu, ng);
         if (obs[j].e == INT64_MAX) pu += obs[j].units;
     }
     for (uint64_t w = 0; w < nw; w++) uo += (uint64_t)__builtin_popcountll(bits[w]);
@@ -388,12 +394,13 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
      * of their chunks (whole chunks stay mapped while a block lives in
      * them), for blocks that fit there, in the obstacles' arena. */
     uint64_t ng = a->ngran, nw = (ng + 63) / 64, npe = 0;
+    /* working arrays, all freed at `out` (NULL until made) */
+    uint64_t *offa = NULL, *cont = NULL;
+    uint32_t *sorted[2] = {NULL, NULL}, *boost = NULL, *big = NULL;
+    rc = GM_ENOHOSTMEM;
     uint64_t *pin = calloc(nw, sizeof *pin), *bits = calloc(nw, sizeof *bits);
     pl_item *pe = malloc((no + 1) * sizeof *pe);
-    if (!pin || !bits || !pe) {
-        free(pin), free(bits), free(pe), free(all);
-        return GM_ENOHOSTMEM;
-    }
+    if (!pin || !bits || !pe) goto out;
     /* pass 0: chunks of every obstacle (held until the last steps' blocks
      * die: B's first step needs them and its own arena at once); pass 1:
      * of the permanent ones (held for good) */
@@ -423,22 +430,17 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         else pe[npe++] = (pl_item){gu, g * gu, 0, 0, 0, 0};
     }
     uint64_t cost[2] = {UINT64_MAX, UINT64_MAX}, top[2] = {0, 0};
-    uint64_t *offa = malloc(2 * P * sizeof *offa);
-    uint32_t *sorted[2] = {malloc((m + 1) * sizeof(uint32_t)), malloc((m + 1) * sizeof(uint32_t))};
-    if (!offa || !sorted[0] || !sorted[1]) {
-        free(sorted[0]), free(sorted[1]);
-        free(offa), free(pin), free(bits), free(pe), free(all);
-        return GM_ENOHOSTMEM;
-    }
-    uint64_t *cont = m <= PL_ROUNDS_MAXM ? malloc(2 * P * sizeof *cont) : NULL;
-    uint32_t *boost = m <= PL_ROUNDS_MAXM ? calloc(2 * P, sizeof *boost) : NULL;
-    if (m <= PL_ROUNDS_MAXM && (!cont || !boost || contention(pl->items, m, obs, no, 2 * T, cont))) {
-        free(boost), free(cont), free(sorted[0]), free(sorted[1]);
-        free(offa), free(pin), free(bits), free(pe), free(all);
-        return GM_ENOHOSTMEM;
+    offa = malloc(2 * P * sizeof *offa);
+    sorted[0] = malloc((m + 1) * sizeof(uint32_t));
+    sorted[1] = malloc((m + 1) * sizeof(uint32_t));
+    if (!offa || !sorted[0] || !sorted[1]) goto out;
+    if (m <= PL_ROUNDS_MAXM) {
+        cont = malloc(2 * P * sizeof *cont);
+        boost = calloc(2 * P, sizeof *boost);
+        if (!cont || !boost || contention(pl->items, m, obs, no, 2 * T, cont)) goto out;
     }
     /* the shakes' big intervals (boost-like: placed first) */
-    uint32_t *big = m <= PL_ROUNDS_MAXM ? calloc(2 * P, sizeof *big) : NULL;
+    big = m <= PL_ROUNDS_MAXM ? calloc(2 * P, sizeof *big) : NULL;
     if (big) {
         uint64_t umax = 0, nb = 0, nlong = 0;
         for (uint64_t i = 0; i < m; i++)
@@ -561,7 +563,7 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
             const pl_item *x = j < m ? &pl->items[j] : &obs[j - m];
             if (x->off == UINT64_MAX || (j < m && x->where)) continue;
             if (mode && j >= m) continue; /* counted in pin */
-            for (uint64_t g = x->off / gu; g <= (x->off + x->units - 1) / gu && g < ng; g++) bits[g / 64] |= (uint64_t)1 << (g % 64);
+            mark_granules(bits, x->off, x->units, gu, ng);
         }
         for (uint64_t w = 0; w < nw; w++) c += (uint64_t)__builtin_popcountll(bits[w]);
         if (mode == 0) {
@@ -608,36 +610,21 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         }
       }
     }
-    free(cont);
-    free(boost);
-    free(big);
     pl_cont = NULL;
     pl_boost = NULL;
-    free(pin);
-    free(bits);
-    free(pe);
-    free(sorted[0]);
-    free(sorted[1]);
-    if (cost[0] == UINT64_MAX && cost[1] == UINT64_MAX) {
-        free(offa), free(all);
-        return GM_ENOMEM;
-    }
+    rc = GM_ENOMEM;
+    if (cost[0] == UINT64_MAX && cost[1] == UINT64_MAX) goto out;
     pl->rebase = cost[1] < cost[0];
     if (gm__gp_plan_force == 'A' && cost[0] != UINT64_MAX) pl->rebase = false;
     if (gm__gp_plan_force == 'B' && cost[1] != UINT64_MAX) pl->rebase = true;
     /* the plan must hold less than the arena holds now, else it is not made */
     if (cost[pl->rebase] * st->gran >= a->mapped_bytes && !gm__gp_plan_force) {
         PLOG("layout at %llu: %llu granules, not less than the %.1f MiB mapped: no plan\n", (unsigned long long)pl->start, (unsigned long long)cost[pl->rebase], a->mapped_bytes / 1048576.0);
-        free(offa), free(all);
-        return GM_ENOMEM;
+        goto out;
     }
     if (pl->fp_words < nw) {
-        uint64_t *f = realloc(pl->fp, nw * sizeof *f);
-        if (!f) {
-            free(offa), free(all);
-            return GM_ENOHOSTMEM;
-        }
-        pl->fp = f;
+        rc = GM_ENOHOSTMEM;
+        if (!gm__realloc_array(&pl->fp, nw, sizeof *pl->fp)) goto out;
         pl->fp_words = nw;
     }
     memset(pl->fp, 0, pl->fp_words * sizeof *pl->fp);
@@ -646,10 +633,8 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         if (!pl->rebase) pl->off[it->k] = offa[it->k], pl->inmain[it->k] = 0;
         pl->planned[it->k] = pl->off[it->k] != UINT64_MAX;
         if (!pl->rebase && pl->planned[it->k]) /* A's footprint, kept when idle memory is given back */
-            for (uint64_t g = pl->off[it->k] / gu; g <= (pl->off[it->k] + it->units - 1) / gu && g < ng; g++)
-                pl->fp[g / 64] |= (uint64_t)1 << (g % 64);
+            mark_granules(pl->fp, pl->off[it->k], it->units, gu, ng);
     }
-    free(offa);
     PLOG("layouts: around obstacles %llu granules (top %.1f MiB), apart %llu (own arena, %.1f MiB): %s\n",
          (unsigned long long)cost[0], top[0] / 2048.0, (unsigned long long)cost[1], top[1] / 2048.0,
          pl->rebase ? "apart" : "around");
@@ -674,6 +659,13 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
     PLOG("layout at %llu: P %llu T %lld intervals %llu (%llu large left out) obstacles %llu top %.1f MiB mapped %.1f MiB\n",
          (unsigned long long)pl->start, (unsigned long long)P, (long long)T, (unsigned long long)m, (unsigned long long)unplanned,
          (unsigned long long)no, topm / 2048.0, a->mapped_bytes / 1048576.0);
-    free(all);
-    return topm ? GM_OK : GM_ENOMEM;
+    rc = topm ? GM_OK : GM_ENOMEM;
+out:
+    pl_cont = NULL;
+    pl_boost = NULL;
+    free(cont), free(boost), free(big);
+    free(pin), free(bits), free(pe);
+    free(sorted[0]), free(sorted[1]);
+    free(offa), free(all);
+    return rc;
 }
