@@ -9,7 +9,6 @@
 
 #include "internal.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -165,9 +164,7 @@ int gm_timeline_build(const gm_attribution *a, const gm_config *cfg, size_t max_
     if (!rc && cfg->per_process_memory_fraction < 1.0)
         rc = gm_set_memory_fraction(al, 0, cfg->per_process_memory_fraction);
     if (rc) {
-        char detail[512]; /* the error buffer is written from itself otherwise */
-        snprintf(detail, sizeof detail, "%s", gm_last_error_detail());
-        rc = gm__set_error(rc, "cannot set up the replay for the timeline: %s", detail);
+        rc = gm__set_error(rc, "cannot set up the replay for the timeline: %s", gm_last_error_detail());
         goto out;
     }
     int64_t t0 = a->nevents ? a->ev[0].time_us : 0;
@@ -191,9 +188,8 @@ int gm_timeline_build(const gm_attribution *a, const gm_config *cfg, size_t max_
                 if (r == GM_ENOMEM) tl->oom = true;
                 else if (r == GM_EINVAL) ptrs[k] = 0; /* no device could (replay skips it too) */
                 else if (r) {
-                    char detail[512];
-                    snprintf(detail, sizeof detail, "%s", gm_last_error_detail());
-                    rc = gm__set_error(r, "replay for the timeline failed at event %zu: %s", i, detail);
+                    rc = gm__set_error(r, "replay for the timeline failed at event %zu: %s", i,
+                                       gm_last_error_detail()); /* gm__set_error may quote its own detail */
                     goto out;
                 }
                 cur.cat[x->cat] += (int64_t)x->size;

@@ -406,11 +406,7 @@ int gm_trace_load_file(const char *path, gm_trace **out) {
                            path);
     if (!rc) {
         rc = gm_trace_load_mem(buf, len, out);
-        if (rc == GM_EFORMAT) {
-            char msg[900];
-            snprintf(msg, sizeof msg, "%s", gm_last_error_detail());
-            gm__set_error(rc, "%s: %s", path, msg);
-        }
+        if (rc == GM_EFORMAT) gm__set_error(rc, "%s: %s", path, gm_last_error_detail()); /* it may quote its own detail */
     }
     free(buf);
     return rc;
