@@ -187,12 +187,12 @@ int gm__be_mem_info(gm__device *d, uint64_t *free_bytes, uint64_t *total_bytes) 
  * (core/history.h) */
 int gm__be_malloc(gm__device *d, uint64_t size, gm_devptr *out) {
     GM__BE_CALL_THEN(d, MALLOC, (d->stats.num_device_alloc++,
-                                 gm__segment_note(d->index, GM_TA_SEGMENT_ALLOC, GM_SEGMENT_ALLOC, *out, size)),
+                                 gm__segment_note(d->index, GM_SEGMENT_ALLOC, *out, size)),
                      malloc, size, out);
 }
 int gm__be_free(gm__device *d, gm_devptr ptr, uint64_t size) {
     GM__BE_CALL_THEN(d, FREE, (d->stats.num_device_free++,
-                               gm__segment_note(d->index, GM_TA_SEGMENT_FREE, GM_SEGMENT_FREE, ptr, size)),
+                               gm__segment_note(d->index, GM_SEGMENT_FREE, ptr, size)),
                      free, ptr);
 }
 int gm__be_granularity(gm__device *d, uint64_t *bytes) {
@@ -214,11 +214,11 @@ int gm__be_phys_release(gm__device *d, gm_physmem h) {
     GM__BE_CALL_STAT(d, PHYS_RELEASE, num_phys_release, phys_release, h);
 }
 int gm__be_map(gm__device *d, gm_devptr va, uint64_t size, gm_physmem h) {
-    GM__BE_CALL_THEN(d, MAP, (d->stats.num_map++, gm__segment_note(d->index, GM_TA_SEGMENT_MAP, GM_SEGMENT_MAP, va, size)),
+    GM__BE_CALL_THEN(d, MAP, (d->stats.num_map++, gm__segment_note(d->index, GM_SEGMENT_MAP, va, size)),
                      map, va, size, h);
 }
 int gm__be_unmap(gm__device *d, gm_devptr va, uint64_t size) {
-    GM__BE_CALL_THEN(d, UNMAP, (d->stats.num_unmap++, gm__segment_note(d->index, GM_TA_SEGMENT_UNMAP, GM_SEGMENT_UNMAP, va, size)),
+    GM__BE_CALL_THEN(d, UNMAP, (d->stats.num_unmap++, gm__segment_note(d->index, GM_SEGMENT_UNMAP, va, size)),
                      unmap, va, size);
 }
 int gm__be_event_record(gm__device *d, gm_stream stream, gm_event *out) {

@@ -6,6 +6,7 @@
 #define GPUMEM_CORE_HISTORY_H
 
 #include "gpumem/gpumem.h"
+#include "trace/trace.h"
 
 #include <stdint.h>
 
@@ -51,10 +52,15 @@ typedef struct gm__seg_observer {
 extern gm__seg_observer *gm__seg_observer_now; /* read relaxed on every device segment call */
 
 /* A segment call succeeded (the backend wrapper, under the device lock):
- * into the history ring, and to the observer. `action` is a gm_trace_action
- * GM_TA_SEGMENT_*, `event` the matching GM_SEGMENT_*. */
-static inline void gm__segment_note(int device, int action, int event, uint64_t addr, uint64_t size) {
-    gm__history_note(device, action, addr, size, 0);
+ * into the history ring, and to the observer. `event` is a GM_SEGMENT_*;
+ * the ring's action is the trace action of the same name (both follow
+ * torch's order). */
+_Static_assert(GM_TA_SEGMENT_FREE - GM_TA_SEGMENT_ALLOC == GM_SEGMENT_FREE &&
+                   GM_TA_SEGMENT_MAP - GM_TA_SEGMENT_ALLOC == GM_SEGMENT_MAP &&
+                   GM_TA_SEGMENT_UNMAP - GM_TA_SEGMENT_ALLOC == GM_SEGMENT_UNMAP && GM_SEGMENT_ALLOC == 0,
+               "GM_SEGMENT_* and the trace's segment actions are in one order");
+static inline void gm__segment_note(int device, int event, uint64_t addr, uint64_t size) {
+    gm__history_note(device, GM_TA_SEGMENT_ALLOC + event, addr, size, 0);
     gm__seg_observer *o = __atomic_load_n(&gm__seg_observer_now, __ATOMIC_RELAXED);
     if (__builtin_expect(o != NULL, 0)) {
         o = __atomic_load_n(&gm__seg_observer_now, __ATOMIC_ACQUIRE); /* its fields, written before */
