@@ -327,6 +327,17 @@ static void test_phase_scopes(void **s) {
 
 /* Every point's scope series sum to its categories; the views sum to the
  * peak at the peak; names of a view are distinct. */
+/* The scope series' JSON (values, or deltas), as a malloc'd string. */
+static char *series_json(const gm_scope_series *ss, bool deltas) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    gm__scope_series_json(f, ss, deltas);
+    fclose(f);
+    return buf;
+}
+
 static void check_view_sums(const gm_attribution *a, const gm_timeline *tl, const gm_scope_series *ss) {
     assert_int_equal(ss->npts, tl->npts);
     assert_true(ss->nviews >= 1);
@@ -450,17 +461,11 @@ static void test_scope_series_paths(void **s) {
     assert_string_equal(v->names[1], "model.enc.0.attn"); /* 1000 as [untracked], but its maximum is 1100 */
     assert_int_equal(series_peak(v, GM_SCOPE_OTHERS), 1000 + 30);
     /* the JSON both outputs write: values, or deltas that sum to them */
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    gm__scope_series_json(f, ss, false);
-    fclose(f);
+    char *buf = series_json(ss, false);
     assert_non_null(strstr(buf, "\"name\":\"model.enc.0.attn\",\"at_peak\":1000"));
     assert_non_null(strstr(buf, "\"encoding\":\"values\""));
     free(buf);
-    f = open_memstream(&buf, &len);
-    gm__scope_series_json(f, ss, true);
-    fclose(f);
+    buf = series_json(ss, true);
     assert_non_null(strstr(buf, "\"deltas\":["));
     free(buf);
     scoped_free(t, a, tl, ss);
@@ -548,11 +553,7 @@ static void test_scope_series_limits(void **s) {
     assert_int_equal(ss->nviews, 1);
     assert_int_equal(ss->views[0].nseries, 0);
     assert_int_equal(ss->views[0].nscopes, 0);
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    gm__scope_series_json(f, ss, true);
-    fclose(f);
+    char *buf = series_json(ss, true);
     assert_non_null(strstr(buf, "\"series\":[]"));
     free(buf);
     scoped_free(t, a, tl, ss);
