@@ -248,9 +248,9 @@ static void activate(gp_state *st) {
     if (pl->rebase) {
         /* the holes' memory is not needed: give it back, then map the plan's
          * range at once, in chunks as large as gpumem_chunks allows (block by
-         * block it was one create + map per planned block: 1689 calls on
-         * gpt2_small_train against 869). Out of memory here only means
-         * the rest is mapped block by block. */
+         * block it was one create + map per planned block: about twice the
+         * calls, bench/gpumem_policy_tradeoff.md). Out of memory here only
+         * means the rest is mapped block by block. */
         gm__gp_flush_quick(st);
         for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
         pl->state = PL_ACTIVE; /* for keep_planned */

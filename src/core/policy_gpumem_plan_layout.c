@@ -33,8 +33,8 @@ static _Thread_local const uint32_t *pl_boost; /* improvement rounds: times a po
  * fit of orders 0-2 never did); then PL_ROUNDS improvement rounds. Each
  * run is O(m^2), and so is the contention orders 4 and 5 need: above
  * PL_ROUNDS_MAXM intervals, orders 0-3 first fit only (eight runs with
- * B's, as the first solver did), above PL_ORDERS_MAXM the first.
- * gpt2_small_adamw_bf16 (m 1948): 20 runs with B's four, ~250 ms. */
+ * B's, as the first solver did), above PL_ORDERS_MAXM the first. The
+ * layout's one-time cost: bench/gpumem_policy_tradeoff.md, "Planned steps". */
 static const unsigned char pl_avar[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0}, {3, 1}, {4, 1}, {5, 1}};
 #define PL_AVARS (sizeof pl_avar / sizeof pl_avar[0])
 #define PL_ROUNDS 7 /* improvement rounds of layout A: the best variant again, the intervals that set the last top first */
@@ -48,12 +48,10 @@ static const unsigned char pl_avar[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0
  * puts both copies of a big short block at the same address, so the slot
  * of a block living longer than a step (its two copies overlap) stands
  * empty at each step's peak; only an asymmetric layout of the few big
- * blocks fills it, and no order finds one. Measured offline on
- * gpt2_small_adamw_bf16's layout problem (GP_PLAN_DUMP): 600 shakes, 1% at
- * 7041 granules (bound 6871), most 7272-7460, against 7360 for the best
- * variant; in the solver 48 shakes reach 7041 (~10 ms each: its Release
- * replay takes ~0.45 s instead of ~0.24). The generator is seeded per plan:
- * a layout is reproducible. */
+ * blocks fills it, and no order finds one (measured on gpt2_small_adamw's
+ * layout problem, dumped with GP_PLAN_DUMP, and what the shakes cost:
+ * bench/gpumem_policy_tradeoff.md, "Planned steps"). The generator is
+ * seeded per plan: a layout is reproducible. */
 #define PL_SHAKES 48
 #define PL_SHAKE_V0 4 /* pl_avar's (4, 0): contention, first fit */
 #define PL_SHAKE_V1 7 /* (4, 1): contention, best fit */
@@ -455,8 +453,7 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
         }
         /* only where a big block lives longer than a step (its two copies
          * overlap): elsewhere the shakes found nothing better on the traces
-         * measured (gpt2_small_train_bf16 3672 granules either way,
-         * resnet50_train_fp16 823 against 820) and cost ~0.4 s */
+         * measured and only cost time (bench/gpumem_policy_tradeoff.md) */
         if (nb < 2 || !nlong) free(big), big = NULL;
     }
     uint64_t rng = 0x9e3779b97f4a7c15ull ^ pl->start;
@@ -475,9 +472,9 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
       int nrun = mode ? (m > PL_ORDERS_MAXM ? 1 : 4) : nround + (m > PL_ROUNDS_MAXM || !big ? 0 : PL_SHAKES);
       for (int v = 0; v < nrun; v++) {
         bool round = !mode && v >= nav, shake = !mode && v >= nround;
-        /* shakes: the contention order, first and best fit in turn (on
-         * gpt2_small_adamw_bf16 both reach 7041 granules; the best
-         * variant's order, 5 best fit, 7124 at best) */
+        /* shakes: the contention order, first and best fit in turn (both
+         * reached the best layout measured; the best variant's own order
+         * did not: bench/gpumem_policy_tradeoff.md) */
         int av = shake ? (v % 2 ? PL_SHAKE_V1 : PL_SHAKE_V0) : round ? bestv : v, ord = mode ? v : pl_avar[av][0], fit = mode ? 0 : pl_avar[av][1];
         if (round && v == nav) {
             if (cost[0] == UINT64_MAX) break;
