@@ -1,0 +1,330 @@
+"""The allocator's GPU suite (issue 23): real training jobs, one fresh process per run.
+
+Jobs (40+ steps each, seeded, no downloads):
+  gpt2_hf       GPT-2 small through the HF Trainer, bf16, batch 8, seq 512
+  resnet50_amp  ResNet-50, fp16 autocast + GradScaler, SGD, batch 96
+  llama_ckpt    Llama, 12 layers (hidden 1024), activation checkpointing, bf16, batch 8, seq 1024
+  bert_varlen   BERT base masked LM, fp16 autocast, AdamW, batch 32, a new length in 32..512 every step
+  gpt2_generate GPT-2 (24 layers, 1024 wide) fp16, generate() of 64 new tokens, batch 8, per step
+Allocators:
+  native        torch's caching allocator, default settings
+  expandable    torch's, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  gpumem        gpumem.torch.install() with no settings (the default policy)
+  gpumem:CONF   gpumem.torch.install(CONF)
+
+Per run (one JSON line, prefix RESULT): peak allocated / reserved over the whole run
+(warm-up included), NVML's peak used memory of the device, median step time from
+step 10 on, device calls per step after warm-up (gpumem: its num_* counters; torch:
+num_device_alloc + num_device_free, and the steps whose reserved bytes changed, since
+torch does not count expandable segments' maps), losses.
+
+    python3 tests/gpu/alloc_suite.py [--steps 40] [--rounds 1] [--jobs a,b] [--allocs native,gpumem]
+                                     [--cap-x 1.03] [--record DIR] [--json FILE]
+    python3 tests/gpu/alloc_suite.py --child JOB ALLOC STEPS CAP_BYTES RECORD_PATH   (one run)
+
+--record DIR: first records each job's 40-step memory history under native torch
+(DIR/JOB.pickle.gz, for `gpumem replay`). --cap-x X: a second table with every run
+capped at X times the job's native peak allocated (set_per_process_memory_fraction).
+"""
+import gzip
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gpumem_path  # noqa: E402,F401  (the installed gpumem, with its shim, when there is one)
+
+JOBS = ["gpt2_hf", "resnet50_amp", "llama_ckpt", "bert_varlen", "gpt2_generate"]
+CALL_KEYS = ("num_device_alloc", "num_device_free", "num_map", "num_unmap", "num_phys_create",
+             "num_phys_release", "num_va_reserve", "num_va_release")
+
+
+class Meter:
+    """Step boundaries: wall time, device calls, reserved bytes, losses."""
+
+    def __init__(self, torch, stats):
+        self.torch, self.stats = torch, stats
+        self.times, self.calls, self.reserved_changed, self.losses = [], [], [], []
+        self.t0 = None
+
+    def _calls(self):
+        s = self.stats()
+        return sum(int(s.get(k, 0)) for k in CALL_KEYS), int(s.get("reserved_bytes.all.current", 0))
+
+    def begin(self):
+        self.torch.cuda.synchronize()
+        self.c0, self.r0 = self._calls()
+        self.t0 = time.perf_counter()
+
+    def end(self, loss=None):
+        self.torch.cuda.synchronize()
+        self.times.append(time.perf_counter() - self.t0)
+        c1, r1 = self._calls()
+        self.calls.append(c1 - self.c0)
+        self.reserved_changed.append(int(r1 != self.r0))
+        if loss is not None:
+            self.losses.append(float(loss))
+
+
+def lm_batches(torch, vocab, batch, lens, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    for s in lens:
+        yield torch.randint(0, vocab, (batch, s), generator=g)
+
+
+def run_gpt2_hf(torch, meter, steps):
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    model = GPT2LMHeadModel(GPT2Config())
+    g = torch.Generator().manual_seed(1)
+    data = [{"input_ids": x, "labels": x} for x in torch.randint(0, 50257, (steps * 8, 512), generator=g)]
+
+    class CB(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            meter.begin()
+
+        def on_step_end(self, args, state, control, **kw):
+            meter.end()
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "loss" in logs:
+                meter.losses.append(float(logs["loss"]))
+
+    out = tempfile.mkdtemp()
+    args = TrainingArguments(output_dir=out, max_steps=steps, per_device_train_batch_size=8, bf16=True,
+                             report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
+                             dataloader_num_workers=0, seed=0, optim="adamw_torch")
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[CB()]).train()
+
+
+def run_resnet50_amp(torch, meter, steps):
+    import torchvision
+    m = torchvision.models.resnet50(weights=None).cuda().train()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda")
+    crit = torch.nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(96, 3, 224, 224, generator=g).cuda()
+        y = torch.randint(0, 1000, (96,), generator=g).cuda()
+        meter.begin()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = crit(m(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+        meter.end(loss.item())
+
+
+def train_lm(torch, meter, model, amp, batches):
+    model.cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for ids in batches:
+        ids = ids.cuda()
+        meter.begin()
+        with torch.autocast("cuda", dtype=amp):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        meter.end(loss.item())
+
+
+def run_llama_ckpt(torch, meter, steps):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+                      num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
+                      max_position_embeddings=2048)
+    model = LlamaForCausalLM(cfg)
+    model.gradient_checkpointing_enable()
+    train_lm(torch, meter, model, torch.bfloat16, lm_batches(torch, 32000, 8, [1024] * steps))
+
+
+def run_bert_varlen(torch, meter, steps):
+    from transformers import BertConfig, BertForMaskedLM
+    g = torch.Generator().manual_seed(2)
+    lens = [int(x) for x in torch.randint(32, 513, (steps,), generator=g)]
+    train_lm(torch, meter, BertForMaskedLM(BertConfig()), torch.float16, lm_batches(torch, 30522, 32, lens))
+
+
+def run_gpt2_generate(torch, meter, steps):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_embd=1024, n_layer=24, n_head=16)
+    m = GPT2LMHeadModel(cfg).cuda().eval().half()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _ in range(steps):
+            ids = torch.randint(0, cfg.vocab_size, (8, 64), generator=g).cuda()
+            meter.begin()
+            out = m.generate(ids, max_new_tokens=64, do_sample=False, pad_token_id=0)
+            meter.end(float(out[:, -1].float().mean()))
+
+
+def child(job, alloc, steps, cap, record):
+    gt = None
+    if alloc == "expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if alloc.startswith("gpumem"):
+        import gpumem.torch as gt
+        conf = alloc.split(":", 1)[1] if ":" in alloc else None
+        gt.install(conf) if conf else gt.install()
+    import torch
+    torch.manual_seed(0)
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(False)
+    total = torch.cuda.mem_get_info()[1]
+    if cap:
+        torch.cuda.set_per_process_memory_fraction(cap / total)
+    if record:
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                 max_entries=5_000_000)
+    stats = (lambda: gt.memory_stats(0)) if gt else (lambda: torch.cuda.memory_stats(0))
+    meter = Meter(torch, stats)
+    nvml_peak = [0]
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        orig_end = meter.end
+
+        def end(loss=None):
+            orig_end(loss)
+            nvml_peak[0] = max(nvml_peak[0], pynvml.nvmlDeviceGetMemoryInfo(h).used)
+        meter.end = end
+    except Exception:  # noqa: BLE001  (NVML is optional: the peak is then 0)
+        pass
+    res = {"job": job, "alloc": alloc, "cap": cap, "steps": steps}
+    try:
+        globals()["run_" + job](torch, meter, steps)
+        res["ok"] = True
+    except torch.OutOfMemoryError as e:
+        res.update(ok=False, oom_step=len(meter.times), error=str(e)[:200])
+    s = stats()
+    res["peak_allocated"] = int(s.get("allocated_bytes.all.peak", 0))
+    res["peak_reserved"] = int(s.get("reserved_bytes.all.peak", 0))
+    res["ratio"] = res["peak_reserved"] / max(1, res["peak_allocated"])
+    res["nvml_peak"] = nvml_peak[0]
+    late = meter.times[10:] or meter.times
+    res["median_ms"] = 1e3 * statistics.median(late) if late else None
+    res["calls_per_step"] = statistics.mean(meter.calls[10:]) if meter.calls[10:] else None
+    res["calls_first10"] = sum(meter.calls[:10])
+    res["reserved_changed_steps"] = sum(meter.reserved_changed[10:])
+    res["losses"] = meter.losses[:3] + meter.losses[-3:]
+    res["nsteps"] = len(meter.times)
+    if record:
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        with gzip.open(record, "wb", compresslevel=9) as f:
+            pickle.dump(snap, f)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def spawn(job, alloc, steps, cap=0, record="", timeout=300):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", job, alloc, str(steps), str(cap), record]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[7:])
+            r["wall_s"] = round(time.time() - t0, 1)
+            return r
+    return {"job": job, "alloc": alloc, "cap": cap, "ok": False,
+            "error": (p.stderr or p.stdout)[-400:].replace("\n", " | ")}
+
+
+def table(rows, title):
+    print("\n" + title)
+    print("| job | alloc | ok | reserved/allocated | peak alloc GiB | NVML peak GiB | median ms | calls/step | reserved changed (steps>=10) | first loss / last loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        gib = 2.0 ** 30
+        if not r.get("ok") and "peak_allocated" not in r:
+            print(f"| {r['job']} | {r['alloc']} | FAIL | {r.get('error', '')[:120]} |||||||")
+            continue
+        ok = "yes" if r.get("ok") else f"OOM@{r.get('oom_step')}"
+        losses = r.get("losses") or [float("nan")]
+        ms = r.get("median_ms")
+        cps = r.get("calls_per_step")
+        print(f"| {r['job']} | {r['alloc']} | {ok} | {r['ratio']:.3f} | {r['peak_allocated'] / gib:.2f} | "
+              f"{r['nvml_peak'] / gib:.2f} | {ms if ms is None else round(ms, 1)} | "
+              f"{cps if cps is None else round(cps, 1)} | {r.get('reserved_changed_steps')} | "
+              f"{losses[0]:.4f} / {losses[-1]:.4f} |")
+
+
+def main():
+    import argparse
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        job, alloc, steps, cap, record = sys.argv[2:7]
+        return child(job, alloc, int(steps), int(cap), record)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--jobs", default=",".join(JOBS))
+    ap.add_argument("--allocs", default="native,expandable,gpumem")
+    ap.add_argument("--cap-x", type=float, default=0)
+    ap.add_argument("--record", default="")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--budget", type=float, default=540, help="seconds; later runs are skipped")
+    a = ap.parse_args()
+    jobs, allocs = a.jobs.split(","), a.allocs.split(",")
+    t0 = time.time()
+    results = []
+    if a.record:
+        os.makedirs(a.record, exist_ok=True)
+        for job in jobs:
+            # generate's history grows ~0.5 MiB a step: 8 steps keep its trace small enough to ship
+            steps = min(a.steps, 8) if job == "gpt2_generate" else a.steps
+            r = spawn(job, "native", steps, record=os.path.join(a.record, job + ".pickle.gz"))
+            r["recorded"] = True
+            results.append(r)
+            print(f"[{time.time() - t0:.0f} s] recorded {job}: {r.get('ok')}", flush=True)
+    for rnd in range(a.rounds):
+        for job in jobs:
+            for k in range(len(allocs)):
+                alloc = allocs[(k + rnd) % len(allocs)]  # rotated: none always first
+                if time.time() - t0 > a.budget:
+                    print(f"budget: skipped {job} {alloc} round {rnd}", flush=True)
+                    continue
+                r = spawn(job, alloc, a.steps)
+                r["round"] = rnd
+                results.append(r)
+                print(f"[{time.time() - t0:.0f} s] {job} {alloc} r{rnd}: ratio "
+                      f"{r.get('ratio', 0):.3f} ms {r.get('median_ms')} calls {r.get('calls_per_step')}",
+                      flush=True)
+    capped = []
+    if a.cap_x:
+        peaks = {r["job"]: r["peak_allocated"] for r in results if r["alloc"] == "native" and r.get("ok")}
+        for job in jobs:
+            for alloc in allocs:
+                if job not in peaks or time.time() - t0 > a.budget:
+                    continue
+                r = spawn(job, alloc, a.steps, cap=int(a.cap_x * peaks[job]))
+                capped.append(r)
+                print(f"[{time.time() - t0:.0f} s] capped {job} {alloc}: ok {r.get('ok')}", flush=True)
+    rows = [r for r in results if not r.get("recorded")]
+    by = {}
+    for r in rows:  # median over rounds per (job, alloc)
+        by.setdefault((r["job"], r["alloc"]), []).append(r)
+    merged = []
+    for (job, alloc), rs in by.items():
+        m = dict(rs[0])
+        ms = [x["median_ms"] for x in rs if x.get("median_ms")]
+        if ms:
+            m["median_ms"] = statistics.median(ms)
+        merged.append(m)
+    table(merged, f"uncapped, {a.rounds} round(s), {a.steps} steps")
+    if capped:
+        table(capped, f"capped at {a.cap_x}x native's peak allocated")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"results": results, "capped": capped}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
