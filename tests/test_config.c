@@ -225,20 +225,25 @@ static void test_gpumem_chunks(void **state) {
     roundtrip("policy:gpumem,gpumem_slack:inf,gpumem_chunks:run", NULL);
 }
 
-/* gpumem_plan: off (default) or on; anything else names the value */
+/* gpumem_plan: on (default) or off; anything else names the value.
+ * gpumem_slack: auto (default), a number >= 0 or inf. */
 static void test_gpumem_plan(void **state) {
     (void)state;
     gm_config d;
     gm_config_init(&d);
-    assert_false(d.gpumem_plan);
+    assert_true(d.gpumem_plan);
+    assert_true(d.gpumem_slack == GM_GPUMEM_SLACK_AUTO);
+    roundtrip("policy:gpumem,gpumem_slack:auto", "policy:gpumem"); /* the default is not written */
+    roundtrip("policy:gpumem,gpumem_slack:0", "policy:gpumem,gpumem_slack:0");
+    parse_bad("policy:gpumem,gpumem_slack:-1", "-1"); /* auto's sentinel is no number a user may give */
+    roundtrip("policy:gpumem,gpumem_plan:off", "policy:gpumem,gpumem_plan:off");
     gm_config c = parse_ok("policy:gpumem,gpumem_plan:on");
     assert_true(c.gpumem_plan);
     c = parse_ok("policy:gpumem,gpumem_plan:on,gpumem_plan:off");
     assert_false(c.gpumem_plan);
     parse_bad("policy:gpumem,gpumem_plan:True", "True");
     parse_bad("policy:gpumem,gpumem_plan:", "gpumem_plan");
-    roundtrip("policy:gpumem,gpumem_plan:on", "policy:gpumem,gpumem_plan:on");
-    roundtrip("policy:gpumem,gpumem_plan:off", "policy:gpumem"); /* the default is not written */
+    roundtrip("policy:gpumem,gpumem_plan:on", "policy:gpumem"); /* the default is not written */
 }
 
 int main(void) {

@@ -181,10 +181,10 @@ static void run_step_random(ctx *c, const tstep *t, wl_rng *r, double p) {
     c->pend = 0;
 }
 
-static void plan_steps_as(int force) {
+static void plan_steps_as(int force, const char *conf) {
     gm__gp_plan_force = force;
     ctx c = {0};
-    ctx_open(&c, 16 * 1024 * MIB, getenv("PLAN_CONF") ? getenv("PLAN_CONF") : "policy:gpumem,gpumem_plan:on");
+    ctx_open(&c, 16 * 1024 * MIB, getenv("PLAN_CONF") ? getenv("PLAN_CONF") : conf);
 
     tstep t;
     wl_rng r;
@@ -227,18 +227,60 @@ static void plan_steps_as(int force) {
     gm__gp_plan_force = 0;
 }
 
-/* The layout the policy picks (A on this step), and each one forced. */
+/* The layout the policy picks (A on this step), and each one forced. B
+ * (an arena of the plan's own) may hold more than the peak so far in its
+ * first step, which a tight warm-up never allows: it is tested at slack inf. */
 static void plan_steps(void **state) {
     (void)state;
-    plan_steps_as(0);
+    plan_steps_as(0, "policy:gpumem");
 }
 static void plan_steps_around(void **state) {
     (void)state;
-    plan_steps_as('A');
+    plan_steps_as('A', "policy:gpumem");
 }
 static void plan_steps_own_arena(void **state) {
     (void)state;
-    plan_steps_as('B');
+    plan_steps_as('B', "policy:gpumem,gpumem_slack:inf");
+}
+
+/* The default, gpumem_slack:auto: the first steps are placed tight (memory
+ * moves to where it is needed, so the run's peak is the live blocks'), the
+ * plan then serves every later step with no device call. Against slack inf
+ * with the same plan, whose first steps hold every granule ever touched: no
+ * more memory at the peak, and no call once a step was served. */
+static void plan_warm_tight(void **state) {
+    (void)state;
+    int64_t peak[2];
+    for (int k = 0; k < 2; k++) {
+        ctx c = {0};
+        ctx_open(&c, 16 * 1024 * MIB, k ? "policy:gpumem,gpumem_slack:inf" : "policy:gpumem");
+        tstep t;
+        wl_rng r;
+        wl_seed(&r, 23);
+        step_random(&t, &r, 0.3, 96 * MIB);
+        gm_devptr weights = alloc(&c, 300 * MIB, 0);
+        gp_state *st = c.al->devices[0]->pstate;
+        assert_true(st->warming == (k == 0));
+        for (int s = 0; s < 6; s++) run_step(&c, &t, 0);
+        assert_true(served(&c) > 0);
+        assert_false(st->warming); /* loosened once a step was served */
+        uint64_t calls = device_calls(&c);
+        for (int s = 0; s < 3; s++) run_step(&c, &t, 0);
+        assert_int_equal(device_calls(&c), calls);
+        gm_stats s1 = {.size = sizeof s1};
+        assert_int_equal(gm_get_stats(c.al, 0, &s1), GM_OK);
+        peak[k] = s1.reserved_bytes[GM_POOL_ALL].peak;
+        /* tight: within a granule per live large block of the peak allocated */
+        if (k == 0 && peak[k] > s1.allocated_bytes[GM_POOL_ALL].peak + (int64_t)(NSTEP + 2) * 2 * (int64_t)MIB)
+            fail_msg("auto's peak reserved %lld, allocated %lld", (long long)peak[k],
+                     (long long)s1.allocated_bytes[GM_POOL_ALL].peak);
+        int64_t left = release_all(&c, weights);
+        if (left) fail_msg("reserved %lld after freeing all", (long long)left);
+        wl_model_free(&c.m);
+        gm_allocator_destroy(c.al);
+        gm_backend_destroy(c.be);
+    }
+    if (peak[0] > peak[1]) fail_msg("auto's peak %lld above inf's %lld", (long long)peak[0], (long long)peak[1]);
 }
 
 /* Every layout the solver tries (its orders, first and best fit, the
@@ -440,6 +482,7 @@ int main(void) {
         cmocka_unit_test(plan_steps),
         cmocka_unit_test(plan_steps_around),
         cmocka_unit_test(plan_steps_own_arena),
+        cmocka_unit_test(plan_warm_tight),
         cmocka_unit_test(plan_layouts_sound),
         cmocka_unit_test(plan_parity),
         cmocka_unit_test(plan_step_marks),

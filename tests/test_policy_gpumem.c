@@ -287,7 +287,8 @@ static void test_chunks_auto_cuts_partial_reuse(void **state) {
     for (int run = 0; run < 2; run++) {
         env e;
         setup_env_conf(&e, 16 * 1024 * MIB, false,
-                       run ? "policy:gpumem,gpumem_chunks:run" : "policy:gpumem,gpumem_chunks:auto");
+                       run ? "policy:gpumem,gpumem_slack:inf,gpumem_chunks:run"
+                           : "policy:gpumem,gpumem_slack:inf,gpumem_chunks:auto");
         gm_devptr f = alloc(e.al, 2600 * MIB, 0); /* held 2600 MiB > 15% of 16 GiB */
         gm_devptr b = alloc(e.al, 100 * MIB, 0);  /* granule-aligned after f: all interior */
         assert_int_equal(b, f + 2600 * MIB);

@@ -79,6 +79,9 @@ typedef enum gm_policy_kind {
     GM_POLICY_GPUMEM = 1, /* gpumem's own low-fragmentation policy */
 } gm_policy_kind;
 
+/* gm_config.gpumem_slack: tight while warming up, loose once planned */
+#define GM_GPUMEM_SLACK_AUTO (-1.0)
+
 /* gm_config.gpumem_chunks: how large the gpumem policy's physical chunks are */
 typedef enum gm_gpumem_chunks {
     GM_GPUMEM_CHUNKS_GRANULE = 0, /* one granule each */
@@ -107,10 +110,13 @@ typedef struct gm_config {
     bool graph_capture_record_stream_reuse;
     double per_process_memory_fraction; /* 1.0 = whole device (default) */
     char backend[32];                   /* "native" (default) or "cudaMallocAsync" */
-    /* gpumem policy only: gpumem_slack:<fraction>|inf. Memory the policy may
-     * hold over the peak of live granules before it moves idle memory
+    /* gpumem policy only: gpumem_slack:auto|<fraction>|inf. Memory the policy
+     * may hold over the peak of live granules before it moves idle memory
      * instead of creating more: 0 = least memory (moves every step), inf =
-     * moves only under memory pressure (no device calls once warm). */
+     * moves only under memory pressure (no device calls once warm). auto
+     * (GM_GPUMEM_SLACK_AUTO, the default with gpumem_plan:on): 0 while the
+     * program warms up, so the whole run's peak never forms, then inf once a
+     * plan has served a step (or no plan came: see policy_gpumem.c). */
     double gpumem_slack;
     /* gpumem policy only: gpumem_chunks:auto|granule|run (the physical
      * chunks' size; run and auto apply at gpumem_slack:inf only, granule
@@ -128,7 +134,7 @@ typedef struct gm_config {
      * calls), granule's memory and out-of-memory behaviour on every trace
      * measured (bench/gpumem_policy_tradeoff.md). */
     gm_gpumem_chunks gpumem_chunks;
-    /* gpumem policy only: gpumem_plan:off|on (default off). on: the policy
+    /* gpumem policy only: gpumem_plan:off|on (default on). on: the policy
      * finds the repeating allocation sequence of a training step online,
      * lays out two steps' blocks at planned addresses (greedy, by size) and
      * serves later steps' matching allocations there with no device call;

@@ -26,7 +26,7 @@
 #define MAX_REGISTER_THREADS 128   /* torch's pinned_max_register_threads() */
 #define MAX_TOKENS 256
 /* gpumem_slack default: chosen by measurement, bench/gpumem_policy_tradeoff.md */
-#define GPUMEM_SLACK_DEFAULT INFINITY
+#define GPUMEM_SLACK_DEFAULT GM_GPUMEM_SLACK_AUTO
 
 void gm_config_init(gm_config *cfg) {
     if (!cfg) return;
@@ -41,6 +41,7 @@ void gm_config_init(gm_config *cfg) {
     snprintf(cfg->backend, sizeof cfg->backend, "native");
     cfg->gpumem_slack = GPUMEM_SLACK_DEFAULT;
     cfg->gpumem_chunks = GM_GPUMEM_CHUNKS_AUTO; /* measured: bench/gpumem_policy_tradeoff.md */
+    cfg->gpumem_plan = true; /* with gpumem_slack:auto: bench/gpumem_policy_tradeoff.md, "Tight warm-up" */
 }
 
 /* ---- tokenizer ---------------------------------------------------------- */
@@ -277,12 +278,12 @@ static const setting settings[] = {
      "number in [0, 1]", "share of the device this process may reserve"},
     {"pinned_reserve_segment_size_mb", NULL, T_POSINT, 0, NULL, "-", "integer > 0",
      "host-side (pinned memory): validated, no effect"},
-    {"gpumem_slack", NULL, T_SLACK, F(gpumem_slack), "gpumem", "inf", "number >= 0, or inf",
+    {"gpumem_slack", NULL, T_SLACK, F(gpumem_slack), "gpumem", "auto", "auto, number >= 0, or inf",
      "memory held over the peak of live granules before idle memory moves instead of growing "
-     "(0: least memory, moves every step; inf: no device calls once warm)"},
+     "(0: least memory, moves every step; inf: no device calls once warm; auto: 0 until a plan serves, then inf)"},
     {"gpumem_chunks", NULL, T_CHUNKS, F(gpumem_chunks), "gpumem", "auto", "auto|granule|run",
      "size of the physical chunks (gm_config.gpumem_chunks in gpumem.h)"},
-    {"gpumem_plan", NULL, T_ONOFF, F(gpumem_plan), "gpumem", "off", "off|on",
+    {"gpumem_plan", NULL, T_ONOFF, F(gpumem_plan), "gpumem", "on", "off|on",
      "learn the repeating step and serve its allocations at planned addresses (gm_config.gpumem_plan)"},
 };
 #undef F
@@ -345,8 +346,9 @@ static int parse_setting(parser *ps, const setting *s, const char *key, gm_confi
         return GM_OK;
     case T_SLACK:
         if (!strcmp(v, "inf")) d = INFINITY;
+        else if (!strcmp(v, "auto")) d = GM_GPUMEM_SLACK_AUTO;
         else if (!parse_double(v, &d) || !(d >= 0.0))
-            return fail(ps, "%s: bad value '%s' (expected a number >= 0, or inf)", key, v);
+            return fail(ps, "%s: bad value '%s' (expected auto, a number >= 0, or inf)", key, v);
         *(double *)f = d;
         return GM_OK;
     case T_CHUNKS:
@@ -380,7 +382,8 @@ static bool setting_ok(const gm_config *c, const setting *s) {
             if (c->roundup_power2_divisions[i] && !is_pow2(c->roundup_power2_divisions[i])) return false;
         return true;
     case T_POW2: return is_pow2(*(const uint32_t *)f) && *(const uint32_t *)f <= MAX_REGISTER_THREADS;
-    case T_SLACK: return *(const double *)f >= 0.0; /* NaN fails; +inf is valid */
+    case T_SLACK: /* NaN fails; +inf is valid */
+        return *(const double *)f >= 0.0 || *(const double *)f == GM_GPUMEM_SLACK_AUTO;
     case T_CHUNKS: return (unsigned)*(const gm_gpumem_chunks *)f < 3u;
     default: return true;
     }
@@ -513,6 +516,7 @@ static void format_setting(gm__putbuf *o, const gm_config *cfg, const setting *s
     case T_POW2: gm__put(o, "%u", *(const uint32_t *)f); break;
     case T_SLACK:
         if (isinf(*(const double *)f)) gm__put(o, "inf");
+        else if (*(const double *)f == GM_GPUMEM_SLACK_AUTO) gm__put(o, "auto");
         else put_double(o, *(const double *)f);
         break;
     case T_CHUNKS: gm__put(o, "%s", chunk_names[(unsigned)*(const gm_gpumem_chunks *)f % 3u]); break;

@@ -245,20 +245,43 @@ int gm__gp_flush_quick(gp_state *st) {
 
 /* ---- ops ------------------------------------------------------------------- */
 
+/* The chunk and live-count modes that follow from st->slack. */
+static void slack_modes(gp_state *st) {
+    const gm_config *cfg = st->d->cfg;
+    /* idle chunks move only under memory pressure at inf, so a chunk larger
+     * than a granule costs no memory there while the device has room, and
+     * saves device calls; under pressure a partly used one pins memory,
+     * which auto avoids once the device may fill up (policy_gpumem_chunks.c) */
+    st->autoc = isinf(st->slack) && cfg && cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_AUTO;
+    st->runs = isinf(st->slack) && cfg && (cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN || st->autoc);
+    /* at inf nothing on the hot path reads live counts (policy_gpumem_chunks.c) */
+    st->lazy_ok = isinf(st->slack);
+}
+
+void gm__gp_loosen(gp_state *st) {
+    if (!st->warming) return;
+    st->warming = false;
+    st->slack = INFINITY;
+    slack_modes(st);
+    gm__gp_live_drop(st);
+}
+
 static int gp_create(gm__device *d, void **state) {
     gp_state *st = calloc(1, sizeof *st);
     if (!st) return GM_ENOHOSTMEM;
     st->d = d;
     st->chunk_free = -1;
     st->slack = d->cfg ? d->cfg->gpumem_slack : 0.0;
-    /* idle chunks move only under memory pressure at inf, so a chunk larger
-     * than a granule costs no memory there while the device has room, and
-     * saves device calls; under pressure a partly used one pins memory,
-     * which auto avoids once the device may fill up (policy_gpumem_chunks.c) */
-    st->autoc = isinf(st->slack) && d->cfg && d->cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_AUTO;
-    st->runs = isinf(st->slack) && d->cfg && (d->cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN || st->autoc);
-    /* at inf nothing on the hot path reads live counts (policy_gpumem_chunks.c) */
-    st->lazy_ok = st->lazy = isinf(st->slack);
+    /* gpumem_slack:auto warms up tight (slack 0): memory moves to where the
+     * first steps need it, so the whole run's peak never forms; the plan
+     * then serves later steps with no device call (gm__gp_loosen). Without
+     * a plan there is nothing to warm up for: inf. */
+    if (st->slack == GM_GPUMEM_SLACK_AUTO) {
+        st->warming = d->cfg && d->cfg->gpumem_plan;
+        st->slack = st->warming ? 0.0 : INFINITY;
+    }
+    slack_modes(st);
+    st->lazy = st->lazy_ok;
     for (int o = 0; o < GP_NORDERS; o++)
         st->idle[o] = st->loose[o] = st->idle_tail[o] = st->loose_tail[o] = -1;
     uint64_t g = 0;
@@ -279,6 +302,7 @@ static int gp_create(gm__device *d, void **state) {
         free(st);
         return rc;
     }
+    if (!st->plan) gm__gp_loosen(st); /* no VMM: no plan to warm up for */
     *state = st;
     return GM_OK;
 }

@@ -112,6 +112,7 @@ typedef struct gp_state {
     uint32_t nmulti;     /* chunks of more than one granule (none by default) */
     uint64_t held_bytes;       /* physical bytes held (chunks, or plain mallocs) */
     double slack;              /* cfg gpumem_slack: may hold (1 + slack) x peak live granules */
+    bool warming;              /* gpumem_slack:auto, not loosened yet: slack is 0 (gm__gp_loosen) */
     bool runs;                 /* gpumem_chunks:run at slack inf: one chunk per run of unmapped granules */
     bool autoc;                /* gpumem_chunks:auto at slack inf (runs is set too) */
     bool lazy_ok;              /* slack inf: live counts may go stale between pressure events */
@@ -126,6 +127,9 @@ typedef struct gp_state {
 
 /* policy_gpumem.c */
 gp_block *gm__gp_block_new(gp_state *st);
+/* gpumem_slack:auto: the warm-up is over (a plan served a step, or none
+ * came): from now on idle chunks stay mapped, as at gpumem_slack:inf. */
+void gm__gp_loosen(gp_state *st);
 void gm__gp_block_put(gp_state *st, gp_block *b);
 int gm__gp_sync_arena(gp_state *st, gp_arena *a);
 int gm__gp_flush_quick(gp_state *st);

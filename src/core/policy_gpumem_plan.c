@@ -67,6 +67,9 @@
 #define PL_TAB (1u << 14)     /* hash table of windows (256 KiB: stays in cache) */
 #define PL_TRIES 8            /* plans made before the detector gives up */
 #define PL_RESYNC 8           /* positions searched ahead after a deviation */
+#ifndef PL_WARM
+#define PL_WARM (PL_HIST / 2) /* gpumem_slack:auto: allocations warmed up tight at most */
+#endif
 
 int gm__gp_plan_create(gp_state *st) {
     gp_plan *pl = calloc(1, sizeof *pl);
@@ -293,6 +296,7 @@ static void settle(gp_state *st) {
 static void advance(gp_state *st) {
     gp_plan *pl = st->plan;
     if (++pl->cur % pl->P) return;
+    gm__gp_loosen(st); /* a step served from the plan: the warm-up is over */
     if (pl->cur == 2 * pl->P) pl->cur = 0;
     if (!pl->settled && pl->dev_step == 0) settle(st);
     pl->dev_step = 0;
@@ -329,7 +333,7 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_bl
      * held no more than the usual placement would have */
     gp_arena *a = pl->rebase && !pl->inmain[c] ? pl->ra : pl->ma;
     int rc = gm__gp_va_place_at(st, a, a->base + (pl->off[c] << GP_ALIGN_SHIFT), units,
-                                pl->rebase || pl->settled, &b);
+                                pl->rebase || pl->settled || st->warming, &b);
     if (rc == 2) return 0;
     if (rc <= 0) {
 #ifdef GP_PLAN_DEBUG
@@ -369,6 +373,10 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
     gp_plan *pl = st->plan;
     b->serial = pl->n;
     note_alloc(pl, b->h.size >> GP_ALIGN_SHIFT, st->arenas[b->arena]->stream);
+    /* gpumem_slack:auto and no plan serves yet: warming up tight costs
+     * device calls in every step, so it ends when the detector gives up or
+     * after PL_WARM allocations, whichever comes first */
+    if (st->warming && pl->state != PL_ACTIVE && (pl->tries >= PL_TRIES || pl->n >= PL_WARM)) gm__gp_loosen(st);
 }
 
 void gm__gp_plan_free(gp_state *st, const gp_block *b) {

@@ -76,9 +76,9 @@ j = json.load(sys.stdin)
 c = j["categories"]
 assert c["parameters"] == 124439808 * 4, c          # GPT-2 small, fp32
 assert c["optimizer_state"] == 2 * 124439808 * 4, c  # AdamW: two moments
-# slack:0 is the least memory, but far more device calls: not recommended
-assert j["best_for_memory"] == "policy:gpumem,gpumem_slack:0", j["best_for_memory"]
-assert j["recommended"] != j["best_for_memory"]
+# the default (tight warm-up, then the plan) holds the least memory; this
+# trace is too short (4 steps) for its warm-up to end before the second half
+assert j["best_for_memory"] == "policy:gpumem", j["best_for_memory"]
 r = {x["conf"]: x for x in j["results"]}
 rec, d = r[j["recommended"]], r[""]
 assert rec["calls_vs_default"] <= 10
