@@ -375,8 +375,16 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
     note_alloc(pl, b->h.size >> GP_ALIGN_SHIFT, st->arenas[b->arena]->stream);
     /* gpumem_slack:auto and no plan serves yet: warming up tight costs
      * device calls in every step, so it ends when the detector gives up or
-     * after PL_WARM allocations, whichever comes first */
-    if (st->warming && pl->state != PL_ACTIVE && (pl->tries >= PL_TRIES || pl->n >= PL_WARM)) gm__gp_loosen(st);
+     * after PL_WARM allocations, whichever comes first. The idle chunks are
+     * given back then, once: kept where the tight steps left them, they sat
+     * under the later steps' new placements (bert_varlen 1.126 x its peak
+     * allocated against 1.090 given back; bench/gpumem_policy_tradeoff.md) */
+    if (st->warming && pl->state != PL_ACTIVE && (pl->tries >= PL_TRIES || pl->n >= PL_WARM)) {
+        gm__gp_loosen(st);
+        gm__gp_flush_quick(st);
+        for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
+        (void)gm__gp_release_unused(st);
+    }
 }
 
 void gm__gp_plan_free(gp_state *st, const gp_block *b) {
