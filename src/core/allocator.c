@@ -2,7 +2,7 @@
  * lazily created devices with one mutex each, the pointer map, request-level
  * stats (allocation, allocated_bytes, requested_bytes, oversize_allocations,
  * num_ooms), record_stream, and the checks and walks over a device. Placement
- * and caching are the policy's job (policy_torch*.c, policy_gpumem*.c).
+ * and caching are the policy's job (src/policy/torch/, src/policy/gpumem/).
  *
  * Speed: the common malloc/free path takes the device lock once (devlock.h:
  * one atomic exchange, a plain store to release), does one hash lookup and no

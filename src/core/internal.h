@@ -166,9 +166,8 @@ struct gm__policy_ops {
     /* optional (NULL: ignored): the program marked the end of a step (gm_step_mark) */
     void (*step_mark)(void *state);
 };
-
-extern const gm__policy_ops gm__policy_torch;
-extern const gm__policy_ops gm__policy_gpumem;
+/* Each policy's ops table is declared in its one interface header,
+ * src/policy/NAME/NAME.h, which only the policy table (policy.c) includes. */
 
 /* The policy table (policy.c): index = gm_policy_kind. */
 typedef struct gm__policy_desc {
