@@ -45,7 +45,7 @@ static gm_allocator *publish_one(char *path, size_t len) {
     memset(&s, 0, sizeof s);
     s.size = sizeof s;
     s.reserved_bytes[GM_POOL_ALL].current = 4096;
-    gm__publisher_update(a->publisher, 0, &s);
+    gm__publisher_update(gm__allocator_publisher(a), 0, &s);
     /* its name: the first publisher of a process is <prefix><pid>, later ones .<n> */
     gm__scan_result r;
     assert_int_equal(gm__shm_scan(&r, false), GM_OK);
