@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Actions of torch's TraceEntry, in its order. */
 #define GM_TRACE_ACTIONS(X)                                                    \
@@ -91,6 +92,12 @@ int gm_trace_write_gmt(const gm_trace *t, const char *path);
 /* Encode into a malloc'd buffer (for tests/fuzzing). */
 int gm_trace_encode_gmt(const gm_trace *t, uint8_t **out, size_t *outlen);
 int gm_trace_decode_gmt(const void *data, size_t len, gm_trace **out);
+
+/* The snapshot reader on a file read as it goes (pickle.h's
+ * gm__pickle_load_stream): `head` holds its first len bytes. */
+int gm__trace_from_snapshot_stream(FILE *in, const void *head, size_t len, gm_trace **out);
+/* The .gmt reader likewise: the body is inflated and decoded in windows. */
+int gm__trace_decode_gmt_stream(FILE *in, const void *head, size_t len, gm_trace **out);
 
 /* Builders shared by the readers (trace_build.c). */
 typedef struct gm__trace_builder gm__trace_builder;
