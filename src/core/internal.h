@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -236,5 +237,9 @@ struct gm_allocator {
     gm__publisher *publisher;             /* NULL unless publishing */
     void *fe;                             /* front end private (pointer map) */
 };
+
+/* A JSON string of s (json_escape.c): invalid UTF-8 as \ufffd, controls as
+ * \u00XX; script_safe also escapes <, > and & for HTML <script> data. */
+void gm__json_string(FILE *f, const char *s, bool script_safe);
 
 #endif /* GPUMEM_INTERNAL_H */

@@ -345,19 +345,10 @@ void gm_scope_series_free(gm_scope_series *ss) {
     free(ss);
 }
 
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20 || *p == '<' || *p == '>' || *p == '&') fprintf(f, "\\u%04x", *p); /* safe in <script> */
-        else fputc(*p, f);
-    }
-    fputc('"', f);
-}
 
 void gm__scope_series_json(FILE *f, const gm_scope_series *ss, bool deltas) {
     fprintf(f, "{\"source\":");
-    json_str(f, ss->source);
+    gm__json_string(f, ss->source, true); /* also inside the HTML's <script> */
     fprintf(f, ",\"points\":%zu,\"encoding\":\"%s\",\"views\":[", ss->npts,
             deltas ? "deltas: value[i] = value[i-1] + deltas[i], value[-1] = 0" : "values");
     for (int i = 0; i < ss->nviews; i++) {
@@ -365,7 +356,7 @@ void gm__scope_series_json(FILE *f, const gm_scope_series *ss, bool deltas) {
         fprintf(f, "%s{\"depth\":%d,\"scopes\":%zu,\"series\":[", i ? "," : "", v->depth, v->nscopes);
         for (size_t j = 0; j < v->nseries; j++) {
             fprintf(f, "%s{\"name\":", j ? "," : "");
-            json_str(f, v->names[j]);
+            gm__json_string(f, v->names[j], true);
             fprintf(f, ",\"at_peak\":%" PRId64 ",\"max\":%" PRId64 ",\"%s\":[", v->at_peak[j], v->max[j],
                     deltas ? "deltas" : "values");
             const int64_t *x = v->values + j * ss->npts;

@@ -134,6 +134,11 @@ int gm_trace_encode_gmt(const gm_trace *t, uint8_t **out, size_t *outlen) {
         free(w.b);
         return gm__set_error(GM_ENOHOSTMEM, "out of host memory encoding a trace");
     }
+    if (w.n > GM_LIMIT_GMT_BODY) { /* the reader would refuse it: never write it */
+        free(w.b);
+        return gm__set_error(GM_EFORMAT, "the trace's .gmt body would be %zu bytes, more than "
+                             "GM_LIMIT_GMT_BODY (%llu)", w.n, (unsigned long long)GM_LIMIT_GMT_BODY);
+    }
     uLong bound = compressBound((uLong)w.n);
     uint8_t *o = malloc(HEADER_SIZE + bound);
     if (!o) {
@@ -161,15 +166,9 @@ int gm_trace_write_gmt(const gm_trace *t, const char *path) {
     size_t len;
     int rc = gm_trace_encode_gmt(t, &buf, &len);
     if (rc) return rc;
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        free(buf);
-        return gm__set_error(GM_EIO, "cannot create %s", path);
-    }
-    bool ok = fwrite(buf, 1, len, f) == len;
-    ok = (fclose(f) == 0) && ok;
+    rc = gm__write_file(path, buf, len, false);
     free(buf);
-    return ok ? GM_OK : gm__set_error(GM_EIO, "error writing %s", path);
+    return rc;
 }
 
 /* ---- decoding ----------------------------------------------------------
