@@ -192,8 +192,10 @@ static bool refill(reader *r, size_t n) {
     if (r->zend || (!r->gz && !r->in)) return false;
     size_t have = (size_t)(r->end - r->p);
     r->base += (uint64_t)(r->p - r->wbase);
-    bool inbuf = r->buf && r->p >= r->buf && r->p <= r->buf + r->bufcap;
-    size_t off = inbuf ? (size_t)(r->p - r->buf) : 0;
+    /* where the window is, as numbers: r->buf may move below */
+    uintptr_t pb = (uintptr_t)r->buf, pp = (uintptr_t)r->p;
+    bool inbuf = pb && pp >= pb && pp <= pb + r->bufcap;
+    size_t off = inbuf ? (size_t)(pp - pb) : 0;
     size_t want = n > (256u << 10) ? n : (256u << 10);
     if (want > r->bufcap) {
         uint8_t *nb = realloc(r->buf, want);
