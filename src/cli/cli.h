@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "trace/trace.h"
+
 /* Each subcommand gets argv with argv[0] == its own name; returns the exit
  * code (0 ok, 1 failure of the job, 2 bad usage). */
 #define GM_CLI_COMMANDS(X)                                                              \
@@ -47,6 +49,34 @@ void cli_tune_print_json(const struct gm_tune_entry *e, int n, const struct gm_t
 struct gm_trace;
 int cli_tune_trace(const char *cmd, const char *path, int device, uint64_t *capacity, struct gm_trace **trace,
                    struct gm_tune_entry **rows, int *n, struct gm_tune_choice *choice, double *secs);
+
+/* ---- output files (cli_util.c) -----------------------------------------
+ * Every file a command writes goes through these: nothing is written
+ * through a symbolic link or over an input, a regular file is written to a
+ * temporary file beside it and renamed into place only when every write,
+ * flush and close succeeded (a failure leaves the old file as it was), and
+ * the command says what it wrote and where. */
+typedef struct cli_out {
+    gm__outfile o;
+    const char *cmd;
+} cli_out;
+/* Open path for writing; inputs: the files read, NULL-terminated (may be
+ * NULL). Returns 0, or the exit code after printing why not. */
+int cli_out_open(cli_out *o, const char *cmd, const char *path, const char *const *inputs);
+/* Open path to append to (gpumem log): never through a link. */
+int cli_out_append(cli_out *o, const char *cmd, const char *path);
+/* Finish: wrc is the writer's own status (non-zero: it failed). Prints
+ * "gpumem CMD: wrote PATH (SIZE): what"; returns 0, or 1 after printing the
+ * error (and removing the temporary file). */
+int cli_out_close(cli_out *o, int wrc, const char *what);
+/* Flush standard output and check it (main, after every command): a full
+ * disk or a closed pipe is an error, not exit 0. */
+int cli_close_stdout(const char *cmd);
+
+/* 0 if device `device` of t has events; else prints what is missing and
+ * how to record it (a snapshot taken without _record_memory_history has
+ * segments but no events) and returns 1. */
+int cli_require_history(const char *cmd, const char *path, const struct gm_trace *t, int device);
 
 /* s as a JSON string, quoted and escaped. */
 void cli_json_string(FILE *f, const char *s);

@@ -110,6 +110,10 @@ int cli_tune_trace(const char *cmd, const char *path, int device, uint64_t *capa
     if (!*capacity) *capacity = so.capacity;
     gm_trace *t;
     if (gm_trace_load_file(path, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
+    if (cli_require_history(cmd, path, t, device)) {
+        gm_trace_free(t);
+        return 1;
+    }
     gm_replay_prog *prog;
     int rc = gm_replay_compile(t, device, &prog);
     if (rc) {

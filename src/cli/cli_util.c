@@ -1,4 +1,5 @@
-/* cli_util.c — helpers shared by the subcommands: sizes and error messages. */
+/* cli_util.c — helpers shared by the subcommands: sizes, error messages and
+ * output files (cli.h). */
 #include "cli.h"
 
 #include "internal.h"
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 bool cli_parse_size(const char *s, uint64_t *out) {
     if (!s || !*s) return false;
@@ -43,16 +45,7 @@ bool cli_parse_size(const char *s, uint64_t *out) {
 }
 
 
-void cli_json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p == '\n') fputs("\\n", f);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
-}
+void cli_json_string(FILE *f, const char *s) { gm__json_string(f, s, false); }
 
 const char *cli_format_bytes(uint64_t bytes, char *buf, size_t len) {
     return gm__format_bytes(bytes > INT64_MAX ? INT64_MAX : (int64_t)bytes, buf, len);
@@ -79,4 +72,55 @@ int cli_error(const char *cmd, const char *fmt, ...) {
     int rc = vreport(1, cmd, fmt, ap);
     va_end(ap);
     return rc;
+}
+
+/* ---- output files (the rules are gm__outfile's, trace.h) ------------------ */
+
+int cli_out_open(cli_out *o, const char *cmd, const char *path, const char *const *inputs) {
+    o->cmd = cmd;
+    struct stat st, is;
+    for (size_t i = 0; inputs && inputs[i]; i++)
+        if (strcmp(inputs[i], "-") && stat(path, &st) == 0 && stat(inputs[i], &is) == 0 &&
+            is.st_dev == st.st_dev && is.st_ino == st.st_ino)
+            return cli_error(cmd, "'%s' is the input '%s': refusing to write over it; give another output name",
+                             path, inputs[i]);
+    if (gm__outfile_open(&o->o, path, false)) return cli_error(cmd, "%s", gm_last_error_detail());
+    return 0;
+}
+
+int cli_out_append(cli_out *o, const char *cmd, const char *path) {
+    o->cmd = cmd;
+    if (gm__outfile_open(&o->o, path, true)) return cli_error(cmd, "%s", gm_last_error_detail());
+    fprintf(stderr, "gpumem %s: %s %s\n", cmd, o->o.replaced ? "appending to" : "writing", path);
+    return 0;
+}
+
+int cli_out_close(cli_out *o, int wrc, const char *what) {
+    bool replaced = o->o.replaced && !o->o.append && o->o.tmp[0];
+    if (gm__outfile_close(&o->o, wrc == 0))
+        return cli_error(o->cmd, "%s%s", gm_last_error_detail(),
+                         replaced ? " (the previous file is unchanged)" : "");
+    struct stat st;
+    char sz[32] = "?";
+    if (stat(o->o.path, &st) == 0) cli_format_bytes((uint64_t)st.st_size, sz, sizeof sz);
+    fprintf(stderr, "gpumem %s: wrote %s (%s%s)%s%s\n", o->cmd, o->o.path, sz,
+            replaced ? ", replacing the previous file" : "", what ? ": " : "", what ? what : "");
+    return 0;
+}
+
+int cli_close_stdout(const char *cmd) {
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
+    return cli_error(cmd, "error writing standard output: %s", strerror(errno ? errno : EIO));
+}
+
+int cli_require_history(const char *cmd, const char *path, const gm_trace *t, int device) {
+    if (device < 0 || (device >= t->ndevices && t->nevents)) return 0; /* the caller's own check names it */
+    if (device < t->ndevices && t->dev_off[device + 1] > t->dev_off[device]) return 0;
+    return cli_error(cmd, "%s has no allocation history for device %d (0 events%s; %zu segments, %zu events "
+                     "in all): it was recorded without torch.cuda.memory._record_memory_history(). Call "
+                     "torch.cuda.memory._record_memory_history(max_entries=1000000) before the run and "
+                     "torch.cuda.memory._dump_snapshot(\"snapshot.pickle\") after it (or record with "
+                     "gpumem.torch), then try again", path, device,
+                     t->skipped ? ", some entries were not allocator events" : "", t->nsegments, t->nevents);
 }

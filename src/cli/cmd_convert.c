@@ -6,6 +6,8 @@
 #include "gpumem/gpumem.h"
 #include "trace/trace.h"
 
+#include <stdlib.h>
+
 
 int cmd_convert(int argc, char **argv) {
     const char *cmd = argv[0], *out = NULL;
@@ -24,13 +26,23 @@ int cmd_convert(int argc, char **argv) {
     if (!out) return cli_usage_error(cmd, "-o OUT.gmt is required (see 'gpumem %s --help')", cmd);
     gm_trace *t;
     if (gm_trace_load_file(in, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
-    int rc = gm_trace_write_gmt(t, out);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc = gm_trace_encode_gmt(t, &buf, &len);
     if (rc) {
         gm_trace_free(t);
         return cli_error(cmd, "%s", gm_last_error_detail());
     }
-    fprintf(stderr, "gpumem convert: %s -> %s: %zu events on %d device(s), %u stacks, %zu segments\n",
-            in, out, t->nevents, t->ndevices, t->nstacks, t->nsegments);
+    const char *inputs[] = {in, NULL};
+    cli_out o;
+    rc = cli_out_open(&o, cmd, out, inputs);
+    if (!rc) {
+        char what[160];
+        snprintf(what, sizeof what, "%zu events on %d device(s), %u stacks, %zu segments from %s", t->nevents,
+                 t->ndevices, t->nstacks, t->nsegments, in);
+        rc = cli_out_close(&o, fwrite(buf, 1, len, o.o.f) != len, what);
+    }
+    free(buf);
     gm_trace_free(t);
-    return 0;
+    return rc;
 }

@@ -75,12 +75,15 @@ int cmd_log(int argc, char **argv) {
     if (prc) return cli_parse_exit(prc);
     bool csv = !strcmp(format, "csv"), nvml = !no_nvml;
     FILE *out = stdout;
-    if (output && !(out = fopen(output, "a")))
-        return cli_error(argv[0], "cannot open '%s': %s", output, strerror(errno));
+    cli_out o;
+    if (output) {
+        if (cli_out_append(&o, argv[0], output)) return 1;
+        out = o.o.f;
+    }
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     int code = run(argv[0], out, csv, interval, count, nvml);
-    if (out != stdout) fclose(out);
+    if (output && cli_out_close(&o, 0, csv ? "CSV rows" : "JSON lines")) code = 1;
     return code;
 }

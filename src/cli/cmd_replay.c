@@ -173,6 +173,10 @@ int cmd_replay(int argc, char **argv) {
     gm_trace *t;
     int rc = gm_trace_load_file(path, &t);
     if (rc) return cli_error(cmd, "%s", gm_last_error_detail());
+    if (cli_require_history(cmd, path, t, device)) {
+        gm_trace_free(t);
+        return 1;
+    }
     gm_replay_prog *p;
     rc = gm_replay_compile(t, device, &p);
     if (rc) {

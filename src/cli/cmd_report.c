@@ -12,18 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static FILE *open_out(const char *cmd, const char *path) {
-    FILE *f = fopen(path, "w");
-    if (!f) cli_error(cmd, "cannot write '%s': %s", path, strerror(errno));
-    return f;
-}
-
-static int close_out(const char *cmd, const char *path, FILE *f, int wrc) {
-    int rc = fclose(f);
-    if (wrc || rc) return cli_error(cmd, "writing '%s' failed: %s", path, strerror(errno));
-    return 0;
-}
-
 int cmd_report(int argc, char **argv) {
     const char *cmd = argv[0], *html = NULL, *perfetto = NULL, *conf = NULL;
     char *path = NULL;
@@ -63,6 +51,10 @@ int cmd_report(int argc, char **argv) {
 
     gm_trace *t;
     if (gm_trace_load_file(path, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
+    if (cli_require_history(cmd, path, t, (int)device)) {
+        gm_trace_free(t);
+        return 1;
+    }
     gm_config cfg;
     gm_config_init(&cfg);
     char err[256] = "";
@@ -92,19 +84,23 @@ int cmd_report(int argc, char **argv) {
         goto out;
     }
     gm_report_opts ro = {path, (size_t)rows_max, ss};
+    const char *inputs[] = {path, html, perfetto, NULL}; /* and never one output over the other */
+    if (html && perfetto && !strcmp(html, perfetto)) {
+        rc = cli_usage_error(cmd, "-o and --perfetto name the same file '%s'", html);
+        goto out;
+    }
+    cli_out o;
     if (html) {
-        FILE *f = open_out(cmd, html);
-        if (!f || (rc = close_out(cmd, html, f, gm_report_write_html(f, a, tl, rows, nrows, &ro)))) {
-            rc = 1;
+        inputs[1] = NULL;
+        if ((rc = cli_out_open(&o, cmd, html, inputs)) ||
+            (rc = cli_out_close(&o, gm_report_write_html(o.o.f, a, tl, rows, nrows, &ro), "HTML report")))
             goto out;
-        }
     }
     if (perfetto) {
-        FILE *f = open_out(cmd, perfetto);
-        if (!f || (rc = close_out(cmd, perfetto, f, gm_report_write_perfetto(f, a, tl)))) {
-            rc = 1;
+        inputs[1] = NULL;
+        if ((rc = cli_out_open(&o, cmd, perfetto, inputs)) ||
+            (rc = cli_out_close(&o, gm_report_write_perfetto(o.o.f, a, tl), "Chrome/Perfetto trace (ui.perfetto.dev)")))
             goto out;
-        }
     }
     if (text) gm_report_write_text(stdout, a, tl, rows, nrows, &ro);
     if (json) gm_report_write_json(stdout, a, tl, &ro);

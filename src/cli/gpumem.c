@@ -31,14 +31,18 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
-        return 0;
+        return cli_close_stdout("--help") ? 1 : 0;
     }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
         printf("gpumem %s\n", gm_version());
-        return 0;
+        return cli_close_stdout("--version") ? 1 : 0;
     }
+    /* every command's standard output is checked once it is done: `> /dev/full` is an error */
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) {
+            int rc = commands[i].run(argc - 1, argv + 1);
+            return cli_close_stdout(argv[1]) && rc == 0 ? 1 : rc;
+        }
     fprintf(stderr, "gpumem: '%s' is not a gpumem command; see 'gpumem --help'\n", argv[1]);
     return 2;
 }

@@ -16,11 +16,9 @@
 /* Trace readers (pickle snapshots and .gmt files). */
 #define GM_LIMIT_TRACE_FILE_BYTES ((uint64_t)4 << 30) /* a trace file as stored (gzip: 4 GiB) */
 #define GM_LIMIT_TRACE_INPUT_BYTES ((uint64_t)16 << 30) /* bytes read, after gunzip */
-#define GM_LIMIT_TRACE_MEMORY ((uint64_t)4 << 30)       /* host memory the unpickler may hold */
+#define GM_LIMIT_TRACE_MEMORY ((uint64_t)4 << 30)       /* host memory the unpickler may hold, and the trace built */
 #define GM_LIMIT_DECLARED_LENGTH ((uint64_t)256 << 20)  /* one string/bytes/section length */
-#define GM_LIMIT_GMT_BODY ((uint64_t)16 << 30)          /* a .gmt body, and at most: */
-#define GM_LIMIT_GMT_RATIO 64      /* body bytes per compressed byte (real traces: 2-5) */
-#define GM_LIMIT_GMT_SMALL_BODY ((uint64_t)1 << 20)     /* ... unless the body is this small */
+#define GM_LIMIT_GMT_BODY ((uint64_t)16 << 30)          /* a .gmt body (decoded as it is inflated) */
 #define GM_LIMIT_TRACE_EVENTS (((uint64_t)1 << 31) - 1) /* events per trace */
 #define GM_LIMIT_STACK_DEPTH 4096                       /* frames per stack */
 

@@ -8,6 +8,8 @@
  * they read without JavaScript too. */
 #include "report.h"
 
+#include "internal.h"
+
 #include <inttypes.h>
 #include <string.h>
 
@@ -33,16 +35,6 @@ static void esc(FILE *f, const char *s) {
     }
 }
 
-/* A JSON string safe inside <script>. */
-static void jstr(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20 || *p == '<' || *p == '>' || *p == '&') fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
-}
 
 
 static const char *CSS =
@@ -224,10 +216,10 @@ static void data_json(FILE *f, const gm_attribution *a, const gm_timeline *tl, c
     fprintf(f, "],\"res\":[");
     for (size_t i = 0; i < tl->npts; i++) fprintf(f, "%s%" PRId64, i ? "," : "", tl->pts[i].reserved);
     fprintf(f, "],\"title\":");
-    jstr(f, a->trace->format);
+    gm__json_string(f, a->trace->format, true);
     if (ss) {
         fprintf(f, ",\"others\":");
-        jstr(f, GM_SCOPE_OTHERS);
+        gm__json_string(f, GM_SCOPE_OTHERS, true);
         fprintf(f, ",\"scopes\":");
         gm__scope_series_json(f, ss, true);
     }

@@ -5,18 +5,11 @@
  * and for gpumem scopes, both cut at allocations. */
 #include "report.h"
 
+#include "internal.h"
+
 #include <inttypes.h>
 #include <string.h>
 
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
-}
 
 /* The innermost scope frame of a stack, or NULL. */
 static const char *scope_of(const gm_trace *t, uint32_t stack) {
@@ -63,7 +56,7 @@ int gm_report_write_perfetto(FILE *f, const gm_attribution *a, const gm_timeline
                 uint32_t e0 = a->allocs[start].ev;
                 uint32_t e1 = k < a->nallocs ? a->allocs[k].ev : (uint32_t)(a->nevents - 1);
                 fprintf(f, ",\n{\"name\":");
-                json_str(f, name);
+                gm__json_string(f, name, false);
                 fprintf(f, ",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.0f,\"dur\":%.0f,\"args\":{\"allocations\":%zu}}",
                         track, TS(e0), TS(e1) - TS(e0), k - start);
             }

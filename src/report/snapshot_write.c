@@ -204,18 +204,7 @@ int gm_trace_write_snapshot(const gm_trace *t, const char *path) {
     int rc = gm_trace_encode_snapshot(t, &buf, &n);
     if (rc) return rc;
     size_t pl = strlen(path);
-    bool gz = pl > 3 && !strcmp(path + pl - 3, ".gz");
-    if (gz) {
-        gzFile g = gzopen(path, "wb6");
-        bool ok = g && gzwrite(g, buf, (unsigned)n) == (int)n && n <= 0x7fffffff;
-        if (g && gzclose(g) != Z_OK) ok = false;
-        if (!ok) rc = gm__set_error(GM_EIO, "cannot write %s: %s", path, errno ? strerror(errno) : "gzip error");
-    } else {
-        FILE *f = fopen(path, "wb");
-        bool ok = f && fwrite(buf, 1, n, f) == n;
-        if (f && fclose(f)) ok = false;
-        if (!ok) rc = gm__set_error(GM_EIO, "cannot write %s: %s", path, strerror(errno));
-    }
+    rc = gm__write_file(path, buf, n, pl > 3 && !strcmp(path + pl - 3, ".gz"));
     free(buf);
     return rc;
 }

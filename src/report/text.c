@@ -2,6 +2,8 @@
  * bytes were attributed, and the frame / scope table, on a terminal. */
 #include "report.h"
 
+#include "internal.h"
+
 #include <inttypes.h>
 #include <string.h>
 
@@ -60,12 +62,9 @@ int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl
 }
 
 int gm_report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_report_opts *o) {
-    fprintf(f, "{\"trace\":\"");
-    for (const char *s = o && o->title ? o->title : ""; *s; s++) {
-        if (*s == '"' || *s == '\\') fputc('\\', f);
-        if ((unsigned char)*s >= 0x20) fputc(*s, f);
-    }
-    fprintf(f, "\",\"format\":\"%s\",\"device\":%d,\"events\":%zu,\"allocations\":%zu,\"has_frames\":%s,"
+    fprintf(f, "{\"trace\":");
+    gm__json_string(f, o && o->title ? o->title : "", false);
+    fprintf(f, ",\"format\":\"%s\",\"device\":%d,\"events\":%zu,\"allocations\":%zu,\"has_frames\":%s,"
                "\"peak_requested\":%" PRId64 ",\"peak_event\":%zu",
             a->trace->format, a->device, a->nevents, a->nallocs, a->has_frames ? "true" : "false",
             a->peak_bytes, a->peak_ev);

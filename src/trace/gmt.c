@@ -8,6 +8,7 @@
  * every index goes through the trace builder's checks. */
 #include "trace.h"
 
+#include "idmap.h"
 #include "internal.h"
 
 #include <errno.h>
@@ -133,6 +134,11 @@ int gm_trace_encode_gmt(const gm_trace *t, uint8_t **out, size_t *outlen) {
         free(w.b);
         return gm__set_error(GM_ENOHOSTMEM, "out of host memory encoding a trace");
     }
+    if (w.n > GM_LIMIT_GMT_BODY) { /* the reader would refuse it: never write it */
+        free(w.b);
+        return gm__set_error(GM_EFORMAT, "the trace's .gmt body would be %zu bytes, more than "
+                             "GM_LIMIT_GMT_BODY (%llu)", w.n, (unsigned long long)GM_LIMIT_GMT_BODY);
+    }
     uLong bound = compressBound((uLong)w.n);
     uint8_t *o = malloc(HEADER_SIZE + bound);
     if (!o) {
@@ -160,28 +166,102 @@ int gm_trace_write_gmt(const gm_trace *t, const char *path) {
     size_t len;
     int rc = gm_trace_encode_gmt(t, &buf, &len);
     if (rc) return rc;
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        free(buf);
-        return gm__set_error(GM_EIO, "cannot create %s", path);
-    }
-    bool ok = fwrite(buf, 1, len, f) == len;
-    ok = (fclose(f) == 0) && ok;
+    rc = gm__write_file(path, buf, len, false);
     free(buf);
-    return ok ? GM_OK : gm__set_error(GM_EIO, "error writing %s", path);
+    return rc;
 }
 
-/* ---- decoding ---------------------------------------------------------- */
+/* ---- decoding ----------------------------------------------------------
+ * The body is inflated into a window as the decoder reads it, never whole:
+ * memory is the window (the longest string, at most
+ * GM_LIMIT_DECLARED_LENGTH) plus the trace being built, and a header that
+ * lies about the body, a bomb of zeros or padding after the zlib stream is
+ * refused at the first byte that disagrees, before anything large is
+ * allocated. Counts are checked against the body bytes the header declares
+ * and the inflated body must be exactly that long. */
+
+#define WINDOW ((size_t)256 << 10)
 
 typedef struct rbuf {
-    const uint8_t *p, *end, *start;
-    bool bad;
+    const uint8_t *p, *end; /* the window: buf[0 .. end) */
+    uint8_t *buf;
+    size_t bufcap;
+    uint64_t pos0, body, produced; /* body offset of buf[0]; declared; inflated so far */
+    bool bad, zend;
+    int zr; /* zlib's last status when it failed */
+    z_stream z;
+    FILE *in;
+    uint8_t *ibuf;
+    bool ieof, ierr;
+    uint64_t iread;
 } rbuf;
+
+static void in_fill(rbuf *r) {
+    if (r->z.avail_in || !r->in || r->ieof) return;
+    if (!r->ibuf && !(r->ibuf = malloc(WINDOW))) {
+        r->ieof = r->ierr = true;
+        return;
+    }
+    size_t k = fread(r->ibuf, 1, WINDOW, r->in);
+    r->iread += k;
+    if (!k) {
+        r->ieof = true;
+        r->ierr = ferror(r->in) != 0;
+    }
+    r->z.next_in = r->ibuf;
+    r->z.avail_in = (uInt)k;
+}
+
+/* Inflate into out[0..room) (room never passes the declared body). */
+static size_t r_inflate(rbuf *r, uint8_t *out, size_t room) {
+    size_t got = 0;
+    while (got < room && !r->zend) {
+        in_fill(r);
+        r->z.next_out = out + got;
+        r->z.avail_out = (uInt)(room - got > UINT32_MAX ? UINT32_MAX : room - got);
+        uInt before = r->z.avail_out;
+        int zr = inflate(&r->z, Z_NO_FLUSH);
+        got += before - r->z.avail_out;
+        bool no_input = !r->z.avail_in && (!r->in || r->ieof);
+        if (zr == Z_STREAM_END) r->zend = true;
+        else if ((zr != Z_OK && zr != Z_BUF_ERROR) || (zr == Z_BUF_ERROR && no_input)) {
+            r->zend = true;
+            r->zr = zr == Z_OK ? Z_BUF_ERROR : zr;
+        }
+    }
+    r->produced += got;
+    gm__work_steps += got; /* inflating is work per byte too (idmap.h) */
+    return got;
+}
+
+/* Make n bytes readable at p. */
+static bool r_need(rbuf *r, size_t n) {
+    size_t have = (size_t)(r->end - r->p);
+    if (have >= n) return true;
+    if (n > r->body - (r->pos0 + (uint64_t)(r->p - r->buf))) return false; /* past the declared body */
+    size_t off = (size_t)(r->p - r->buf);
+    size_t want = n > WINDOW ? n : WINDOW;
+    if (want > r->bufcap) {
+        uint8_t *nb = realloc(r->buf, want);
+        if (!nb) return false;
+        r->buf = nb;
+        r->bufcap = want;
+    }
+    memmove(r->buf, r->buf + off, have);
+    r->pos0 += off;
+    uint64_t rest = r->body - r->produced;
+    size_t room = r->bufcap - have;
+    if (room > rest) room = (size_t)rest;
+    have += r_inflate(r, r->buf + have, room);
+    r->p = r->buf;
+    r->end = r->buf + have;
+    return have >= n;
+}
 
 static uint64_t r_var(rbuf *r) {
     uint64_t v = 0;
     for (int sh = 0; sh < 64; sh += 7) {
-        if (r->p >= r->end) {
+        if (r->p >= r->end && !r_need(r, 1)) {
             r->bad = true;
             return 0;
         }
@@ -193,14 +273,21 @@ static uint64_t r_var(rbuf *r) {
     return 0;
 }
 
+static uint64_t r_off(const rbuf *r) { return r->pos0 + (uint64_t)(r->p - r->buf); }
+
 static int bad(const rbuf *r, const char *what) {
-    return gm__set_error(GM_EFORMAT, "malformed gmt trace at body byte %zu: %s",
-                         (size_t)(r->p - r->start), what);
+    if (r->ierr) return gm__set_error(GM_EIO, "error reading the gmt trace after %llu bytes",
+                                      (unsigned long long)r->iread);
+    if (r->zr)
+        return gm__set_error(GM_EFORMAT, "gmt trace body is corrupt or truncated (zlib %d, %llu of %llu "
+                             "bytes)", r->zr, (unsigned long long)r->produced, (unsigned long long)r->body);
+    return gm__set_error(GM_EFORMAT, "malformed gmt trace at body byte %llu: %s",
+                         (unsigned long long)r_off(r), what);
 }
 
-/* A count must fit in the bytes left, at `min` bytes per item. */
+/* A count must fit in the declared body bytes left, at `min` bytes per item. */
 static bool count_ok(const rbuf *r, uint64_t n, size_t min) {
-    return !r->bad && n <= (uint64_t)(r->end - r->p) / min;
+    return !r->bad && n <= (r->body - r_off(r)) / min;
 }
 
 static int decode_tables(rbuf *r, gm__trace_builder *b, uint64_t *nsegs, uint64_t *nevents) {
@@ -215,6 +302,7 @@ static int decode_tables(rbuf *r, gm__trace_builder *b, uint64_t *nsegs, uint64_
         uint64_t n = r_var(r);
         if (!count_ok(r, n, 1)) return bad(r, "string length exceeds the body");
         if (n > GM_LIMIT_DECLARED_LENGTH) return bad(r, "string longer than GM_LIMIT_DECLARED_LENGTH");
+        if (!r_need(r, (size_t)n)) return bad(r, "truncated string");
         uint32_t id;
         int rc = gm__tb_string(b, (const char *)r->p, (size_t)n, &id);
         if (rc) return rc;
@@ -242,13 +330,18 @@ static int decode_tables(rbuf *r, gm__trace_builder *b, uint64_t *nsegs, uint64_
         if (rc) return rc;
     }
     if (has_settings) {
+        /* as long as any string: the writer copies what the snapshot held */
         uint64_t n = r_var(r);
-        if (!count_ok(r, n, 1) || n > 65536) return bad(r, "bad allocator conf string");
-        char conf[65537];
+        if (!count_ok(r, n, 1) || n > GM_LIMIT_DECLARED_LENGTH)
+            return bad(r, "allocator conf string longer than the body or GM_LIMIT_DECLARED_LENGTH");
+        if (!r_need(r, (size_t)n)) return bad(r, "truncated allocator conf string");
+        char *conf = malloc((size_t)n + 1);
+        if (!conf) return gm__set_error(GM_ENOHOSTMEM, "out of host memory reading a gmt trace");
         memcpy(conf, r->p, (size_t)n);
         conf[n] = '\0';
         r->p += n;
         int rc = gm__tb_conf(b, conf);
+        free(conf);
         if (rc) return rc;
     }
     return GM_OK;
@@ -293,8 +386,17 @@ static int decode_events(rbuf *r, gm__trace_builder *b, uint64_t nsegs, uint64_t
         if (rc) return rc;
     }
     if (r_var(r) != nevents || r->bad) return bad(r, "bad trailer");
-    if (r->p != r->end) return bad(r, "data after the trailer (the body is longer than its trace)");
-    return GM_OK;
+    if (r_off(r) != r->body) return bad(r, "data after the trailer (the body is longer than its trace)");
+    /* the zlib stream must end with the body, and the file with the stream */
+    uint8_t sink[16];
+    if (r_inflate(r, sink, sizeof sink) || !r->zend || r->zr)
+        return r->zr ? bad(r, "") : gm__set_error(GM_EFORMAT, "gmt trace body is longer than its header "
+                                                  "declares (%llu bytes)", (unsigned long long)r->body);
+    in_fill(r);
+    if (r->z.avail_in)
+        return gm__set_error(GM_EFORMAT, "gmt trace has %s%u bytes after its compressed body",
+                             r->in && !r->ieof ? "at least " : "", r->z.avail_in);
+    return r->ierr ? bad(r, "") : GM_OK;
 }
 
 static uint64_t get_le(const uint8_t *p, int n) {
@@ -303,9 +405,9 @@ static uint64_t get_le(const uint8_t *p, int n) {
     return v;
 }
 
-int gm_trace_decode_gmt(const void *data, size_t len, gm_trace **out) {
+int gm__trace_decode_gmt_stream(FILE *in, const void *head, size_t len, gm_trace **out) {
     *out = NULL;
-    const uint8_t *d = data;
+    const uint8_t *d = head;
     if (len < HEADER_SIZE || memcmp(d, GM_TRACE_MAGIC, 8) != 0)
         return gm__set_error(GM_EFORMAT, "not a gmt trace (bad magic or shorter than its header)");
     uint64_t version = get_le(d + 8, 4), body = get_le(d + 16, 8);
@@ -313,48 +415,32 @@ int gm_trace_decode_gmt(const void *data, size_t len, gm_trace **out) {
         return gm__set_error(GM_EFORMAT, "gmt trace version %llu is not supported (this gpumem "
                                          "reads version %d)", (unsigned long long)version,
                              GM_TRACE_VERSION);
-    /* The body is read whole, so what the header may claim is bounded by
-     * the file: real bodies are 2-5x their compressed size, a zero-filled
-     * bomb ~1000x (a 5 MB file claiming 5 GiB). */
-    uint64_t zlen = len - HEADER_SIZE;
-    if (body > GM_LIMIT_GMT_BODY ||
-        (body > GM_LIMIT_GMT_SMALL_BODY && body / GM_LIMIT_GMT_RATIO > zlen))
-        return gm__set_error(GM_EFORMAT, "gmt trace header declares a body of %llu bytes from %llu "
-                             "compressed bytes: more than the limit (%d x, at most %llu bytes); the "
-                             "file is corrupt or hostile", (unsigned long long)body,
-                             (unsigned long long)zlen, GM_LIMIT_GMT_RATIO,
-                             (unsigned long long)GM_LIMIT_GMT_BODY);
-    uint8_t *buf = malloc(body ? (size_t)body : 1);
-    if (!buf) return gm__set_error(GM_ENOHOSTMEM, "out of host memory reading a gmt trace");
-    uLongf got = (uLongf)body;
-    uLong used = (uLong)zlen;
-    int zr = uncompress2(buf, &got, d + HEADER_SIZE, &used);
-    if (zr != Z_OK || got != body) {
-        free(buf);
-        return gm__set_error(GM_EFORMAT, "gmt trace body is corrupt or truncated (zlib %d, %lu of "
-                                         "%llu bytes)", zr, (unsigned long)got,
-                             (unsigned long long)body);
-    }
-    if (used != zlen) {
-        free(buf);
-        return gm__set_error(GM_EFORMAT, "gmt trace has %llu bytes after its compressed body",
-                             (unsigned long long)(zlen - used));
-    }
-    rbuf r = {buf, buf + body, buf, false};
-    gm__trace_builder *b = gm__tb_new();
-    if (!b) {
-        free(buf);
-        return gm__set_error(GM_ENOHOSTMEM, "out of host memory reading a gmt trace");
-    }
+    if (body > GM_LIMIT_GMT_BODY)
+        return gm__set_error(GM_EFORMAT, "gmt trace header declares a body of %llu bytes, more than "
+                             "GM_LIMIT_GMT_BODY (%llu); the file is corrupt or hostile",
+                             (unsigned long long)body, (unsigned long long)GM_LIMIT_GMT_BODY);
+    rbuf r = {.body = body, .in = in};
+    if (inflateInit(&r.z) != Z_OK) return gm__set_error(GM_ENOHOSTMEM, "zlib initialisation failed");
+    r.z.next_in = (Bytef *)(uintptr_t)(d + HEADER_SIZE);
+    r.z.avail_in = (uInt)(len - HEADER_SIZE > UINT32_MAX ? UINT32_MAX : len - HEADER_SIZE);
+    int rc = len - HEADER_SIZE > UINT32_MAX ? gm__set_error(GM_EINVAL, "gmt trace in memory over 4 GiB") : GM_OK;
+    gm__trace_builder *b = rc ? NULL : gm__tb_new();
+    if (!rc && !b) rc = gm__set_error(GM_ENOHOSTMEM, "out of host memory reading a gmt trace");
     uint64_t nsegs, nevents;
-    int rc = decode_tables(&r, b, &nsegs, &nevents);
+    if (!rc) rc = decode_tables(&r, b, &nsegs, &nevents);
     if (!rc) rc = decode_events(&r, b, nsegs, nevents);
-    free(buf);
+    inflateEnd(&r.z);
+    free(r.buf);
+    free(r.ibuf);
     if (rc) {
         gm__tb_discard(b);
         return rc;
     }
     return gm__tb_finish(b, "gmt", out);
+}
+
+int gm_trace_decode_gmt(const void *data, size_t len, gm_trace **out) {
+    return gm__trace_decode_gmt_stream(NULL, data, len, out);
 }
 
 /* ---- any format -------------------------------------------------------- */
@@ -371,43 +457,31 @@ int gm_trace_load_file(const char *path, gm_trace **out) {
     FILE *f = is_stdin ? stdin : fopen(path, "rb");
     if (!f) return gm__set_error(GM_EIO, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > GM_LIMIT_TRACE_FILE_BYTES) {
-        if (!is_stdin) fclose(f);
-        return gm__set_error(GM_EFORMAT, "%s is %llu bytes, more than the %llu-byte limit on trace "
-                             "files (GM_LIMIT_TRACE_FILE_BYTES); compress it (gzip) or convert it "
-                             "to .gmt on a machine with the memory", path,
-                             (unsigned long long)st.st_size, (unsigned long long)GM_LIMIT_TRACE_FILE_BYTES);
-    }
-    uint8_t *buf = NULL;
-    size_t len = 0, cap = 0;
     int rc = GM_OK;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? cap * 2 : (1u << 20);
-            uint8_t *nb = cap <= GM_LIMIT_TRACE_FILE_BYTES ? realloc(buf, cap) : NULL;
-            if (!nb) {
-                rc = cap > GM_LIMIT_TRACE_FILE_BYTES
-                         ? gm__set_error(GM_EFORMAT, "%s: more than the %llu-byte limit on trace files "
-                                         "(GM_LIMIT_TRACE_FILE_BYTES)", path,
-                                         (unsigned long long)GM_LIMIT_TRACE_FILE_BYTES)
-                         : gm__set_error(GM_ENOHOSTMEM, "%s: out of host memory reading it", path);
-                break;
-            }
-            buf = nb;
-        }
-        size_t n = fread(buf + len, 1, cap - len, f);
-        len += n;
-        if (n == 0) break;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size > GM_LIMIT_TRACE_FILE_BYTES)
+        rc = gm__set_error(GM_EFORMAT, "%s is %llu bytes, more than the %llu-byte limit on trace "
+                           "files (GM_LIMIT_TRACE_FILE_BYTES); compress it (gzip) or convert it "
+                           "to .gmt on a machine with the memory", path,
+                           (unsigned long long)st.st_size, (unsigned long long)GM_LIMIT_TRACE_FILE_BYTES);
+    /* the first bytes say the format; the readers take the rest as they go,
+     * so a pipe of garbage is refused at its first bytes, never buffered */
+    uint8_t head[HEADER_SIZE];
+    size_t len = 0;
+    while (!rc && len < sizeof head) {
+        size_t k = fread(head + len, 1, sizeof head - len, f);
+        if (!k) break;
+        len += k;
     }
     if (!rc && ferror(f)) rc = gm__set_error(GM_EIO, "error reading %s: %s", path, strerror(errno));
-    if (!is_stdin) fclose(f);
     if (!rc && len == 0)
         rc = gm__set_error(GM_EFORMAT, "%s is empty (0 bytes): not a torch.cuda.memory snapshot or a gpumem trace",
                            path);
     if (!rc) {
-        rc = gm_trace_load_mem(buf, len, out);
-        if (rc == GM_EFORMAT) gm__set_error(rc, "%s: %s", path, gm_last_error_detail()); /* it may quote its own detail */
+        rc = len >= 8 && memcmp(head, GM_TRACE_MAGIC, 8) == 0 ? gm__trace_decode_gmt_stream(f, head, len, out)
+                                                              : gm__trace_from_snapshot_stream(f, head, len, out);
+        if (rc == GM_EFORMAT || rc == GM_EIO)
+            gm__set_error(rc, "%s: %s", path, gm_last_error_detail()); /* it may quote its own detail */
     }
-    free(buf);
+    if (!is_stdin) fclose(f);
     return rc;
 }

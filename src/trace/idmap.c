@@ -14,6 +14,8 @@
 
 /* ---- keyed hash: SipHash-1-3 (Aumasson & Bernstein), random key ----------- */
 
+_Thread_local uint64_t gm__work_steps;
+
 static uint64_t g_k0, g_k1;
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 
@@ -96,6 +98,7 @@ void gm__idmap_set(gm__idmap *m, size_t j, uint64_t k, uint32_t id) {
 
 size_t gm__idmap_find(const gm__idmap *m, uint64_t k) {
     size_t j = gm__idmap_home(m, k);
+    gm__work_steps++;
     while (m->id[j] != GM__IDMAP_EMPTY && m->key[j] != k) j = gm__idmap_next(m, j);
     return j;
 }

@@ -24,15 +24,26 @@ typedef struct gm__idmap {
     size_t cap, count; /* cap a power of two (0 before the first reserve) */
 } gm__idmap;
 
-/* SipHash-1-3 of n bytes under the process's random key. */
+/* SipHash-1-3 of n bytes under the process's random key. Every table fed
+ * by a file hashes with it (this table, the pickle reader's string intern
+ * table, report's scope table): one keyed hash, never a plain one. */
 uint64_t gm__hash_bytes(const void *p, size_t n);
 uint64_t gm__hash_u64(uint64_t k);
+
+/* Work done on input, per thread: one step per probe of a table fed by a
+ * file and per dict entry a reader scans. The readers bound it by the input
+ * they consumed (snapshot.c); tests/test_work.c checks steps per input byte
+ * on crafted inputs, so no test depends on timing. */
+extern _Thread_local uint64_t gm__work_steps;
 
 /* Where probing for key k starts. */
 static inline size_t gm__idmap_home(const gm__idmap *m, uint64_t k) {
     return (size_t)gm__hash_u64(k) & (m->cap - 1);
 }
-static inline size_t gm__idmap_next(const gm__idmap *m, size_t j) { return (j + 1) & (m->cap - 1); }
+static inline size_t gm__idmap_next(const gm__idmap *m, size_t j) {
+    gm__work_steps++;
+    return (j + 1) & (m->cap - 1);
+}
 
 /* Room for one more entry: doubles the table when it is half full (the
  * first call allocates `first_cap` slots, a power of two). GM_ENOHOSTMEM

@@ -8,6 +8,7 @@
  * Every table counts against limits.max_memory. */
 #include "pickle_value.h"
 
+#include "idmap.h"
 #include "internal.h"
 
 #include <stdio.h>
@@ -49,15 +50,22 @@ struct gm__pickle {
 typedef struct reader {
     const uint8_t *p, *end, *wbase;
     uint64_t base; /* absolute offset of wbase[0] */
-    bool gz, zend;
-    int zerr; /* why the gzip stream ended: 0 at its end, else ZERR_* */
+    bool gz, zend; /* zend: the input (after gunzip) has ended */
+    int zerr; /* why it ended: 0 at its end, else ZERR_* */
     z_stream z;
     uint8_t *buf;
     size_t bufcap;
+    /* a file read as the parse goes (NULL: all input is in memory), so a
+     * pipe or /dev/zero is refused at its first bad byte, never buffered */
+    FILE *in;
+    uint8_t *ibuf; /* gzip: compressed bytes read from `in` */
+    bool ieof;
+    uint64_t iread; /* bytes read from `in` */
     gm__pickle *pk;
 } reader;
 
-enum { ZERR_TRUNCATED = 1, ZERR_CORRUPT = 2 };
+enum { ZERR_TRUNCATED = 1, ZERR_CORRUPT = 2, ZERR_IO = 3, ZERR_FILE_LIMIT = 4 };
+#define IBUF_SIZE ((size_t)256 << 10)
 
 static uint64_t roff(const reader *r, const uint8_t *at) { return r->base + (uint64_t)(at - r->wbase); }
 
@@ -120,32 +128,74 @@ void gm__pickle_limits_init(gm__pickle_limits *l) {
 
 /* ---- input window ------------------------------------------------------ */
 
+/* Read up to room bytes of `in` (counted against the file limit). */
+static size_t read_in(reader *r, uint8_t *out, size_t room) {
+    size_t k = fread(out, 1, room, r->in);
+    r->iread += k;
+    if (r->iread > GM_LIMIT_TRACE_FILE_BYTES) {
+        r->zerr = ZERR_FILE_LIMIT;
+        r->ieof = r->zend = true;
+        return 0;
+    }
+    if (k == 0) {
+        r->ieof = true;
+        if (ferror(r->in)) r->zerr = ZERR_IO;
+    }
+    return k;
+}
+
+/* gzip from a file: more compressed input once zlib has used it all. */
+static void gz_fill(reader *r) {
+    if (r->z.avail_in || !r->in || r->ieof) return;
+    if (!r->ibuf && !(r->ibuf = malloc(IBUF_SIZE))) {
+        r->zerr = ZERR_IO;
+        r->ieof = r->zend = true;
+        return;
+    }
+    r->z.next_in = r->ibuf;
+    r->z.avail_in = (uInt)read_in(r, r->ibuf, IBUF_SIZE);
+}
+
 /* One inflate call into out[0..room): returns the bytes it produced. At the
  * end of the stream, on corruption or on a cut file it sets zend (and zerr);
  * concatenated gzip members continue the stream. */
 static size_t inflate_into(reader *r, uint8_t *out, size_t room) {
+    gz_fill(r);
+    if (r->zend) return 0;
     r->z.next_out = out;
     r->z.avail_out = (uInt)room;
     int zr = inflate(&r->z, Z_NO_FLUSH);
     size_t produced = room - r->z.avail_out;
     if (zr == Z_STREAM_END) {
+        gz_fill(r);
         if (!(r->z.avail_in > 0 && inflateReset(&r->z) == Z_OK)) r->zend = true;
     } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
         r->zend = true;
         r->zerr = ZERR_CORRUPT;
     } else if (zr == Z_BUF_ERROR && r->z.avail_in == 0) {
         r->zend = true;
-        r->zerr = ZERR_TRUNCATED;
+        if (!r->zerr) r->zerr = ZERR_TRUNCATED;
     }
     return produced;
 }
 
-/* Slow path of need(): inflate more so that n bytes are readable. */
+/* More input into out[0..room): inflated, or read from the file. */
+static size_t produce(reader *r, uint8_t *out, size_t room) {
+    size_t k = r->gz ? inflate_into(r, out, room) : r->in && !r->ieof ? read_in(r, out, room) : 0;
+    if (!k && !r->gz) r->zend = true;
+    gm__work_steps += k; /* bytes read are work too (idmap.h) */
+    return k;
+}
+
+/* Slow path of need(): make n bytes readable, moving the window into buf. */
 static bool refill(reader *r, size_t n) {
-    if (!r->gz || r->zend) return false;
+    if (r->zend || (!r->gz && !r->in)) return false;
     size_t have = (size_t)(r->end - r->p);
     r->base += (uint64_t)(r->p - r->wbase);
-    if (have) memmove(r->buf, r->p, have);
+    /* where the window is, as numbers: r->buf may move below */
+    uintptr_t pb = (uintptr_t)r->buf, pp = (uintptr_t)r->p;
+    bool inbuf = pb && pp >= pb && pp <= pb + r->bufcap;
+    size_t off = inbuf ? (size_t)(pp - pb) : 0;
     size_t want = n > (256u << 10) ? n : (256u << 10);
     if (want > r->bufcap) {
         uint8_t *nb = realloc(r->buf, want);
@@ -153,8 +203,10 @@ static bool refill(reader *r, size_t n) {
         r->buf = nb;
         r->bufcap = want;
     }
+    if (inbuf) memmove(r->buf, r->buf + off, have);
+    else if (have) memcpy(r->buf, r->p, have); /* the caller's first bytes */
     r->wbase = r->p = r->buf;
-    while (have < n && !r->zend) have += inflate_into(r, r->buf + have, r->bufcap - have);
+    while (have < n && !r->zend) have += produce(r, r->buf + have, r->bufcap - have);
     r->end = r->buf + have;
     if (r->base + have > r->pk->lim.max_input) return false;
     return have >= n;
@@ -189,11 +241,9 @@ static gm__pval mk_obj(gm__pickle *p, gm__ptype t) {
     return PV(o);
 }
 
-static uint32_t hash_bytes(const uint8_t *s, size_t n) {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 16777619u;
-    return h;
-}
+/* keyed (idmap.h): a file cannot pick strings that share a probe chain
+ * (2^18 crafted strings took 122 s under the plain FNV-1a this was) */
+static uint32_t hash_bytes(const uint8_t *s, size_t n) { return (uint32_t)gm__hash_bytes(s, n); }
 
 static int intern_grow(gm__pickle *p) {
     size_t ncap = p->intern_cap ? p->intern_cap * 2 : 1024;
@@ -220,7 +270,7 @@ static gm__pval mk_bytes(gm__pickle *p, gm__ptype t, const uint8_t *s, size_t n)
         if (p->intern_count * 2 >= p->intern_cap && intern_grow(p) != GM_OK) return 0;
         h = hash_bytes(s, n);
         slot = h & (p->intern_cap - 1);
-        for (pobj *o; (o = p->intern[slot]) != NULL; slot = (slot + 1) & (p->intern_cap - 1))
+        for (pobj *o; (o = p->intern[slot]) != NULL; slot = (slot + 1) & (p->intern_cap - 1), gm__work_steps++)
             if (o->hash == h && o->len == n && memcmp(o->u.s, s, n) == 0) return PV(o);
     }
     pobj *o = arena_alloc(p, sizeof *o + n + 1);
@@ -305,7 +355,7 @@ static int gz_error(reader *r);
 static int op_err(const reader *r, uint64_t at, uint8_t op, const char *what) {
     const char *n = op_name(op);
     /* a pickle cut short by a broken gzip stream: say what broke */
-    if (r->gz && r->zerr) return gz_error((reader *)r);
+    if (r->zerr) return gz_error((reader *)r);
     return gm__set_error(GM_EFORMAT, "malformed pickle at byte %llu (%s): %s",
                          (unsigned long long)at, n ? n : "?", what);
 }
@@ -325,6 +375,11 @@ static inline size_t stack_floor(const gm__pickle *p) {
 
 static gm__pval mk_long(gm__pickle *p, const uint8_t *b, size_t n) {
     if (n == 0) return mk_int(p, 0);
+    if (n == 9 && b[8] == 0 && (b[7] & 0x80)) {
+        /* [2^63, 2^64): a uint64 (addresses, sizes, streams; gpumem's own
+         * snapshot writer writes them so), kept as its bit pattern */
+        return mk_int(p, (int64_t)rd_le(b, 8));
+    }
     if (n > 8) {
         /* fits only if the extra bytes are pure sign extension */
         uint8_t ext = (b[7] & 0x80) ? 0xFF : 0x00;
@@ -576,6 +631,12 @@ static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
 }
 
 static int gz_error(reader *r) {
+    if (r->zerr == ZERR_IO) return gm__set_error(GM_EIO, "error reading the input after %llu bytes",
+                                                 (unsigned long long)r->iread);
+    if (r->zerr == ZERR_FILE_LIMIT)
+        return gm__set_error(GM_EFORMAT, "input longer than %llu bytes (GM_LIMIT_TRACE_FILE_BYTES); "
+                             "convert it to .gmt on a machine with the memory",
+                             (unsigned long long)GM_LIMIT_TRACE_FILE_BYTES);
     if (r->zerr == ZERR_TRUNCATED)
         return gm__set_error(GM_EFORMAT, "gzip stream ends early (after %llu decompressed bytes): "
                              "the file is truncated", (unsigned long long)roff(r, r->end));
@@ -589,17 +650,11 @@ static int gz_error(reader *r) {
  * window. */
 static int finish_input(reader *r) {
     size_t extra = (size_t)(r->end - r->p);
-    if (!r->gz) {
-        if (extra)
-            return gm__set_error(GM_EFORMAT, "%zu bytes after the pickle's STOP opcode: not one "
-                                 "pickle (corrupt or concatenated file?)", extra);
-        return GM_OK;
-    }
     uint8_t sink[64];
-    while (!extra && !r->zend) extra += inflate_into(r, sink, sizeof sink);
+    while (!extra && !r->zend && (r->gz || r->in)) extra += produce(r, sink, sizeof sink);
     if (extra)
-        return gm__set_error(GM_EFORMAT, "data after the pickle's STOP opcode inside the gzip "
-                             "stream: not one pickle (corrupt or concatenated file?)");
+        return gm__set_error(GM_EFORMAT, "data after the pickle's STOP opcode%s: not one pickle "
+                             "(corrupt or concatenated file?)", r->gz ? " inside the gzip stream" : "");
     return r->zerr ? gz_error(r) : GM_OK;
 }
 
@@ -609,7 +664,7 @@ static int run_ops(gm__pickle *p, reader *r) {
             if (r->base + (uint64_t)(r->end - r->wbase) > p->lim.max_input)
                 return gm__set_error(GM_EFORMAT, "pickle larger than the input limit (%llu decompressed "
                                      "bytes, GM_LIMIT_TRACE_INPUT_BYTES)", (unsigned long long)p->lim.max_input);
-            if (r->gz && r->zerr) return gz_error(r);
+            if (r->zerr) return gz_error(r);
             return gm__set_error(GM_EFORMAT, "truncated pickle at byte %llu: no STOP opcode",
                                  (unsigned long long)roff(r, r->p));
         }
@@ -651,17 +706,18 @@ void gm__pickle_free(gm__pickle *p) {
     free(p);
 }
 
-int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limits,
-                    gm__pickle **out) {
+int gm__pickle_load_stream(FILE *in, const void *head, size_t len, const gm__pickle_limits *limits,
+                           gm__pickle **out) {
     *out = NULL;
-    if (!data && len) return gm__set_error(GM_EINVAL, "no input");
+    if (!head && len) return gm__set_error(GM_EINVAL, "no input");
     gm__pickle *p = calloc(1, sizeof *p);
     if (!p) return GM_ENOHOSTMEM;
     if (limits) p->lim = *limits;
     else gm__pickle_limits_init(&p->lim);
     reader r = {0};
     r.pk = p;
-    const uint8_t *d = data;
+    r.in = in;
+    const uint8_t *d = head;
     if (len >= 2 && d[0] == 0x1f && d[1] == 0x8b) {
         r.gz = true;
         if (inflateInit2(&r.z, 16 + MAX_WBITS) != Z_OK) {
@@ -669,7 +725,7 @@ int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limit
             return gm__set_error(GM_ENOHOSTMEM, "zlib initialisation failed");
         }
         r.z.next_in = (Bytef *)(uintptr_t)d;
-        r.z.avail_in = (uInt)len; /* inputs are < 4 GiB: checked by callers */
+        r.z.avail_in = (uInt)len; /* checked below: < 4 GiB */
         r.p = r.end = r.wbase = r.buf;
     } else {
         r.p = r.wbase = d;
@@ -679,6 +735,7 @@ int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limit
                                       : run_ops(p, &r);
     if (r.gz) inflateEnd(&r.z);
     free(r.buf);
+    free(r.ibuf);
     pickle_free_tables(p);
     if (rc != GM_OK) {
         gm__pickle_free(p);
@@ -688,40 +745,18 @@ int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limit
     return GM_OK;
 }
 
+int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limits, gm__pickle **out) {
+    return gm__pickle_load_stream(NULL, data, len, limits, out);
+}
+
 int gm__pickle_load_file(const char *path, const gm__pickle_limits *limits, gm__pickle **out) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return gm__set_error(GM_EIO, "cannot open %s", path);
-    uint8_t *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? cap * 2 : (1u << 20);
-            if (cap > (size_t)UINT32_MAX + 1) {
-                free(buf);
-                fclose(f);
-                return gm__set_error(GM_EINVAL, "%s: file too large", path);
-            }
-            uint8_t *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return gm__set_error(GM_ENOHOSTMEM, "out of host memory reading %s", path);
-            }
-            buf = nb;
-        }
-        size_t n = fread(buf + len, 1, cap - len, f);
-        len += n;
-        if (n == 0) break;
-    }
-    int err = ferror(f);
+    uint8_t head[2];
+    size_t n = fread(head, 1, sizeof head, f);
+    int rc = gm__pickle_load_stream(f, head, n, limits, out);
     fclose(f);
-    if (err) {
-        free(buf);
-        return gm__set_error(GM_EIO, "error reading %s", path);
-    }
-    int rc = gm__pickle_load(buf, len, limits, out);
-    free(buf);
     return rc;
 }
 

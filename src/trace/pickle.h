@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef uint64_t gm__pval;
 
@@ -24,7 +25,7 @@ typedef enum gm__ptype {
     GM__PT_ABSENT = 0, /* the value 0: "no such key / index" */
     GM__PT_NONE,
     GM__PT_BOOL,
-    GM__PT_INT,    /* fits in int64 */
+    GM__PT_INT,    /* fits in int64 (or in uint64: [2^63, 2^64) as its bit pattern) */
     GM__PT_BIGINT, /* does not fit in int64: no numeric value offered */
     GM__PT_FLOAT,
     GM__PT_STR,
@@ -51,7 +52,12 @@ void gm__pickle_limits_init(gm__pickle_limits *l);
  * GM_ENOHOSTMEM (a limit or malloc) and sets gm_last_error_detail(). */
 int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limits,
                     gm__pickle **out);
-/* Read a whole file and load it. GM_EIO when it cannot be read. */
+/* Load from a file as it is read: `head` holds its first len bytes (at
+ * least 2 when the file has them: the gzip check), `in` the rest, read in
+ * windows, never whole. GM_EIO when it cannot be read. */
+int gm__pickle_load_stream(FILE *in, const void *head, size_t len, const gm__pickle_limits *limits,
+                           gm__pickle **out);
+/* Open a file and load it (as above). */
 int gm__pickle_load_file(const char *path, const gm__pickle_limits *limits, gm__pickle **out);
 void gm__pickle_free(gm__pickle *p);
 gm__pval gm__pickle_root(const gm__pickle *p);

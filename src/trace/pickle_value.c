@@ -4,6 +4,8 @@
  * false for a value of another type, so callers check shapes, never crash. */
 #include "pickle_value.h"
 
+#include "idmap.h"
+
 #include <string.h>
 
 gm__ptype gm__pv_type(gm__pval v) {
@@ -95,6 +97,7 @@ gm__pval gm__pv_dict_get(gm__pval v, const char *key) {
     if (gm__pv_type(v) != GM__PT_DICT) return 0;
     size_t kl = strlen(key);
     for (size_t i = PO(v)->len; i-- > 0;) {
+        gm__work_steps++;
         gm__pval k = PO(v)->u.items[2 * i];
         size_t n;
         const char *s = gm__pv_str(k, &n);

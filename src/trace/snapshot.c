@@ -50,7 +50,24 @@ typedef struct reader {
     uint32_t *fbuf;
     size_t fcap;
     uint64_t skipped;
+    uint64_t input, steps0; /* pickle bytes; gm__work_steps at the start */
 } reader;
+
+/* A pickle's memo lets one dict stand for many events or frames, and dict
+ * lookups scan: a dict of K keys named N times costs N x K from ~2N + K
+ * bytes. Real snapshots scan each entry a few times; past this many steps
+ * per pickle byte the file is refused instead of taking hours. */
+#define STEPS_PER_BYTE 64
+#define STEPS_FREE ((uint64_t)1 << 20)
+
+static int budget(const reader *r) {
+    uint64_t used = gm__work_steps - r->steps0;
+    if (used <= STEPS_FREE + STEPS_PER_BYTE * r->input) return GM_OK;
+    return gm__set_error(GM_EFORMAT, "snapshot structure costs more than %d steps per byte to read (%llu "
+                         "steps for %llu bytes: dicts with many keys shared by many events or frames); "
+                         "not a torch.cuda.memory snapshot", STEPS_PER_BYTE, (unsigned long long)used,
+                         (unsigned long long)r->input);
+}
 
 static int field_of(reader *r, gm__pval k) {
     int f = pc_get(&r->keys, k);
@@ -126,7 +143,8 @@ static int stack_of(reader *r, gm__pval frames, uint32_t *id1) {
         if (!rc) rc = gm__tb_frame(r->b, name, file, (int32_t)line, &r->fbuf[i]);
         if (rc) return rc;
     }
-    int rc = gm__tb_stack(r->b, r->fbuf, (uint32_t)n, id1);
+    int rc = budget(r);
+    if (!rc) rc = gm__tb_stack(r->b, r->fbuf, (uint32_t)n, id1);
     if (!rc) {
         r->last_frames = frames;
         r->last_stack = *id1;
@@ -142,6 +160,9 @@ static int read_event(reader *r, gm__pval d, int device) {
     int action = GM_TA_COUNT;
     bool have_size = false;
     size_t n = gm__pv_len(d);
+    gm__work_steps += n;
+    int brc = budget(r);
+    if (brc) return brc;
     for (size_t i = 0; i < n; i++) {
         gm__pval v = gm__pv_dict_val(d, i);
         int64_t x = 0;
@@ -190,7 +211,8 @@ static int read_segments(reader *r, gm__pval segs) {
         bool ex = false;
         gm__pv_bool(gm__pv_dict_get(s, "is_expandable"), &ex);
         g.expandable = ex;
-        int rc = gm__tb_segment(r->b, &g);
+        int rc = budget(r);
+        if (!rc) rc = gm__tb_segment(r->b, &g);
         if (rc) return rc;
     }
     return GM_OK;
@@ -248,10 +270,7 @@ static int read_root(reader *r, gm__pval root) {
     return rc;
 }
 
-int gm_trace_from_snapshot(const void *data, size_t len, gm_trace **out) {
-    *out = NULL;
-    gm__pickle *p;
-    int rc = gm__pickle_load(data, len, NULL, &p);
+static int from_pickle(int rc, gm__pickle *p, gm_trace **out) {
     if (rc) return rc;
     reader *r = calloc(1, sizeof *r);
     if (!r || !(r->b = gm__tb_new())) {
@@ -259,6 +278,8 @@ int gm_trace_from_snapshot(const void *data, size_t len, gm_trace **out) {
         gm__pickle_free(p);
         return gm__set_error(GM_ENOHOSTMEM, "out of host memory reading a snapshot");
     }
+    r->input = gm__pickle_input_bytes(p);
+    r->steps0 = gm__work_steps;
     rc = read_root(r, gm__pickle_root(p));
     gm__pickle_free(p);
     uint64_t skipped = r->skipped;
@@ -269,4 +290,18 @@ int gm_trace_from_snapshot(const void *data, size_t len, gm_trace **out) {
     gm__idmap_free(&r->stacks);
     free(r);
     return rc;
+}
+
+int gm_trace_from_snapshot(const void *data, size_t len, gm_trace **out) {
+    *out = NULL;
+    gm__pickle *p = NULL;
+    int rc = gm__pickle_load(data, len, NULL, &p);
+    return from_pickle(rc, p, out);
+}
+
+int gm__trace_from_snapshot_stream(FILE *in, const void *head, size_t len, gm_trace **out) {
+    *out = NULL;
+    gm__pickle *p = NULL;
+    int rc = gm__pickle_load_stream(in, head, len, NULL, &p);
+    return from_pickle(rc, p, out);
 }

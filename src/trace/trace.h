@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Actions of torch's TraceEntry, in its order. */
 #define GM_TRACE_ACTIONS(X)                                                    \
@@ -91,6 +92,28 @@ int gm_trace_write_gmt(const gm_trace *t, const char *path);
 /* Encode into a malloc'd buffer (for tests/fuzzing). */
 int gm_trace_encode_gmt(const gm_trace *t, uint8_t **out, size_t *outlen);
 int gm_trace_decode_gmt(const void *data, size_t len, gm_trace **out);
+
+/* The snapshot reader on a file read as it goes (pickle.h's
+ * gm__pickle_load_stream): `head` holds its first len bytes. */
+int gm__trace_from_snapshot_stream(FILE *in, const void *head, size_t len, gm_trace **out);
+/* The .gmt reader likewise: the body is inflated and decoded in windows. */
+int gm__trace_decode_gmt_stream(FILE *in, const void *head, size_t len, gm_trace **out);
+
+/* Writing a file (outfile.c): never through a symbolic link at path; a
+ * regular file via a temporary file beside it, renamed into place by
+ * gm__outfile_close(o, true) only when every write, flush and close
+ * succeeded (else removed: the previous file stays). GM_EIO with the
+ * detail in gm_last_error_detail(). */
+typedef struct gm__outfile {
+    FILE *f;
+    const char *path;
+    char tmp[4096]; /* "" when writing the path itself (append, a device, a FIFO) */
+    bool replaced, append;
+} gm__outfile;
+int gm__outfile_open(gm__outfile *o, const char *path, bool append);
+int gm__outfile_close(gm__outfile *o, bool ok);
+/* The whole of buf to path as above, gzip-compressed if asked. */
+int gm__write_file(const char *path, const void *buf, size_t len, bool gzip);
 
 /* Builders shared by the readers (trace_build.c). */
 typedef struct gm__trace_builder gm__trace_builder;

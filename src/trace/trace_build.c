@@ -37,10 +37,18 @@ static uint32_t ht_find(const gm__idmap *h, uint64_t hash, eq_fn eq, const void 
 /* keyed (idmap.h): a file cannot pick contents that share a hash */
 static uint64_t hash_mem(const void *p, size_t n) { return gm__hash_bytes(p, n); }
 
-/* Grow a vector of `elem`-sized items to hold one more. */
-static int vec_reserve(void **arr, size_t *cap, size_t n, size_t elem) {
+/* Grow a vector of `elem`-sized items to hold one more, within the
+ * builder's share of GM_LIMIT_TRACE_MEMORY (*mem: bytes held so far). A
+ * .gmt of regular events compresses ~1000x, so the file's size does not
+ * bound the trace; this does. */
+static int vec_reserve(uint64_t *mem, void **arr, size_t *cap, size_t n, size_t elem) {
     if (n < *cap) return GM_OK;
     size_t ncap = *cap ? *cap * 2 : 64;
+    if (*mem + (uint64_t)(ncap - *cap) * elem > GM_LIMIT_TRACE_MEMORY)
+        return gm__set_error(GM_ENOHOSTMEM, "the trace needs more than %llu bytes of host memory "
+                             "(GM_LIMIT_TRACE_MEMORY); record a shorter snapshot",
+                             (unsigned long long)GM_LIMIT_TRACE_MEMORY);
+    *mem += (uint64_t)(ncap - *cap) * elem;
     void *na = realloc(*arr, ncap * elem);
     if (!na) return gm__set_error(GM_ENOHOSTMEM, "out of host memory building a trace");
     *arr = na;
@@ -51,6 +59,7 @@ static int vec_reserve(void **arr, size_t *cap, size_t n, size_t elem) {
 struct gm__trace_builder {
     gm_trace *t;
     size_t ev_cap, str_cap, fr_cap, sf_cap, so_cap, seg_cap, nstack_frames;
+    uint64_t mem; /* bytes of the vectors and strings */
     gm__idmap strs, frames, stacks;
 };
 
@@ -94,8 +103,12 @@ int gm__tb_string(gm__trace_builder *b, const char *s, size_t n, uint32_t *id) {
         *id = found;
         return GM_OK;
     }
-    if (vec_reserve((void **)&t->strings, &b->str_cap, t->nstrings, sizeof *t->strings))
+    if (vec_reserve(&b->mem, (void **)&t->strings, &b->str_cap, t->nstrings, sizeof *t->strings))
         return GM_ENOHOSTMEM;
+    if (b->mem + n + 1 > GM_LIMIT_TRACE_MEMORY)
+        return gm__set_error(GM_ENOHOSTMEM, "the trace's strings need more than %llu bytes of host memory "
+                             "(GM_LIMIT_TRACE_MEMORY)", (unsigned long long)GM_LIMIT_TRACE_MEMORY);
+    b->mem += n + 1;
     char *c = malloc(n + 1);
     if (!c) return GM_ENOHOSTMEM;
     memcpy(c, s, n);
@@ -125,7 +138,7 @@ int gm__tb_frame(gm__trace_builder *b, uint32_t name, uint32_t file, int32_t lin
         *id = found;
         return GM_OK;
     }
-    if (vec_reserve((void **)&t->frames, &b->fr_cap, t->nframes, sizeof *t->frames))
+    if (vec_reserve(&b->mem, (void **)&t->frames, &b->fr_cap, t->nframes, sizeof *t->frames))
         return GM_ENOHOSTMEM;
     t->frames[t->nframes] = k;
     gm__idmap_set(&b->frames, slot, h, t->nframes);
@@ -152,7 +165,7 @@ int gm__tb_stack(gm__trace_builder *b, const uint32_t *frames, uint32_t n, uint3
             return gm__set_error(GM_EFORMAT, "stack names frame %u of %u", frames[i], t->nframes);
     if (gm__idmap_reserve(&b->stacks, HT_FIRST_CAP)) return GM_ENOHOSTMEM;
     if (!t->stack_off) {
-        if (vec_reserve((void **)&t->stack_off, &b->so_cap, 0, sizeof *t->stack_off))
+        if (vec_reserve(&b->mem, (void **)&t->stack_off, &b->so_cap, 0, sizeof *t->stack_off))
             return GM_ENOHOSTMEM;
         t->stack_off[0] = 0;
     }
@@ -166,9 +179,9 @@ int gm__tb_stack(gm__trace_builder *b, const uint32_t *frames, uint32_t n, uint3
     }
     if (b->nstack_frames + n > UINT32_MAX) return gm__set_error(GM_EFORMAT, "too many stack frames");
     while (b->sf_cap < b->nstack_frames + n)
-        if (vec_reserve((void **)&t->stack_frames, &b->sf_cap, b->sf_cap, sizeof *t->stack_frames))
+        if (vec_reserve(&b->mem, (void **)&t->stack_frames, &b->sf_cap, b->sf_cap, sizeof *t->stack_frames))
             return GM_ENOHOSTMEM;
-    if (vec_reserve((void **)&t->stack_off, &b->so_cap, t->nstacks + 1, sizeof *t->stack_off))
+    if (vec_reserve(&b->mem, (void **)&t->stack_off, &b->so_cap, t->nstacks + 1, sizeof *t->stack_off))
         return GM_ENOHOSTMEM;
     memcpy(t->stack_frames + b->nstack_frames, frames, n * sizeof *frames);
     b->nstack_frames += n;
@@ -187,7 +200,7 @@ int gm__tb_event(gm__trace_builder *b, const gm_trace_event *e) {
         return gm__set_error(GM_EFORMAT, "trace has more than %llu events (GM_LIMIT_TRACE_EVENTS); "
                              "split it (e.g. record shorter snapshots)",
                              (unsigned long long)GM_LIMIT_TRACE_EVENTS);
-    if (vec_reserve((void **)&t->events, &b->ev_cap, t->nevents, sizeof *t->events))
+    if (vec_reserve(&b->mem, (void **)&t->events, &b->ev_cap, t->nevents, sizeof *t->events))
         return GM_ENOHOSTMEM;
     t->events[t->nevents++] = *e;
     if (e->device + 1 > t->ndevices) t->ndevices = e->device + 1;
@@ -196,7 +209,7 @@ int gm__tb_event(gm__trace_builder *b, const gm_trace_event *e) {
 
 int gm__tb_segment(gm__trace_builder *b, const gm_trace_segment *s) {
     gm_trace *t = b->t;
-    if (vec_reserve((void **)&t->segments, &b->seg_cap, t->nsegments, sizeof *t->segments))
+    if (vec_reserve(&b->mem, (void **)&t->segments, &b->seg_cap, t->nsegments, sizeof *t->segments))
         return GM_ENOHOSTMEM;
     t->segments[t->nsegments++] = *s;
     return GM_OK;
