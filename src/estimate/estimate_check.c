@@ -86,7 +86,10 @@ int gm_est_check(const gm_est_model *m, gm_est_run *r) {
                                  (long long)m->image);
     } else {
         if (r->image) return gm__set_error(GM_EINVAL, "%s is a text model: give --seq, not --image", m->name);
-        if (!r->seq) r->seq = m->max_positions < 1024 ? m->max_positions : 1024;
+        if (!r->seq) { /* a prompt that leaves generate() room in the positions */
+            int64_t room = m->max_positions - (r->generate > 0 && r->generate < m->max_positions ? r->generate : 0);
+            r->seq = room < 1024 ? room : 1024;
+        }
         if (r->seq < 1) return gm__set_error(GM_EINVAL, "sequence length must be positive");
         if ((m->family == GM_EST_GPT2 || m->family == GM_EST_BERT) && r->seq > m->max_positions)
             return gm__set_error(GM_EINVAL, "sequence length %lld exceeds %s's %lld positions",

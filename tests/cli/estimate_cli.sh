@@ -61,7 +61,7 @@ assert not any(s["name"].startswith("optimizer") for s in j["strategies"])' || f
 # issue #25: no silent limit. The default precision works with --generate;
 # a run past the simulated device's 141 GiB is not capped, and fits is
 # never true above the capacity
-"$GPUMEM" estimate --model gpt2 --seq 64 --generate 10 --json >/dev/null || fail "--generate with its defaults"
+"$GPUMEM" estimate --model gpt2 --generate 16 --json >/dev/null || fail "--generate with its defaults"
 "$GPUMEM" estimate --model gpt2 --batch 160 --capacity 200GiB --json | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
