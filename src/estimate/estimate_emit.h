@@ -200,24 +200,26 @@ static inline uint32_t SAVE(X *x, int64_t bytes) {
     push(x, &x->sv, &x->nsv, &x->capsv, id);
     return id;
 }
-/* Held by the model output (freed under the tag it was allocated with). */
-static inline void hold(X *x, uint32_t id) {
+/* A list whose entries are freed later under the tag they were allocated
+ * with (held outputs, optimizer state, per-rank buffers). */
+static inline void tpush(X *x, uint32_t **ids, int32_t **tags, size_t *n, size_t *cap, uint32_t id) {
     if (!id || x->err) return;
-    if (x->nheld == x->capheld) {
-        size_t nc = x->capheld ? x->capheld * 2 : 256;
-        uint32_t *ni = realloc(x->held, nc * sizeof *ni);
-        if (ni) x->held = ni;
-        int32_t *nl = ni ? realloc(x->heldl, nc * sizeof *nl) : NULL;
-        if (nl) x->heldl = nl;
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        uint32_t *ni = realloc(*ids, nc * sizeof *ni);
+        if (ni) *ids = ni;
+        int32_t *nl = ni ? realloc(*tags, nc * sizeof *nl) : NULL;
+        if (nl) *tags = nl;
         if (!ni || !nl) {
             x->err = GM_ENOHOSTMEM;
             return;
         }
-        x->capheld = nc;
+        *cap = nc;
     }
-    x->heldl[x->nheld] = x->layer;
-    x->held[x->nheld++] = id;
+    (*tags)[*n] = x->layer;
+    (*ids)[(*n)++] = id;
 }
+static inline void hold(X *x, uint32_t id) { tpush(x, &x->held, &x->heldl, &x->nheld, &x->capheld, id); }
 /* Saved in the plain forward; held by the output instead when it is kept. */
 static inline uint32_t HOLD_OR_SAVE(X *x, int64_t bytes) {
     if (!x->r->keep_output || x->nograd || x->recompute) return SAVE(x, bytes);

@@ -94,22 +94,7 @@ typedef struct optstate {
 } optstate;
 
 static void state_add(X *x, optstate *os, int64_t bytes) {
-    uint32_t id = ALLOC(x, bytes, GM_EST_CAT_OPTSTATE);
-    if (!id || x->err) return;
-    if (os->n == os->cap) {
-        size_t nc = os->cap ? os->cap * 2 : 256;
-        uint32_t *ni = realloc(os->ids, nc * sizeof *ni);
-        if (ni) os->ids = ni;
-        int32_t *nl = ni ? realloc(os->layer, nc * sizeof *nl) : NULL;
-        if (nl) os->layer = nl;
-        if (!ni || !nl) {
-            x->err = GM_ENOHOSTMEM;
-            return;
-        }
-        os->cap = nc;
-    }
-    os->layer[os->n] = x->layer;
-    os->ids[os->n++] = id;
+    tpush(x, &os->ids, &os->layer, &os->n, &os->cap, ALLOC(x, bytes, GM_EST_CAT_OPTSTATE));
 }
 
 /* A parameter as this rank holds it (its shard under FSDP). */

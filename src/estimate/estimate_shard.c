@@ -61,23 +61,7 @@ int64_t gm__est_param_elems(const X *x, size_t i) {
 }
 
 /* kept to the end, freed under the tag it was allocated with */
-static void keep(X *x, uint32_t id) {
-    if (!id || x->err) return;
-    if (x->nkeep == x->capkeep) {
-        size_t nc = x->capkeep ? x->capkeep * 2 : 64;
-        uint32_t *ni = realloc(x->keep, nc * sizeof *ni);
-        if (ni) x->keep = ni;
-        int32_t *nl = ni ? realloc(x->keepl, nc * sizeof *nl) : NULL;
-        if (nl) x->keepl = nl;
-        if (!ni || !nl) {
-            x->err = GM_ENOHOSTMEM;
-            return;
-        }
-        x->capkeep = nc;
-    }
-    x->keepl[x->nkeep] = x->layer;
-    x->keep[x->nkeep++] = id;
-}
+static void keep(X *x, uint32_t id) { tpush(x, &x->keep, &x->keepl, &x->nkeep, &x->capkeep, id); }
 
 static int64_t total_params(const X *x) {
     int64_t n = 0;

@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from estimate_measure import clear  # noqa: E402  (empties caches, cuBLAS workspaces, resets peaks)
 STEPS = 3
 
 
@@ -46,18 +48,6 @@ def configs():
 
 def layers_of(model):
     return model.transformer.h if hasattr(model, "transformer") else model.model.layers
-
-
-def clear():
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    try:
-        torch._C._cuda_clearCublasWorkspaces()
-    except Exception:
-        pass
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
 
 
 def measure(cfg, cls, shard, world, batch, seq):
