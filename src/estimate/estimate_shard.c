@@ -28,9 +28,11 @@
  *   temporaries): 16-bit (or fp32) parameters, flattened at construction
  *   (stage 1/2) or partitioned per parameter (stage 3, parameters of at most
  *   1e5 elements kept whole: stage3_param_persistence_threshold); an fp32
- *   master partition and the optimizer state on it; stage 1 keeps full
- *   gradients, stage 2 and 3 copy each into the reduce bucket
- *   (reduce_bucket_size 5e8 elements) as it is produced and keep only their
+ *   master partition and the optimizer state on it; the reduce ("ipg")
+ *   bucket, reduce_bucket_size = 5e8 elements of the 16-bit dtype,
+ *   allocated by backward() (contiguous_gradients, the default) and kept;
+ *   stage 1 keeps full gradients and reduces them at the step, stage 2 and
+ *   3 copy each into the bucket as it is produced and keep only their
  *   partition; stage 3 gathers a block's parameters before its forward and
  *   backward and releases them after. Not measured (no DeepSpeed on the
  *   GPU machine). */
@@ -208,6 +210,12 @@ void gm__est_shard_fwd_end(X *x) {
 
 void gm__est_shard_pre_bwd(X *x, size_t bi) {
     blk *b = &x->pl.b[bi];
+    if (zero(x) && !x->zbucket) { /* the ipg bucket, from the first backward on */
+        int32_t l = x->layer;
+        x->layer = -1;
+        x->zbucket = ALLOC(x, ZERO_BUCKET_ELEMS * x->pb, GM_EST_CAT_GRADS);
+        x->layer = l;
+    }
     if (is(x, GM_EST_SHARD_ZERO3)) zero3_block(x, b, true);
     if (!is(x, GM_EST_SHARD_FSDP)) return;
     size_t g = (size_t)(b->li + 1);
@@ -233,10 +241,6 @@ bool gm__est_shard_grad(X *x, size_t i) {
     if (is(x, GM_EST_SHARD_ZERO2) || is(x, GM_EST_SHARD_ZERO3)) {
         int32_t l = x->layer;
         x->layer = -1;
-        if (!x->zbucket) {
-            int64_t n = total_params(x);
-            x->zbucket = ALLOC(x, (n < ZERO_BUCKET_ELEMS ? n : ZERO_BUCKET_ELEMS) * x->pb, GM_EST_CAT_GRADS);
-        }
         if (!x->zpart) x->zpart = ALLOC(x, zero_partition(x) * x->pb, GM_EST_CAT_GRADS);
         x->layer = l;
         FREE(x, ALLOC(x, bytes, GM_EST_CAT_GRADS)); /* autograd's, copied into the bucket, dropped */
@@ -292,10 +296,6 @@ bool gm__est_shard_opt_step(X *x, bool first) {
     if (first) {
         int states = x->r->optimizer == GM_EST_OPT_SGD ? 0 : x->r->optimizer == GM_EST_OPT_SGD_MOMENTUM ? 1 : 2;
         for (int k = 0; k < states; k++) keep(x, ALLOC(x, part * 4, GM_EST_CAT_OPTSTATE));
-    }
-    if (is(x, GM_EST_SHARD_ZERO1)) { /* all-reduce through a flat bucket */
-        int64_t n = total_params(x);
-        FREE(x, TMP(x, (n < ZERO_BUCKET_ELEMS ? n : ZERO_BUCKET_ELEMS) * x->pb));
     }
     FREE(x, TMP(x, part * 4)); /* the partition's gradient in fp32 for the step */
     /* zero_grad */
