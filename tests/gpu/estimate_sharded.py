@@ -85,11 +85,13 @@ def measure(cfg, cls, shard, world, batch, seq, emulate_ddp=False):
             model.to_empty(device="cuda")
             net = model
         elif emulate_ddp:
-            model = cls(cfg).cuda()
+            with torch.device("cuda"):  # parameters straight on the GPU, as the estimate assumes
+                model = cls(cfg)
             net = model
             buckets = ddp_buckets(model)  # noqa: F841 (held for the run)
         else:
-            model = cls(cfg).cuda()
+            with torch.device("cuda"):
+                model = cls(cfg)
             net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0], bucket_cap_mb=25)
 
             def noop(state, bucket):  # the fake group cannot all-reduce; keep the bucket
