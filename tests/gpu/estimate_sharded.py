@@ -72,7 +72,7 @@ def ddp_buckets(model, cap_mb=25, first=1 << 20):
 def measure(cfg, cls, shard, world, batch, seq, emulate_ddp=False):
     from torch.testing._internal.distributed.fake_pg import FakeStore
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    model = opt = None
+    model = net = opt = x = buckets = loss = None
     try:
         clear()
         if shard == "fsdp":
@@ -88,7 +88,7 @@ def measure(cfg, cls, shard, world, batch, seq, emulate_ddp=False):
             with torch.device("cuda"):  # parameters straight on the GPU, as the estimate assumes
                 model = cls(cfg)
             net = model
-            buckets = ddp_buckets(model)  # noqa: F841 (held for the run)
+            buckets = ddp_buckets(model)  # held for the run
         else:
             with torch.device("cuda"):
                 model = cls(cfg)
@@ -108,11 +108,11 @@ def measure(cfg, cls, shard, world, batch, seq, emulate_ddp=False):
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            del loss
+            loss = None
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
     finally:
-        del model, opt
+        model = net = opt = x = buckets = loss = None  # noqa: F841 (drop every reference before the next case)
         dist.destroy_process_group()
         clear()
 
@@ -153,6 +153,7 @@ def main():
         row = {"model": name, "shard": shard, "world": world, "batch": batch, "seq": seq}
         try:
             est, est_res, cmd = estimate(o.gpumem, paths[name], shard, world, batch, seq)
+            meas = None
             try:
                 meas, meas_res = measure(cfgs[name][0], cfgs[name][1], shard, world, batch, seq)
             except Exception:
@@ -161,6 +162,8 @@ def main():
                 traceback.print_exc()
                 print("DDP failed under the fake group: measuring one GPU plus DDP's buckets allocated by hand",
                       file=sys.stderr)
+            if meas is None:  # outside the handler: the failed attempt's frames (and tensors) are gone
+                gc.collect()
                 meas, meas_res = measure(cfgs[name][0], cfgs[name][1], shard, world, batch, seq, emulate_ddp=True)
                 row["ddp_emulated"] = True
             row.update(estimated=est, measured=meas, estimated_reserved=est_res, measured_reserved=meas_res,
