@@ -539,6 +539,21 @@ static void test_numbers_do_not_cost(void **state) {
     assert_int_equal(gm_est_build(&m, &r, &p), GM_OK);
     assert_true(p.n < 50000);
     gm_est_program_free(&p);
+    /* with the cache holding the peak (batch 2048), each new token adds its
+     * k and v in every layer and a column of ids (and grows the copy cat
+     * makes): steps 9 -> 10 (every decode step emitted, then the first
+     * skipped) add what 10 -> 11 adds, and 999 -> 1000 what 1000 -> 1001 */
+    r.batch = 2048;
+    int64_t step = (int64_t)12 * 2 * 2048 * 768 * 2 + 2048 * 8, pk[6];
+    static const int64_t gens[] = {9, 10, 11, 999, 1000, 1001};
+    for (size_t i = 0; i < 6; i++) {
+        r.generate = gens[i];
+        assert_int_equal(gm_est_scan(&m, &r, &x), GM_OK);
+        pk[i] = x.peak;
+    }
+    assert_int_equal(pk[1] - pk[0], pk[2] - pk[1]);
+    assert_int_equal(pk[4] - pk[3], pk[5] - pk[4]);
+    assert_true(pk[1] - pk[0] >= step && pk[4] - pk[3] >= step);
 }
 
 /* Per rank: each strategy holds less than the one before it where it
