@@ -521,6 +521,13 @@ static void test_numbers_do_not_cost(void **state) {
     gm_est_run_init(&r);
     r.batch = 1 << 20, r.seq = 1 << 22;
     assert_int_equal(gm_est_scan(&big, &r, &x), GM_EINVAL);
+    /* a patch embedding of 1e9 x 1e9 x 8192^2 is refused before it is counted */
+    gm_est_model vit = from_json("{\"model_type\":\"vit\",\"architectures\":[\"ViTForImageClassification\"],"
+                                 "\"hidden_size\":1000000000,\"num_hidden_layers\":1,\"num_attention_heads\":1,"
+                                 "\"intermediate_size\":1,\"image_size\":8192,\"patch_size\":8192,"
+                                 "\"num_channels\":1000000000}");
+    gm_est_run_init(&r);
+    assert_int_equal(gm_est_scan(&vit, &r, &x), GM_EINVAL);
     /* accum 4096: 45 s and 2.3 GB before; the same events and peaks as accum 4 */
     m = builtin("gpt2");
     gm_est_run_init(&r);

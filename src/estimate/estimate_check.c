@@ -58,6 +58,11 @@ static long double bytes_bound(const gm_est_model *m, const gm_est_run *r) {
     /* images, the stem and ResNet's widest stage (2048 channels) */
     if (gm_est_is_vision(m)) rest = maxl(rest, B * maxl((long double)m->channels, 2048) * T * T);
     long double blocks = (long double)m->blocks[0] + m->blocks[1] + m->blocks[2] + m->blocks[3];
+    /* the parameters' own products (a patch embedding is d x channels x
+     * patch^2), bounded before they are counted in integers */
+    long double pl = maxl(4 * d * maxl(d, maxl(f, qkv)), V * d + (long double)m->max_positions * d);
+    pl = maxl(pl, d * (long double)m->channels * (long double)m->patch * (long double)m->patch);
+    if (pl * ((long double)m->layers + 2) * 16 > (long double)GM_EST_MAX_BYTES) return pl * ((long double)m->layers + 2) * 16;
     long double params = (long double)gm_est_param_count(m);
     return 8 * (12 * params + 64 * layer * ((long double)m->layers + 2) + 64 * rest * (blocks + 4)) + 4096;
 }
