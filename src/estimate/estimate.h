@@ -191,11 +191,12 @@ typedef struct gm_est_program {
  * with each, so the last ones hold the peak; earlier ones are skipped
  * over by resizing the cache), ... */
 #define GM_EST_EMIT_DECODE 8
-/* ... and the model's repeated layers up to this many. A deeper model's
- * peaks come from two small programs (4 and 5 layers): the bytes live at
- * each point are affine in the layer count, so they extrapolate exactly
- * (estimate.c); its peak reserved is replayed on this many layers and
- * scaled by the peak allocated (marked as extrapolated). */
+/* ... and the model's repeated layers up to this many for the replay (a
+ * deeper model is replayed on this many and scaled to its exact peak,
+ * marked as extrapolated). The peaks of any model of more than 8 layers
+ * come from two small programs (4 and 5 layers): the bytes live at each
+ * point are affine in the layer count, so they extrapolate exactly
+ * (estimate.c, scan_folded). */
 #define GM_EST_REPLAY_LAYERS 160
 
 /* Validate run against model (sizes, options that apply); GM_EINVAL with a
