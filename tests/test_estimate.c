@@ -341,6 +341,272 @@ static void test_fit(void **state) {
     assert_int_equal(best, 0);
 }
 
+
+/* ---- any size: exact, bounded, monotone (issues #25, #26-2) ------------- */
+
+/* live bytes of a program, as torch rounds them: peak and phase peaks */
+static void full_scan(const gm_est_program *p, int64_t *peak, int64_t phase[2][GM_EST_NPHASE]) {
+    uint64_t *sz = calloc(p->ntensors + 1, sizeof *sz);
+    assert_non_null(sz);
+    int64_t live = 0;
+    *peak = 0;
+    memset(phase, 0, sizeof(int64_t) * 2 * GM_EST_NPHASE);
+    for (size_t i = 0; i < p->n; i++) {
+        const gm_est_event *e = &p->ev[i];
+        int lat = e->step > 1;
+        if (live > phase[lat][e->phase]) phase[lat][e->phase] = live;
+        if (e->free) {
+            live -= (int64_t)sz[e->id];
+            continue;
+        }
+        sz[e->id] = R512(e->size);
+        live += (int64_t)sz[e->id];
+        if (live > phase[lat][e->phase]) phase[lat][e->phase] = live;
+        if (live > *peak) *peak = live;
+    }
+    free(sz);
+}
+
+/* A deep model's peaks come from its 4- and 5-layer programs; they must
+ * equal the full program's, to the byte, for every family, precision,
+ * option and sharding strategy. */
+static void test_folded_scan_is_exact(void **state) {
+    (void)state;
+    char js[512];
+    const char *fmt[] = {
+        "{\"model_type\":\"gpt2\",\"architectures\":[\"GPT2LMHeadModel\"],\"n_layer\":%d,\"n_embd\":64,"
+        "\"n_head\":2,\"vocab_size\":4096,\"n_positions\":64}",
+        "{\"model_type\":\"llama\",\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":128,"
+        "\"intermediate_size\":352,\"num_hidden_layers\":%d,\"num_attention_heads\":4,"
+        "\"num_key_value_heads\":2,\"vocab_size\":1000}",
+        "{\"model_type\":\"bert\",\"architectures\":[\"BertForMaskedLM\"],\"hidden_size\":64,"
+        "\"num_hidden_layers\":%d,\"num_attention_heads\":2,\"intermediate_size\":256,\"vocab_size\":900,"
+        "\"max_position_embeddings\":64}",
+        "{\"model_type\":\"vit\",\"architectures\":[\"ViTForImageClassification\"],\"hidden_size\":64,"
+        "\"num_hidden_layers\":%d,\"num_attention_heads\":2,\"intermediate_size\":256,"
+        "\"image_size\":64,\"patch_size\":16}",
+    };
+    static const struct { int shard; int world; } sh[] = {
+        {GM_EST_SHARD_NONE, 1}, {GM_EST_SHARD_DDP, 4}, {GM_EST_SHARD_FSDP, 4}, {GM_EST_SHARD_FSDP, 3},
+        {GM_EST_SHARD_ZERO1, 1}, {GM_EST_SHARD_ZERO2, 1}, {GM_EST_SHARD_ZERO3, 1},
+    };
+    for (size_t f = 0; f < sizeof fmt / sizeof fmt[0]; f++)
+        for (int L = 9; L <= 14; L += 5)
+            for (int v = 0; v < 16; v++) {
+                snprintf(js, sizeof js, fmt[f], L);
+                gm_est_model m = from_json(js);
+                gm_est_run r;
+                gm_est_run_init(&r);
+                r.batch = 2;
+                r.seq = gm_est_is_vision(&m) ? 0 : 16;
+                r.precision = v % GM_EST_NPRECISION;
+                r.accum = v & 4 ? 3 : 1;
+                r.checkpointing = v & 8;
+                r.keep_output = v & 2;
+                r.shard = sh[v % 7].shard;
+                r.world = sh[v % 7].world;
+                r.reshard_after_forward = !(v & 1);
+                if (r.shard >= GM_EST_SHARD_ZERO1 && (r.precision == GM_EST_FP16_AUTOCAST ||
+                                                      r.precision == GM_EST_BF16_AUTOCAST))
+                    r.precision = GM_EST_BF16;
+                gm_est_result res;
+                gm_est_program p;
+                if (gm_est_scan(&m, &r, &res) != GM_OK) fail_msg("%s variant %d: %s", js, v, gm_last_error_detail());
+                assert_int_equal(gm_est_build(&m, &r, &p), GM_OK);
+                assert_int_equal(p.layers, L);
+                check_program(&p, js);
+                int64_t peak, phase[2][GM_EST_NPHASE];
+                full_scan(&p, &peak, phase);
+                gm_est_program_free(&p);
+                /* ZeRO's flat buffers hold every layer at once: 512-byte rounding of a
+                 * size that grows with the depth is affine only to within 512 bytes
+                 * a layer for each of its (at most 8) buffers */
+                int64_t tol = r.shard >= GM_EST_SHARD_ZERO1 ? 8 * 512 * L : 0;
+                if (llabs(res.peak - peak) > tol)
+                    fail_msg("%s variant %d: folded %lld, full %lld", js, v, (long long)res.peak, (long long)peak);
+                for (int l = 0; l < 2; l++)
+                    for (int ph = 0; ph < GM_EST_NPHASE; ph++)
+                        if (llabs(res.phase_peak[l][ph] - phase[l][ph]) > tol)
+                            fail_msg("%s variant %d: phase %d/%d folded %lld, full %lld", js, v, l, ph,
+                                     (long long)res.phase_peak[l][ph], (long long)phase[l][ph]);
+                int64_t sum = 0;
+                for (int c = 0; c < GM_EST_NCAT; c++) sum += res.peak_by_cat[c];
+                assert_int_equal(sum, res.peak);
+            }
+}
+
+/* The property of issue #25: the peak grows with batch and with sequence
+ * length at every size, linearly once model states are covered, and fits
+ * is never true above the capacity (no device's size caps it). */
+static void test_monotone_any_size(void **state) {
+    (void)state;
+    gm_est_model m = builtin("gpt2");
+    gm_est_run r;
+    gm_est_run_init(&r);
+    r.seq = 1024;
+    int64_t prev = 0, d1 = 0;
+    for (int64_t b = 1; b <= 65536; b *= 2) {
+        r.batch = b;
+        gm_est_result x;
+        assert_int_equal(gm_est_scan(&m, &r, &x), GM_OK);
+        if (x.peak <= prev) fail_msg("batch %lld: peak %lld after %lld", (long long)b, (long long)x.peak, (long long)prev);
+        if (b >= 128) { /* activations dominate: doubling the batch doubles the growth */
+            int64_t d = x.peak - prev;
+            if (d1) assert_true(llabs(d - 2 * d1) <= d1 / 50);
+            d1 = d;
+        }
+        prev = x.peak;
+    }
+    gm_est_model l = from_json("{\"model_type\":\"llama\",\"architectures\":[\"LlamaForCausalLM\"],"
+                               "\"hidden_size\":512,\"intermediate_size\":1408,\"num_hidden_layers\":24,"
+                               "\"num_attention_heads\":8,\"vocab_size\":32000}");
+    gm_est_run_init(&r);
+    prev = 0;
+    for (int64_t s = 64; s <= (1 << 22); s *= 4) {
+        r.seq = s;
+        gm_est_result x;
+        assert_int_equal(gm_est_scan(&l, &r, &x), GM_OK);
+        assert_true(x.peak > prev);
+        prev = x.peak;
+    }
+    /* past 141 GiB, the replay follows the scan: batch 160 is 221 GiB, not 129 */
+    gm_est_run_init(&r);
+    r.seq = 1024;
+    for (int64_t b = 64; b <= 4096; b *= 4) {
+        r.batch = b;
+        gm_est_result x;
+        assert_int_equal(gm_est_estimate_torch(&m, &r, &x), GM_OK);
+        assert_true(x.peak_allocated >= x.peak);
+        assert_true(x.peak_reserved_torch >= x.peak_allocated);
+        uint64_t cap = (uint64_t)x.peak; /* any capacity below the peak does not fit */
+        double need = (double)x.peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)x.cuda_context;
+        assert_true(need > (double)cap);
+    }
+}
+
+/* #26-2's probes: work and memory follow the model's structure, never its
+ * numbers; what cannot be computed is an error. */
+static void test_numbers_do_not_cost(void **state) {
+    (void)state;
+    /* n_layer 1e9: 24 GB and killed before; now arithmetic over the layers */
+    gm_est_model m = from_json("{\"model_type\":\"gpt2\",\"architectures\":[\"GPT2LMHeadModel\"],"
+                               "\"n_layer\":1000000000,\"n_embd\":768,\"n_head\":12,\"vocab_size\":50257,"
+                               "\"n_positions\":1024}");
+    gm_est_run r;
+    gm_est_run_init(&r);
+    r.batch = 1, r.seq = 128;
+    gm_est_result x;
+    assert_int_equal(gm_est_estimate(&m, &r, &x), GM_OK);
+    assert_int_equal(x.params, 1000000000ull * 7087872 + 50257ull * 768 + 1024 * 768 + 2 * 768);
+    assert_true(x.events < 100000);
+    assert_true(x.reserved_extrapolated);
+    /* params (fp32) + gradients + AdamW's two states at the optimizer step */
+    assert_true(x.peak >= (int64_t)x.params * 16);
+    assert_true(x.peak_reserved_torch >= x.peak_allocated && x.peak_allocated >= x.peak);
+    r.batch = 8, r.seq = 1024; /* past 4 EiB: refused, not wrapped */
+    assert_int_equal(gm_est_scan(&m, &r, &x), GM_EINVAL);
+    assert_non_null(strstr(gm_last_error_detail(), "too large"));
+    /* vocab 1e9: "0 B fits" before; the logits alone are N x V x 4 */
+    m = from_json("{\"model_type\":\"gpt2\",\"architectures\":[\"GPT2LMHeadModel\"],\"n_layer\":12,"
+                  "\"n_embd\":768,\"n_head\":12,\"vocab_size\":1000000000,\"n_positions\":1024}");
+    gm_est_run_init(&r);
+    assert_int_equal(gm_est_estimate_torch(&m, &r, &x), GM_OK);
+    assert_true(x.peak > (int64_t)8192 * 1000000000 * 4);
+    assert_true(x.peak_allocated >= x.peak);
+    /* every size 1e9: refused (UBSan saw signed overflow here before) */
+    gm_est_model big = from_json("{\"model_type\":\"llama\",\"architectures\":[\"LlamaForCausalLM\"],"
+                                 "\"hidden_size\":1000000000,\"intermediate_size\":1000000000,"
+                                 "\"num_hidden_layers\":1000000000,\"num_attention_heads\":1000000000,"
+                                 "\"vocab_size\":1000000000}");
+    gm_est_run_init(&r);
+    r.batch = 1 << 20, r.seq = 1 << 22;
+    assert_int_equal(gm_est_scan(&big, &r, &x), GM_EINVAL);
+    /* a patch embedding of 1e9 x 1e9 x 8192^2 is refused before it is counted */
+    gm_est_model vit = from_json("{\"model_type\":\"vit\",\"architectures\":[\"ViTForImageClassification\"],"
+                                 "\"hidden_size\":1000000000,\"num_hidden_layers\":1,\"num_attention_heads\":1,"
+                                 "\"intermediate_size\":1,\"image_size\":8192,\"patch_size\":8192,"
+                                 "\"num_channels\":1000000000}");
+    gm_est_run_init(&r);
+    assert_int_equal(gm_est_scan(&vit, &r, &x), GM_EINVAL);
+    /* accum 4096: 45 s and 2.3 GB before; the same events and peaks as accum 4 */
+    m = builtin("gpt2");
+    gm_est_run_init(&r);
+    r.accum = 4;
+    gm_est_result a4, a4096;
+    assert_int_equal(gm_est_scan(&m, &r, &a4), GM_OK);
+    r.accum = 4096;
+    assert_int_equal(gm_est_scan(&m, &r, &a4096), GM_OK);
+    assert_int_equal(a4096.peak, a4.peak);
+    assert_int_equal(a4096.events, a4.events);
+    /* generate: the decode steps beyond the last few are skipped over, and
+     * the peak (the last step's) is the same as emitting every one */
+    gm_est_run_init(&r);
+    r.precision = GM_EST_BF16, r.seq = 16, r.generate = 1000;
+    gm_est_program p;
+    assert_int_equal(gm_est_build(&m, &r, &p), GM_OK);
+    assert_true(p.n < 50000);
+    gm_est_program_free(&p);
+    /* with the cache holding the peak (batch 2048), each new token adds its
+     * k and v in every layer and a column of ids (and grows the copy cat
+     * makes): steps 9 -> 10 (every decode step emitted, then the first
+     * skipped) add what 10 -> 11 adds, and 999 -> 1000 what 1000 -> 1001 */
+    r.batch = 2048;
+    int64_t step = (int64_t)12 * 2 * 2048 * 768 * 2 + 2048 * 8, pk[6];
+    static const int64_t gens[] = {9, 10, 11, 999, 1000, 1001};
+    for (size_t i = 0; i < 6; i++) {
+        r.generate = gens[i];
+        assert_int_equal(gm_est_scan(&m, &r, &x), GM_OK);
+        pk[i] = x.peak;
+    }
+    assert_int_equal(pk[1] - pk[0], pk[2] - pk[1]);
+    assert_int_equal(pk[4] - pk[3], pk[5] - pk[4]);
+    assert_true(pk[1] - pk[0] >= step && pk[4] - pk[3] >= step);
+}
+
+/* Per rank: each strategy holds less than the one before it where it
+ * shards more, and sharding divides model states by the world size. */
+static void test_sharding(void **state) {
+    (void)state;
+    gm_est_model m = builtin("gpt2-medium");
+    gm_est_run r;
+    gm_est_run_init(&r);
+    r.batch = 2, r.seq = 512, r.precision = GM_EST_BF16;
+    gm_est_result one, ddp, z1, z2, z3, fsdp, fsdp8;
+    assert_int_equal(gm_est_scan(&m, &r, &one), GM_OK);
+    r.world = 8;
+    r.shard = GM_EST_SHARD_DDP;
+    assert_int_equal(gm_est_scan(&m, &r, &ddp), GM_OK);
+    /* DDP = one GPU + its buckets (the gradients' bytes again) */
+    int64_t grads = one.phase_by_cat[1][GM_EST_PH_OPTIMIZER][GM_EST_CAT_GRADS];
+    assert_true(ddp.peak > one.peak && ddp.peak - one.peak <= grads + grads / 50);
+    r.shard = GM_EST_SHARD_ZERO1;
+    assert_int_equal(gm_est_scan(&m, &r, &z1), GM_OK);
+    r.shard = GM_EST_SHARD_ZERO2;
+    assert_int_equal(gm_est_scan(&m, &r, &z2), GM_OK);
+    r.shard = GM_EST_SHARD_ZERO3;
+    assert_int_equal(gm_est_scan(&m, &r, &z3), GM_OK);
+    assert_true(z3.steady_by_cat[GM_EST_CAT_PARAMS] < z1.steady_by_cat[GM_EST_CAT_PARAMS]);
+    /* ZeRO-2 trades the full gradients for the reduce bucket (5e8 elements:
+     * all of a model this size) plus the partition */
+    assert_true(z2.peak <= z1.peak + grads + grads / 8 + (1 << 20));
+    assert_true(z1.peak < ddp.peak);
+    r.shard = GM_EST_SHARD_FSDP;
+    r.precision = GM_EST_BF16_AUTOCAST;
+    assert_int_equal(gm_est_scan(&m, &r, &fsdp), GM_OK);
+    r.shard = GM_EST_SHARD_NONE, r.world = 1;
+    assert_int_equal(gm_est_scan(&m, &r, &one), GM_OK);
+    /* sharded parameters and optimizer state: an eighth (padded) of one GPU's */
+    int64_t os1 = one.steady_by_cat[GM_EST_CAT_OPTSTATE], os8 = fsdp.steady_by_cat[GM_EST_CAT_OPTSTATE];
+    assert_true(os8 * 8 >= os1 && os8 * 8 <= os1 + os1 / 20);
+    r.shard = GM_EST_SHARD_FSDP, r.world = 64;
+    assert_int_equal(gm_est_scan(&m, &r, &fsdp8), GM_OK);
+    assert_true(fsdp8.peak < fsdp.peak && fsdp.peak < one.peak);
+    /* bad settings name what is wrong */
+    r.world = 8, r.shard = GM_EST_SHARD_NONE;
+    assert_int_equal(gm_est_check(&m, &r), GM_EINVAL);
+    assert_non_null(strstr(gm_last_error_detail(), "--shard"));
+}
+
 /* the explained OOM: every fact present, changes ranked by saving, safe truncation */
 static void test_oom_explain(void **state) {
     (void)state;
@@ -389,6 +655,8 @@ int main(void) {
         cmocka_unit_test(test_program_bookkeeping), cmocka_unit_test(test_orderings),
         cmocka_unit_test(test_config_errors),   cmocka_unit_test(test_run_errors),
         cmocka_unit_test(test_fit),             cmocka_unit_test(test_oom_explain),
+        cmocka_unit_test(test_folded_scan_is_exact), cmocka_unit_test(test_monotone_any_size),
+        cmocka_unit_test(test_numbers_do_not_cost), cmocka_unit_test(test_sharding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

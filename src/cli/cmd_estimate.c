@@ -97,6 +97,19 @@ static void strategies(ctx *c) {
         r.attention = GM_EST_ATTN_SDPA;
         add_run_strategy(c, "sdpa attention", "attn_implementation=\"sdpa\"", &r);
     }
+    /* data parallelism over the same ranks: what each strategy holds per rank */
+    for (int sh = GM_EST_SHARD_DDP; sh < GM_EST_NSHARD && c->run.world > 1; sh++) {
+        if (sh == (int)c->run.shard) continue;
+        r = c->run;
+        r.shard = sh;
+        bool zero = sh >= GM_EST_SHARD_ZERO1;
+        if (zero && (r.precision == GM_EST_BF16_AUTOCAST || r.precision == GM_EST_FP16_AUTOCAST))
+            r.precision = GM_EST_BF16; /* DeepSpeed casts the model */
+        snprintf(name, sizeof name, "shard %s (per rank)", gm_est_shard_name(sh));
+        snprintf(change, sizeof change, "--shard %s%s", gm_est_shard_name(sh),
+                 r.precision != c->run.precision ? " --precision bf16" : "");
+        add_run_strategy(c, name, change, &r);
+    }
     for (int o = 0; o < GM_EST_NOPTIMIZER && !gen; o++) {
         if (o == (int)c->run.optimizer) continue;
         r = c->run;
@@ -208,6 +221,8 @@ static void best_combination(ctx *c) {
     free(cs);
 }
 
+static const char *const fit_names[] = {"batch", "seq", "world"};
+
 /* ---- output ---------------------------------------------------------------- */
 
 static void json_str(const char *s) {
@@ -227,7 +242,11 @@ static void json_cats(const int64_t *v) {
 }
 
 static void json_run(const gm_est_model *m, const gm_est_run *r) {
-    printf("{\"batch\":%lld,", (long long)r->batch);
+    printf("{\"batch\":%lld,\"shard\":\"%s\",\"world_size\":%lld,", (long long)r->batch,
+           gm_est_shard_name(r->shard), (long long)r->world);
+    if (r->shard == GM_EST_SHARD_DDP) printf("\"bucket_cap_mb\":%lld,", (long long)r->bucket_mb);
+    if (r->shard == GM_EST_SHARD_FSDP)
+        printf("\"reshard_after_forward\":%s,", r->reshard_after_forward ? "true" : "false");
     if (gm_est_is_vision(m)) printf("\"image\":%lld,", (long long)r->image);
     else printf("\"seq\":%lld,", (long long)r->seq);
     printf("\"precision\":\"%s\",\"optimizer\":\"%s\",\"accum\":%lld,\"checkpointing\":%s,"
@@ -266,6 +285,8 @@ static void print_json(ctx *c) {
            (long long)b->peak_allocated, (long long)b->peak, (long long)b->peak_reserved_torch,
            (long long)b->peak_reserved_gpumem, (long long)b->cuda_context, (long long)device_total(b),
            (long long)(b->peak_reserved_gpumem + b->cuda_context));
+    printf("\"per_rank\":%s,\"reserved_extrapolated\":%s,", c->run.shard ? "true" : "false",
+           b->reserved_extrapolated ? "true" : "false");
     printf("\"peak_at\":{\"step\":\"%s\",\"phase\":\"%s\"},\"by_category\":", b->peak_step > 1 ? "later" : "first",
            gm_est_phase_name(b->peak_phase));
     json_cats(b->peak_by_cat);
@@ -295,7 +316,7 @@ static void print_json(ctx *c) {
     else printf("null");
     if (c->fit_what >= 0) {
         printf(",\"fit\":{\"what\":\"%s\",\"value\":%lld,\"device_total\":%lld,\"peak_allocated\":%lld}",
-               c->fit_what ? "seq" : "batch", (long long)c->fit_value,
+               fit_names[c->fit_what], (long long)c->fit_value,
                c->fit_value ? (long long)device_total(&c->fit_res) : 0LL,
                c->fit_value ? (long long)c->fit_res.peak_allocated : 0LL);
     }
@@ -307,6 +328,10 @@ static void print_text(ctx *c) {
     char x1[32], x2[32], x3[32];
     printf("model      %s (%s, %s), %.1f M parameters\n", c->m.name, gm_est_family_name(c->m.family),
            gm_est_head_name(c->m.head), (double)b->params / 1e6);
+    if (c->run.shard)
+        printf("ranks      %lld, %s%s; every figure below is per rank (rank 0)\n", (long long)c->run.world,
+               gm_est_shard_name(c->run.shard),
+               c->run.shard == GM_EST_SHARD_FSDP && !c->run.reshard_after_forward ? " (reshard_after_forward=False)" : "");
     printf("run        batch %lld", (long long)c->run.batch);
     if (gm_est_is_vision(&c->m)) printf(", image %lld", (long long)c->run.image);
     else printf(", seq %lld", (long long)c->run.seq);
@@ -321,9 +346,10 @@ static void print_text(ctx *c) {
     printf("peak allocated   %-11s (torch.cuda.max_memory_allocated(); %s step, %s)\n",
            cli_format_bytes((uint64_t)b->peak_allocated, x1, sizeof x1), b->peak_step > 1 ? "a later" : "the first",
            gm_est_phase_name(b->peak_phase));
-    printf("peak reserved    %-11s under PyTorch's allocator, %s under gpumem's\n",
+    printf("peak reserved    %-11s under PyTorch's allocator, %s under gpumem's%s\n",
            cli_format_bytes((uint64_t)b->peak_reserved_torch, x1, sizeof x1),
-           cli_format_bytes((uint64_t)b->peak_reserved_gpumem, x2, sizeof x2));
+           cli_format_bytes((uint64_t)b->peak_reserved_gpumem, x2, sizeof x2),
+           b->reserved_extrapolated ? "\n                 (replayed on a reduced program and scaled to the exact peak)" : "");
     printf("whole device     %-11s (reserved + %s CUDA context)\n",
            cli_format_bytes((uint64_t)device_total(b), x1, sizeof x1),
            cli_format_bytes((uint64_t)b->cuda_context, x3, sizeof x3));
@@ -364,10 +390,14 @@ static void print_text(ctx *c) {
         printf("\nno combination of these strategies fits %s\n", cli_format_bytes(c->capacity, x1, sizeof x1));
     }
     if (c->fit_what >= 0) {
+        static const char *const what[] = {"largest batch", "largest sequence length", "fewest ranks"};
         if (c->fit_value)
-            printf("\nlargest %s that fits %s: %lld (whole device %s)\n", c->fit_what ? "sequence length" : "batch",
+            printf("\n%s that fits %s: %lld (whole device %s)\n", what[c->fit_what],
                    cli_format_bytes(c->capacity, x1, sizeof x1), (long long)c->fit_value,
                    cli_format_bytes((uint64_t)device_total(&c->fit_res), x2, sizeof x2));
+        else if (c->fit_what == 2)
+            printf("\nno world size up to %d fits %s with --shard %s\n", GM_EST_MAX_WORLD,
+                   cli_format_bytes(c->capacity, x1, sizeof x1), gm_est_shard_name(c->run.shard));
         else
             printf("\neven %s 1 does not fit %s\n", c->fit_what ? "sequence length" : "batch",
                    cli_format_bytes(c->capacity, x1, sizeof x1));
@@ -377,19 +407,42 @@ static void print_text(ctx *c) {
            " reserved for allocator settings. Accuracy: bench/RESULTS.md, docs/estimate.md)\n");
 }
 
+/* --fit world: the fewest ranks (powers of two) whose per-rank peak fits */
+static int fit_world(ctx *c) {
+    gm_est_run r = c->run;
+    r.steps = 2;
+    c->fit_value = 0;
+    for (int64_t w = 1; w <= GM_EST_MAX_WORLD; w *= 2) {
+        r.world = w;
+        gm_est_result res;
+        int st = gm_est_estimate_torch(&c->m, &r, &res);
+        if (st == GM_EINVAL) return st;
+        if (st) continue;
+        double need = (double)res.peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)res.cuda_context;
+        if (need <= (double)c->capacity) {
+            c->fit_value = w;
+            c->fit_res = res;
+            return GM_OK;
+        }
+    }
+    return GM_OK;
+}
+
 static const char ABOUT[] =
     "Predicts the GPU memory of a training loop (forward under autocast where named, loss,\n"
     "backward with GradScaler for fp16, optimizer.step(), zero_grad(set_to_none=True)):\n"
     "peak allocated (torch.cuda.max_memory_allocated()) by phase and category, peak reserved\n"
     "under PyTorch's allocator and gpumem's, the whole device with the CUDA context, what each\n"
     "memory-saving strategy would save, and with --capacity the best combination that fits.\n"
+    "With --world-size N --shard ddp|fsdp|zero1|zero2|zero3, everything is per rank.\n"
     "Give exactly one of --model or --config. Model and accuracy: docs/estimate.md.";
 
 int cmd_estimate(int argc, char **argv) {
     const char *cmd = argv[0], *model = NULL, *config = NULL, *fit = NULL;
-    const char *precision = "bf16-autocast", *optimizer = "adamw", *attention = "sdpa";
-    long long batch = 8, seq = 0, image = 0, accum = 1, steps = 3, generate = 0;
-    bool json = false, ckpt = false, keep = false;
+    const char *precision = NULL, *optimizer = "adamw", *attention = "sdpa", *shard = "none";
+    long long batch = 8, seq = 0, image = 0, accum = 1, steps = 3, generate = 0, world = 1,
+              bucket = GM_EST_DDP_BUCKET_MB;
+    bool json = false, ckpt = false, keep = false, no_reshard = false;
     uint64_t capacity = 0;
     const struct cli_opt opts[] = {
         {"model", 0, CLI_STR, &model, "NAME",
@@ -400,10 +453,11 @@ int cmd_estimate(int argc, char **argv) {
         {"seq", 0, CLI_INT, &seq, "N", "tokens per sample (text models)", "min(1024, max positions)", 1, 1 << 22},
         {"image", 0, CLI_INT, &image, "N", "image side in pixels (vision models)", "the model's", 1, 8192},
         {"precision", 0, CLI_STR, &precision, "P",
-         "fp32, fp16-autocast, bf16-autocast, or bf16 (the model cast, no autocast)", "bf16-autocast", 0, 0},
+         "fp32, fp16-autocast, bf16-autocast, or bf16 (the model cast, no autocast)",
+         "bf16-autocast; bf16 with --generate or --shard zero*", 0, 0},
         {"optimizer", 0, CLI_STR, &optimizer, "O",
          "sgd, sgd-momentum, adam, adamw, adamw-8bit (bitsandbytes; unmeasured), adafactor", "adamw", 0, 0},
-        {"accum", 0, CLI_INT, &accum, "N", "micro-batches per optimizer step", "1", 1, 4096},
+        {"accum", 0, CLI_INT, &accum, "N", "micro-batches per optimizer step", "1", 1, 1 << 20},
         {"checkpointing", 0, CLI_FLAG, &ckpt, NULL, "Hugging Face gradient_checkpointing_enable()", NULL, 0, 0},
         {"attention", 0, CLI_CHOICE, &attention, "sdpa|eager", "attention implementation, as transformers'",
          "sdpa", 0, 0},
@@ -415,8 +469,14 @@ int cmd_estimate(int argc, char **argv) {
         {"capacity", 0, CLI_SIZE, &capacity, "SIZE",
          "device memory (80GiB): says whether it fits, picks the best combination that fits", NULL,
          CLI_CAPACITY_MIN, CLI_CAPACITY_MAX},
-        {"fit", 0, CLI_CHOICE, &fit, "batch|seq", "the largest batch (or sequence length) that fits --capacity",
-         NULL, 0, 0},
+        {"fit", 0, CLI_CHOICE, &fit, "batch|seq|world",
+         "the largest batch (or sequence length), or the fewest ranks, that fits --capacity", NULL, 0, 0},
+        {"world-size", 0, CLI_INT, &world, "N", "data-parallel ranks (with --shard)", "1", 1, GM_EST_MAX_WORLD},
+        {"shard", 0, CLI_CHOICE, &shard, "none|ddp|fsdp|zero1|zero2|zero3",
+         "torch DDP, FSDP2 fully_shard per layer, DeepSpeed ZeRO stage 1-3; figures per rank", "none", 0, 0},
+        {"bucket-cap-mb", 0, CLI_INT, &bucket, "N", "DDP's bucket_cap_mb", "25", 1, 1 << 20},
+        {"no-reshard-after-forward", 0, CLI_FLAG, &no_reshard, NULL,
+         "FSDP: fully_shard(reshard_after_forward=False) on the layers", NULL, 0, 0},
         CLI_OPT_JSON(&json),
     };
     const struct cli_spec spec = {cmd, "", ABOUT, opts, CLI_NOPTS(opts), 0, 0,
@@ -433,6 +493,8 @@ int cmd_estimate(int argc, char **argv) {
     if (!model == !config)
         return cli_usage_error(cmd, "give exactly one of --model NAME or --config config.json (see 'gpumem %s --help')",
                                cmd);
+    bool zero = !strncmp(shard, "zero", 4);
+    if (!precision) precision = generate || zero ? "bf16" : "bf16-autocast";
     if (gm_est_precision_parse(precision) < 0)
         return cli_usage_error(cmd, "unknown --precision '%s': fp32, fp16-autocast, bf16-autocast or bf16 "
                                "(see 'gpumem %s --help')", precision, cmd);
@@ -458,6 +520,15 @@ int cmd_estimate(int argc, char **argv) {
     c->run.precision = gm_est_precision_parse(precision);
     c->run.optimizer = gm_est_optimizer_parse(optimizer);
     c->run.attention = strcmp(attention, "eager") ? GM_EST_ATTN_SDPA : GM_EST_ATTN_EAGER;
+    c->run.shard = gm_est_shard_parse(shard);
+    c->run.world = world;
+    c->run.bucket_mb = bucket;
+    c->run.reshard_after_forward = !no_reshard;
+    if (fit && !strcmp(fit, "world") && !c->run.shard) {
+        free(c);
+        return cli_usage_error(cmd, "--fit world needs --shard ddp|fsdp|zero1|zero2|zero3 (how the ranks share "
+                               "the model)");
+    }
     int st = model ? gm_est_builtin_find(model, &c->m) : gm_est_model_from_hf_config_file(config, &c->m);
     if (st == GM_OK) st = gm_est_check(&c->m, &c->run);
     if (st != GM_OK) {
@@ -474,8 +545,9 @@ int cmd_estimate(int argc, char **argv) {
     strategies(c);
     best_combination(c);
     if (fit) {
-        c->fit_what = strcmp(fit, "seq") == 0;
-        if (gm_est_fit(&c->m, &c->run, c->fit_what, c->capacity, &c->fit_value, &c->fit_res) != GM_OK) {
+        c->fit_what = !strcmp(fit, "world") ? 2 : !strcmp(fit, "seq");
+        if (c->fit_what == 2 ? fit_world(c) != GM_OK
+                             : gm_est_fit(&c->m, &c->run, c->fit_what, c->capacity, &c->fit_value, &c->fit_res) != GM_OK) {
             rc = cli_usage_error(cmd, "%s", gm_last_error_detail());
             free(c);
             return rc;

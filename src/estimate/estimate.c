@@ -1,9 +1,11 @@
-/* estimate.c — the estimator's entry points: a run's defaults and checks
- * (gm_est_run_init, gm_est_check), the scan of an event program for peaks by
- * phase and category, its replay on the simulated device under an
- * allocator configuration, and the search for the largest batch or sequence
- * that fits (gm_est_fit). The program itself is built by estimate_loop.c;
- * estimate_emit.h says how the units fit together. */
+/* estimate.c — the estimator's entry points: the scan of an event program
+ * for peaks by phase and category (exact for any depth: a deep model's
+ * peaks extrapolate from two small programs), its replay on the simulated
+ * device under an allocator configuration, and the search for the largest
+ * batch or sequence that fits (gm_est_fit). The program is built by
+ * estimate_loop.c, the run checked by estimate_check.c; estimate_emit.h
+ * says how the units fit together. Calls go down only: this file to the
+ * builder and the checks, never back. */
 #include "estimate.h"
 
 #include "internal.h"
@@ -16,116 +18,152 @@
 /* torch's allocator rounds every request up to 512 bytes (kMinBlockSize). */
 #define ROUND512(n) (((n) + 511) / 512 * 512)
 
-void gm_est_run_init(gm_est_run *r) {
-    memset(r, 0, sizeof *r);
-    r->batch = 8;
-    r->precision = GM_EST_BF16_AUTOCAST;
-    r->optimizer = GM_EST_OPT_ADAMW;
-    r->accum = 1;
-    r->attention = GM_EST_ATTN_SDPA;
-    r->steps = 3;
+/* ---- scan ------------------------------------------------------------------ */
+
+/* The peaks of a stream of live-byte states: each event reports the bytes
+ * (and bytes per category) live before and after it. */
+static void track(gm_est_result *out, const gm_est_event *e, int64_t before, const int64_t *bcat_before,
+                  int64_t after, const int64_t *bcat_after) {
+    int lat = e->step > 1;
+    if (before > out->phase_peak[lat][e->phase]) { /* what the phase starts with */
+        out->phase_peak[lat][e->phase] = before;
+        memcpy(out->phase_by_cat[lat][e->phase], bcat_before, sizeof out->phase_by_cat[lat][e->phase]);
+    }
+    if (e->free) return;
+    if (after > out->phase_peak[lat][e->phase]) {
+        out->phase_peak[lat][e->phase] = after;
+        memcpy(out->phase_by_cat[lat][e->phase], bcat_after, sizeof out->phase_by_cat[lat][e->phase]);
+    }
+    if (after > out->peak) {
+        out->peak = after;
+        out->peak_step = e->step;
+        out->peak_phase = e->phase;
+        memcpy(out->peak_by_cat, bcat_after, sizeof out->peak_by_cat);
+    }
 }
 
-int gm_est_check(const gm_est_model *m, gm_est_run *r) {
-    if (r->batch < 1 || r->batch > (1 << 20))
-        return gm__set_error(GM_EINVAL, "batch must be between 1 and %d (got %lld)", 1 << 20, (long long)r->batch);
-    if (r->accum < 1 || r->accum > 4096)
-        return gm__set_error(GM_EINVAL, "accumulation must be between 1 and 4096 (got %lld)", (long long)r->accum);
-    if (r->steps < 2 || r->steps > 16)
-        return gm__set_error(GM_EINVAL, "steps must be between 2 and 16 (got %d)", r->steps);
-    if ((unsigned)r->precision >= GM_EST_NPRECISION || (unsigned)r->optimizer >= GM_EST_NOPTIMIZER)
-        return gm__set_error(GM_EINVAL, "bad precision or optimizer");
-    if (gm_est_is_vision(m)) {
-        if (r->seq) return gm__set_error(GM_EINVAL, "%s is a vision model: give --image, not --seq", m->name);
-        if (!r->image) r->image = m->image;
-        if (r->image < 32 || r->image > 8192)
-            return gm__set_error(GM_EINVAL, "image size must be between 32 and 8192 pixels (got %lld)",
-                                 (long long)r->image);
-        if ((m->family == GM_EST_VIT_TV || m->family == GM_EST_VIT_HF) && r->image % m->patch)
-            return gm__set_error(GM_EINVAL, "image size %lld is not a multiple of the patch size %lld",
-                                 (long long)r->image, (long long)m->patch);
-        if (m->family == GM_EST_VIT_TV && r->image != m->image)
-            return gm__set_error(GM_EINVAL, "torchvision's %s takes %lld-pixel images only", m->name,
-                                 (long long)m->image);
+/* Live bytes through a program: per event, the state before and after. */
+typedef struct walker {
+    const gm_est_program *p;
+    uint64_t *sz;
+    uint8_t *cat;
+    size_t i;
+    int64_t live, bycat[GM_EST_NCAT];
+    int64_t live0, bycat0[GM_EST_NCAT]; /* before the current event */
+} walker;
+
+static int walker_init(walker *w, const gm_est_program *p) {
+    memset(w, 0, sizeof *w);
+    w->p = p;
+    w->sz = calloc(p->ntensors + 1, sizeof *w->sz);
+    w->cat = calloc(p->ntensors + 1, 1);
+    if (w->sz && w->cat) return GM_OK;
+    free(w->sz);
+    free(w->cat);
+    return gm__set_error(GM_ENOHOSTMEM, "out of host memory scanning the estimate");
+}
+static void walker_free(walker *w) {
+    free(w->sz);
+    free(w->cat);
+}
+/* Apply the next event; NULL at the end. */
+static const gm_est_event *walk(walker *w) {
+    if (w->i >= w->p->n) return NULL;
+    const gm_est_event *e = &w->p->ev[w->i++];
+    w->live0 = w->live;
+    memcpy(w->bycat0, w->bycat, sizeof w->bycat);
+    if (e->free) {
+        w->live -= (int64_t)w->sz[e->id];
+        w->bycat[w->cat[e->id]] -= (int64_t)w->sz[e->id];
+        w->sz[e->id] = 0;
     } else {
-        if (r->image) return gm__set_error(GM_EINVAL, "%s is a text model: give --seq, not --image", m->name);
-        if (!r->seq) r->seq = m->max_positions < 1024 ? m->max_positions : 1024;
-        if (r->seq < 1) return gm__set_error(GM_EINVAL, "sequence length must be positive");
-        if ((m->family == GM_EST_GPT2 || m->family == GM_EST_BERT) && r->seq > m->max_positions)
-            return gm__set_error(GM_EINVAL, "sequence length %lld exceeds %s's %lld positions",
-                                 (long long)r->seq, m->name, (long long)m->max_positions);
-        if (r->seq > (1 << 22)) return gm__set_error(GM_EINVAL, "sequence length %lld is too large", (long long)r->seq);
+        w->sz[e->id] = ROUND512(e->size);
+        w->cat[e->id] = e->cat;
+        w->live += (int64_t)w->sz[e->id];
+        w->bycat[e->cat] += (int64_t)w->sz[e->id];
     }
-    if (r->generate < 0 || r->generate > (1 << 20))
-        return gm__set_error(GM_EINVAL, "new tokens must be between 1 and %d (got %lld)", 1 << 20,
-                             (long long)r->generate);
-    if (r->generate) {
-        if (m->head != GM_EST_HEAD_CAUSAL_LM)
-            return gm__set_error(GM_EINVAL, "--generate models a causal language model's generate(); %s is "
-                                 "a %s model", m->name, gm_est_head_name(m->head));
-        if (r->checkpointing || r->accum > 1)
-            return gm__set_error(GM_EINVAL, "--generate is inference: --checkpointing and --accum do not apply");
-        if (r->precision == GM_EST_FP16_AUTOCAST || r->precision == GM_EST_BF16_AUTOCAST)
-            return gm__set_error(GM_EINVAL, "--generate models a model cast to 16 bits (--precision bf16, the "
-                                 "same bytes as .half()) or fp32, not autocast");
-        if ((m->family == GM_EST_GPT2) && r->seq + r->generate > m->max_positions)
-            return gm__set_error(GM_EINVAL, "prompt %lld + %lld new tokens exceed %s's %lld positions",
-                                 (long long)r->seq, (long long)r->generate, m->name, (long long)m->max_positions);
-    }
-    if (r->checkpointing && !gm_est_is_hf(m))
-        return gm__set_error(GM_EINVAL, "--checkpointing models Hugging Face's gradient_checkpointing_enable(); "
-                             "%s is a torchvision model", m->name);
-    if (r->attention == GM_EST_ATTN_EAGER && m->family == GM_EST_RESNET)
-        return gm__set_error(GM_EINVAL, "%s has no attention", m->name);
-    if (r->attention == GM_EST_ATTN_EAGER && m->family == GM_EST_VIT_TV)
-        return gm__set_error(GM_EINVAL, "torchvision's %s always uses scaled_dot_product_attention; "
-                             "--attention eager is for Hugging Face models", m->name);
+    return e;
+}
+
+static int scan(const gm_est_program *p, gm_est_result *out) {
+    walker w;
+    int rc = walker_init(&w, p);
+    if (rc) return rc;
+    for (const gm_est_event *e; (e = walk(&w));) track(out, e, w.live0, w.bycat0, w.live, w.bycat);
+    walker_free(&w);
     return GM_OK;
 }
 
-/* ---- scan and replay ---------------------------------------------------------- */
+/* A model of L repeated layers, from the programs with K and K + 1: every
+ * event of the K + 1 program but those of its layer FOLD_AT (interior)
+ * corresponds, in order, to one of the K program (layers after FOLD_AT
+ * shift down by one), and the bytes live at each such point are affine in
+ * the layer count (each layer adds the same tensors), so
+ * live(L) = live(K) + (L - K) * (live(K + 1) - live(K)) exactly. Points
+ * inside the L - 4 interior layers are not visited: within them the bytes
+ * are affine in the layer index too, so their extremes are at the ends,
+ * the layers 1 and L - 2 that both programs hold. */
+#define FOLD_K 4
+#define FOLD_AT 2
 
-static void scan(const gm_est_program *p, gm_est_result *out) {
-    uint64_t *sz = calloc(p->ntensors + 1, sizeof *sz);
-    uint8_t *cat = calloc(p->ntensors + 1, 1);
-    int64_t live = 0, bycat[GM_EST_NCAT] = {0};
-    if (!sz || !cat) {
-        free(sz);
-        free(cat);
-        return;
+static int64_t extrapolate(int64_t a, int64_t b, int64_t k) { return a + k * (b - a); }
+
+static int scan_folded(const gm_est_model *m, const gm_est_run *r, int64_t L, gm_est_result *out) {
+    gm_est_program pa, pb;
+    int rc = gm_est_build_layers(m, r, FOLD_K, &pa);
+    if (rc) return rc;
+    if ((rc = gm_est_build_layers(m, r, FOLD_K + 1, &pb))) {
+        gm_est_program_free(&pa);
+        return rc;
     }
-    for (size_t i = 0; i < p->n; i++) {
-        const gm_est_event *e = &p->ev[i];
-        int lat = e->step > 1;
-        if (live > out->phase_peak[lat][e->phase]) { /* what the phase starts with */
-            out->phase_peak[lat][e->phase] = live;
-            memcpy(out->phase_by_cat[lat][e->phase], bycat, sizeof bycat);
-        }
-        if (e->free) {
-            live -= (int64_t)sz[e->id];
-            bycat[cat[e->id]] -= (int64_t)sz[e->id];
-            sz[e->id] = 0;
-            continue;
-        }
-        sz[e->id] = ROUND512(e->size);
-        cat[e->id] = e->cat;
-        live += (int64_t)sz[e->id];
-        bycat[e->cat] += (int64_t)sz[e->id];
-        int later = e->step > 1;
-        if (live > out->phase_peak[later][e->phase]) {
-            out->phase_peak[later][e->phase] = live;
-            memcpy(out->phase_by_cat[later][e->phase], bycat, sizeof bycat);
-        }
-        if (live > out->peak) {
-            out->peak = live;
-            out->peak_step = e->step;
-            out->peak_phase = e->phase;
-            memcpy(out->peak_by_cat, bycat, sizeof bycat);
-        }
+    walker wa, wb;
+    if ((rc = walker_init(&wa, &pa)) == GM_OK && (rc = walker_init(&wb, &pb)) != GM_OK) walker_free(&wa);
+    if (rc) {
+        gm_est_program_free(&pa), gm_est_program_free(&pb);
+        return rc;
     }
-    free(sz);
-    free(cat);
+    int64_t k = L - FOLD_K;
+    for (;;) {
+        const gm_est_event *ea = walk(&wa), *eb;
+        while ((eb = walk(&wb)) && eb->layer == FOLD_AT) {}
+        if (!ea || !eb) {
+            if (ea || eb) rc = gm__set_error(GM_ESTATE, "estimate: the %d- and %d-layer programs of %s differ",
+                                             FOLD_K, FOLD_K + 1, m->name);
+            break;
+        }
+        if (ea->free != eb->free || ea->phase != eb->phase || ea->step != eb->step || ea->cat != eb->cat) {
+            rc = gm__set_error(GM_ESTATE, "estimate: the %d- and %d-layer programs of %s differ at event %zu",
+                               FOLD_K, FOLD_K + 1, m->name, wa.i);
+            break;
+        }
+        int64_t before = extrapolate(wa.live0, wb.live0, k), after = extrapolate(wa.live, wb.live, k);
+        int64_t cb[GM_EST_NCAT], ca[GM_EST_NCAT];
+        for (int c = 0; c < GM_EST_NCAT; c++) {
+            cb[c] = extrapolate(wa.bycat0[c], wb.bycat0[c], k);
+            ca[c] = extrapolate(wa.bycat[c], wb.bycat[c], k);
+        }
+        track(out, ea, before, cb, after, ca);
+    }
+    out->events = pa.n + pb.n;
+    walker_free(&wa), walker_free(&wb);
+    gm_est_program_free(&pa), gm_est_program_free(&pb);
+    return rc;
 }
+
+/* Peaks of the model's run, scanned over its own layers or folded. */
+static int scan_model(const gm_est_model *m, const gm_est_run *r, gm_est_result *out) {
+    int64_t L = gm_est_repeated_layers(m);
+    if (L > 2 * FOLD_K) return scan_folded(m, r, L, out);
+    gm_est_program p;
+    int rc = gm_est_build(m, r, &p);
+    if (rc) return rc;
+    rc = scan(&p, out);
+    out->events = p.n;
+    gm_est_program_free(&p);
+    return rc;
+}
+
+/* ---- replay ---------------------------------------------------------------- */
 
 static int to_prog(const gm_est_program *p, gm_replay_prog **out) {
     gm__trace_builder *b = gm__tb_new();
@@ -153,8 +191,7 @@ static int to_prog(const gm_est_program *p, gm_replay_prog **out) {
 static int64_t program_peak(const gm_est_program *p) {
     gm_est_result r;
     memset(&r, 0, sizeof r);
-    scan(p, &r);
-    return r.peak;
+    return scan(p, &r) == GM_OK ? r.peak : 0;
 }
 
 int gm_est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_allocated,
@@ -164,49 +201,83 @@ int gm_est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_
     char err[256];
     if (gm_config_parse(&cfg, conf, err, sizeof err) != GM_OK)
         return gm__set_error(GM_ECONFIG, "bad allocator setting '%s': %s", conf, err);
+    /* A simulated device sized to the program: twice its peak + 2 GiB holds
+     * whatever an allocator reserves for it (the worst measured is 1.43x,
+     * bench/RESULTS.md), at any size -- no device's capacity caps it -- and
+     * sets up fast (gpumem's policy sizes its tables to the device). */
+    int64_t peak = program_peak(p);
+    if (peak <= 0) return gm__set_error(GM_ESTATE, "estimate: an empty program");
+    uint64_t cap = (uint64_t)peak * 2 + ((uint64_t)2 << 30); /* peak < 2^62 (gm_est_check) */
     gm_replay_prog *prog;
     int rc = to_prog(p, &prog);
     if (rc) return rc;
-    /* A simulated device sized to the program (4x its peak + 2 GiB) replays
-     * the same as a 141 GiB one unless the allocator would reserve that much,
-     * and sets up much faster (gpumem's policy sizes its tables to the
-     * device); if it runs out, replay again on the full-size device. */
-    gm_sim_options so;
-    gm_sim_options_init(&so);
-    uint64_t small = (uint64_t)program_peak(p) * 4 + ((uint64_t)2 << 30);
     gm_replay_result rr;
-    rc = gm_replay_run(prog, &cfg, small < so.capacity ? small : 0, &rr);
-    if (!rc && rr.oom && small < so.capacity) rc = gm_replay_run(prog, &cfg, 0, &rr);
+    rc = gm_replay_run(prog, &cfg, cap, &rr);
     gm_replay_prog_free(prog);
     if (rc) return rc;
     if (rr.error) return gm__set_error(rr.error, "%s", rr.error_detail);
+    if (rr.oom || rr.peak_allocated < peak)
+        return gm__set_error(GM_ESTATE, "estimate: the replay under '%s' could not place the run's %lld bytes "
+                             "on a %llu-byte simulated device; no peak reserved to report", conf[0] ? conf : "torch "
+                             "defaults", (long long)peak, (unsigned long long)cap);
     if (peak_allocated) *peak_allocated = rr.peak_allocated;
     if (peak_reserved) *peak_reserved = rr.peak_reserved;
     return GM_OK;
 }
 
-static int estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *out, int replay) {
-    memset(out, 0, sizeof *out);
+/* A replay of fewer layers than the model's: scaled by the exact peak. */
+static int64_t scale(int64_t v, int64_t from, int64_t to) {
+    long double x = (long double)v * (long double)to / (long double)from;
+    return x >= (long double)GM_EST_MAX_BYTES * 2 ? INT64_MAX : (int64_t)x;
+}
+
+/* The simulated device gives each process 1 TiB of addresses
+ * (src/backend/sim.c): a larger run is replayed with every size divided by
+ * a power of two. Such runs are made of tensors far above the allocator's
+ * size classes (1 MiB, 10 MiB, 2 MiB granules), whose rounding the
+ * reduced replay keeps in proportion. */
+#define REPLAY_MAX_BYTES ((int64_t)256 << 30)
+
+static int replay(const gm_est_model *m, const gm_est_run *r, gm_est_result *out, bool gpumem) {
     gm_est_program p;
     int rc = gm_est_build(m, r, &p);
     if (rc) return rc;
-    scan(&p, out);
-    out->params = gm_est_param_count(m);
+    int64_t pk = program_peak(&p);
+    bool shrunk = pk > REPLAY_MAX_BYTES;
+    if (shrunk) {
+        uint64_t f = 1;
+        while ((int64_t)((uint64_t)pk / f) > REPLAY_MAX_BYTES) f *= 2;
+        for (size_t i = 0; i < p.n; i++)
+            if (!p.ev[i].free) p.ev[i].size = p.ev[i].size / f ? p.ev[i].size / f : 1;
+        pk = program_peak(&p);
+    }
+    rc = gm_est_replay_conf(&p, "", &out->peak_allocated, &out->peak_reserved_torch);
+    if (!rc && gpumem) rc = gm_est_replay_conf(&p, "policy:gpumem", NULL, &out->peak_reserved_gpumem);
+    if (!rc && (shrunk || p.layers < gm_est_repeated_layers(m))) {
+        out->peak_allocated = scale(out->peak_allocated, pk, out->peak);
+        out->peak_reserved_torch = scale(out->peak_reserved_torch, pk, out->peak);
+        out->peak_reserved_gpumem = scale(out->peak_reserved_gpumem, pk, out->peak);
+        out->reserved_extrapolated = true;
+    }
+    out->replayed = rc == GM_OK;
+    gm_est_program_free(&p);
+    return rc;
+}
+
+static int estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *out, int replay_level) {
+    memset(out, 0, sizeof *out);
     gm_est_run rr = *r;
-    gm_est_check(m, &rr);
+    int rc = gm_est_check(m, &rr);
+    if (rc) return rc;
+    if ((rc = scan_model(m, &rr, out))) return rc;
+    out->params = gm_est_param_count(m);
     int64_t g = m->patch ? rr.image / m->patch : 0;
     out->tokens = gm_est_is_vision(m) ? (m->family == GM_EST_RESNET ? rr.batch : rr.batch * (g * g + 1))
                                       : rr.batch * rr.seq;
     out->cuda_context = GM_EST_CUDA_CONTEXT;
-    out->events = p.n;
     out->steady_by_cat[GM_EST_CAT_PARAMS] = out->phase_by_cat[1][GM_EST_PH_FORWARD][GM_EST_CAT_PARAMS];
     out->steady_by_cat[GM_EST_CAT_OPTSTATE] = out->phase_by_cat[1][GM_EST_PH_FORWARD][GM_EST_CAT_OPTSTATE];
-    if (replay) {
-        rc = gm_est_replay_conf(&p, "", &out->peak_allocated, &out->peak_reserved_torch);
-        if (!rc && replay > 1) rc = gm_est_replay_conf(&p, "policy:gpumem", NULL, &out->peak_reserved_gpumem);
-        out->replayed = rc == GM_OK;
-    }
-    gm_est_program_free(&p);
+    if (replay_level) rc = replay(m, &rr, out, replay_level > 1);
     return rc;
 }
 

@@ -79,6 +79,26 @@ typedef enum gm_est_optimizer {
 
 typedef enum gm_est_attention { GM_EST_ATTN_SDPA, GM_EST_ATTN_EAGER } gm_est_attention;
 
+/* Data-parallel training, per rank (estimate_shard.c says what each
+ * allocates): torch DDP, FSDP2 fully_shard per layer and on the root, and
+ * DeepSpeed's ZeRO stages 1-3. */
+#define GM_EST_SHARDS(X)                                                       \
+    X(NONE, "none") X(DDP, "ddp") X(FSDP, "fsdp") X(ZERO1, "zero1")            \
+    X(ZERO2, "zero2") X(ZERO3, "zero3")
+typedef enum gm_est_shard {
+#define GM__EST_E(n, s) GM_EST_SHARD_##n,
+    GM_EST_SHARDS(GM__EST_E)
+#undef GM__EST_E
+    GM_EST_NSHARD
+} gm_est_shard;
+
+/* torch DDP's bucket_cap_mb default (25) and its first bucket
+ * (dist._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB). */
+#define GM_EST_DDP_BUCKET_MB 25
+#define GM_EST_DDP_FIRST_BUCKET ((int64_t)1 << 20)
+/* The most ranks modelled. */
+#define GM_EST_MAX_WORLD 65536
+
 typedef struct gm_est_run {
     int64_t batch;       /* per micro-batch */
     int64_t seq;         /* text: tokens per sample (0 = model default) */
@@ -91,6 +111,10 @@ typedef struct gm_est_run {
     bool keep_output;    /* `out = model(...)` held across backward (workloads.py) */
     int steps;           /* optimizer steps modelled (>= 2; default 3) */
     int64_t generate;    /* > 0: model.generate(max_new_tokens=generate) instead of training */
+    gm_est_shard shard;  /* data parallelism (NONE: one GPU) */
+    int64_t world;       /* ranks (1 without sharding) */
+    int64_t bucket_mb;   /* DDP bucket_cap_mb */
+    bool reshard_after_forward; /* FSDP2 fully_shard(reshard_after_forward=) on the layers */
 } gm_est_run;
 
 void gm_est_run_init(gm_est_run *r);
@@ -123,6 +147,8 @@ const char *gm_est_head_name(int h);
 /* name -> enum; -1 if unknown */
 int gm_est_precision_parse(const char *s);
 int gm_est_optimizer_parse(const char *s);
+const char *gm_est_shard_name(int s);
+int gm_est_shard_parse(const char *s);
 
 /* Built-in models (one table, estimate_models.c). */
 size_t gm_est_builtin_count(void);
@@ -143,6 +169,7 @@ bool gm_est_is_hf(const gm_est_model *m); /* has gradient_checkpointing_enable()
 typedef struct gm_est_event {
     uint64_t size;  /* bytes requested (0 for a free) */
     uint32_t id;    /* tensor id: an alloc and its free share it */
+    int32_t layer;  /* the repeated layer it belongs to, -1 for none */
     uint8_t free;   /* 1 = free of id */
     uint8_t cat;    /* gm_est_category */
     uint8_t phase;  /* gm_est_phase */
@@ -153,12 +180,38 @@ typedef struct gm_est_program {
     gm_est_event *ev;
     size_t n, cap;
     uint32_t ntensors;
+    int64_t layers;      /* repeated layers it has (the model's, or fewer: see gm_est_build) */
 } gm_est_program;
 
+/* Work and memory grow with the model's structure, never with its numbers:
+ * the program holds at most this many micro-batches per step (the ones
+ * after the second start from the same state, so the peaks repeat), ... */
+#define GM_EST_EMIT_ACCUM 4
+/* ... at most this many decode steps of generate() (the live bytes grow
+ * with each, so the last ones hold the peak; earlier ones are skipped
+ * over by resizing the cache), ... */
+#define GM_EST_EMIT_DECODE 8
+/* ... and the model's repeated layers up to this many for the replay (a
+ * deeper model is replayed on this many and scaled to its exact peak,
+ * marked as extrapolated). The peaks of any model of more than 8 layers
+ * come from two small programs (4 and 5 layers): the bytes live at each
+ * point are affine in the layer count, so they extrapolate exactly
+ * (estimate.c, scan_folded). */
+#define GM_EST_REPLAY_LAYERS 160
+
 /* Validate run against model (sizes, options that apply); GM_EINVAL with a
- * detail on failure. Fills defaults (seq/image 0 -> model default). */
+ * detail on failure. Fills defaults (seq/image 0 -> model default).
+ * GM_EINVAL too when the bytes the estimate would add up could exceed
+ * GM_EST_MAX_BYTES: too large to compute, never a wrong number. */
 int gm_est_check(const gm_est_model *m, gm_est_run *r);
+#define GM_EST_MAX_BYTES ((int64_t)1 << 62)
+/* The program replayed: the model's layers, or GM_EST_REPLAY_LAYERS of them
+ * when it has more (p->layers says). */
 int gm_est_build(const gm_est_model *m, const gm_est_run *r, gm_est_program *p);
+/* The same with exactly `layers` repeated layers (0: the model's). */
+int gm_est_build_layers(const gm_est_model *m, const gm_est_run *r, int64_t layers, gm_est_program *p);
+/* Repeated layers of the model (transformer layers; 0 for ResNet). */
+int64_t gm_est_repeated_layers(const gm_est_model *m);
 void gm_est_program_free(gm_est_program *p);
 
 /* ---- results ----------------------------------------------------------- */
@@ -181,6 +234,8 @@ typedef struct gm_est_result {
     int64_t peak_reserved_gpumem;      /* under policy:gpumem */
     int64_t cuda_context;              /* bytes outside the allocator */
     size_t events;
+    bool reserved_extrapolated;        /* replayed on fewer layers (GM_EST_REPLAY_LAYERS) or at a
+                                          reduced scale (above 256 GiB), then scaled to the peak */
 } gm_est_result;
 
 /* Device memory outside the caching allocator: the CUDA context, loaded

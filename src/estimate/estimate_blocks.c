@@ -421,7 +421,7 @@ static void lm_head(X *x, bool mlm) {
     uint32_t logits = x->r->keep_output ? 0 : TMP(x, N * V * x->a);
     if (x->r->keep_output) {
         logits = ALLOC(x, N * V * x->a, GM_EST_CAT_ACTS);
-        push(x, &x->held, &x->nheld, &x->capheld, logits);
+        hold(x, logits);
     }
     xent(x, N, V, !mlm);
     if (!x->r->keep_output) FREE(x, logits);

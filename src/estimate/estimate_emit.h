@@ -55,6 +55,7 @@ enum {
 typedef struct blk {
     int kind;
     bool layer;          /* checkpointable transformer layer */
+    int32_t li;          /* index among the repeated layers, -1 for other blocks */
     size_t p0, np;       /* its parameter tensors */
     size_t mark;         /* saved-stack position at its forward start */
     int64_t c_in, width, c_out, stride, h_in; /* resnet block geometry */
@@ -63,6 +64,8 @@ typedef struct blk {
 
 typedef struct ptensor {
     int64_t elems, rows, cols; /* rows x cols = the last two dims (0 for 1-D) */
+    int32_t layer;             /* its block's li */
+    int64_t dim0;              /* its first dimension (FSDP shards along it) */
 } ptensor;
 
 typedef struct plan {
@@ -71,13 +74,15 @@ typedef struct plan {
     ptensor *p;
     size_t np, capp;
     size_t wte; /* index of the token embedding (tied LM heads) */
+    int32_t cur_layer; /* li of the block being planned */
     int err;
 } plan;
 
-/* estimate_plan.c: the model's blocks and parameters; GM_ENOHOSTMEM (no
+/* estimate_plan.c: the model's blocks and parameters, with `layers`
+ * repeated layers (estimate.h: GM_EST_REPLAY_LAYERS); GM_ENOHOSTMEM (no
  * error detail set) when out of memory. Free with gm__est_plan_free even
  * on failure. */
-int gm__est_make_plan(const gm_est_model *m, plan *pl);
+int gm__est_make_plan(const gm_est_model *m, int64_t layers, plan *pl);
 void gm__est_plan_free(plan *pl);
 
 /* ---- the emitter ----------------------------------------------------------- */
@@ -93,6 +98,8 @@ typedef struct X {
     bool ac; /* autocast */
     int64_t B, T, N; /* micro-batch, tokens per sample, tokens per micro-batch */
     uint8_t phase, step;
+    int32_t layer; /* tag of the events emitted now (gm_est_event.layer) */
+    int64_t nlayers; /* repeated layers in this program */
     /* saved for backward */
     uint32_t *sv;
     size_t nsv, capsv;
@@ -104,6 +111,7 @@ typedef struct X {
     /* held by the model output (keep_output): freed when the next forward
      * returns and `out` is rebound */
     uint32_t *held, *held_prev;
+    int32_t *heldl, *heldl_prev; /* their layer tags */
     size_t nheld, nheld_prev, capheld, capheld_prev;
     uint32_t fwd_tmp[4]; /* per-forward temporaries (masks, inputs) */
     int nfwd_tmp;
@@ -115,6 +123,21 @@ typedef struct X {
     uint32_t lsm, loss_extra; /* the loss's saved tensors */
     bool loss_upcast, loss_extra_ok;
     int64_t loss_rows, loss_classes;
+    /* data parallelism (estimate_shard.c); groups are the repeated layers
+     * (index li + 1) and the root (index 0: every other parameter) */
+    int64_t W;
+    uint32_t *uid;      /* per parameter: its unsharded copy (FSDP, ZeRO-3) */
+    uint32_t *ugid;     /* per parameter: its unsharded gradient (FSDP) */
+    uint32_t *keep;     /* per-rank buffers freed at the end (buckets, partitions) */
+    int32_t *keepl;     /* their tags */
+    size_t nkeep, capkeep;
+    uint32_t *gflat;    /* per group: all-gather output held (FSDP) */
+    uint32_t *sgrad;    /* per group: its sharded gradient (FSDP) */
+    size_t ngroups;
+    uint32_t ag_state;  /* FSDP forward: the last all-gather output, freed by the next */
+    uint32_t rs_state;  /* FSDP backward: the last reduce-scatter input, freed by the next */
+    uint32_t zpart;     /* ZeRO-2/3: the gradient partition; ZeRO: the ipg bucket */
+    uint32_t zbucket;
     int err;
 } X;
 
@@ -132,7 +155,7 @@ static inline uint32_t ev(X *x, uint64_t size, bool fr, uint32_t id, int cat) {
         p->cap = nc;
     }
     if (!fr) id = ++p->ntensors;
-    p->ev[p->n++] = (gm_est_event){fr ? 0 : size, id, fr, (uint8_t)cat, x->phase, x->step};
+    p->ev[p->n++] = (gm_est_event){fr ? 0 : size, id, x->layer, fr, (uint8_t)cat, x->phase, x->step};
     return id;
 }
 
@@ -177,11 +200,31 @@ static inline uint32_t SAVE(X *x, int64_t bytes) {
     push(x, &x->sv, &x->nsv, &x->capsv, id);
     return id;
 }
+/* A list whose entries are freed later under the tag they were allocated
+ * with (held outputs, optimizer state, per-rank buffers). */
+static inline void tpush(X *x, uint32_t **ids, int32_t **tags, size_t *n, size_t *cap, uint32_t id) {
+    if (!id || x->err) return;
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        uint32_t *ni = realloc(*ids, nc * sizeof *ni);
+        if (ni) *ids = ni;
+        int32_t *nl = ni ? realloc(*tags, nc * sizeof *nl) : NULL;
+        if (nl) *tags = nl;
+        if (!ni || !nl) {
+            x->err = GM_ENOHOSTMEM;
+            return;
+        }
+        *cap = nc;
+    }
+    (*tags)[*n] = x->layer;
+    (*ids)[(*n)++] = id;
+}
+static inline void hold(X *x, uint32_t id) { tpush(x, &x->held, &x->heldl, &x->nheld, &x->capheld, id); }
 /* Saved in the plain forward; held by the output instead when it is kept. */
 static inline uint32_t HOLD_OR_SAVE(X *x, int64_t bytes) {
     if (!x->r->keep_output || x->nograd || x->recompute) return SAVE(x, bytes);
     uint32_t id = ALLOC(x, bytes, GM_EST_CAT_ACTS);
-    push(x, &x->held, &x->nheld, &x->capheld, id);
+    hold(x, id);
     return id;
 }
 /* Under autocast a matmul's weight (and bias) is cast to 16 bits and the
@@ -213,6 +256,23 @@ static inline void input_done(X *x, uint32_t in, bool saved) {
     FREE(x, in);
 }
 static inline uint32_t OUT(X *x, int64_t bytes) { return ALLOC(x, bytes, GM_EST_CAT_ACTS); }
+
+/* estimate_shard.c: what data parallelism adds around the loop. Every
+ * hook is a no-op for a single GPU. */
+int gm__est_shard_init(X *x);                  /* arrays; GM_ENOHOSTMEM */
+void gm__est_shard_free(X *x);                 /* frees what it kept, then its arrays */
+int64_t gm__est_param_elems(const X *x, size_t i); /* elements of parameter i this rank holds */
+void gm__est_shard_setup(X *x);                /* after the parameters: buckets, partitions */
+void gm__est_shard_pre_fwd(X *x, blk *b);
+void gm__est_shard_post_fwd(X *x, blk *b);
+void gm__est_shard_fwd_end(X *x);
+void gm__est_shard_pre_bwd(X *x, size_t bi);   /* block bi of x->pl.b, walking down */
+bool gm__est_shard_grad(X *x, size_t i);       /* true: it placed parameter i's gradient */
+void gm__est_shard_post_bwd(X *x, blk *b);
+void gm__est_shard_bwd_end(X *x);
+/* the optimizer step: true when the strategy ran it (ZeRO's partition) */
+bool gm__est_shard_opt_step(X *x, bool first);
+void gm__est_shard_zero_grad(X *x);            /* FSDP's sharded gradients */
 
 /* estimate_blocks.c: a block's forward; its backward working set (allocated
  * before the saved tensors are freed); the gradient it hands the block below. */

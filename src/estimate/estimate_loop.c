@@ -16,7 +16,9 @@ static void grad_touch(X *x, size_t i) {
     int64_t bytes = x->pl.p[i].elems * x->pb;
     uint32_t h = 0;
     if (x->ac && x->pl.p[i].cols) h = TMP(x, x->pl.p[i].elems * 2);
-    if (!x->gid[i]) {
+    if (gm__est_shard_grad(x, i)) {
+        /* placed as the strategy places it */
+    } else if (!x->gid[i]) {
         x->gid[i] = ALLOC(x, bytes, GM_EST_CAT_GRADS);
     } else {
         uint32_t t = TMP(x, bytes);
@@ -86,71 +88,101 @@ static void block_bwd(X *x, blk *b, size_t bi) {
 
 typedef struct optstate {
     uint32_t *ids;
+    int32_t *layer; /* the tag each was allocated under, to free it under */
     size_t n, cap;
+    bool started;
 } optstate;
+
+static void state_add(X *x, optstate *os, int64_t bytes) {
+    tpush(x, &os->ids, &os->layer, &os->n, &os->cap, ALLOC(x, bytes, GM_EST_CAT_OPTSTATE));
+}
+
+/* A parameter as this rank holds it (its shard under FSDP). */
+static ptensor held(const X *x, size_t i) {
+    ptensor p = x->pl.p[i];
+    int64_t n = gm__est_param_elems(x, i);
+    if (n != p.elems) {
+        p.elems = n;
+        p.rows = p.cols ? (n + p.cols - 1) / p.cols : 0;
+    }
+    return p;
+}
 
 static void opt_step(X *x, optstate *os) {
     const gm_est_run *r = x->r;
     size_t np = x->pl.np;
-    bool first = os->n == 0;
+    bool first = !os->started;
     int pb = x->pb;
+    os->started = true;
+    if (gm__est_shard_opt_step(x, first)) return;
     if (first) {
         for (size_t i = 0; i < np; i++) {
-            const ptensor *p = &x->pl.p[i];
+            const ptensor hp = held(x, i), *p = &hp;
+            x->layer = p->layer;
             switch (r->optimizer) {
             case GM_EST_OPT_SGD: break;
             case GM_EST_OPT_SGD_MOMENTUM:
-                push(x, &os->ids, &os->n, &os->cap, ALLOC(x, p->elems * pb, GM_EST_CAT_OPTSTATE));
+                state_add(x, os, p->elems * pb);
                 break;
             case GM_EST_OPT_ADAM: case GM_EST_OPT_ADAMW:
-                push(x, &os->ids, &os->n, &os->cap, ALLOC(x, p->elems * pb, GM_EST_CAT_OPTSTATE));
-                push(x, &os->ids, &os->n, &os->cap, ALLOC(x, p->elems * pb, GM_EST_CAT_OPTSTATE));
+                state_add(x, os, p->elems * pb);
+                state_add(x, os, p->elems * pb);
                 break;
             case GM_EST_OPT_ADAMW_8BIT: /* bitsandbytes: uint8 states + fp32 absmax per 256; small tensors 32-bit */
                 if (p->elems >= 4096) {
                     for (int k = 0; k < 2; k++) {
-                        push(x, &os->ids, &os->n, &os->cap, ALLOC(x, p->elems, GM_EST_CAT_OPTSTATE));
-                        push(x, &os->ids, &os->n, &os->cap,
-                             ALLOC(x, (p->elems + 255) / 256 * 4, GM_EST_CAT_OPTSTATE));
+                        state_add(x, os, p->elems);
+                        state_add(x, os, (p->elems + 255) / 256 * 4);
                     }
                 } else {
-                    push(x, &os->ids, &os->n, &os->cap, ALLOC(x, p->elems * 4, GM_EST_CAT_OPTSTATE));
-                    push(x, &os->ids, &os->n, &os->cap, ALLOC(x, p->elems * 4, GM_EST_CAT_OPTSTATE));
+                    state_add(x, os, p->elems * 4);
+                    state_add(x, os, p->elems * 4);
                 }
                 break;
             case GM_EST_OPT_ADAFACTOR: /* factored second moment: rows + cols of the last two dims */
                 if (p->cols) {
-                    push(x, &os->ids, &os->n, &os->cap, ALLOC(x, p->elems / p->cols * pb, GM_EST_CAT_OPTSTATE));
-                    push(x, &os->ids, &os->n, &os->cap, ALLOC(x, p->elems / p->rows * pb, GM_EST_CAT_OPTSTATE));
+                    state_add(x, os, p->elems / p->cols * pb);
+                    state_add(x, os, p->elems / p->rows * pb);
                 } else {
-                    push(x, &os->ids, &os->n, &os->cap, ALLOC(x, p->elems * pb, GM_EST_CAT_OPTSTATE));
+                    state_add(x, os, p->elems * pb);
                 }
                 break;
             default:
                 break;
             }
         }
+        x->layer = -1;
     }
     /* foreach temporaries: Adam's sqrt(exp_avg_sq) list, one per parameter */
     uint32_t *tmp = NULL;
     size_t nt = 0, ct = 0;
     if (r->optimizer == GM_EST_OPT_ADAM || r->optimizer == GM_EST_OPT_ADAMW) {
-        for (size_t i = 0; i < np; i++) push(x, &tmp, &nt, &ct, TMP(x, x->pl.p[i].elems * pb));
+        for (size_t i = 0; i < np; i++) {
+            x->layer = x->pl.p[i].layer;
+            push(x, &tmp, &nt, &ct, TMP(x, held(x, i).elems * pb));
+        }
     } else if (r->optimizer == GM_EST_OPT_ADAFACTOR) {
         /* per parameter (one at a time): the variance estimate and the update */
         int64_t mx = 0;
         for (size_t i = 0; i < np; i++)
-            if (x->pl.p[i].elems > mx) mx = x->pl.p[i].elems;
+            if (held(x, i).elems > mx) mx = held(x, i).elems;
+        x->layer = -1;
         uint32_t a = TMP(x, mx * pb), b = TMP(x, mx * pb);
         FREE(x, a), FREE(x, b);
     }
-    for (size_t i = 0; i < nt; i++) FREE(x, tmp[i]);
+    for (size_t i = 0; i < nt; i++) {
+        x->layer = x->pl.p[i].layer; /* one per parameter, in order */
+        FREE(x, tmp[i]);
+    }
     free(tmp);
     /* zero_grad(set_to_none=True) */
     for (size_t i = 0; i < np; i++) {
+        x->layer = x->pl.p[i].layer;
         FREE(x, x->gid[i]);
         x->gid[i] = 0;
     }
+    gm__est_shard_zero_grad(x);
+    x->layer = -1;
 }
 
 /* ---- the loop ------------------------------------------------------------- */
@@ -169,6 +201,8 @@ static void forward(X *x) {
     }
     for (size_t i = 0; i < x->pl.nb; i++) {
         blk *b = &x->pl.b[i];
+        x->layer = b->li;
+        gm__est_shard_pre_fwd(x, b);
         b->mark = x->nsv;
         bool ck = r->checkpointing && b->layer;
         x->nograd = ck;
@@ -179,16 +213,26 @@ static void forward(X *x) {
             x->nngw = 0;
         }
         x->nograd = false;
+        gm__est_shard_post_fwd(x, b);
     }
+    x->layer = -1;
+    gm__est_shard_fwd_end(x);
     /* the output is returned: `out = model(...)` rebinds, freeing the previous one */
-    for (size_t i = 0; i < x->nheld_prev; i++) FREE(x, x->held_prev[i]);
+    for (size_t i = 0; i < x->nheld_prev; i++) {
+        x->layer = x->heldl_prev[i];
+        FREE(x, x->held_prev[i]);
+    }
+    x->layer = -1;
     x->nheld_prev = 0;
     uint32_t *t = x->held_prev;
+    int32_t *tl = x->heldl_prev;
     size_t tc = x->capheld_prev;
     x->held_prev = x->held;
+    x->heldl_prev = x->heldl;
     x->nheld_prev = x->nheld;
     x->capheld_prev = x->capheld;
     x->held = t;
+    x->heldl = tl;
     x->nheld = 0;
     x->capheld = tc;
 }
@@ -200,6 +244,8 @@ static void backward(X *x) {
     x->dx = 0;
     for (size_t i = x->pl.nb; i-- > 0;) {
         blk *b = &x->pl.b[i];
+        x->layer = b->li;
+        gm__est_shard_pre_bwd(x, i);
         if (x->r->checkpointing && b->layer) {
             /* reentrant checkpoint: rerun the layer's forward with grad, from
              * its saved input (already at b->mark); its output is dropped */
@@ -212,7 +258,10 @@ static void backward(X *x) {
             x->recompute = false;
         }
         block_bwd(x, b, i);
+        gm__est_shard_post_bwd(x, b);
     }
+    x->layer = -1;
+    gm__est_shard_bwd_end(x);
     FREE(x, x->dx);
     x->dx = 0;
     FREE(x, x->input);
@@ -232,7 +281,8 @@ static void decoder_pass(X *x, int64_t B, int64_t q, int64_t kv_len, uint32_t (*
     int64_t d = m->hidden, f = m->intermediate, a = x->a, N = B * q;
     int64_t kvd = m->kv_heads * m->head_dim, qd = m->heads * m->head_dim;
     uint32_t h = TMP(x, N * d * a); /* embeddings (+ positions) */
-    for (int64_t l = 0; l < m->layers; l++) {
+    for (int64_t l = 0; l < x->nlayers; l++) {
+        x->layer = (int32_t)l;
         uint32_t y = TMP(x, N * d * a);                              /* norm */
         uint32_t qkv = TMP(x, N * (qd + 2 * kvd) * a);               /* projections */
         FREE(x, y);
@@ -254,6 +304,7 @@ static void decoder_pass(X *x, int64_t B, int64_t q, int64_t kv_len, uint32_t (*
         h = TMP(x, N * d * a);
         FREE(x, dn), FREE(x, h2);
     }
+    x->layer = -1;
     uint32_t y = TMP(x, N * d * a);
     uint32_t logits = TMP(x, B * m->vocab * a); /* last position only */
     FREE(x, y), FREE(x, h);
@@ -265,7 +316,7 @@ static void decoder_pass(X *x, int64_t B, int64_t q, int64_t kv_len, uint32_t (*
 
 static void generate(X *x) {
     const gm_est_run *r = x->r;
-    int64_t B = x->B, T = x->T, L = x->m->layers;
+    int64_t B = x->B, T = x->T, L = x->nlayers, G = r->generate;
     uint32_t(*cache)[2] = calloc((size_t)L, sizeof *cache);
     if (!cache) {
         x->err = GM_ENOHOSTMEM;
@@ -276,23 +327,52 @@ static void generate(X *x) {
     uint32_t ids = ALLOC(x, B * T * 8, GM_EST_CAT_ACTS);
     decoder_pass(x, B, T, T, cache, true);
     uint32_t out = ALLOC(x, B * (T + 1) * 8, GM_EST_CAT_ACTS); /* the growing output ids */
-    for (int64_t t = 1; t < r->generate && !x->err; t++) {
+    /* decode steps 1..t0 only grow what the last ones hold: skip to t0 by
+     * resizing the cache and the ids (freed before allocated: no peak the
+     * real run does not reach later) */
+    int64_t t0 = G - 1 > GM_EST_EMIT_DECODE ? G - 1 - GM_EST_EMIT_DECODE : 0;
+    if (t0) {
+        x->step = 2;
+        int64_t kvd = x->m->kv_heads * x->m->head_dim;
+        for (int64_t l = 0; l < L; l++)
+            for (int k = 0; k < 2; k++) {
+                x->layer = (int32_t)l;
+                FREE(x, cache[l][k]);
+                cache[l][k] = ALLOC(x, B * (T + t0) * kvd * x->a, GM_EST_CAT_ACTS);
+            }
+        x->layer = -1;
+        FREE(x, out);
+        out = ALLOC(x, B * (T + t0 + 1) * 8, GM_EST_CAT_ACTS);
+    }
+    for (int64_t t = t0 + 1; t < G && !x->err; t++) {
         x->step = 2;
         decoder_pass(x, B, 1, T + t, cache, false);
         uint32_t o2 = ALLOC(x, B * (T + t + 1) * 8, GM_EST_CAT_ACTS);
         FREE(x, out);
         out = o2;
     }
-    for (int64_t l = 0; l < L; l++) FREE(x, cache[l][0]), FREE(x, cache[l][1]);
+    for (int64_t l = 0; l < L; l++) {
+        x->layer = (int32_t)l;
+        FREE(x, cache[l][0]), FREE(x, cache[l][1]);
+    }
+    x->layer = -1;
     FREE(x, out), FREE(x, ids);
     free(cache);
 }
 
-int gm_est_build(const gm_est_model *m, const gm_est_run *rin, gm_est_program *p) {
+int gm_est_build(const gm_est_model *m, const gm_est_run *r, gm_est_program *p) {
+    int64_t L = gm_est_repeated_layers(m);
+    return gm_est_build_layers(m, r, L > GM_EST_REPLAY_LAYERS ? GM_EST_REPLAY_LAYERS : 0, p);
+}
+
+int gm_est_build_layers(const gm_est_model *m, const gm_est_run *rin, int64_t layers, gm_est_program *p) {
     memset(p, 0, sizeof *p);
     gm_est_run r = *rin;
     int rc = gm_est_check(m, &r);
     if (rc) return rc;
+    if (layers < 0 || layers > m->layers || (layers && !gm_est_repeated_layers(m)))
+        return gm__set_error(GM_EINVAL, "cannot build %s with %lld layers", m->name, (long long)layers);
+    if (!layers) layers = m->layers;
     gm_est_model mm = *m; /* the resnet plan's geometry follows the run's image size */
     if (gm_est_is_vision(m)) mm.image = r.image;
     m = &mm;
@@ -301,7 +381,10 @@ int gm_est_build(const gm_est_model *m, const gm_est_run *rin, gm_est_program *p
     x.p = p;
     x.m = m;
     x.r = &r;
-    if ((rc = gm__est_make_plan(m, &x.pl))) {
+    x.layer = -1;
+    x.nlayers = layers;
+    p->layers = layers;
+    if ((rc = gm__est_make_plan(m, layers, &x.pl))) {
         gm__est_plan_free(&x.pl);
         return gm__set_error(rc, "out of host memory");
     }
@@ -321,21 +404,28 @@ int gm_est_build(const gm_est_model *m, const gm_est_run *rin, gm_est_program *p
     if (m->family == GM_EST_RESNET) x.T = r.image;
     x.pid = calloc(x.pl.np, sizeof *x.pid);
     x.gid = calloc(x.pl.np, sizeof *x.gid);
-    if (!x.pid || !x.gid) x.err = GM_ENOHOSTMEM;
+    if (!x.pid || !x.gid || gm__est_shard_init(&x)) x.err = GM_ENOHOSTMEM;
     /* model.cuda(): the parameters, in module order; a 16-bit model is
      * built in fp32 and cast (model.to(torch.bfloat16) / .half()): Module._apply
      * converts one tensor at a time, so the fp32 model and the first 16-bit
      * copy (the embedding) coexist -- the whole peak of the generation
      * workload (../shared/traces/gpt2_generate_kvcache.pickle.gz) */
     x.phase = GM_EST_PH_SETUP;
-    for (size_t i = 0; i < x.pl.np; i++)
-        x.pid[i] = ALLOC(&x, x.pl.p[i].elems * (x.pb == 2 ? 4 : x.pb), GM_EST_CAT_PARAMS);
-    if (x.pb == 2)
+    /* sharded (FSDP, ZeRO-3): materialised as shards, in their dtype */
+    bool cast = x.pb == 2 && (r.shard == GM_EST_SHARD_NONE || r.shard == GM_EST_SHARD_DDP);
+    for (size_t i = 0; i < x.pl.np && !x.err; i++) {
+        x.layer = x.pl.p[i].layer;
+        x.pid[i] = ALLOC(&x, gm__est_param_elems(&x, i) * (cast ? 4 : x.pb), GM_EST_CAT_PARAMS);
+    }
+    if (cast)
         for (size_t i = 0; i < x.pl.np; i++) {
+            x.layer = x.pl.p[i].layer;
             uint32_t h = ALLOC(&x, x.pl.p[i].elems * 2, GM_EST_CAT_PARAMS);
             FREE(&x, x.pid[i]);
             x.pid[i] = h;
         }
+    x.layer = -1;
+    gm__est_shard_setup(&x);
     optstate os = {0};
     if (r.generate) {
         generate(&x);
@@ -344,7 +434,9 @@ int gm_est_build(const gm_est_model *m, const gm_est_run *rin, gm_est_program *p
     uint32_t scaler = 0;
     for (int s = 1; s <= r.steps && !x.err; s++) {
         x.step = (uint8_t)s;
-        for (int64_t k = 0; k < r.accum && !x.err; k++) {
+        /* micro-batches after the second start from its state: the peaks repeat */
+        int64_t accum = r.accum < GM_EST_EMIT_ACCUM ? r.accum : GM_EST_EMIT_ACCUM;
+        for (int64_t k = 0; k < accum && !x.err; k++) {
             forward(&x);
             if (r.precision == GM_EST_FP16_AUTOCAST && !scaler) /* GradScaler: scale + growth tracker */
                 scaler = ALLOC(&x, 8, GM_EST_CAT_OPTSTATE);
@@ -355,15 +447,29 @@ int gm_est_build(const gm_est_model *m, const gm_est_run *rin, gm_est_program *p
     }
     /* the end: everything is released */
     x.phase = GM_EST_PH_SETUP;
-    for (size_t i = 0; i < x.nheld_prev; i++) FREE(&x, x.held_prev[i]);
-    for (size_t i = 0; i < os.n; i++) FREE(&x, os.ids[i]);
+    for (size_t i = 0; i < x.nheld_prev; i++) {
+        x.layer = x.heldl_prev[i];
+        FREE(&x, x.held_prev[i]);
+    }
+    x.layer = -1;
+    for (size_t i = 0; i < os.n; i++) {
+        x.layer = os.layer[i];
+        FREE(&x, os.ids[i]);
+    }
+    x.layer = -1;
     FREE(&x, scaler);
     FREE(&x, x.ws_fwd), FREE(&x, x.ws_bwd);
-    for (size_t i = 0; i < x.pl.np; i++) FREE(&x, x.pid[i]);
+    gm__est_shard_free(&x);
+    for (size_t i = 0; i < x.pl.np; i++) {
+        x.layer = x.pl.p[i].layer;
+        FREE(&x, x.pid[i]);
+    }
+    x.layer = -1;
     free(os.ids);
+    free(os.layer);
     free(x.sv);
-    free(x.held);
-    free(x.held_prev);
+    free(x.held), free(x.heldl);
+    free(x.held_prev), free(x.heldl_prev);
     free(x.pid);
     free(x.gid);
     gm__est_plan_free(&x.pl);

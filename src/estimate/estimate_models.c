@@ -61,6 +61,7 @@ int gm_est_builtin_find(const char *name, gm_est_model *out) {
 NAMEFN(gm_est_precision_name, GM_EST_PRECISIONS)
 NAMEFN(gm_est_optimizer_name, GM_EST_OPTIMIZERS)
 NAMEFN(gm_est_phase_name, GM_EST_PHASES)
+NAMEFN(gm_est_shard_name, GM_EST_SHARDS)
 #undef GM__EST_S
 
 const char *gm_est_family_name(int f) {
@@ -80,6 +81,11 @@ int gm_est_precision_parse(const char *s) {
 int gm_est_optimizer_parse(const char *s) {
     for (int i = 0; i < GM_EST_NOPTIMIZER; i++)
         if (!strcmp(s, gm_est_optimizer_name(i))) return i;
+    return -1;
+}
+int gm_est_shard_parse(const char *s) {
+    for (int i = 0; i < GM_EST_NSHARD; i++)
+        if (!strcmp(s, gm_est_shard_name(i))) return i;
     return -1;
 }
 

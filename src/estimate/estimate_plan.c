@@ -16,7 +16,8 @@ static void addp(plan *pl, int64_t rows, int64_t cols) {
         pl->p = n;
         pl->capp = nc;
     }
-    pl->p[pl->np++] = cols ? (ptensor){rows * cols, rows, cols} : (ptensor){rows, 0, 0};
+    pl->p[pl->np++] = cols ? (ptensor){rows * cols, rows, cols, pl->cur_layer, rows}
+                           : (ptensor){rows, 0, 0, pl->cur_layer, rows};
 }
 static void addvec(plan *pl, int64_t n) { addp(pl, n, 0); }
 static void addlin(plan *pl, int64_t out, int64_t in, bool bias) {
@@ -24,7 +25,10 @@ static void addlin(plan *pl, int64_t out, int64_t in, bool bias) {
     if (bias) addvec(pl, out);
 }
 /* conv weight (out, in, k, k): Adafactor factors the last two dims */
-static void addconv(plan *pl, int64_t out, int64_t in, int64_t k) { addp(pl, out * in * k, k); }
+static void addconv(plan *pl, int64_t out, int64_t in, int64_t k) {
+    addp(pl, out * in * k, k);
+    if (!pl->err) pl->p[pl->np - 1].dim0 = out;
+}
 
 static blk *addb(plan *pl, int kind) {
     if (pl->err) return NULL;
@@ -41,7 +45,9 @@ static blk *addb(plan *pl, int kind) {
     blk *b = &pl->b[pl->nb++];
     memset(b, 0, sizeof *b);
     b->kind = kind;
+    b->li = -1;
     b->p0 = pl->np;
+    pl->cur_layer = -1;
     return b;
 }
 static void endb(plan *pl) {
@@ -91,9 +97,21 @@ static void resnet_plan(plan *pl, const gm_est_model *m) {
     endb(pl);
 }
 
-int gm__est_make_plan(const gm_est_model *m, plan *pl) {
+/* A repeated layer: its block and parameters carry its index. */
+static blk *addlayer(plan *pl, int kind, int64_t i, bool checkpointable) {
+    blk *b = addb(pl, kind);
+    if (!b) return NULL;
+    b->layer = checkpointable;
+    b->li = (int32_t)i;
+    pl->cur_layer = (int32_t)i;
+    return b;
+}
+
+int64_t gm_est_repeated_layers(const gm_est_model *m) { return m->family == GM_EST_RESNET ? 0 : m->layers; }
+
+int gm__est_make_plan(const gm_est_model *m, int64_t layers, plan *pl) {
     memset(pl, 0, sizeof *pl);
-    int64_t d = m->hidden, f = m->intermediate, V = m->vocab, L = m->layers;
+    int64_t d = m->hidden, f = m->intermediate, V = m->vocab, L = layers;
     switch (m->family) {
     case GM_EST_GPT2:
         addb(pl, K_GPT2_EMB);
@@ -102,8 +120,7 @@ int gm__est_make_plan(const gm_est_model *m, plan *pl) {
         addp(pl, m->max_positions, d);
         endb(pl);
         for (int64_t i = 0; i < L; i++) {
-            blk *b = addb(pl, K_GPT2_LAYER);
-            if (b) b->layer = true;
+            addlayer(pl, K_GPT2_LAYER, i, true);
             addvec(pl, d), addvec(pl, d);
             addlin(pl, 3 * d, d, true); /* Conv1D c_attn */
             addlin(pl, d, d, true);
@@ -120,8 +137,7 @@ int gm__est_make_plan(const gm_est_model *m, plan *pl) {
         addp(pl, V, d);
         endb(pl);
         for (int64_t i = 0; i < L; i++) {
-            blk *b = addb(pl, K_LLAMA_LAYER);
-            if (b) b->layer = true;
+            addlayer(pl, K_LLAMA_LAYER, i, true);
             addvec(pl, d);
             addlin(pl, qd, d, false), addlin(pl, kvd, d, false), addlin(pl, kvd, d, false);
             addlin(pl, d, qd, false);
@@ -140,8 +156,7 @@ int gm__est_make_plan(const gm_est_model *m, plan *pl) {
         addvec(pl, d), addvec(pl, d);
         endb(pl);
         for (int64_t i = 0; i < L; i++) {
-            blk *b = addb(pl, K_BERT_LAYER);
-            if (b) b->layer = true;
+            addlayer(pl, K_BERT_LAYER, i, true);
             for (int k = 0; k < 4; k++) addlin(pl, d, d, true);
             addvec(pl, d), addvec(pl, d);
             addlin(pl, f, d, true);
@@ -166,8 +181,7 @@ int gm__est_make_plan(const gm_est_model *m, plan *pl) {
         }
         endb(pl);
         for (int64_t i = 0; i < L; i++) {
-            blk *b = addb(pl, hf ? K_VITHF_LAYER : K_VITTV_LAYER);
-            if (b) b->layer = hf;
+            addlayer(pl, hf ? K_VITHF_LAYER : K_VITTV_LAYER, i, hf);
             addvec(pl, d), addvec(pl, d);
             if (hf) {
                 for (int k = 0; k < 4; k++) addlin(pl, d, d, true);
@@ -224,11 +238,20 @@ int gm__est_make_plan(const gm_est_model *m, plan *pl) {
     return pl->err;
 }
 
-uint64_t gm_est_param_count(const gm_est_model *m) {
+static uint64_t count_params(const gm_est_model *m, int64_t layers) {
     plan pl;
     uint64_t n = 0;
-    if (gm__est_make_plan(m, &pl) == GM_OK)
+    if (gm__est_make_plan(m, layers, &pl) == GM_OK)
         for (size_t i = 0; i < pl.np; i++) n += (uint64_t)pl.p[i].elems;
     gm__est_plan_free(&pl);
     return n;
+}
+
+/* Arithmetic over the layers: one layer's parameters times their count
+ * (gm_est_check has bounded the product). */
+uint64_t gm_est_param_count(const gm_est_model *m) {
+    int64_t L = gm_est_repeated_layers(m);
+    if (L <= 2) return count_params(m, m->layers);
+    uint64_t one = count_params(m, 1), two = count_params(m, 2);
+    return one + (two - one) * (uint64_t)(L - 1);
 }

@@ -58,6 +58,30 @@ assert j["peak_at"]["phase"] == "setup", j["peak_at"]
 assert not any(s["name"].startswith("optimizer") for s in j["strategies"])' || fail "--generate"
 
 # input errors: exit 2 and a message naming the problem
+# issue #25: no silent limit. The default precision works with --generate;
+# a run past the simulated device's 141 GiB is not capped, and fits is
+# never true above the capacity
+"$GPUMEM" estimate --model gpt2 --generate 16 --json >/dev/null || fail "--generate with its defaults"
+"$GPUMEM" estimate --model gpt2 --batch 160 --capacity 200GiB --json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["peak_allocated"] > 200 * 2**30 and j["fits"] is False, (j["peak_allocated"], j["fits"])
+assert j["phases"]["later_steps"]["backward"]["peak"] <= j["peak_allocated"]' || fail "batch 160 at 200 GiB"
+"$GPUMEM" estimate --model gpt2 --fit batch --capacity 1TiB --json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert 500 < j["fit"]["value"] < 2000, j["fit"]' || fail "--fit batch at 1 TiB"
+# per rank: FSDP over 8 ranks holds less than one GPU; --fit world finds a count
+"$GPUMEM" estimate --model gpt2-medium --batch 4 --seq 512 --world-size 8 --shard fsdp --json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["per_rank"] is True and j["run"]["shard"] == "fsdp" and j["run"]["world_size"] == 8
+names = [s["name"] for s in j["strategies"]]
+assert "shard ddp (per rank)" in names and "shard zero3 (per rank)" in names, names' || fail "--shard fsdp"
+"$GPUMEM" estimate --model gpt2-medium --batch 4 --seq 512 --shard fsdp --fit world --capacity 10GiB --json |
+    python3 -c 'import json, sys; j = json.load(sys.stdin); assert j["fit"]["what"] == "world" and j["fit"]["value"] >= 2, j["fit"]' ||
+    fail "--fit world"
+
 expect2() { # needle, args...
     local needle=$1; shift
     local err rc
@@ -89,7 +113,10 @@ expect2 "takes no value" --model gpt2 --json=yes
 expect2 "cannot open" --config "$T/absent.json"
 expect2 "masked-lm model" --model bert-base-uncased --generate 10
 expect2 "exceed" --model gpt2 --seq 1000 --generate 100 --precision bf16
-expect2 "not autocast" --model gpt2 --seq 64 --generate 10
+expect2 "not autocast" --model gpt2 --seq 64 --generate 10 --precision bf16-autocast
+expect2 "is an image-classification model" --model resnet50 --generate 10
+expect2 "needs --shard" --model gpt2 --world-size 8
+expect2 "--fit world needs --shard" --model gpt2 --fit world --capacity 80GiB
 expect2 "do not apply" --model gpt2 --seq 64 --generate 10 --precision bf16 --checkpointing
 echo '{"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}' >"$T/t5.json"
 expect2 'model_type "t5"' --config "$T/t5.json"
