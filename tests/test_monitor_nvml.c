@@ -275,8 +275,8 @@ static void collector_joins(void **state) {
     char want[256];
     snprintf(want, sizeof want,
              "gpumem_process_allocator_reserved_bytes{gpu=\"0\",uuid=\"GPU-00000001-fake\",pid=\"%d\","
-             "comm=\"%s\",label=\"la\\\"b\\\\el\\nx\",run_id=\"la\\\"b\\\\el\\nx\"", (int)getpid(), mine->comm);
-    const char *line = strstr(b.p, want); /* the label given is the run id, no launcher said otherwise */
+             "comm=\"%s\",label=\"la\\\"b\\\\el\\nx\"", (int)getpid(), mine->comm);
+    const char *line = strstr(b.p, want); /* identity labels (the host name...) follow */
     assert_non_null(line);
     assert_non_null(strstr(line, "} 8000\n"));
     assert_true(strstr(line, "} 8000\n") < strchr(line, '\n') + 1);

@@ -17,6 +17,7 @@ static void fill(gm_block_info *o, const gm__block_hdr *b) {
     o->stream = b->stream;
     o->pool = b->pool;
     o->live = b->live != 0;
+    o->category = b->category ? (int)b->category - 1 : -1;
 }
 
 int gm_block_lookup(gm_allocator *a, gm_devptr ptr, int *device, gm_block_info *out) {

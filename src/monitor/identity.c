@@ -55,13 +55,13 @@ static void own_cgroup(char *buf, size_t len) {
     fclose(f);
 }
 
-void gm__identity_fill(gm__shm_header *h, const char *label) {
+void gm__identity_fill(gm__shm_header *h) {
     static const char *const run_env[] = {"GPUMEM_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", NULL};
     static const char *const rank_env[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", NULL};
     static const char *const local_env[] = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", NULL};
     static const char *const world_env[] = {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", NULL};
     const char *run = first_env(run_env);
-    snprintf(h->run_id, sizeof h->run_id, "%s", run ? run : label && *label ? label : "");
+    snprintf(h->run_id, sizeof h->run_id, "%s", run ? run : "");
     h->rank = env_int(rank_env);
     h->local_rank = env_int(local_env);
     h->world_size = env_int(world_env);

@@ -57,7 +57,7 @@ enum { GM__SRC_GPUMEM = 1, GM__SRC_TORCH = 2 }; /* who publishes: libgpumem or t
  * with kind STR (a char array in the header) or INT (int32, -1 unknown).
  * Label names avoid Prometheus's own `job` and `instance`. */
 #define GM_MON_IDENTITY(X)                                                                      \
-    X(run_id, STR, "the job's id: $GPUMEM_RUN_ID, $TORCHELASTIC_RUN_ID, $SLURM_JOB_ID, or the label given") \
+    X(run_id, STR, "the job's id: $GPUMEM_RUN_ID (gpumem run --label), $TORCHELASTIC_RUN_ID or $SLURM_JOB_ID") \
     X(rank, INT, "global rank: $RANK, $SLURM_PROCID or $OMPI_COMM_WORLD_RANK")                  \
     X(local_rank, INT, "rank on its node: $LOCAL_RANK, $SLURM_LOCALID or $OMPI_COMM_WORLD_LOCAL_RANK") \
     X(world_size, INT, "ranks in the job: $WORLD_SIZE, $SLURM_NTASKS or $OMPI_COMM_WORLD_SIZE") \
@@ -189,9 +189,9 @@ uint64_t gm__proc_pidns(int pid);
  * 0 when no process here matches (a sibling container's, or gone). */
 int gm__pid_from_ns(uint64_t pidns, int ns_pid);
 /* Fill the identity fields of a header (GM_MON_IDENTITY) from this
- * process's environment, cgroup and host name; `label` is the run id's
- * last resort. (identity.c) */
-void gm__identity_fill(gm__shm_header *h, const char *label);
+ * process's environment, cgroup and host name (identity.c). The run id is
+ * never guessed from a label: `gpumem run --label L` sets GPUMEM_RUN_ID. */
+void gm__identity_fill(gm__shm_header *h);
 
 /* Copy a record under its seqlock: GM_OK, or GM_ESTATE if still torn after
  * `max_tries` attempts (a writer stopped or killed inside its update). */
@@ -384,5 +384,38 @@ size_t gm__http_unescape(char *s);
 int gm__http_route(const char *method, const char *path);
 /* Prometheus label value escaping: backslash, double quote, newline. */
 void gm__prom_escape(gm__sbuf *b, const char *s);
+
+/* ---- OOM forensics (oom_report.c) ----------------------------------------- */
+
+enum { GM_OOM_CAPACITY, GM_OOM_FRAGMENTATION, GM_OOM_OUTSIDE };
+typedef struct gm__oom_facts {
+    int device;
+    uint64_t requested, device_total, device_free;
+    int64_t allocated, reserved;
+    bool have_blocks; /* the walk below worked */
+    uint64_t largest_free_block;
+    int64_t by_category[GM_CAT_COUNT], untagged; /* live bytes */
+    int policy;
+    bool expandable;
+} gm__oom_facts;
+/* The facts of an OOM on `device` of `size` bytes, through the public API
+ * (call with no allocator lock held). */
+int gm__oom_gather(gm_allocator *a, int device, uint64_t size, gm__oom_facts *f);
+/* GM_OOM_*; the predicted saving of the fix and the shortfall beyond free
+ * and cached memory (oom_report.c's top comment has the rules). */
+int gm__oom_verdict(const gm__oom_facts *f, uint64_t *saving, uint64_t *shortfall);
+const char *gm__oom_verdict_name(int verdict);
+/* The text report; `who` holds pid, comm and the identity fields. */
+void gm__oom_report_text(const gm__oom_facts *f, const gm__shm_header *who, const char *detail, const char *snapshot,
+                         gm__sbuf *b);
+/* Write <dir>/gpumem-oom-<pid>-<n>.txt (+ .pickle when history is on);
+ * path gets the report's path ("" once GM_OOM_REPORTS_MAX were written). */
+int gm__oom_report_write(gm_allocator *a, int device, uint64_t size, const char *dir, const char *detail, char *path,
+                         size_t len);
+/* With GPUMEM_OOM_REPORT=DIR: make DIR and record allocation history (for
+ * the snapshot). Call once when the allocator is made. */
+int gm__oom_report_setup(void);
+/* With GPUMEM_OOM_REPORT=DIR: the report of this OOM, its path on stderr. */
+void gm__oom_report_from_env(gm_allocator *a, int device, uint64_t size, const char *detail);
 
 #endif /* GPUMEM_MONITOR_H */

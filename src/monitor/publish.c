@@ -217,7 +217,7 @@ static void fill_header(gm__publisher *p, const char *label, uint32_t source) {
     snprintf(h->label, sizeof h->label, "%s", label && *label ? label : h->comm);
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     snprintf(h->visible, sizeof h->visible, "%s", vis ? vis : "");
-    gm__identity_fill(h, label);
+    gm__identity_fill(h);
     /* the magic last: a reader that sees it sees everything above */
     __atomic_store_n(&h->magic, GM__SHM_MAGIC, __ATOMIC_RELEASE);
 }

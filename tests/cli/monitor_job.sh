@@ -19,7 +19,7 @@ for r in 0 1 2 3; do
         >"$tmp/r$r.json" 2>/dev/null &
     pids+=($!)
 done
-env -u RANK -u TORCHELASTIC_RUN_ID "$GPUMEM" demo --steps 2 --step-ms 0 --hold 120 --model 8MiB --label loner \
+env -u RANK -u TORCHELASTIC_RUN_ID -u SLURM_JOB_ID -u GPUMEM_RUN_ID "$GPUMEM" demo --steps 2 --step-ms 0 --hold 120 --model 8MiB --label loner \
     >"$tmp/loner.json" 2>/dev/null &
 pids+=($!)
 for f in r0 r1 r2 r3 loner; do
@@ -53,7 +53,7 @@ for r in range(4):
     (p,) = [p for p in ranks if p["rank"] == r]
     assert p["reserved"] == w["reserved"] and p["gpu"] == r, (p, w)
 (loner,) = [p for p in procs if p["label"] == "loner"]
-assert loner["run_id"] == "loner" and loner["rank"] is None, loner
+assert loner["run_id"] is None and loner["rank"] is None, loner
 
 text = open(f"{tmp}/m.txt").read()
 seen = set()
