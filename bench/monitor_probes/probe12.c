@@ -1,4 +1,5 @@
-/* blank-sample probe: a writer publishing as fast as it can, a cached reader sampling */
+/* blank-sample probe (issue 26, defect 12): a writer publishing as fast as it can, a cached reader sampling.
+ * gcc -O2 -o p12 probe12.c -I$SRC/src -I$SRC/src/core -I$SRC/include -I$BUILD $BUILD/libgpumem.a -lpthread -ldl -lm -lz */
 #include "internal.h"
 #include "monitor/monitor.h"
 #include <pthread.h>
