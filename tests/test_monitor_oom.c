@@ -52,17 +52,25 @@ static void capacity(void **state) {
     gm_test_destroy(b, a);
 }
 
-/* One 512 MiB segment split into [free 200][live 200][free 112], another
- * live 480 MiB segment: 312 MiB unallocated, 32 MiB free on the device, and
- * a request of 300 MiB that fits neither piece. */
+/* On a 1 GiB device under the torch policy: one 512 MiB segment split into
+ * [free 200][live 200][free 112], another live 480 MiB segment: 312 MiB
+ * unallocated, 32 MiB free on the device, so a request of 300 MiB fits
+ * neither piece. The two live blocks in y and z. */
+static void fragment(gm_allocator *a, gm_devptr *y, gm_devptr *z) {
+    gm_free(a, must_alloc(a, 512 * MIB));
+    gm_devptr x = must_alloc(a, 200 * MIB);
+    *y = must_alloc(a, 200 * MIB);
+    *z = must_alloc(a, 480 * MIB);
+    gm_free(a, x);
+}
+
 static void fragmentation(void **state) {
     (void)state;
     gm_backend *b;
     gm_allocator *a;
     assert_int_equal(gm_test_make(GM_POLICY_TORCH, NULL, 1 * GIB, false, &b, &a), GM_OK);
-    gm_free(a, must_alloc(a, 512 * MIB));
-    gm_devptr x = must_alloc(a, 200 * MIB), y = must_alloc(a, 200 * MIB), z = must_alloc(a, 480 * MIB);
-    gm_free(a, x);
+    gm_devptr y, z;
+    fragment(a, &y, &z);
     gm__oom_facts f;
     assert_int_equal(oom_verdict_of(a, 300 * MIB, &f), GM_OOM_FRAGMENTATION);
     assert_int_equal(f.reserved - f.allocated, 312 * MIB);
@@ -131,10 +139,8 @@ static void report_files(void **state) {
     gm_backend *b;
     gm_allocator *a;
     assert_int_equal(gm_test_make(GM_POLICY_TORCH, NULL, 1 * GIB, false, &b, &a), GM_OK);
-    gm_free(a, must_alloc(a, 512 * MIB));
-    gm_devptr x = must_alloc(a, 200 * MIB), y = must_alloc(a, 200 * MIB), z = must_alloc(a, 480 * MIB);
-    gm_free(a, x);
-    gm_devptr p;
+    gm_devptr y, z, p;
+    fragment(a, &y, &z);
     assert_int_equal(gm_malloc(a, 0, 300 * MIB, 0, &p), GM_ENOMEM);
     char detail[1024];
     snprintf(detail, sizeof detail, "%s", gm_last_error_detail());
