@@ -77,7 +77,7 @@ static int on_segment(const gm_segment_info *seg, void *arg) {
 
 static int on_block(const gm_block_info *b, void *arg) {
     spans *v = arg;
-    int cat = b->size_of >= offsetof(gm_block_info, category) + sizeof(int) ? b->category : -1;
+    int cat = b->category;
     if (cat >= 0 && cat < GM_CAT_COUNT) v->by_cat[cat] += (int64_t)b->size;
     else v->untagged += (int64_t)b->size;
     return push_span(v, b->address, b->address + b->size);
