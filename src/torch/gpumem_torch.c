@@ -101,14 +101,15 @@ static int create_locked(void) {
         g_backend = NULL;
         return st;
     }
+    /* gpumem run --oom-report DIR: make DIR, record history for the snapshot */
+    if (gm__oom_report_setup() != GM_OK) /* evidence is best effort: say why, train anyway */
+        fprintf(stderr, "gpumem: no out-of-memory reports: %s\n", gm_last_error_detail());
     /* Visible to gpumem smi/top/log/exporter by default (GPUMEM_PUBLISH=0
      * turns it off; 2-3 ns per operation, bench/RESULTS.md). The label is
      * GPUMEM_PUBLISH_LABEL (install(label=...), gpumem run --label, the
      * script's name), else the executable's name. A monitor must never stop
      * the training: a failure to publish is not an error here, but it is
      * said (it used to be silent, issue 26 defect 5). */
-    if (gm__oom_report_setup() != GM_OK) /* evidence is best effort: say why, train anyway */
-        fprintf(stderr, "gpumem: no out-of-memory reports: %s\n", gm_last_error_detail());
     const char *pub = getenv("GPUMEM_PUBLISH");
     if ((!pub || strcmp(pub, "0") != 0) && gm_allocator_publish(a, getenv("GPUMEM_PUBLISH_LABEL")) != GM_OK)
         fprintf(stderr, "gpumem: not visible to gpumem smi/top (training goes on): %s\n", gm_last_error_detail());
