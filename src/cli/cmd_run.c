@@ -19,7 +19,9 @@ int cmd_run(int argc, char **argv) {
     const struct cli_opt opts[] = {
         CLI_OPT_CONF(&conf),
         {"native", 0, CLI_FLAG, &native, NULL, "keep PyTorch's allocator; only publish its statistics", NULL, 0, 0},
-        {"label", 0, CLI_STR, &label, "L", "the name gpumem smi/top show for the process, and its job's run id unless torchrun or SLURM set one", "the command name", 0, 0},
+        {"label", 0, CLI_STR, &label, "L",
+         "the name gpumem smi/top show for the process, and its job's run id unless torchrun or SLURM set one",
+         "the command name", 0, 0},
         {"no-publish", 0, CLI_FLAG, &no_publish, NULL, "do not publish statistics for gpumem smi/top", NULL, 0, 0},
         {"oom-report", 0, CLI_STR, &oom_report, "DIR",
          "on out of memory, leave a report (verdict: capacity, fragmentation or memory outside the allocator) "
