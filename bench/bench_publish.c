@@ -91,7 +91,7 @@ static void bench_ops(int rounds, int ops) {
         printf("publish cost: gm_allocator_publish failed: %s\n", gm_last_error_detail());
         return;
     }
-    gm__publisher *pub = a->publisher;
+    gm__sink *pub = gm__sink_get(a);
     double *diff = calloc((size_t)rounds, sizeof *diff), *offs = calloc((size_t)rounds, sizeof *offs);
     double best_off = 1e9, best_on = 1e9, sum = 0, sum2 = 0;
     for (int i = 0; i < 3; i++) workload(a, ops, false); /* warm caches and pools */
@@ -99,7 +99,7 @@ static void bench_ops(int rounds, int ops) {
         double t[2]; /* [0] off, [1] on */
         for (int k = 0; k < 2; k++) {
             int on = (r & 1) ? 1 - k : k;
-            a->publisher = on ? pub : NULL; /* single-threaded: no lock needed */
+            gm__sink_set(a, on ? pub : NULL); /* single-threaded: no lock needed */
             t[on] = workload(a, ops, true);
         }
         diff[r] = t[1] - t[0];
@@ -109,7 +109,7 @@ static void bench_ops(int rounds, int ops) {
         if (t[0] < best_off) best_off = t[0];
         if (t[1] < best_on) best_on = t[1];
     }
-    a->publisher = pub;
+    gm__sink_set(a, pub);
     qsort(diff, (size_t)rounds, sizeof diff[0], cmp_double);
     qsort(offs, (size_t)rounds, sizeof offs[0], cmp_double);
     double lo, hi, mean = sum / rounds, sd = sqrt(fmax(0, sum2 / rounds - mean * mean));
@@ -140,7 +140,7 @@ static void bench_hook(int n) {
         for (int i = 0; i < n; i++) {
             s.allocated_bytes[0].current = i; /* as after an allocation */
             s.allocation[0].allocated = i;
-            gm__publisher_update(fake->publisher, 0, &s);
+            gm__publisher_update(gm__allocator_publisher(fake), 0, &s);
         }
         double ns = (now_s(CLOCK_THREAD_CPUTIME_ID) - t0) * 1e9 / n;
         printf("  gm__publisher_update alone, tight loop right after the stats stores (worst case, not the headline): "
@@ -233,7 +233,7 @@ static void bench_collector(void) {
         prod[made] = calloc(1, sizeof *prod[made]);
         pthread_mutex_init(&prod[made]->devices_lock, NULL);
         if (gm_allocator_publish(prod[made], "producer") != GM_OK) break;
-        for (int d = 0; d < NDEV; d++) gm__publisher_update(prod[made]->publisher, d, &s);
+        for (int d = 0; d < NDEV; d++) gm__publisher_update(gm__allocator_publisher(prod[made]), d, &s);
     }
     gm__collector *c;
     gm__collector_create(&c, &f, true);

@@ -47,7 +47,7 @@ static gm_allocator *publish_one(char *path, size_t len) {
     memset(&s, 0, sizeof s);
     s.size = sizeof s;
     s.reserved_bytes[GM_POOL_ALL].current = 4096;
-    gm__publisher_update(a->publisher, 0, &s);
+    gm__publisher_update(gm__allocator_publisher(a), 0, &s);
     assert_int_equal(gm_test_shm_path(getpid(), path, len), 1);
     struct stat st;
     assert_int_equal(stat(path, &st), 0);
@@ -100,7 +100,7 @@ static void shrinking_segment(void **state) {
         assert_int_equal(r.cleaned, 0); /* still locked: alive */
         gm__scan_result_free(&r);
     }
-    gm__shm_header *h = *(gm__shm_header **)a->publisher;
+    gm__shm_header *h = gm__publisher_header(gm__allocator_publisher(a));
     char data[64];
     snprintf(data, sizeof data, "/proc/self/fd/%d", h->data_fd);
     int fd = open(data, O_RDWR);
@@ -130,14 +130,14 @@ static void truncation_never_kills_the_publisher(void **state) {
         gm_stats s;
         memset(&s, 0, sizeof s);
         s.size = sizeof s;
-        gm__publisher_update(a->publisher, 0, &s);
-        int fd = (*(gm__shm_header **)a->publisher)->data_fd;
+        gm__publisher_update(gm__allocator_publisher(a), 0, &s);
+        int fd = (gm__publisher_header(gm__allocator_publisher(a)))->data_fd;
         if (write(ready[1], &fd, sizeof fd) != sizeof fd) _exit(3);
         char b;
         if (read(go[0], &b, 1) != 1) _exit(4);
         for (int i = 0; i < 1000; i++) {
             s.allocated_bytes[GM_POOL_ALL].current = i;
-            gm__publisher_update(a->publisher, i % 2, &s);
+            gm__publisher_update(gm__allocator_publisher(a), i % 2, &s);
         }
         gm_test_shm_allocator_free(a);
         _exit(0);

@@ -241,7 +241,7 @@ static void collector_joins(void **state) {
     st.reserved_bytes[0].current = 8000;
     st.reserved_bytes[0].peak = 8500;
     st.num_ooms = 2;
-    gm__publisher_update(a->publisher, 0, &st);
+    gm__publisher_update(gm__allocator_publisher(a), 0, &st);
 
     gm__nvml_fns f = fake_fns();
     gm__collector *c;

@@ -54,7 +54,7 @@ static void publish_and_read(void **state) {
     assert_int_equal(gm_allocator_publish(a, "my \"job\""), GM_OK);
     gm_stats s;
     stats_with(&s, 1000, 4096);
-    gm__publisher_update(a->publisher, 1, &s);
+    gm__publisher_update(gm__allocator_publisher(a), 1, &s);
 
     gm__scan_result r;
     assert_int_equal(gm__shm_scan(&r, true), GM_OK);
@@ -107,7 +107,7 @@ static void dead_producer_is_cleaned(void **state) {
         if (gm_allocator_publish(a, "doomed") != GM_OK) _exit(1);
         gm_stats s;
         stats_with(&s, 123, 456);
-        gm__publisher_update(a->publisher, 0, &s);
+        gm__publisher_update(gm__allocator_publisher(a), 0, &s);
         raise(SIGKILL);
         _exit(2);
     }
@@ -136,7 +136,7 @@ static void foreign_namespace_never_unlinked(void **state) {
     assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
     gm_stats s;
     stats_with(&s, 1, 2);
-    gm__publisher_update(a->publisher, 0, &s);
+    gm__publisher_update(gm__allocator_publisher(a), 0, &s);
     char path[400];
     assert_int_equal(gm_test_shm_path(getpid(), path, sizeof path), 1);
     int fd = open(path, O_RDWR);
@@ -210,8 +210,8 @@ static void torn_record_is_reported(void **state) {
     assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
     gm_stats s;
     stats_with(&s, 10, 20);
-    gm__publisher_update(a->publisher, 0, &s);
-    gm__shm_header *h = *(gm__shm_header **)a->publisher;
+    gm__publisher_update(gm__allocator_publisher(a), 0, &s);
+    gm__shm_header *h = gm__publisher_header(gm__allocator_publisher(a));
     gm__shm_record *rec = (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
     gm__shm_values v;
     assert_int_equal(gm__shm_read_record(rec, &v, 3), GM_OK);
@@ -238,8 +238,8 @@ static void held_under_load(void **state) {
     assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
     gm_stats s;
     stats_with(&s, 10, 30);
-    gm__publisher_update(a->publisher, 0, &s);
-    gm__shm_header *h = *(gm__shm_header **)a->publisher;
+    gm__publisher_update(gm__allocator_publisher(a), 0, &s);
+    gm__shm_header *h = gm__publisher_header(gm__allocator_publisher(a));
     gm__shm_record *rec = (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
     gm__shm_cache *c = gm__shm_cache_create();
     gm__scan_result r;
@@ -259,7 +259,7 @@ static void held_under_load(void **state) {
     gm__scan_result_free(&r);
     rec->seq++;
 
-    struct race race = {.p = a->publisher};
+    struct race race = {.p = gm__allocator_publisher(a)};
     pthread_t t;
     pthread_create(&t, NULL, writer, &race);
     int blank = 0;
@@ -281,9 +281,9 @@ static void held_under_load(void **state) {
 static void seqlock_never_torn(void **state) {
     gm_allocator *a = gm_test_shm_allocator(2);
     assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
-    gm__shm_header *h = *(gm__shm_header **)a->publisher;
+    gm__shm_header *h = gm__publisher_header(gm__allocator_publisher(a));
     gm__shm_record *rec = (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
-    struct race race = {.p = a->publisher};
+    struct race race = {.p = gm__allocator_publisher(a)};
     pthread_t t;
     pthread_create(&t, NULL, writer, &race);
     int ok = 0;
@@ -306,18 +306,18 @@ static void seqlock_never_torn(void **state) {
 static void values_exact_clock_every_n(void **state) {
     gm_allocator *a = gm_test_shm_allocator(2);
     assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
-    gm__shm_header *h = *(gm__shm_header **)a->publisher;
+    gm__shm_header *h = gm__publisher_header(gm__allocator_publisher(a));
     gm__shm_record *rec = (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
     gm_stats s;
     stats_with(&s, 1, 1);
-    gm__publisher_update(a->publisher, 0, &s);
+    gm__publisher_update(gm__allocator_publisher(a), 0, &s);
     assert_int_equal(rec->used, 1);
     assert_true(rec->v.update_ns > 1);
     rec->v.update_ns = 1; /* a marker the writer overwrites only when it stamps */
     for (int i = 2; i <= GM__SHM_TIME_EVERY; i++) {
         stats_with(&s, i, 5 * i);
         s.num_ooms = i;
-        gm__publisher_update(a->publisher, 0, &s);
+        gm__publisher_update(gm__allocator_publisher(a), 0, &s);
         gm__shm_values v;
         assert_int_equal(gm__shm_read_record(rec, &v, 3), GM_OK);
         assert_int_equal(v.allocated, i);
@@ -331,7 +331,7 @@ static void values_exact_clock_every_n(void **state) {
         assert_int_equal(v.update_ns, 1);
     }
     assert_int_equal(rec->seq, 2 * GM__SHM_TIME_EVERY);
-    gm__publisher_update(a->publisher, 0, &s);
+    gm__publisher_update(gm__allocator_publisher(a), 0, &s);
     assert_true(rec->v.update_ns > 1);
     assert_int_equal(rec->seq % 2, 0);
     gm_test_shm_allocator_free(a);
@@ -356,8 +356,8 @@ static void identity_published(void **state) {
     assert_int_equal(gm_allocator_publish(b, NULL), GM_OK);
     gm_stats s;
     stats_with(&s, 1, 2);
-    gm__publisher_update(a->publisher, 0, &s);
-    gm__publisher_update(b->publisher, 0, &s);
+    gm__publisher_update(gm__allocator_publisher(a), 0, &s);
+    gm__publisher_update(gm__allocator_publisher(b), 0, &s);
     gm__scan_result r;
     assert_int_equal(gm__shm_scan(&r, false), GM_OK);
     int seen = 0;
@@ -390,15 +390,75 @@ static void env_publish(void **state) {
     gm_allocator *a = gm_test_shm_allocator(2);
     unsetenv("GPUMEM_PUBLISH");
     assert_int_equal(gm__publish_from_env(a), GM_OK);
-    assert_null(a->publisher);
+    assert_null(gm__allocator_publisher(a));
     setenv("GPUMEM_PUBLISH", "1", 1);
     setenv("GPUMEM_PUBLISH_LABEL", "from-env", 1);
     assert_int_equal(gm__publish_from_env(a), GM_OK);
-    assert_non_null(a->publisher);
-    gm__shm_header *h = *(gm__shm_header **)a->publisher;
+    assert_non_null(gm__allocator_publisher(a));
+    gm__shm_header *h = gm__publisher_header(gm__allocator_publisher(a));
     assert_string_equal(h->label, "from-env");
     unsetenv("GPUMEM_PUBLISH");
     gm_test_shm_allocator_free(a);
+}
+
+/* #26 defect 7: gm_allocator_publish stores the allocator's sink while other
+ * threads allocate, and every malloc/free reads it. Both sides must be
+ * atomic, or TSan (.ci/run runs this file under it) reports a data race.
+ * Here: two threads allocate and free on two devices (the second made
+ * lazily, so a device's total is published while the sink changes) while
+ * this thread publishes and unpublishes. Whatever the interleaving, every
+ * operation succeeds and a final publication shows the final stats. */
+struct churn {
+    gm_allocator *a;
+    int device;
+    int fails;
+};
+static void *churn_thread(void *arg) {
+    struct churn *c = arg;
+    for (int i = 0; i < 4000; i++) {
+        gm_devptr p = 0;
+        if (gm_malloc(c->a, c->device, (size_t)(1 + i % 64) << 12, 0, &p) != GM_OK || !p) {
+            c->fails++;
+            continue;
+        }
+        if (gm_free(c->a, p) != GM_OK) c->fails++;
+    }
+    return NULL;
+}
+
+static void publish_while_allocating(void **state) {
+    gm_sim_options o;
+    gm_sim_options_init(&o);
+    o.device_count = 2;
+    gm_backend *be = NULL;
+    gm_allocator *a = NULL;
+    assert_int_equal(gm_sim_create(&be, &o), GM_OK);
+    assert_int_equal(gm_allocator_create(&a, be, NULL), GM_OK);
+    struct churn c[2] = {{a, 0, 0}, {a, 1, 0}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&t[i], NULL, churn_thread, &c[i]), 0);
+    for (int i = 0; i < 50; i++) {
+        assert_int_equal(gm_allocator_publish(a, "churn"), GM_OK);
+        gm_allocator_unpublish(a);
+    }
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    assert_int_equal(c[0].fails + c[1].fails, 0);
+    assert_int_equal(gm_allocator_publish(a, "churn"), GM_OK);
+    gm__shm_header *h = gm__publisher_header(gm__allocator_publisher(a));
+    assert_non_null(h);
+    gm_stats s = {.size = sizeof s};
+    for (int d = 0; d < 2; d++) {
+        const gm__shm_record *rec = (const gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE) + d;
+        gm__shm_values v;
+        assert_int_equal(gm__shm_read_record(rec, &v, 1000000), GM_OK);
+        assert_int_equal(gm_get_stats(a, d, &s), GM_OK);
+        assert_int_equal(v.allocated, s.allocated_bytes[GM_POOL_ALL].current);
+        assert_int_equal(v.num_allocs, s.allocation[GM_POOL_ALL].allocated);
+        assert_int_equal(v.num_allocs, 4000);
+        assert_true(v.device_total > 0);
+    }
+    gm_allocator_destroy(a);
+    gm_backend_destroy(be);
 }
 
 int main(void) {
@@ -409,6 +469,7 @@ int main(void) {
         cmocka_unit_test(identity_published),
         cmocka_unit_test(torn_record_is_reported), cmocka_unit_test(seqlock_never_torn),
         cmocka_unit_test(values_exact_clock_every_n), cmocka_unit_test(env_publish),
+        cmocka_unit_test(publish_while_allocating),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

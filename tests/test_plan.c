@@ -18,7 +18,7 @@
 #include "gpumem/backend.h"
 #include "gm_test.h"
 #include "gpumem/gpumem.h"
-#include "policy_gpumem.h"
+#include "policy/gpumem/plan/plan.h"
 #include "workload.h"
 
 #define MIB ((uint64_t)1 << 20)

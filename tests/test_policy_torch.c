@@ -14,7 +14,7 @@
 
 #include "gm_test.h"
 
-#include "policy_torch.h"
+#include "policy/torch/tp.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,6 +10,7 @@
 
 #include "gm_test.h"
 #include "internal.h"
+#include "policy/torch/torch.h"
 #include "trace/trace.h"
 
 #include <stdlib.h>

@@ -32,7 +32,7 @@ int main(int argc, char **argv) {
     a->ndevices = 1;
     pthread_mutex_init(&a->devices_lock, NULL);
     if (gm_allocator_publish(a, "probe") != 0) return 1;
-    P = a->publisher;
+    P = gm__allocator_publisher(a); /* before arch ed5a2d2: a->publisher */
     gm_stats s; memset(&s, 0, sizeof s); s.size = sizeof s;
     gm__publisher_update(P, 0, &s);
     pthread_t t; pthread_create(&t, NULL, writer, NULL);

@@ -133,7 +133,7 @@ typedef struct gm_config {
      * lays out two steps' blocks at planned addresses (greedy, by size) and
      * serves later steps' matching allocations there with no device call;
      * anything that deviates goes to the usual placement
-     * (src/core/policy_gpumem_plan.c, bench/gpumem_policy_tradeoff.md). */
+     * (src/policy/gpumem/plan/plan.c, bench/gpumem_policy_tradeoff.md). */
     bool gpumem_plan;
 } gm_config;
 

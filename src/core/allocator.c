@@ -2,7 +2,7 @@
  * lazily created devices with one mutex each, the pointer map, request-level
  * stats (allocation, allocated_bytes, requested_bytes, oversize_allocations,
  * num_ooms), record_stream, and the checks and walks over a device. Placement
- * and caching are the policy's job (policy_torch*.c, policy_gpumem*.c).
+ * and caching are the policy's job (src/policy/torch/, src/policy/gpumem/).
  *
  * Speed: the common malloc/free path takes the device lock once (devlock.h:
  * one atomic exchange, a plain store to release), does one hash lookup and no
@@ -11,8 +11,6 @@
  * then its pointer map under the device lock. */
 #include "frontend.h"
 #include "history.h"
-#include "estimate/estimate.h"
-#include "trace/trace.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +22,10 @@ static gm__device *dev_peek(gm_allocator *a, int i) {
     return __atomic_load_n(&a->devices[i], __ATOMIC_ACQUIRE);
 }
 
+/* The stats of d to the sink, if one is set (device lock held). */
 static void publish(gm__device *d) {
-    if (d->alloc->publisher) gm__publisher_update(d->alloc->publisher, d->index, &d->stats);
+    gm__sink *s = gm__sink_get(d->alloc);
+    if (s) s->ops->update(s, d->index, &d->stats);
 }
 
 static void device_free(gm__device *d) {
@@ -90,7 +90,8 @@ static int get_device_slow(gm_allocator *a, int device, gm__device **out) {
     d = a->devices[device];
     if (!d && (rc = device_create(a, device, &d)) == GM_OK) {
         __atomic_store_n(&a->devices[device], d, __ATOMIC_RELEASE);
-        gm__publisher_set_total(__atomic_load_n(&a->publisher, __ATOMIC_ACQUIRE), device, d->total_memory);
+        gm__sink *s = gm__sink_get(a);
+        if (s) s->ops->set_total(s, device, d->total_memory);
     }
     pthread_mutex_unlock(&a->devices_lock);
     *out = d;
@@ -125,7 +126,7 @@ static int device_list(gm_allocator *a, int device, gm__device **list, int *n) {
 
 /* ---- create / destroy ------------------------------------------------------- */
 
-int gm_allocator_create(gm_allocator **out, gm_backend *backend, const gm_config *cfg) {
+int gm__allocator_create(gm_allocator **out, gm_backend *backend, const gm_config *cfg, const gm__hooks *hooks) {
     gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!out || !backend) return gm__set_error(GM_EINVAL, "gm_allocator_create: NULL argument");
     *out = NULL;
@@ -148,8 +149,8 @@ int gm_allocator_create(gm_allocator **out, gm_backend *backend, const gm_config
     a->backend = backend;
     a->cfg = c;
     a->ndevices = n < GM_MAX_DEVICES ? n : GM_MAX_DEVICES;
+    a->hooks = hooks;
     pthread_mutex_init(&a->devices_lock, NULL);
-    gm__publish_from_env(a); /* optional: the allocator works without it */
     gm__clear_error();
     *out = a;
     return GM_OK;
@@ -169,8 +170,9 @@ static void device_destroy(gm__device *d) {
 
 void gm_allocator_destroy(gm_allocator *a) {
     if (!a) return;
-    if (a->publisher) gm__publisher_close(a->publisher);
-    a->publisher = NULL;
+    gm__sink *s = gm__sink_get(a);
+    gm__sink_set(a, NULL);
+    if (s) s->ops->close(s);
     for (int i = 0; i < a->ndevices; i++)
         if (a->devices[i]) device_destroy(a->devices[i]);
     pthread_mutex_destroy(&a->devices_lock);
@@ -226,28 +228,11 @@ static int explain_oom(gm__device *d, uint64_t size) {
     bool fragmented = resv - alloc > resv / 8 && (uint64_t)(resv - alloc) >= size / 4;
     /* What holds the memory, when the caller said (gm_block_set_category:
      * gpumem.torch.track() tags parameters, gradients, optimizer state): the
-     * estimator then names the changes that would have made it fit. */
-    gm_est_oom_info info = {.device = d->index, .requested = size, .device_total = total_b, .device_free = free_b,
-                            .allocated = (uint64_t)alloc, .reserved = (uint64_t)resv,
-                            .expandable_segments = c->expandable_segments,
-                            .gpumem_policy = c->policy == GM_POLICY_GPUMEM, .tail_only = true};
-    if (d->fraction_set && d->memory_fraction < 1.0) info.limit = d->allowed_memory_maximum;
-    const gm__fe_dev *fe = d->fe;
-    for (uint64_t i = 0; fe && i <= fe->map.mask; i++) {
-        const gm__block_hdr *b = fe->map.slots[i].key ? fe->map.slots[i].block : NULL;
-        if (!b || !b->live || !b->category || b->category > GM_EST_NCAT) continue;
-        info.by_category[b->category - 1] += (int64_t)b->size;
-        info.have_categories = true;
-    }
-    /* live bytes no tag claims: what the forward and backward passes made */
-    if (info.have_categories) {
-        int64_t tagged = 0;
-        for (int k = 0; k < GM_EST_NCAT; k++) tagged += info.by_category[k];
-        if (alloc > tagged && !info.by_category[GM_EST_CAT_ACTS]) info.by_category[GM_EST_CAT_ACTS] = alloc - tagged;
-    }
+     * estimator (a hook, src/api/) then names the changes that would have
+     * made it fit. */
     char tail[640] = "";
-    if (info.have_categories) {
-        gm_est_oom_explain(&info, tail, sizeof tail);
+    const gm__hooks *h = d->alloc->hooks;
+    if (h && h->explain_oom && h->explain_oom(d, size, free_b, total_b, tail, sizeof tail)) {
         snprintf(advice, sizeof advice, "%s", "");
     } else if (!fragmented)
         snprintf(advice, sizeof advice,

@@ -10,7 +10,7 @@
  * gpumem's own keys: `policy:torch|gpumem` and `gpumem_slack:<x>|inf` (how
  * much memory the gpumem policy may hold over its need before it moves idle
  * memory instead of creating more) and `gpumem_chunks:auto|granule|run` (the
- * size of its physical chunks at slack inf); see policy_gpumem.c. */
+ * size of its physical chunks at slack inf); see src/policy/gpumem/gpumem.c. */
 #include "frontend.h"
 
 #include <errno.h>

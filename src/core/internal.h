@@ -166,9 +166,8 @@ struct gm__policy_ops {
     /* optional (NULL: ignored): the program marked the end of a step (gm_step_mark) */
     void (*step_mark)(void *state);
 };
-
-extern const gm__policy_ops gm__policy_torch;
-extern const gm__policy_ops gm__policy_gpumem;
+/* Each policy's ops table is declared in its one interface header,
+ * src/policy/NAME/NAME.h, which only the policy table (policy.c) includes. */
 
 /* The policy table (policy.c): index = gm_policy_kind. */
 typedef struct gm__policy_desc {
@@ -213,17 +212,42 @@ int gm__be_cleanup_phys_release(gm__device *d, gm_physmem h);
 int gm__be_cleanup_unmap(gm__device *d, gm_devptr va, uint64_t size);
 int gm__be_cleanup_event_destroy(gm__device *d, gm_event ev);
 
-/* ---- publication for the monitor (src/monitor/publish.c) --------------- */
+/* ---- hooks: what the layers above lend the core -------------------------
+ * The core calls nothing above it (docs/architecture.md). Two things it does
+ * need from above reach it as hooks instead:
+ *
+ *  - a statistics sink: the monitor's publisher (src/monitor/publish.c)
+ *    embeds a gm__sink as its first member. The allocator holds at most one,
+ *    a->sink, set by gm_allocator_publish while other threads may allocate:
+ *    every read and write of it is atomic (gm__sink_get / gm__sink_set).
+ *  - the allocator's hooks (gm__hooks), given when it is created:
+ *    gm_allocator_create (src/api/) lends the estimator's OOM explanation.
+ */
+typedef struct gm__sink gm__sink;
+typedef struct gm__sink_ops {
+    /* after every change of a device's stats (device lock held); must be a
+     * few stores under a seqlock, nothing more */
+    void (*update)(gm__sink *s, int device, const gm_stats *st);
+    /* the device's total memory, once per device */
+    void (*set_total)(gm__sink *s, int device, uint64_t total);
+    void (*close)(gm__sink *s);
+} gm__sink_ops;
+struct gm__sink {
+    const gm__sink_ops *ops;
+};
 
-typedef struct gm__publisher gm__publisher;
-/* Called by the front end after every change of a device's stats (device
- * lock held); must be a few stores under a seqlock, nothing more. */
-void gm__publisher_update(gm__publisher *p, int device, const gm_stats *s);
-/* The device's total memory, into its record (once per device). */
-void gm__publisher_set_total(gm__publisher *p, int device, uint64_t total);
-void gm__publisher_close(gm__publisher *p);
-/* Called once by gm_allocator_create: publish if GPUMEM_PUBLISH=1. */
-int gm__publish_from_env(struct gm_allocator *a);
+typedef struct gm__hooks {
+    /* At an OOM, device lock held: writes what holds the memory and what
+     * would have made it fit into tail (NUL-terminated) and returns nonzero,
+     * or returns 0 with nothing to say (the core then gives its own advice). */
+    int (*explain_oom)(const gm__device *d, uint64_t requested, uint64_t device_free, uint64_t device_total,
+                       char *tail, size_t len);
+} gm__hooks;
+
+/* gm_allocator_create's work, with the hooks of the layers above (NULL:
+ * none). Public callers use gm_allocator_create; a simulation inside the
+ * library (replay, the report's timeline) calls this with NULL. */
+int gm__allocator_create(gm_allocator **out, gm_backend *backend, const gm_config *cfg, const gm__hooks *hooks);
 
 /* ---- the allocator object ---------------------------------------------- */
 
@@ -233,8 +257,14 @@ struct gm_allocator {
     int ndevices;
     gm__device *devices[GM_MAX_DEVICES]; /* created on first use */
     pthread_mutex_t devices_lock;         /* guards creation of devices[] */
-    gm__publisher *publisher;             /* NULL unless publishing */
+    gm__sink *sink;                       /* NULL unless publishing: gm__sink_get/_set only */
+    const gm__hooks *hooks;               /* NULL: none; fixed at creation */
     void *fe;                             /* front end private (pointer map) */
 };
+
+/* The allocator's statistics sink, read and written atomically (the
+ * acquire pairs with the release of the store, so a sink is seen filled). */
+static inline gm__sink *gm__sink_get(const gm_allocator *a) { return __atomic_load_n(&a->sink, __ATOMIC_ACQUIRE); }
+static inline void gm__sink_set(gm_allocator *a, gm__sink *s) { __atomic_store_n(&a->sink, s, __ATOMIC_RELEASE); }
 
 #endif /* GPUMEM_INTERNAL_H */

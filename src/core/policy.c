@@ -5,6 +5,8 @@
  * new policy is one entry here (tests add one at run time with
  * gm__policy_register). Index = gm_policy_kind. */
 #include "frontend.h"
+#include "policy/gpumem/gpumem.h"
+#include "policy/torch/torch.h"
 
 #include <stdio.h>
 #include <string.h>

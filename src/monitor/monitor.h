@@ -193,6 +193,19 @@ int gm__pid_from_ns(uint64_t pidns, int ns_pid);
  * never guessed from a label: `gpumem run --label L` sets GPUMEM_RUN_ID. */
 void gm__identity_fill(gm__shm_header *h);
 
+/* ---- the writer (publish.c): an allocator's publisher is the core's
+ * statistics sink (gm__sink in src/core/internal.h), set by
+ * gm_allocator_publish. */
+typedef struct gm__publisher gm__publisher;
+void gm__publisher_update(gm__publisher *p, int device, const gm_stats *s);
+void gm__publisher_set_total(gm__publisher *p, int device, uint64_t total);
+void gm__publisher_close(gm__publisher *p);
+/* Called once by gm_allocator_create: publish if GPUMEM_PUBLISH=1. */
+int gm__publish_from_env(gm_allocator *a);
+/* The allocator's publisher (NULL unless publishing), and its mapped header. */
+gm__publisher *gm__allocator_publisher(gm_allocator *a);
+gm__shm_header *gm__publisher_header(gm__publisher *p);
+
 /* Copy a record under its seqlock: GM_OK, or GM_ESTATE if still torn after
  * `max_tries` attempts (a writer stopped or killed inside its update). */
 int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tries);

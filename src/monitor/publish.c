@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 struct gm__publisher {
+    gm__sink sink;       /* first: the allocator holds the publisher as its sink */
     gm__shm_header *hdr;
     gm__shm_record *rec; /* GM__SHM_DEVICES records after the header */
     int data_fd;         /* the sealed memfd */
@@ -226,7 +227,8 @@ static void fill_header(gm__publisher *p, const char *label, uint32_t source) {
  * them before the next allocator operation. */
 static void publish_existing(gm_allocator *a, gm__publisher *p) {
     for (int i = 0; i < a->ndevices && i < GM_MAX_DEVICES; i++) {
-        gm__device *d = a->devices[i];
+        /* created concurrently (released under devices_lock): load it so */
+        gm__device *d = __atomic_load_n(&a->devices[i], __ATOMIC_ACQUIRE);
         if (!d) continue;
         gm__devlock_lock(&d->lock);
         gm__publisher_set_total(p, i, d->total_memory);
@@ -235,10 +237,23 @@ static void publish_existing(gm_allocator *a, gm__publisher *p) {
     }
 }
 
+static void sink_update(gm__sink *s, int device, const gm_stats *st) {
+    gm__publisher_update((gm__publisher *)s, device, st);
+}
+static void sink_set_total(gm__sink *s, int device, uint64_t total) {
+    gm__publisher_set_total((gm__publisher *)s, device, total);
+}
+static void sink_close(gm__sink *s) { gm__publisher_close((gm__publisher *)s); }
+static const gm__sink_ops sink_ops = {sink_update, sink_set_total, sink_close};
+
+gm__publisher *gm__allocator_publisher(gm_allocator *a) { return (gm__publisher *)gm__sink_get(a); }
+gm__shm_header *gm__publisher_header(gm__publisher *p) { return p ? p->hdr : NULL; }
+
 /* A new segment with its header filled, for either kind of publisher. */
 static int new_publisher(const char *label, uint32_t source, gm__publisher **out) {
     gm__publisher *p = calloc(1, sizeof *p);
     if (!p) return gm__set_error(GM_ENOHOSTMEM, "publishing: out of host memory");
+    p->sink.ops = &sink_ops;
     p->data_fd = p->beacon_fd = -1;
     int rc = create_data(p);
     if (rc == GM_OK) {
@@ -259,27 +274,28 @@ static int new_publisher(const char *label, uint32_t source, gm__publisher **out
 int gm_allocator_publish(gm_allocator *a, const char *label) {
     gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_allocator_publish: allocator is NULL");
-    if (a->publisher) return GM_OK;
+    if (gm__sink_get(a)) return GM_OK;
     gm__publisher *p;
     int rc = new_publisher(label, GM__SRC_GPUMEM, &p);
     if (rc != GM_OK) return rc;
-    /* the front end reads a->publisher under each device lock; the release
-     * store makes the mapped, filled segment visible with the pointer */
+    /* the front end reads the sink under each device lock, while this runs:
+     * gm__sink_set's release store makes the mapped, filled segment visible
+     * with the pointer (and pairs with gm__sink_get's acquire load) */
     pthread_mutex_lock(&a->devices_lock);
-    __atomic_store_n(&a->publisher, p, __ATOMIC_RELEASE);
+    gm__sink_set(a, &p->sink);
     pthread_mutex_unlock(&a->devices_lock);
     publish_existing(a, p);
     return GM_OK;
 }
 
 void gm_allocator_unpublish(gm_allocator *a) {
-    if (!a || !a->publisher) return;
-    gm__publisher *p = a->publisher;
+    if (!a || !gm__sink_get(a)) return;
+    gm__publisher *p = gm__allocator_publisher(a);
     /* take every device lock so no update is inside the mapping we remove */
     pthread_mutex_lock(&a->devices_lock);
     for (int i = 0; i < a->ndevices && i < GM_MAX_DEVICES; i++)
         if (a->devices[i]) gm__devlock_lock(&a->devices[i]->lock);
-    a->publisher = NULL;
+    gm__sink_set(a, NULL);
     for (int i = 0; i < a->ndevices && i < GM_MAX_DEVICES; i++)
         if (a->devices[i]) gm__devlock_unlock(&a->devices[i]->lock);
     pthread_mutex_unlock(&a->devices_lock);
@@ -368,7 +384,7 @@ void gm__publisher_close(gm__publisher *p) {
     free(p);
 }
 
-int gm__publish_from_env(struct gm_allocator *a) {
+int gm__publish_from_env(gm_allocator *a) {
     const char *e = getenv("GPUMEM_PUBLISH");
     if (!e || strcmp(e, "1") != 0) return GM_OK;
     return gm_allocator_publish(a, getenv("GPUMEM_PUBLISH_LABEL"));

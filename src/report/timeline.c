@@ -160,7 +160,7 @@ int gm_timeline_build(const gm_attribution *a, const gm_config *cfg, size_t max_
             rc = gm_sim_add_address_hint(be, 0, a->ev[i].size, a->ev[i].addr);
             if (rc == GM_EINVAL) rc = GM_OK;
         }
-    if (!rc) rc = gm_allocator_create(&al, be, cfg);
+    if (!rc) rc = gm__allocator_create(&al, be, cfg, NULL); /* a simulation: publishes nothing */
     if (!rc && cfg->per_process_memory_fraction < 1.0)
         rc = gm_set_memory_fraction(al, 0, cfg->per_process_memory_fraction);
     if (rc) {

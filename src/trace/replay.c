@@ -323,7 +323,7 @@ int gm_replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t
     int rc = gm_sim_create(&be, &so);
     for (size_t i = 0; !rc && i < p->nhints; i++)
         rc = gm_sim_add_address_hint(be, 0, p->hint_size[i], p->hint_addr[i]);
-    if (!rc) rc = gm_allocator_create(&a, be, cfg);
+    if (!rc) rc = gm__allocator_create(&a, be, cfg, NULL); /* a simulation: publishes nothing */
     if (!rc && cfg && cfg->per_process_memory_fraction < 1.0)
         rc = gm_set_memory_fraction(a, 0, cfg->per_process_memory_fraction);
     gm_devptr *ptrs = rc ? NULL : calloc(p->nslots ? p->nslots : 1, sizeof *ptrs);

@@ -1,16 +1,26 @@
-/* policy_gpumem.h — private structures of the `gpumem` policy, shared by
- * policy_gpumem.c (ops, arenas, size-class caches), policy_gpumem_va.c
- * (free-range index, placement), policy_gpumem_chunks.c (physical chunks,
- * mapping) and policy_gpumem_check.c
- * (invariant check, segment walk, fallback without VMM).
+/* gp.h — the bottom floor of the `gpumem` policy (src/policy/gpumem/): its
+ * structures and what every file may use (base.c: block structs, syncing an
+ * arena's stream). The files above, each including the header of the floor
+ * below, so that a call can only go down (docs/architecture.md):
  *
- * Model (see policy_gpumem.c for the full story): every stream owns two large
+ *   gpumem.c            the ops table (gpumem.h: the policy's one interface),
+ *                       size-class cache, OOM retry
+ *   check.c             invariant check, segment walk       (gp_check.h)
+ *   plan/               gpumem_plan:on: plan.c serves a step,
+ *                       layout.c lays one out                (plan/plan.h)
+ *   arena.c             per-stream arenas                    (gp_place.h)
+ *   va.c, plain.c       placement: free-range index with VMM, plain
+ *                       device allocations without           (gp_place.h)
+ *   chunks.c            physical chunks, mapping             (gp_chunks.h)
+ *   base.c              block structs, stream sync           (gp.h)
+ *
+ * Model (see gpumem.c for the full story): every stream owns two large
  * virtual ranges (arenas, one per pool) where blocks are placed best-fit and coalesce; the
  * physical memory behind it is a per-device pool of chunks (whole multiples of
  * the VMM granule) that are mapped lazily, kept mapped while idle, and moved
  * between places (and arenas) only when a placement needs them. */
-#ifndef GPUMEM_POLICY_GPUMEM_H
-#define GPUMEM_POLICY_GPUMEM_H
+#ifndef GPUMEM_POLICY_GPUMEM_GP_H
+#define GPUMEM_POLICY_GPUMEM_GP_H
 
 #include "internal.h"
 
@@ -22,7 +32,7 @@
 #define GP_NWORDS (GP_NBINS / 64)
 #define GP_NORDERS 48
 /* Tuning knobs (compile time; measured trade-offs in
- * bench/gpumem_policy_tradeoff.md and at the top of policy_gpumem.c). */
+ * bench/gpumem_policy_tradeoff.md and at the top of gpumem.c). */
 /*  GP_RUN_GRANULES        with gpumem_chunks:run (at gpumem_slack:inf), the largest chunk created for a
  *                         run of unmapped granules one placement needs (one
  *                         create + one map instead of one per granule on a
@@ -90,7 +100,7 @@ typedef struct gp_arena {
     uint64_t bitmap[GP_NWORDS];
     uint64_t summary; /* bit w: bitmap[w] != 0 */
     /* gpumem_plan:on, the plan's arena only: its free ranges by address, so
-     * a planned address finds the free range holding it (policy_gpumem_va.c) */
+     * a planned address finds the free range holding it (va.c) */
     gp_block **fidx;
     uint64_t nfidx, fidx_cap;
 } gp_arena;
@@ -124,37 +134,23 @@ typedef struct gp_state {
     uint64_t soft_cap;         /* gpumem_plan:on, while the plan maps its arena: no chunk is created past it (0: none) */
 } gp_state;
 
-/* policy_gpumem.c */
+/* base.c */
 gp_block *gm__gp_block_new(gp_state *st);
 void gm__gp_block_put(gp_state *st, gp_block *b);
+/* Wait for the work queued so far on the arena's stream: after this, memory
+ * freed in the arena may be unmapped or handed to another stream. */
 int gm__gp_sync_arena(gp_state *st, gp_arena *a);
-int gm__gp_flush_quick(gp_state *st);
 
-/* policy_gpumem_chunks.c. The wrappers below are inline because every
- * large malloc or free calls them and, at the default (slack inf, memory
- * held under GP_AUTO_PERMILLE of the device), they return at once: a call
- * into another file for that was 3% of a warm pass's instructions. */
-void gm__gp_touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int dir);
-int gm__gp_ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes);
-int gm__gp_release_unused(gp_state *st);
-/* The same, keeping the idle chunks keep(arg, chunk) says to keep. */
-int gm__gp_release_unused_but(gp_state *st, bool (*keep)(void *, const gp_chunk *), void *arg);
-void gm__gp_release_all(gp_state *st);
-void gm__gp_live_sync(gp_state *st);
-void gm__gp_live_drop_now(gp_state *st);
-int gm__gp_split_partial_at(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p, uint64_t bytes);
+/* log2 of a chunk's granules: the idle and loose lists it is on */
+static inline unsigned gm__gp_order(uint64_t n) { return 63u - (unsigned)__builtin_clzll(n); }
 
-/* Live counts of the chunks under a block that starts or stops being used
- * (nothing while they are stale: st->lazy). */
-static inline void gm__gp_touch_inc(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
-    if (!st->lazy) gm__gp_touch(st, a, p, bytes, 1);
+/* Stats of a block entering / leaving a size-class list (every small malloc
+ * and free: inc/dec, no sign branches). */
+static inline void gm__gp_cached_inc(gp_state *st, const gp_block *b) {
+    gm__stat_block_inc(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, b->h.pool, b->h.size);
 }
-static inline void gm__gp_touch_dec(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes) {
-    if (!st->lazy) gm__gp_touch(st, a, p, bytes, -1);
-}
-/* Let the live counts go stale again where slack inf allows it. */
-static inline void gm__gp_live_drop(gp_state *st) {
-    if (st->lazy_ok && !st->lazy) gm__gp_live_drop_now(st);
+static inline void gm__gp_cached_dec(gp_state *st, const gp_block *b) {
+    gm__stat_block_dec(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, b->h.pool, b->h.size);
 }
 /* The memory the policy may hold: the fraction's limit, else the device. */
 static inline uint64_t gm__gp_device_limit(const gp_state *st) {
@@ -166,67 +162,5 @@ static inline uint64_t gm__gp_device_limit(const gp_state *st) {
 static inline bool gm__gp_tight(const gp_state *st) {
     return st->held_bytes > gm__gp_device_limit(st) / 1000 * GP_AUTO_PERMILLE;
 }
-/* Cut idle multi-granule chunks the placement [p, p+bytes) in free range r
- * would use in part (gpumem_chunks:auto, once tight): 1 if one was cut, 0,
- * or an error. */
-static inline int gm__gp_split_partial(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p,
-                                       uint64_t bytes) {
-    if (!st->autoc || !st->nmulti || !gm__gp_tight(st)) return 0;
-    return gm__gp_split_partial_at(st, a, r, p, bytes);
-}
 
-/* policy_gpumem_va.c */
-int gm__gp_arena_init_va(gp_state *st, gp_arena *a);
-int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
-void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b);
-/* gpumem_plan:on: [p, p+units) as a used block if it lies inside one free
- * range (mapping what it needs): 1 and *out, 0 when it is not free (or
- * memory ran out: the usual placement decides), 2 when it would need
- * mapping and !map_ok, or an error. Needs the arena's free-range index
- * (gm__gp_va_index). */
-int gm__gp_va_place_at(gp_state *st, gp_arena *a, gm_devptr p, uint64_t units, bool map_ok, gp_block **out);
-/* Build (on) or drop the arena's free-range index; GM_ENOHOSTMEM leaves none. */
-int gm__gp_va_index(gp_arena *a, bool on);
-void gm__gp_bin_insert(gp_arena *a, gp_block *b);
-void gm__gp_bin_remove(gp_arena *a, gp_block *b);
-unsigned gm__gp_bin_of(uint64_t units);
-unsigned gm__gp_order(uint64_t n);
-
-/* policy_gpumem_check.c */
-int gm__gp_check(void *state, char *err, size_t errlen);
-int gm__gp_walk(void *state, gm__segment_cb cb, void *arg);
-bool gm__gp_owns(void *state, gm_devptr p);
-int gm__gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
-void gm__gp_plain_free(gp_state *st, gp_block *b);
-
-/* policy_gpumem.c */
-int gm__gp_arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out);
-/* A new arena of the stream and pool that only the plan places in. */
-int gm__gp_arena_new_plan(gp_state *st, gm_stream stream, int pool, gp_arena **out);
-
-/* policy_gpumem_plan.c (gpumem_plan:on; st->plan is NULL otherwise) */
-int gm__gp_plan_create(gp_state *st);
-void gm__gp_plan_destroy(gp_state *st);
-/* Before the usual placement: 1 and *out when the allocation was served
- * at its planned address, 0 when the caller places it, or an error. */
-int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out);
-/* After the usual placement served it. */
-void gm__gp_plan_placed(gp_state *st, gp_block *b);
-/* Every free, before the block goes back to its arena as usual. */
-void gm__gp_plan_free(gp_state *st, const gp_block *b);
-/* A step boundary marked by the program (gm_step_mark). */
-void gm__gp_plan_step(gp_state *st);
-uint64_t gm__gp_plan_served(const gp_state *st); /* allocations served from a plan so far */
-/* The active plan's layout: 'A' (around the live blocks), 'B' (own arena), 0 none. */
-int gm__gp_plan_layout(const gp_state *st);
-/* Tests: 0 the cheaper layout (default), 'A' or 'B' that one whenever it fits. */
-extern int gm__gp_plan_force;
-/* Tests: when gm__gp_plan_verify is set, every layout the solver tries (each
- * order, fit and round) is checked: no two intervals that meet in time share
- * an address, none meets an obstacle it overlaps, none passes the arena's
- * end. Counts of layouts checked and found wrong. */
-extern int gm__gp_plan_verify;
-extern uint64_t gm__gp_plan_verified, gm__gp_plan_wrong;
-int gm__gp_plan_check(gp_state *st, char *err, size_t errlen);
-
-#endif /* GPUMEM_POLICY_GPUMEM_H */
+#endif /* GPUMEM_POLICY_GPUMEM_GP_H */

@@ -1,8 +1,8 @@
-/* policy_gpumem_plain.c — the gpumem policy on a backend without virtual
+/* plain.c — the gpumem policy on a backend without virtual
  * memory management (no VMM): each block is its own device allocation, in
  * plain lists, with the same statistics. The production path when the driver
- * or the device lacks VMM; the VMM path is policy_gpumem_va.c. */
-#include "policy_gpumem.h"
+ * or the device lacks VMM; the VMM path is va.c. */
+#include "gp_place.h"
 
 int gm__gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
     uint64_t bytes = units << GP_ALIGN_SHIFT;

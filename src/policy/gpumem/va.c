@@ -1,9 +1,10 @@
-/* policy_gpumem_va.c — the virtual-range side of the `gpumem` policy: the
- * segregated free-range index of an arena (best fit, ties to the lower
- * address), where a block goes (choose: a range that needs no new mapping
- * when there is one), splitting and coalescing. The physical chunks behind
- * the arena are in policy_gpumem_chunks.c. */
-#include "policy_gpumem.h"
+/* va.c — the virtual-range side of the `gpumem` policy: the segregated
+ * free-range index of an arena (best fit, ties to the lower address), where
+ * a block goes (choose: a range that needs no new mapping when there is
+ * one), splitting and coalescing, and the flush of the size-class cache
+ * back into the arenas (placement does it before it maps). The physical
+ * chunks behind the arena are in chunks.c, below. */
+#include "gp_place.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -27,8 +28,6 @@ unsigned gm__gp_bin_of(uint64_t u) {
     unsigned b = 64u + (fl - 6u) * 32u + sl;
     return b < GP_NBINS ? b : GP_NBINS - 1;
 }
-
-unsigned gm__gp_order(uint64_t n) { return 63u - (unsigned)__builtin_clzll(n); }
 
 void gm__gp_bin_insert(gp_arena *a, gp_block *b) {
     unsigned bin = gm__gp_bin_of(b->h.size >> GP_ALIGN_SHIFT);
@@ -431,4 +430,35 @@ void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b) {
     }
     free_insert(st, a, b);
     a->dirty = true;
+}
+
+/* ---- the size-class cache, back into the arenas ------------------------- */
+
+/* Return every cached small block to its arena. Returns how many. Visits
+ * only the non-empty lists (qmap), in the same order as a scan of every
+ * size class would (ascending units, each list from its head): this runs on
+ * every placement that needs mapping, and a scan of all 2048 classes there
+ * was a visible part of the latency tail. */
+int gm__gp_flush_quick(gp_state *st) {
+    int n = 0;
+    for (uint32_t k = 0; k < st->narenas; k++) {
+        gp_arena *a = st->arenas[k];
+        if (!a->ncached) continue;
+        for (unsigned w = 0; w < GP_QWORDS; w++) {
+            for (uint64_t m = a->qmap[w]; m; m &= m - 1) {
+                unsigned u = w * 64 + (unsigned)__builtin_ctzll(m) + 1;
+                gp_block *b;
+                while ((b = a->quick[u]) != NULL) {
+                    a->quick[u] = b->fnext;
+                    b->fnext = NULL;
+                    gm__gp_cached_dec(st, b);
+                    gm__gp_block_release(st, a, b);
+                    n++;
+                }
+            }
+            a->qmap[w] = 0;
+        }
+        a->ncached = 0;
+    }
+    return n;
 }

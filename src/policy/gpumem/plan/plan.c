@@ -1,4 +1,4 @@
-/* policy_gpumem_plan.c — gpumem_plan:on: learn the repeating step of a
+/* plan.c — gpumem_plan:on: learn the repeating step of a
  * training loop online and serve its allocations at planned addresses.
  *
  * Why: online placement fixes a trace's peak the first time its peak is
@@ -28,7 +28,7 @@
  *    began) spanning its lifetimes in both steps; a death past the step's
  *    end is alive across the boundary ("circular"); a position whose two
  *    lifetimes disagree, or that lives two steps, is left to the usual
- *    placement. policy_gpumem_plan_layout.c lays the intervals out (around
+ *    placement. layout.c lays the intervals out (around
  *    the blocks live now, or in an arena of the plan's own) and the plan is
  *    made only if it holds less than the arena maps now.
  *  - Serving: a cursor follows the step. An allocation that matches the
@@ -51,7 +51,7 @@
  *    pending record_stream uses to the policy only after its events
  *    completed.
  */
-#include "policy_gpumem_plan.h"
+#include "plan_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -403,10 +403,6 @@ void gm__gp_plan_step(gp_state *st) {
 }
 
 uint64_t gm__gp_plan_served(const gp_state *st) { return st->plan ? st->plan->served : 0; }
-
-int gm__gp_plan_force;
-int gm__gp_plan_verify;
-uint64_t gm__gp_plan_verified, gm__gp_plan_wrong;
 
 int gm__gp_plan_layout(const gp_state *st) {
     const gp_plan *pl = st->plan;

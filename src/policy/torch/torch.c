@@ -1,4 +1,4 @@
-/* policy_torch.c — the `torch` policy: a faithful model of PyTorch 2.11's
+/* torch.c — the `torch` policy: a faithful model of PyTorch 2.11's
  * CUDACachingAllocator (c10/cuda/CUDACachingAllocator.cpp), so that replay
  * and tune predict what the native allocator reserves, byte for byte.
  *
@@ -8,14 +8,16 @@
  * max_non_split_rounding; merging of free neighbours; the garbage
  * collection threshold (only with a memory fraction, as in torch);
  * release of oversize cached blocks, then of the whole cache with a retry;
- * empty_cache; expandable segments (policy_torch_expandable.c); and the
+ * empty_cache; expandable segments (expandable.c); and the
  * stats torch keeps (segment, reserved, active, inactive_split per pool).
  * The front end keeps the request-level stats (allocation, allocated_bytes,
  * requested_bytes, oversize_allocations) and the stream events.
  *
- * Sets and block recycling: policy_torch_tree.c; check and segment walk:
- * policy_torch_check.c. */
-#include "policy_torch.h"
+ * Sets and block recycling: tree.c; check and segment walk:
+ * check.c. */
+#include "torch.h"
+#include "tp_check.h"
+#include "tp_expandable.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -75,59 +77,6 @@ static int should_split(const tp_state *st, const tp_block *b, uint64_t size) {
     if (b->h.pool == GM_POOL_SMALL || st->cfg->expandable_segments)
         return remaining >= TP_MIN_BLOCK;
     return size < max_split(st) && remaining > TP_SMALL_SIZE;
-}
-
-/* ---- segments and blocks ----------------------------------------------- */
-
-void tp_seg_link(tp_state *st, tp_seg *s) {
-    s->prev_seg = NULL;
-    s->next_seg = st->segs;
-    if (st->segs) st->segs->prev_seg = s;
-    st->segs = s;
-}
-
-void tp_seg_unlink(tp_state *st, tp_seg *s) {
-    if (s->prev_seg) s->prev_seg->next_seg = s->next_seg;
-    else st->segs = s->next_seg;
-    if (s->next_seg) s->next_seg->prev_seg = s->prev_seg;
-}
-
-void tp_pool_insert_block(tp_state *st, tp_pool *p, tp_block *b) {
-    b->gc_count_base = p->get_free_blocks_call_count;
-    (void)tp_set_insert(st, &p->blocks, b); /* a refusal is counted: malloc reports it */
-}
-
-/* out of whichever set b is in; GM_ESTATE if it could not be unlinked */
-static int set_remove(tp_pool *p, tp_block *b) {
-    if (b->in_set == TP_SET_BLOCKS) return tp_set_erase(&p->blocks, b);
-    if (b->in_set == TP_SET_UNMAPPED) return tp_set_erase(&p->unmapped, b);
-    return GM_OK;
-}
-
-/* Absorb free neighbour src into dst; returns the bytes absorbed. */
-/* dst takes over its address neighbour src's bytes and place in the segment's
- * block list (src is left for the caller to recycle). Returns the bytes taken. */
-static uint64_t absorb(tp_block *dst, tp_block *src) {
-    if (dst->prev == src) {
-        dst->h.ptr = src->h.ptr;
-        dst->prev = src->prev;
-        if (dst->prev) dst->prev->next = dst;
-        else dst->seg->head = dst;
-    } else {
-        dst->next = src->next;
-        if (dst->next) dst->next->prev = dst;
-    }
-    dst->h.size += src->h.size;
-    return src->h.size;
-}
-
-uint64_t tp_try_merge_blocks(tp_state *st, tp_block *dst, tp_block *src, tp_pool *p) {
-    if (!src || src->allocated || dst->mapped != src->mapped) return 0;
-    /* unlink first: a struct recycled while still in a tree makes a cycle */
-    if (set_remove(p, src) < 0) return 0;
-    uint64_t absorbed = absorb(dst, src);
-    tp_block_put(st, src);
-    return absorbed;
 }
 
 /* ---- finding a cached block -------------------------------------------- */
@@ -228,7 +177,7 @@ static int release_block(tp_state *st, tp_block *b) {
     gm__device *d = st->d;
     tp_seg *seg = b->seg;
     tp_pool *p = tp_pool_of(st, b->h.pool);
-    int rc = set_remove(p, b);
+    int rc = tp_set_remove(p, b);
     if (rc < 0) return rc;
     rc = gm__be_free(d, b->h.ptr, b->h.size);
     if (rc < 0) { /* still ours: back in the pool (its age kept) */
@@ -455,8 +404,10 @@ static int tp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
 
 /* free_block's merge of free neighbour src into b: b takes src's node in
  * the pool set when it has none yet (one rekey, usually in place, instead
- * of an erase and an insert), else src leaves and b is rekeyed. */
-static uint64_t merge_freed(tp_state *st, tp_block *b, tp_block *src, tp_pool *p) {
+ * of an erase and an insert), else src leaves and b is rekeyed. Inlined
+ * into tp_free, as it was before the merge helpers moved to tp.h (warm-pass
+ * instructions, bench/hotpath_ir.sh). */
+static inline __attribute__((always_inline)) uint64_t merge_freed(tp_state *st, tp_block *b, tp_block *src, tp_pool *p) {
     if (!src || src->allocated || b->mapped != src->mapped) return 0;
     if (src->in_set != TP_SET_BLOCKS || b->in_set == TP_SET_UNMAPPED) { /* not the usual shape */
         uint64_t n = tp_try_merge_blocks(st, b, src, p);
@@ -465,7 +416,7 @@ static uint64_t merge_freed(tp_state *st, tp_block *b, tp_block *src, tp_pool *p
     }
     int take = b->in_set == TP_SET_NONE;
     if (!take && tp_set_erase(&p->blocks, src) < 0) return 0;
-    uint64_t absorbed = absorb(b, src);
+    uint64_t absorbed = tp_absorb(b, src);
     if (take) (void)tp_set_replace(st, &p->blocks, src, b);
     else (void)tp_set_rekey(st, &p->blocks, b, 1); /* larger size, same stream */
     tp_block_put(st, src);

@@ -1,8 +1,7 @@
-/* policy_gpumem_check.c — the `gpumem` policy's self-check (a full recount
- * of arenas, chunks and stats against what is stored), its segment walk for
- * snapshots, and the fallback used when the backend has no VMM: one plain
- * device allocation per block, small blocks cached by size class. */
-#include "policy_gpumem.h"
+/* check.c — the `gpumem` policy's self-check (a full recount
+ * of arenas, chunks and stats against what is stored, the plan's too), its
+ * segment walk for snapshots, and whether a pointer lies in its arenas. */
+#include "gp_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>

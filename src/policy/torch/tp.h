@@ -1,12 +1,21 @@
-/* policy_torch.h — private to the `torch` policy (policy_torch*.c): the
- * block, segment and pool structures of our model of PyTorch 2.11's
- * CUDACachingAllocator, and the functions its files share.
+/* tp.h — the bottom floor of the `torch` policy (src/policy/torch/), private
+ * to it: the block, segment and pool structures of our model of PyTorch
+ * 2.11's CUDACachingAllocator, the ordered sets and block structs (tree.c)
+ * and the segment and pool helpers every file shares (inline below). The
+ * files above, each including the header of the floor below, so that a call
+ * only goes down (docs/architecture.md):
+ *
+ *   torch.c        the ops table (torch.h: the policy's one interface),
+ *                  malloc/free/release as torch does them
+ *   check.c        invariant check, segment walk      (tp_check.h)
+ *   expandable.c   expandable segments                (tp_expandable.h)
+ *   tree.c         sets (treaps), block structs       (tp.h)
  *
  * Names follow torch's where a reader will want to compare the two:
  * get_free_block, alloc_block, free_block, try_merge_blocks, release_block,
  * map_block, unmap_block, ... */
-#ifndef GPUMEM_POLICY_TORCH_H
-#define GPUMEM_POLICY_TORCH_H
+#ifndef GPUMEM_POLICY_TORCH_TP_H
+#define GPUMEM_POLICY_TORCH_TP_H
 
 #include "internal.h"
 
@@ -96,7 +105,7 @@ typedef struct tp_state {
     uint32_t rng;             /* treap priorities */
 } tp_state;
 
-/* ---- policy_torch_tree.c: sets and block structs ---- */
+/* ---- tree.c: sets and block structs ---- */
 void tp_set_init(tp_set *s, int by_addr);
 /* Both keep b->in_set (TP_SET_BLOCKS for key-ordered sets, _UNMAPPED for
  * by_addr ones) and refuse misuse: insert of a block already in a set,
@@ -126,32 +135,61 @@ tp_block *tp_block_new(tp_state *st); /* after tp_reserve: never NULL */
 void tp_block_put(tp_state *st, tp_block *b);
 void tp_blocks_destroy(tp_state *st);
 
-/* ---- policy_torch.c: shared helpers ---- */
+/* ---- segments and pools: shared by torch.c and expandable.c ---- */
 static inline tp_pool *tp_pool_of(tp_state *st, int pool) {
     return pool == GM_POOL_SMALL ? &st->small : &st->large;
 }
 static inline int tp_is_split(const tp_block *b) { return b->prev || b->next; }
-/* insert into pool->blocks, stamping gc_count_base (insert_into_blocks) */
-void tp_pool_insert_block(tp_state *st, tp_pool *p, tp_block *b);
-uint64_t tp_try_merge_blocks(tp_state *st, tp_block *dst, tp_block *src, tp_pool *p);
-void tp_seg_link(tp_state *st, tp_seg *s);
-void tp_seg_unlink(tp_state *st, tp_seg *s);
-/* fix seg->head after a block became the first of its segment */
-static inline void tp_fix_head(tp_block *b) {
-    if (!b->prev) b->seg->head = b;
+static inline void tp_seg_link(tp_state *st, tp_seg *s) {
+    s->prev_seg = NULL;
+    s->next_seg = st->segs;
+    if (st->segs) st->segs->prev_seg = s;
+    st->segs = s;
 }
 
-/* ---- policy_torch_expandable.c ---- */
-/* alloc_block's expandable branch: NULL with *err = GM_OK on OOM */
-tp_block *tp_try_allocate_expandable_block(tp_state *st, gm_stream stream, tp_pool *p,
-                                           uint64_t size, int *err);
-int tp_unmap_block(tp_state *st, tp_block *b);
-int tp_release_expandable_segment(tp_state *st, tp_block *b); /* GM_OK, or the backend error (segment kept) */
-/* destroy: unmap everything and free the VA range */
-void tp_expandable_destroy(tp_state *st, tp_seg *s);
+static inline void tp_seg_unlink(tp_state *st, tp_seg *s) {
+    if (s->prev_seg) s->prev_seg->next_seg = s->next_seg;
+    else st->segs = s->next_seg;
+    if (s->next_seg) s->next_seg->prev_seg = s->prev_seg;
+}
 
-/* ---- policy_torch_check.c ---- */
-int tp_check(void *state, char *err, size_t errlen);
-int tp_walk_segments(void *state, gm__segment_cb cb, void *arg);
+/* insert into pool->blocks, stamping gc_count_base (insert_into_blocks) */
+static inline void tp_pool_insert_block(tp_state *st, tp_pool *p, tp_block *b) {
+    b->gc_count_base = p->get_free_blocks_call_count;
+    (void)tp_set_insert(st, &p->blocks, b); /* a refusal is counted: malloc reports it */
+}
 
-#endif /* GPUMEM_POLICY_TORCH_H */
+/* out of whichever set b is in; GM_ESTATE if it could not be unlinked */
+static inline int tp_set_remove(tp_pool *p, tp_block *b) {
+    if (b->in_set == TP_SET_BLOCKS) return tp_set_erase(&p->blocks, b);
+    if (b->in_set == TP_SET_UNMAPPED) return tp_set_erase(&p->unmapped, b);
+    return GM_OK;
+}
+
+/* dst takes over its address neighbour src's bytes and place in the segment's
+ * block list (src is left for the caller to recycle). Returns the bytes taken. */
+static inline uint64_t tp_absorb(tp_block *dst, tp_block *src) {
+    if (dst->prev == src) {
+        dst->h.ptr = src->h.ptr;
+        dst->prev = src->prev;
+        if (dst->prev) dst->prev->next = dst;
+        else dst->seg->head = dst;
+    } else {
+        dst->next = src->next;
+        if (dst->next) dst->next->prev = dst;
+    }
+    dst->h.size += src->h.size;
+    return src->h.size;
+}
+
+/* Absorb free neighbour src into dst (try_merge_blocks); the bytes taken, or 0. */
+static inline uint64_t tp_try_merge_blocks(tp_state *st, tp_block *dst, tp_block *src, tp_pool *p) {
+    if (!src || src->allocated || dst->mapped != src->mapped) return 0;
+    /* unlink first: a struct recycled while still in a tree makes a cycle */
+    if (tp_set_remove(p, src) < 0) return 0;
+    uint64_t absorbed = tp_absorb(dst, src);
+    tp_block_put(st, src);
+    return absorbed;
+}
+
+#endif /* GPUMEM_POLICY_TORCH_TP_H */

@@ -1,8 +1,9 @@
-/* policy_gpumem.c — the `gpumem` policy: gpumem's own low-fragmentation,
- * low-latency placement. This file holds the ops table, the per-stream
- * arenas, the size-class cache for small blocks and the OOM retry; the
- * free-range index is in policy_gpumem_va.c, the physical chunks in
- * policy_gpumem_chunks.c, the invariant check, segment walk and no-VMM fallback in policy_gpumem_check.c.
+/* gpumem.c — the `gpumem` policy: gpumem's own low-fragmentation,
+ * low-latency placement. This file, the top of src/policy/gpumem/, holds the
+ * ops table, the size-class cache for small blocks and the OOM retry; below
+ * it (gp.h has the stack): the invariant check and segment walk in check.c,
+ * the plan in plan/, the per-stream arenas in arena.c, the free-range index
+ * in va.c, the no-VMM fallback in plain.c, the physical chunks in chunks.c.
  *
  * How it works (with VMM):
  *  - Each stream gets two arenas, one per pool (small: <= 1 MiB): a virtual
@@ -43,7 +44,7 @@
  *    device; past that, only a large block's interior (granules no other
  *    block can touch while it lives) gets a multi-granule chunk, and an idle
  *    chunk that a placement would use in part is first cut into chunks over
- *    the same granules (split_partial_at in policy_gpumem_chunks.c), so nothing made
+ *    the same granules (split_partial_at in chunks.c), so nothing made
  *    once the device may fill up pins memory. A cold pass costs run's calls
  *    when the device has room, and every trace that fits with granule chunks
  *    at 1.0-1.1x its peak fits with auto (bench/gpumem_policy_tradeoff.md).
@@ -62,7 +63,7 @@
  *    if that fails too, release what the failed placement mapped, so an OOM
  *    holds no more memory than before it.
  *  - Without VMM (granularity gives GM_ENOTSUP) each block is one plain
- *    device allocation, small ones cached by size class (policy_gpumem_check.c).
+ *    device allocation, small ones cached by size class (plain.c).
  *
  * Stats: a "segment" is one physical chunk (VMM) or one plain device
  * allocation, counted in the pool of the arena it is mapped in (a chunk moved
@@ -76,171 +77,22 @@
  * (short of a chunk held but unmapped, which only a failed placement leaves
  * until the next empty_cache). Whether a pointer lies in an arena at all
  * (a double free or a foreign pointer) is the ops' `owns`. */
-#include "policy_gpumem.h"
+#include "gpumem.h"
+#include "gp_check.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define GP_SLAB_BLOCKS 256
-
-/* ---- block structs: recycled, so a warm malloc/free never calls malloc ---- */
-
-gp_block *gm__gp_block_new(gp_state *st) {
-    if (!st->pool) {
-        if (st->nslabs == st->slabs_cap) {
-            size_t cap = st->slabs_cap ? st->slabs_cap * 2 : 16;
-            void **n = realloc(st->slabs, cap * sizeof *n);
-            if (!n) return NULL;
-            st->slabs = n;
-            st->slabs_cap = cap;
-        }
-        gp_block *s = calloc(GP_SLAB_BLOCKS, sizeof *s);
-        if (!s) return NULL;
-        st->slabs[st->nslabs++] = s;
-        for (int i = 0; i < GP_SLAB_BLOCKS; i++) {
-            s[i].fnext = st->pool;
-            st->pool = &s[i];
-        }
-    }
-    gp_block *b = st->pool;
-    st->pool = b->fnext;
-    memset(b, 0, sizeof *b);
-    return b;
-}
-
-void gm__gp_block_put(gp_state *st, gp_block *b) {
-    b->fnext = st->pool;
-    st->pool = b;
-}
-
-/* ---- arenas ---------------------------------------------------------------- */
-
-static void arena_free(gp_state *st, gp_arena *a) {
-    if (!a) return;
-    if (st->vmm && a->gran) (void)gm__be_cleanup_va_release(st->d, a->base, a->va_size);
-    free(a->gran);
-    free(a->mapped);
-    free(a->fidx);
-    free(a);
-}
-
-static int arena_new(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
-    if (st->narenas == st->arenas_cap) {
-        uint32_t cap = st->arenas_cap ? st->arenas_cap * 2 : 4;
-        if (cap > UINT16_MAX) return GM_ENOHOSTMEM;
-        gp_arena **n = realloc(st->arenas, cap * sizeof *n);
-        if (!n) return GM_ENOHOSTMEM;
-        st->arenas = n;
-        st->arenas_cap = cap;
-    }
-    gp_arena *a = calloc(1, sizeof *a);
-    if (!a) return GM_ENOHOSTMEM;
-    a->stream = stream;
-    a->pool = (uint8_t)pool;
-    a->index = (int32_t)st->narenas;
-    if (st->vmm) {
-        int rc = gm__gp_arena_init_va(st, a);
-        if (rc) {
-            free(a);
-            return rc;
-        }
-    }
-    st->arenas[st->narenas++] = a;
-    *out = a;
-    return GM_OK;
-}
-
-static inline int arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out);
-int gm__gp_arena_new_plan(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
-    int rc = arena_new(st, stream, pool, out);
-    if (rc == GM_OK) (*out)->plan_only = true;
-    return rc;
-}
-int gm__gp_arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
-    return arena_of(st, stream, pool, out);
-}
-
-static inline int arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
-    gp_arena *l = st->last[pool];
-    if (l && l->stream == stream) {
-        *out = l;
-        return GM_OK;
-    }
-    for (uint32_t i = 0; i < st->narenas; i++) {
-        if (st->arenas[i]->stream == stream && st->arenas[i]->pool == pool && !st->arenas[i]->plan_only) {
-            *out = st->last[pool] = st->arenas[i];
-            return GM_OK;
-        }
-    }
-    int rc = arena_new(st, stream, pool, out);
-    if (rc == GM_OK) st->last[pool] = *out;
-    return rc;
-}
-
-/* Wait for the work queued so far on the arena's stream: after this, memory
- * freed in the arena may be unmapped or handed to another stream. */
-int gm__gp_sync_arena(gp_state *st, gp_arena *a) {
-    if (!a->dirty) return GM_OK;
-    gm_event ev;
-    int rc = gm__be_event_record(st->d, a->stream, &ev);
-    if (rc) return rc;
-    rc = gm__be_event_sync(st->d, ev);
-    (void)gm__be_cleanup_event_destroy(st->d, ev);
-    if (rc) return rc;
-    a->dirty = false;
-    return GM_OK;
-}
-
 /* ---- size-class cache ------------------------------------------------------ */
 
-/* Stats of a block entering / leaving a size-class list or the active set
- * (every malloc and free: inc/dec, no sign branches). */
-static inline void cached_inc(gp_state *st, const gp_block *b) {
-    gm__stat_block_inc(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, b->h.pool, b->h.size);
-}
-static inline void cached_dec(gp_state *st, const gp_block *b) {
-    gm__stat_block_dec(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, b->h.pool, b->h.size);
-}
+/* Stats of a block entering / leaving the active set (every malloc and
+ * free: inc/dec, no sign branches); the size-class lists' are in gp.h. */
 static inline void active_inc(gp_state *st, const gp_block *b) {
     gm__stat_block_inc(st->d->stats.active, st->d->stats.active_bytes, b->h.pool, b->h.size);
 }
 static inline void active_dec(gp_state *st, const gp_block *b) {
     gm__stat_block_dec(st->d->stats.active, st->d->stats.active_bytes, b->h.pool, b->h.size);
-}
-
-static void block_release(gp_state *st, gp_arena *a, gp_block *b) {
-    if (st->vmm) gm__gp_va_free(st, a, b);
-    else gm__gp_plain_free(st, b);
-}
-
-/* Return every cached small block to its arena. Returns how many. Visits
- * only the non-empty lists (qmap), in the same order as a scan of every
- * size class would (ascending units, each list from its head): this runs on
- * every placement that needs mapping, and a scan of all 2048 classes there
- * was a visible part of the latency tail. */
-int gm__gp_flush_quick(gp_state *st) {
-    int n = 0;
-    for (uint32_t k = 0; k < st->narenas; k++) {
-        gp_arena *a = st->arenas[k];
-        if (!a->ncached) continue;
-        for (unsigned w = 0; w < GP_QWORDS; w++) {
-            for (uint64_t m = a->qmap[w]; m; m &= m - 1) {
-                unsigned u = w * 64 + (unsigned)__builtin_ctzll(m) + 1;
-                gp_block *b;
-                while ((b = a->quick[u]) != NULL) {
-                    a->quick[u] = b->fnext;
-                    b->fnext = NULL;
-                    cached_dec(st, b);
-                    block_release(st, a, b);
-                    n++;
-                }
-            }
-            a->qmap[w] = 0;
-        }
-        a->ncached = 0;
-    }
-    return n;
 }
 
 /* ---- ops ------------------------------------------------------------------- */
@@ -254,10 +106,10 @@ static int gp_create(gm__device *d, void **state) {
     /* idle chunks move only under memory pressure at inf, so a chunk larger
      * than a granule costs no memory there while the device has room, and
      * saves device calls; under pressure a partly used one pins memory,
-     * which auto avoids once the device may fill up (policy_gpumem_chunks.c) */
+     * which auto avoids once the device may fill up (chunks.c) */
     st->autoc = isinf(st->slack) && d->cfg && d->cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_AUTO;
     st->runs = isinf(st->slack) && d->cfg && (d->cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN || st->autoc);
-    /* at inf nothing on the hot path reads live counts (policy_gpumem_chunks.c) */
+    /* at inf nothing on the hot path reads live counts (chunks.c) */
     st->lazy_ok = st->lazy = isinf(st->slack);
     for (int o = 0; o < GP_NORDERS; o++)
         st->idle[o] = st->loose[o] = st->idle_tail[o] = st->loose_tail[o] = -1;
@@ -292,7 +144,7 @@ static void gp_destroy(void *state) {
     } else {
         for (gp_block *b = st->plain; b; b = b->next) (void)gm__be_cleanup_free(st->d, b->h.ptr, b->h.size);
     }
-    for (uint32_t i = 0; i < st->narenas; i++) arena_free(st, st->arenas[i]);
+    for (uint32_t i = 0; i < st->narenas; i++) gm__gp_arena_free(st, st->arenas[i]);
     free(st->arenas);
     free(st->chunks);
     for (size_t i = 0; i < st->nslabs; i++) free(st->slabs[i]);
@@ -314,7 +166,7 @@ static inline __attribute__((always_inline)) int take(gp_state *st, gp_arena *a,
         if (!b->fnext) a->qmap[(units - 1) >> 6] &= ~((uint64_t)1 << ((units - 1) & 63));
         b->fnext = NULL;
         a->ncached--;
-        cached_dec(st, b);
+        gm__gp_cached_dec(st, b);
         b->state = GP_USED;
     } else {
         int rc = place(st, a, units, &b);
@@ -348,10 +200,10 @@ static inline __attribute__((always_inline)) void give(gp_state *st, gp_block *b
         a->qmap[(units - 1) >> 6] |= (uint64_t)1 << ((units - 1) & 63);
         a->ncached++;
         a->dirty = true;
-        cached_inc(st, b);
+        gm__gp_cached_inc(st, b);
         return;
     }
-    block_release(st, a, b);
+    gm__gp_block_release(st, a, b);
 }
 
 /* The entry points with a plan (gpumem_plan:on) live apart from the warm
@@ -383,7 +235,7 @@ static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
     if (units == 0) units = 1;
     int pool = units <= GP_SMALL_UNITS ? GM_POOL_SMALL : GM_POOL_LARGE;
     gp_arena *a;
-    int rc = arena_of(st, stream, pool, &a);
+    int rc = gm__gp_arena_of(st, stream, pool, &a);
     if (rc) return rc;
     if (__builtin_expect(st->plan != NULL, 0)) return gp_malloc_planned(st, a, units, pool, stream, out);
     gp_block *b;

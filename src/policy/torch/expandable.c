@@ -1,4 +1,4 @@
-/* policy_torch_expandable.c — torch's expandable segments
+/* expandable.c — torch's expandable segments
  * (expandable_segments:True): one segment per stream and pool that is a
  * reserved virtual range, mapped page by page as it grows (pages of 2 MiB
  * for the small pool, 20 MiB for the large one; the range is 9/8 of the
@@ -6,7 +6,7 @@
  * cache is released. As in torch, each page is its own physical allocation
  * (one phys_create + map per page), expandable segments do not count in the
  * `segment` stat, and reserved_bytes follows what is mapped. */
-#include "policy_torch.h"
+#include "tp_expandable.h"
 
 #include <stdlib.h>
 

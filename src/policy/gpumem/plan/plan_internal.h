@@ -1,11 +1,11 @@
-/* policy_gpumem_plan.h — what the two halves of gpumem_plan share
- * (private to src/core): the plan's state, its history of allocations and
- * the intervals the layout places. policy_gpumem_plan.c learns the step and
- * serves it; policy_gpumem_plan_layout.c lays one step out. */
-#ifndef GPUMEM_POLICY_GPUMEM_PLAN_H
-#define GPUMEM_POLICY_GPUMEM_PLAN_H
+/* plan/plan_internal.h — what the two halves of gpumem_plan share (private
+ * to src/policy/gpumem/plan/): the plan's state, its history of allocations
+ * and the intervals the layout places. plan.c learns the step and serves it;
+ * layout.c, below it, lays one step out. */
+#ifndef GPUMEM_POLICY_GPUMEM_PLAN_INTERNAL_H
+#define GPUMEM_POLICY_GPUMEM_PLAN_INTERNAL_H
 
-#include "policy_gpumem.h"
+#include "plan.h"
 
 #include <stdio.h>
 
@@ -71,7 +71,7 @@ typedef struct gp_plan {
 static inline pl_rec *rec(gp_plan *pl, uint64_t i) { return &pl->hist[i & (PL_HIST - 1)]; }
 
 /* Lay out the step [start - 2P, start - P) for the steps from pl->start on,
- * around the blocks live in arena a now (policy_gpumem_plan_layout.c):
+ * around the blocks live in arena a now (layout.c):
  * pl->off, planned, inmain, rebase, fp and top_units. GM_ENOMEM: no layout
  * holds less than the arena maps now. */
 int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a);

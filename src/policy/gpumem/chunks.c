@@ -1,4 +1,4 @@
-/* policy_gpumem_chunks.c — the physical side of the `gpumem` policy: the
+/* chunks.c — the physical side of the `gpumem` policy: the
  * chunks (whole multiples of the VMM granule) behind each arena, which are
  * mapped where, which are idle (live counts, kept lazily at slack inf), and how
  * a placement that touches unmapped granules gets memory (reuse a loose chunk,
@@ -6,7 +6,7 @@
  * idle chunks first so that physical memory never exceeds what live blocks
  * touch), the chunk sizes of gpumem_chunks:granule|run|auto and the cuts
  * that keep auto's multi-granule chunks whole or idle. */
-#include "policy_gpumem.h"
+#include "gp_chunks.h"
 
 #include <stdlib.h>
 #include <string.h>

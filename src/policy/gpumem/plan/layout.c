@@ -1,4 +1,4 @@
-/* policy_gpumem_plan_layout.c — gpumem_plan's offline half: one step's
+/* layout.c — gpumem_plan's offline half: one step's
  * large blocks, as (size, lifetime) intervals over two steps, placed
  * greedily at addresses of an arena so that no two overlap in time; the
  * obstacles are the blocks live when the plan starts. Two layouts (around
@@ -6,15 +6,20 @@
  * around the obstacles, shakes: the big intervals at random places); the
  * one touching the fewest granules is kept. The two steps' copies of a
  * position are intervals of their own, so even and odd steps may place
- * a position apart. policy_gpumem_plan.c says when
+ * a position apart. plan/plan.c says when
  * a layout is made and how it is served. */
-#include "policy_gpumem_plan.h"
+#include "plan_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 #ifdef GP_PLAN_DEBUG
 #include <time.h>
 #endif
+
+/* Tests (plan.h): force a layout, verify every layout tried. */
+int gm__gp_plan_force;
+int gm__gp_plan_verify;
+uint64_t gm__gp_plan_verified, gm__gp_plan_wrong;
 
 /* ---- the plan: greedy placement of one step's intervals -------------------- */
 

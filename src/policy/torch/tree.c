@@ -1,4 +1,4 @@
-/* policy_torch_tree.c — the ordered sets behind the torch policy's pools
+/* tree.c — the ordered sets behind the torch policy's pools
  * (torch uses std::set<Block*> ordered by (stream, size, ptr), and by
  * (stream, ptr) for unmapped ranges) and the recycling of block structs.
  *
@@ -6,7 +6,7 @@
  * and erasing never allocate host memory, and best-fit is one descent.
  * Block structs come from chunks and are recycled through a free list, so
  * steady-state replay makes no host allocation at all. */
-#include "policy_torch.h"
+#include "tp.h"
 
 #include <stdlib.h>
 #include <string.h>

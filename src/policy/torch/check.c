@@ -1,4 +1,4 @@
-/* policy_torch_check.c — the torch policy's self-check and segment walk.
+/* check.c — the torch policy's self-check and segment walk.
  *
  * tp_check recounts every stat the policy keeps from the block lists and
  * compares it with the device's stats, and verifies the structure: the
@@ -9,7 +9,7 @@
  * block reached once, in key order, heap-ordered priorities, only free
  * blocks of the right pool and kind), no set operation was ever refused,
  * and expandable segments map exactly the pages their mapped blocks touch. */
-#include "policy_torch.h"
+#include "tp_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>

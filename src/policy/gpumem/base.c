@@ -1,0 +1,52 @@
+/* base.c — the bottom floor of the `gpumem` policy (gp.h): block structs,
+ * recycled so that a warm malloc/free never calls malloc, and waiting for an
+ * arena's stream. */
+#include "gp.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define GP_SLAB_BLOCKS 256
+
+gp_block *gm__gp_block_new(gp_state *st) {
+    if (!st->pool) {
+        if (st->nslabs == st->slabs_cap) {
+            size_t cap = st->slabs_cap ? st->slabs_cap * 2 : 16;
+            void **n = realloc(st->slabs, cap * sizeof *n);
+            if (!n) return NULL;
+            st->slabs = n;
+            st->slabs_cap = cap;
+        }
+        gp_block *s = calloc(GP_SLAB_BLOCKS, sizeof *s);
+        if (!s) return NULL;
+        st->slabs[st->nslabs++] = s;
+        for (int i = 0; i < GP_SLAB_BLOCKS; i++) {
+            s[i].fnext = st->pool;
+            st->pool = &s[i];
+        }
+    }
+    gp_block *b = st->pool;
+    st->pool = b->fnext;
+    memset(b, 0, sizeof *b);
+    return b;
+}
+
+void gm__gp_block_put(gp_state *st, gp_block *b) {
+    b->fnext = st->pool;
+    st->pool = b;
+}
+
+/* Wait for the work queued so far on the arena's stream: after this, memory
+ * freed in the arena may be unmapped or handed to another stream. */
+int gm__gp_sync_arena(gp_state *st, gp_arena *a) {
+    if (!a->dirty) return GM_OK;
+    gm_event ev;
+    int rc = gm__be_event_record(st->d, a->stream, &ev);
+    if (rc) return rc;
+    rc = gm__be_event_sync(st->d, ev);
+    (void)gm__be_cleanup_event_destroy(st->d, ev);
+    if (rc) return rc;
+    a->dirty = false;
+    return GM_OK;
+}
+

@@ -1,0 +1,36 @@
+/* plan/plan.h — the interface of gpumem_plan (src/policy/gpumem/plan/), the
+ * sub-module of the `gpumem` policy that learns a repeating step and serves
+ * it at planned addresses (st->plan is NULL unless gpumem_plan:on). Above
+ * placement (gp_place.h); the check and the ops call it. */
+#ifndef GPUMEM_POLICY_GPUMEM_PLAN_H
+#define GPUMEM_POLICY_GPUMEM_PLAN_H
+
+#include "../gp_place.h"
+
+int gm__gp_plan_create(gp_state *st);
+void gm__gp_plan_destroy(gp_state *st);
+/* Before the usual placement: 1 and *out when the allocation was served
+ * at its planned address, 0 when the caller places it, or an error. */
+int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out);
+/* After the usual placement served it. */
+void gm__gp_plan_placed(gp_state *st, gp_block *b);
+/* Every free, before the block goes back to its arena as usual. */
+void gm__gp_plan_free(gp_state *st, const gp_block *b);
+/* A step boundary marked by the program (gm_step_mark). */
+void gm__gp_plan_step(gp_state *st);
+uint64_t gm__gp_plan_served(const gp_state *st); /* allocations served from a plan so far */
+/* The active plan's layout: 'A' (around the live blocks), 'B' (own arena), 0 none. */
+int gm__gp_plan_layout(const gp_state *st);
+int gm__gp_plan_check(gp_state *st, char *err, size_t errlen);
+
+/* Tests (defined in layout.c): 0 the cheaper layout (default), 'A' or 'B'
+ * that one whenever it fits. */
+extern int gm__gp_plan_force;
+/* Tests: when gm__gp_plan_verify is set, every layout the solver tries (each
+ * order, fit and round) is checked: no two intervals that meet in time share
+ * an address, none meets an obstacle it overlaps, none passes the arena's
+ * end. Counts of layouts checked and found wrong. */
+extern int gm__gp_plan_verify;
+extern uint64_t gm__gp_plan_verified, gm__gp_plan_wrong;
+
+#endif /* GPUMEM_POLICY_GPUMEM_PLAN_H */
