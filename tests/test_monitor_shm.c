@@ -12,6 +12,7 @@
 #include "shm_test.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -113,9 +114,8 @@ static void dead_producer_is_cleaned(void **state) {
     int status;
     assert_int_equal(waitpid(child, &status, 0), child);
     assert_true(WIFSIGNALED(status));
-    char prefix[80], path[400];
-    gm__shm_prefix(prefix, sizeof prefix);
-    snprintf(path, sizeof path, "/dev/shm/%s%d", prefix, (int)child);
+    char path[400];
+    assert_int_equal(gm_test_shm_path((int)child, path, sizeof path), 1);
     struct stat st;
     assert_int_equal(stat(path, &st), 0); /* left behind */
 
@@ -127,26 +127,80 @@ static void dead_producer_is_cleaned(void **state) {
     assert_int_not_equal(stat(path, &st), 0);
 }
 
-/* A live pid whose start time differs (the pid was reused) is stale too. */
-static void reused_pid_is_stale(void **state) {
+/* Issue 26, defect 4: a live publisher whose pid means nothing here (it
+ * runs in another PID namespace, a sibling container's) is reported as
+ * unreachable and never unlinked, whatever process has that pid here. The
+ * beacon is edited to name a namespace no process here is in. */
+static void foreign_namespace_never_unlinked(void **state) {
     gm_allocator *a = gm_test_shm_allocator(2);
     assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
     gm_stats s;
     stats_with(&s, 1, 2);
     gm__publisher_update(gm__allocator_publisher(a), 0, &s);
-    /* the publisher's first member is the mapped header */
-    gm__shm_header *h = gm__publisher_header(gm__allocator_publisher(a));
-    h->start_time += 1;
+    char path[400];
+    assert_int_equal(gm_test_shm_path(getpid(), path, sizeof path), 1);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint64_t ns, bogus = 1; /* no namespace has inode 1 */
+    int32_t pid, one = 1;  /* pid 1 lives here, and is not the publisher */
+    off_t ns_off = offsetof(gm__shm_header, pidns_ino), pid_off = offsetof(gm__shm_header, pid);
+    assert_int_equal(pread(fd, &ns, sizeof ns, ns_off), sizeof ns);
+    assert_int_equal(pread(fd, &pid, sizeof pid, pid_off), sizeof pid);
+    assert_int_equal(pwrite(fd, &bogus, sizeof bogus, ns_off), sizeof bogus);
+    assert_int_equal(pwrite(fd, &one, sizeof one, pid_off), sizeof one);
     gm__scan_result r;
-    assert_int_equal(gm__shm_scan(&r, false), GM_OK);
-    assert_null(find_pid(&r, getpid()));
-    assert_int_equal(r.cleaned, 1);
-    gm__scan_result_free(&r);
-    h->start_time -= 1;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(gm__shm_scan(&r, true), GM_OK);
+        assert_null(find_pid(&r, getpid()));
+        assert_null(find_pid(&r, 1));
+        assert_int_equal(r.cleaned, 0);
+        assert_int_equal(r.unreachable, 1);
+        gm__scan_result_free(&r);
+        struct stat st;
+        assert_int_equal(stat(path, &st), 0); /* still there */
+    }
+    assert_int_equal(pwrite(fd, &ns, sizeof ns, ns_off), sizeof ns);
+    assert_int_equal(pwrite(fd, &pid, sizeof pid, pid_off), sizeof pid);
+    close(fd);
     assert_int_equal(gm__shm_scan(&r, false), GM_OK);
     assert_non_null(find_pid(&r, getpid()));
     gm__scan_result_free(&r);
     gm_test_shm_allocator_free(a);
+}
+
+/* Issue 26, defect 5: names are random, so a name planted in advance (the
+ * old scheme's <prefix><pid>, by another user or anyone) blocks nothing; two
+ * publishers of one process get two segments. */
+static void planted_names_block_nothing(void **state) {
+    char prefix[80], planted[300];
+    gm__shm_prefix(prefix, sizeof prefix);
+    snprintf(planted, sizeof planted, GM__SHM_DIR "/%s%d", prefix, (int)getpid());
+    int fd = open(planted, O_CREAT | O_EXCL | O_WRONLY, 0644);
+    assert_true(fd >= 0);
+    close(fd);
+    gm_allocator *a = gm_test_shm_allocator(1), *b = gm_test_shm_allocator(1);
+    assert_int_equal(gm_allocator_publish(a, "one"), GM_OK);
+    assert_int_equal(gm_allocator_publish(b, "two"), GM_OK);
+    char path[400];
+    assert_int_equal(gm_test_shm_path(getpid(), path, sizeof path), 2);
+    gm_test_shm_allocator_free(a);
+    gm_test_shm_allocator_free(b);
+    unlink(planted);
+}
+
+/* Readers racing a writer never see a mix of two updates. */
+struct race {
+    gm__publisher *p;
+    atomic_int stop; /* set by the test thread, read by the writer */
+};
+static void *writer(void *arg) {
+    struct race *r = arg;
+    gm_stats s;
+    for (int64_t i = 1; !atomic_load_explicit(&r->stop, memory_order_relaxed); i++) {
+        stats_with(&s, i, 3 * i);
+        gm__publisher_update(r->p, 0, &s);
+    }
+    return NULL;
 }
 
 /* A writer stopped inside its update leaves an odd sequence: the reader
@@ -175,19 +229,53 @@ static void torn_record_is_reported(void **state) {
     gm_test_shm_allocator_free(a);
 }
 
-/* Readers racing a writer never see a mix of two updates. */
-struct race {
-    gm__publisher *p;
-    atomic_int stop; /* set by the test thread, read by the writer */
-};
-static void *writer(void *arg) {
-    struct race *r = arg;
+/* Issue 26, defect 12: a record that keeps changing through every retry
+ * (here: a writer stopped inside its update) reads as its last good copy,
+ * marked held, never as a blank; and under a writer updating as fast as it
+ * can, a sampling reader gets every sample (2.6% came back blank before). */
+static void held_under_load(void **state) {
+    gm_allocator *a = gm_test_shm_allocator(2);
+    assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
     gm_stats s;
-    for (int64_t i = 1; !atomic_load_explicit(&r->stop, memory_order_relaxed); i++) {
-        stats_with(&s, i, 3 * i);
-        gm__publisher_update(r->p, 0, &s);
+    stats_with(&s, 10, 30);
+    gm__publisher_update(gm__allocator_publisher(a), 0, &s);
+    gm__shm_header *h = gm__publisher_header(gm__allocator_publisher(a));
+    gm__shm_record *rec = (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
+    gm__shm_cache *c = gm__shm_cache_create();
+    gm__scan_result r;
+    assert_int_equal(gm__shm_scan_cached(c, &r, false), GM_OK);
+    const gm__mon_proc *p = find_pid(&r, getpid());
+    assert_non_null(p);
+    assert_false(p->held[0]);
+    assert_int_equal(p->v[0].reserved, 30);
+    gm__scan_result_free(&r);
+    rec->seq++; /* writer "inside" for good */
+    assert_int_equal(gm__shm_scan_cached(c, &r, false), GM_OK);
+    p = find_pid(&r, getpid());
+    assert_non_null(p);
+    assert_false(p->torn[0]);
+    assert_true(p->held[0]);
+    assert_int_equal(p->v[0].reserved, 30);
+    gm__scan_result_free(&r);
+    rec->seq++;
+
+    struct race race = {.p = gm__allocator_publisher(a)};
+    pthread_t t;
+    pthread_create(&t, NULL, writer, &race);
+    int blank = 0;
+    for (int i = 0; i < 2000; i++) {
+        assert_int_equal(gm__shm_scan_cached(c, &r, false), GM_OK);
+        p = find_pid(&r, getpid());
+        assert_non_null(p);
+        blank += p->torn[0];
+        assert_int_equal(p->v[0].reserved, 3 * p->v[0].allocated);
+        gm__scan_result_free(&r);
     }
-    return NULL;
+    atomic_store(&race.stop, 1);
+    pthread_join(t, NULL);
+    assert_int_equal(blank, 0);
+    gm__shm_cache_destroy(c);
+    gm_test_shm_allocator_free(a);
 }
 
 static void seqlock_never_torn(void **state) {
@@ -247,6 +335,55 @@ static void values_exact_clock_every_n(void **state) {
     assert_true(rec->v.update_ns > 1);
     assert_int_equal(rec->seq % 2, 0);
     gm_test_shm_allocator_free(a);
+}
+
+/* Issue 27: rank, local rank, world size and run id from torchrun's
+ * variables (SLURM's as the fallback), read back by discovery. */
+static void identity_published(void **state) {
+    setenv("RANK", "3", 1);
+    setenv("LOCAL_RANK", "1", 1);
+    setenv("WORLD_SIZE", "8", 1);
+    setenv("TORCHELASTIC_RUN_ID", "job-42", 1);
+    unsetenv("GPUMEM_RUN_ID");
+    gm_allocator *a = gm_test_shm_allocator(1);
+    assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
+    unsetenv("RANK");
+    setenv("SLURM_PROCID", "5", 1);
+    setenv("LOCAL_RANK", "not-a-number", 1);
+    unsetenv("TORCHELASTIC_RUN_ID");
+    setenv("SLURM_JOB_ID", "777", 1);
+    gm_allocator *b = gm_test_shm_allocator(1);
+    assert_int_equal(gm_allocator_publish(b, NULL), GM_OK);
+    gm_stats s;
+    stats_with(&s, 1, 2);
+    gm__publisher_update(gm__allocator_publisher(a), 0, &s);
+    gm__publisher_update(gm__allocator_publisher(b), 0, &s);
+    gm__scan_result r;
+    assert_int_equal(gm__shm_scan(&r, false), GM_OK);
+    int seen = 0;
+    for (int i = 0; i < r.nprocs; i++) {
+        const gm__mon_ident *id = &r.procs[i].id;
+        if (r.procs[i].pid != getpid()) continue;
+        assert_int_equal(r.procs[i].ns_pid, getpid());
+        assert_int_equal(id->world_size, 8);
+        if (!strcmp(id->run_id, "job-42")) {
+            assert_int_equal(id->rank, 3);
+            assert_int_equal(id->local_rank, 1);
+            seen |= 1;
+        } else {
+            assert_string_equal(id->run_id, "777");
+            assert_int_equal(id->rank, 5);
+            assert_int_equal(id->local_rank, -1); /* not a number: unknown, not a guess */
+            seen |= 2;
+        }
+    }
+    assert_int_equal(seen, 3);
+    gm__scan_result_free(&r);
+    for (const char *const *v = (const char *const[]){"SLURM_PROCID", "LOCAL_RANK", "WORLD_SIZE", "SLURM_JOB_ID", NULL};
+         *v; v++)
+        unsetenv(*v);
+    gm_test_shm_allocator_free(a);
+    gm_test_shm_allocator_free(b);
 }
 
 static void env_publish(void **state) {
@@ -327,7 +464,9 @@ static void publish_while_allocating(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(publish_and_read),      cmocka_unit_test(publish_null_is_error),
-        cmocka_unit_test(dead_producer_is_cleaned), cmocka_unit_test(reused_pid_is_stale),
+        cmocka_unit_test(dead_producer_is_cleaned), cmocka_unit_test(foreign_namespace_never_unlinked),
+        cmocka_unit_test(planted_names_block_nothing), cmocka_unit_test(held_under_load),
+        cmocka_unit_test(identity_published),
         cmocka_unit_test(torn_record_is_reported), cmocka_unit_test(seqlock_never_torn),
         cmocka_unit_test(values_exact_clock_every_n), cmocka_unit_test(env_publish),
         cmocka_unit_test(publish_while_allocating),

@@ -379,6 +379,7 @@ typedef struct gm_block_info {
     gm_stream stream;   /* allocation stream */
     int pool;           /* GM_POOL_SMALL / GM_POOL_LARGE */
     bool live;
+    int16_t category;   /* gm_category set by gm_block_set_category, -1 unknown (in what was padding) */
 } gm_block_info;
 typedef int (*gm_block_cb)(const gm_block_info *b, void *arg);
 /* The live block that starts at ptr, and its device (device may be NULL).

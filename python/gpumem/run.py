@@ -1,6 +1,6 @@
 """gpumem run: run an unmodified PyTorch program on gpumem's allocator.
 
-    python -m gpumem run [--conf STR] [--native] [--label L] [--no-publish] [--] COMMAND [ARGS...]
+    python -m gpumem run [--conf STR] [--native] [--label L] [--no-publish] [--oom-report DIR] [--] COMMAND [ARGS...]
     gpumem run ...                      (the C CLI hands over to this)
 
 Every Python process the command starts (torchrun's workers included: they
@@ -17,12 +17,16 @@ A python started with -I or -E ignores PYTHONPATH and so runs without gpumem.
 import os
 import sys
 
-USAGE = ("usage: python -m gpumem run [--conf STR] [--native] [--label L] [--no-publish] [--] COMMAND [ARGS...]\n"
+USAGE = ("usage: python -m gpumem run [--conf STR] [--native] [--label L] [--no-publish] [--oom-report DIR] [--] "
+         "COMMAND [ARGS...]\n"
          "  --conf STR     allocator settings (PYTORCH_CUDA_ALLOC_CONF syntax, plus policy:torch|gpumem);\n"
          "                 default: $GPUMEM_CONF, policy:gpumem\n"
          "  --native       keep PyTorch's allocator; only publish its statistics to gpumem smi/top\n"
-         "  --label L      the name gpumem smi/top show for the process (default: the command name)\n"
-         "  --no-publish   do not publish statistics for gpumem smi/top\n")
+         "  --label L      the name gpumem smi/top show for the process (default: the command name), and\n"
+         "                 the run id that groups its processes as one job (unless torchrun or SLURM set one)\n"
+         "  --no-publish   do not publish statistics for gpumem smi/top\n"
+         "  --oom-report DIR  on out of memory, leave a report (verdict: capacity, fragmentation or memory\n"
+         "                 outside the allocator) and a snapshot in DIR, then raise as usual\n")
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +38,7 @@ class UsageError(Exception):
 
 def parse(argv):
     """(options dict, command list) from the arguments after `run`."""
-    opts = {"conf": None, "native": False, "label": None, "publish": True}
+    opts = {"conf": None, "native": False, "label": None, "publish": True, "oom_report": None}
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -44,13 +48,13 @@ def parse(argv):
         if not a.startswith("-"):
             break
         name, eq, val = a.partition("=")
-        if name in ("--conf", "--label"):
+        if name in ("--conf", "--label", "--oom-report"):
             if not eq:
                 if i + 1 >= len(argv):
                     raise UsageError("gpumem run: %s needs a value" % name)
                 i += 1
                 val = argv[i]
-            opts[name[2:]] = val
+            opts[name[2:].replace("-", "_")] = val
         elif a == "--native":
             opts["native"] = True
         elif a == "--no-publish":
@@ -63,6 +67,10 @@ def parse(argv):
     cmd = argv[i:]
     if not cmd:
         raise UsageError("gpumem run: no command given; see 'gpumem run --help'")
+    if opts["oom_report"] is not None and opts["native"]:
+        raise UsageError("gpumem run: --oom-report needs gpumem's allocator; drop --native")
+    if opts["oom_report"] is not None and not opts["oom_report"]:
+        raise UsageError("gpumem run: --oom-report needs a directory")
     return opts, cmd
 
 
@@ -75,6 +83,10 @@ def child_env(opts, cmd, base=None):
     env["GPUMEM_RUN"] = "native" if opts["native"] else "gpumem"
     path = [BOOT_DIR, PKG_PARENT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))  # keep order, drop repeats
+    if opts["label"]:  # the run id too, unless a launcher gave one (torchrun, SLURM)
+        env.setdefault("GPUMEM_RUN_ID", opts["label"])
+    if opts["oom_report"] is not None:  # absolute: the command may change directory
+        env["GPUMEM_OOM_REPORT"] = os.path.abspath(opts["oom_report"])
     if opts["publish"]:
         env.setdefault("GPUMEM_PUBLISH", "1")
         env["GPUMEM_PUBLISH_LABEL"] = opts["label"] or env.get("GPUMEM_PUBLISH_LABEL") or os.path.basename(cmd[0])

@@ -66,6 +66,21 @@ class ParseTest(unittest.TestCase):
         self.assertEqual((env["GPUMEM_RUN"], env["GPUMEM_PUBLISH"]), ("native", "0"))
         self.assertNotIn("GPUMEM_CONF", env)
 
+    def test_label_is_the_run_id_unless_a_launcher_set_one(self):
+        o, cmd = gr.parse(["--label", "job", "--", "train.py"])
+        self.assertEqual(gr.child_env(o, cmd, base={})["GPUMEM_RUN_ID"], "job")
+        self.assertEqual(gr.child_env(o, cmd, base={"GPUMEM_RUN_ID": "elastic"})["GPUMEM_RUN_ID"], "elastic")
+        o, cmd = gr.parse(["--", "train.py"])
+        self.assertNotIn("GPUMEM_RUN_ID", gr.child_env(o, cmd, base={}))
+
+    def test_oom_report(self):
+        o, cmd = gr.parse(["--oom-report", "reports", "--", "train.py"])
+        env = gr.child_env(o, cmd, base={})
+        self.assertEqual(env["GPUMEM_OOM_REPORT"], os.path.abspath("reports"))
+        for bad in (["--oom-report", "d", "--native", "--", "x"], ["--oom-report=", "--", "x"]):
+            with self.assertRaises(gr.UsageError):
+                gr.parse(bad)
+
 
 class LaunchTest(unittest.TestCase):
     def test_exit_status_and_signal_pass_through(self):

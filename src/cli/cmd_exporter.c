@@ -62,12 +62,25 @@ static void on_signal(int sig) { stop_requested = sig; }
  * of any whose request has taken longer than the deadline, and MHD then
  * closes it. Entries leave the list in MHD's CLOSED notification, which
  * comes before MHD closes the socket, under the same mutex as the reaper:
- * the reaper never touches a closed (or reused) descriptor. */
+ * the reaper never touches a closed (or reused) descriptor.
+ *
+ * ---- room for a scraper however many slow clients wait (issue 26, defect 6)
+ * A fixed limit that refuses new connections once slow clients hold every
+ * place locks scrapers out (32 slow connections from one address starved
+ * that address's scraper; 288 over nine addresses starved everyone). So the
+ * limits are ours, enforced when a connection arrives (MHD's accept
+ * policy): when its address already holds GM_LIMIT_HTTP_CONNECTIONS_PER_IP
+ * connections, or all of them hold GM_LIMIT_HTTP_CONNECTIONS, the one
+ * waiting longest (since its start or its last answer) is cut to make room.
+ * A scrape is answered within milliseconds of arriving; only a flood of new
+ * connections, not slow ones, can push it out first. MHD's own limit is set
+ * above ours (cut sockets close on MHD's next turn) and bounds the whole. */
 typedef struct tracked {
     struct tracked *prev, *next;
     int fd;
     double since;
     bool cut;
+    struct in_addr ip;
 } tracked;
 
 static pthread_mutex_t conn_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -94,6 +107,9 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         }
         t->fd = ci->connect_fd;
         t->since = mono_s();
+        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        if (ai && ai->client_addr && ai->client_addr->sa_family == AF_INET)
+            t->ip = ((const struct sockaddr_in *)ai->client_addr)->sin_addr;
         pthread_mutex_lock(&conn_mu);
         t->next = conns;
         if (conns) conns->prev = t;
@@ -123,6 +139,37 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     pthread_mutex_lock(&conn_mu);
     ((tracked *)ci->socket_context)->since = mono_s();
     pthread_mutex_unlock(&conn_mu);
+}
+
+/* Cut the live connection (from `ip`, or any when ip is NULL) waiting
+ * longest; conn_mu held. */
+static void evict_oldest(const struct in_addr *ip) {
+    tracked *old = NULL;
+    for (tracked *t = conns; t; t = t->next)
+        if (!t->cut && (!ip || t->ip.s_addr == ip->s_addr) && (!old || t->since < old->since)) old = t;
+    if (old) {
+        shutdown(old->fd, SHUT_RDWR); /* MHD sees the end and closes it */
+        old->cut = true;
+    }
+}
+
+/* MHD's accept policy: always admit, making room first (see above). */
+static enum MHD_Result admit(void *cls, const struct sockaddr *addr, socklen_t len) {
+    (void)cls;
+    const struct in_addr *ip =
+        addr && len >= (socklen_t)sizeof(struct sockaddr_in) && addr->sa_family == AF_INET
+            ? &((const struct sockaddr_in *)addr)->sin_addr : NULL;
+    pthread_mutex_lock(&conn_mu);
+    int all = 0, same = 0;
+    for (tracked *t = conns; t; t = t->next)
+        if (!t->cut) {
+            all++;
+            same += ip && t->ip.s_addr == ip->s_addr;
+        }
+    if (ip && same >= GM_LIMIT_HTTP_CONNECTIONS_PER_IP) evict_oldest(ip);
+    else if (all >= GM_LIMIT_HTTP_CONNECTIONS) evict_oldest(NULL);
+    pthread_mutex_unlock(&conn_mu);
+    return MHD_YES;
 }
 
 static void *reaper_main(void *arg) {
@@ -271,8 +318,9 @@ int cmd_exporter(int argc, char **argv) {
         return cli_error(argv[0], "cannot start the sampler thread");
     }
     /* epoll (no FD_SETSIZE wall at 1024 connections, where select() locked
-     * every scraper out), bounded connections overall and per address, an
-     * idle timeout, and no more memory per connection than a scrape needs */
+     * every scraper out), bounded connections overall and per address (ours,
+     * making room for new ones: admit), an idle timeout, and no more memory
+     * per connection than a scrape needs */
     /* GPUMEM_EXPORTER_REQUEST_S shortens the deadline (tests only) */
     const char *rq = getenv("GPUMEM_EXPORTER_REQUEST_S");
     if (rq && atof(rq) > 0 && atof(rq) < request_deadline_s) request_deadline_s = atof(rq);
@@ -285,14 +333,14 @@ int cmd_exporter(int argc, char **argv) {
     bool have_reaper = pthread_create(&reaper, NULL, reaper_main, NULL) == 0;
     unsigned flags = MHD_USE_ERROR_LOG | MHD_USE_INTERNAL_POLLING_THREAD;
     flags |= MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL : MHD_USE_POLL;
+    /* the logger first: MHD warns about (and logs with its own) any option
+     * before it (issue 24) */
     struct MHD_Daemon *d = MHD_start_daemon(
-        flags, 0, NULL, NULL, handle, sampler, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)GM_LIMIT_HTTP_CONNECTIONS,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)GM_LIMIT_HTTP_CONNECTIONS_PER_IP,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)GM_LIMIT_HTTP_TIMEOUT_S,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384, MHD_OPTION_UNESCAPE_CALLBACK, unescape,
-        NULL, MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+        flags, 0, admit, NULL, handle, sampler, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(2 * GM_LIMIT_HTTP_CONNECTIONS),
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)GM_LIMIT_HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)16384, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        NULL, MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_END);
     int code = 0;
     if (!d) code = cli_error(argv[0], "cannot listen on %s (address in use or not available?)", listen);
     else {

@@ -14,13 +14,18 @@
 int cmd_run(int argc, char **argv) {
     /* The options are parsed here too, for --help and one-line errors like
      * every command's; python/gpumem/run.py reads the same ones. */
-    const char *conf = NULL, *label = NULL;
+    const char *conf = NULL, *label = NULL, *oom_report = NULL;
     bool native = false, no_publish = false;
     const struct cli_opt opts[] = {
         CLI_OPT_CONF(&conf),
         {"native", 0, CLI_FLAG, &native, NULL, "keep PyTorch's allocator; only publish its statistics", NULL, 0, 0},
-        {"label", 0, CLI_STR, &label, "L", "the name gpumem smi/top show for the process", "the command name", 0, 0},
+        {"label", 0, CLI_STR, &label, "L",
+         "the name gpumem smi/top show for the process, and its job's run id unless torchrun or SLURM set one",
+         "the command name", 0, 0},
         {"no-publish", 0, CLI_FLAG, &no_publish, NULL, "do not publish statistics for gpumem smi/top", NULL, 0, 0},
+        {"oom-report", 0, CLI_STR, &oom_report, "DIR",
+         "on out of memory, leave a report (verdict: capacity, fragmentation or memory outside the allocator) "
+         "and a snapshot in DIR, then raise as usual", NULL, 0, 0},
     };
     char **pos = calloc((size_t)argc + 1, sizeof *pos);
     if (!pos) return cli_error("run", "out of memory");

@@ -61,8 +61,9 @@ typedef struct history {
     int64_t last_ooms;
 } history;
 
-enum { SORT_RESERVED, SORT_ALLOCATED, SORT_NVML, SORT_PEAK, SORT_PID, SORT_NAME, SORT_COUNT };
-static const char *sort_names[SORT_COUNT] = {"reserved", "allocated", "nvml-used", "peak", "pid", "name"};
+/* job (the default): grouped by run id, then rank, as gpumem smi groups */
+enum { SORT_JOB, SORT_RESERVED, SORT_ALLOCATED, SORT_NVML, SORT_PEAK, SORT_PID, SORT_NAME, SORT_COUNT };
+static const char *sort_names[SORT_COUNT] = {"job", "reserved", "allocated", "nvml-used", "peak", "pid", "name"};
 static const double windows[] = {30, 60, 300, 900, 3600};
 #define NWINDOWS (int)(sizeof windows / sizeof windows[0])
 
@@ -116,7 +117,11 @@ static int row_order(const void *a, const void *b) {
     const gm__mon_row *x = a, *y = b;
     int c;
     if (sort_ui->sort == SORT_NAME) c = strcasecmp(x->label, y->label);
-    else {
+    else if (sort_ui->sort == SORT_JOB) {
+        bool xj = x->id.run_id[0] != '\0', yj = y->id.run_id[0] != '\0';
+        c = xj != yj ? (xj ? -1 : 1) : strcmp(x->id.run_id, y->id.run_id);
+        if (!c) c = x->id.rank - y->id.rank;
+    } else {
         long long kx = sort_key(sort_ui, x), ky = sort_key(sort_ui, y);
         c = kx < ky ? 1 : kx > ky ? -1 : 0; /* big first */
         if (sort_ui->sort == SORT_PID) c = -c;
@@ -169,8 +174,9 @@ static int draw_devices(const ui *u, int y) {
 /* The process table: the published statistics that have a column
  * (GM_MON_STATS in monitor.h, the same columns as gpumem smi). */
 static int draw_table(ui *u, int y, int max_rows) {
-    char b1[24], name[33], line[1024];
-    int n = snprintf(line, sizeof line, "%-4s %-8s %-24s %11s", "GPU", "PID", "PROCESS", "NVML used");
+    char b1[24], name[33], job[13], line[1024];
+    int n = snprintf(line, sizeof line, "%-4s %-8s %-24s %-12s %5s %11s", "GPU", "PID", "PROCESS", "JOB", "RANK",
+                     "NVML used");
 #define HEAD(nm, val, torch, prom, type, help, col) \
     if (col && n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, " %11s", col ? col : "");
     GM_MON_STATS(HEAD)
@@ -185,11 +191,16 @@ static int draw_table(ui *u, int y, int max_rows) {
     int shown = 0;
     for (int i = 0; i < u->s.nrows && shown < max_rows; i++) {
         const gm__mon_row *r = &rows[i];
-        if (u->filter[0] && !strcasestr(r->label, u->filter) && !strcasestr(r->comm, u->filter)) continue;
+        if (u->filter[0] && !strcasestr(r->label, u->filter) && !strcasestr(r->comm, u->filter) &&
+            !strcasestr(r->id.run_id, u->filter))
+            continue;
         printable(name, r->label, sizeof name);
+        printable(job, r->id.run_id[0] ? r->id.run_id : "-", sizeof job);
+        char rank[12] = "-";
+        if (r->id.rank >= 0) snprintf(rank, sizeof rank, "%d", r->id.rank);
         bool a = r->have_alloc;
         const gm__shm_values *v = &r->v;
-        n = snprintf(line, sizeof line, "%-4d %-8d %-24.24s %11s", r->device, r->pid, name,
+        n = snprintf(line, sizeof line, "%-4d %-8d %-24.24s %-12s %5s %11s", r->device, r->pid, name, job, rank,
                      fmt(r->have_nvml_used, (long long)r->nvml_used, b1));
 #define CELL(nm, val, torch, prom, type, help, col)                                                  \
     if (col && n < (int)sizeof line) {                                                               \

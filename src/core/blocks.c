@@ -4,6 +4,7 @@
  * torch's profiler is told about. Read-only; takes each device's lock. */
 #include "frontend.h"
 
+#include <stddef.h>
 #include <string.h>
 
 static gm__device *dev_peek(gm_allocator *a, int i) { return __atomic_load_n(&a->devices[i], __ATOMIC_ACQUIRE); }
@@ -17,6 +18,7 @@ static void fill(gm_block_info *o, const gm__block_hdr *b) {
     o->stream = b->stream;
     o->pool = b->pool;
     o->live = b->live != 0;
+    o->category = (int16_t)(b->category ? (int)b->category - 1 : -1);
 }
 
 int gm_block_lookup(gm_allocator *a, gm_devptr ptr, int *device, gm_block_info *out) {
@@ -77,3 +79,7 @@ int gm_block_set_category(gm_allocator *a, gm_devptr ptr, int category) {
     gm__devlock_unlock(&d->lock);
     return GM_OK;
 }
+
+/* category sits in what was padding: the struct keeps the size older callers built with */
+_Static_assert(sizeof(gm_block_info) == 48 && offsetof(gm_block_info, category) == 46,
+               "gm_block_info layout (x86-64/aarch64)");

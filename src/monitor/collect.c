@@ -130,11 +130,14 @@ static int collect_producers(gm__collector *c, gm__mon_sample *s, int *cap) {
             int dev = map_device(p->visible, (int)d, s);
             if ((rc = ensure_device(s, dev)) != GM_OK || (rc = add_row(s, cap, &r)) != GM_OK) break;
             r->pid = p->pid;
+            r->ns_pid = p->ns_pid;
+            r->id = p->id;
             r->device = dev;
             r->source = p->source;
             memcpy(r->comm, p->comm, sizeof r->comm);
             memcpy(r->label, p->label, sizeof r->label);
             r->torn = p->torn[d];
+            r->held = p->held[d];
             r->have_alloc = !p->torn[d];
             r->v = p->v[d];
             /* no NVML for this device: its size as the allocator's backend
@@ -170,6 +173,7 @@ static int collect_nvml_procs(gm__collector *c, gm__mon_sample *s, int *cap, int
                 }
                 r->pid = np[i].pid;
                 r->device = d;
+                gm__ident_unknown(&r->id);
                 gm__proc_comm(r->pid, r->comm, sizeof r->comm);
                 memcpy(r->label, r->comm, sizeof r->comm);
             }
@@ -181,8 +185,25 @@ static int collect_nvml_procs(gm__collector *c, gm__mon_sample *s, int *cap, int
     return GM_OK;
 }
 
+void gm__ident_unknown(gm__mon_ident *id) {
+    memset(id, 0, sizeof *id);
+#define GM__UNKNOWN_STR(n)
+#define GM__UNKNOWN_INT(n) id->n = -1;
+#define GM__UNKNOWN(name, kind, help) GM__UNKNOWN_##kind(name)
+    GM_MON_IDENTITY(GM__UNKNOWN)
+#undef GM__UNKNOWN
+#undef GM__UNKNOWN_STR
+#undef GM__UNKNOWN_INT
+}
+
+/* Grouped by job (rows without a run id last), then rank, device, pid. */
 static int row_cmp(const void *a, const void *b) {
     const gm__mon_row *x = a, *y = b;
+    bool xj = x->id.run_id[0] != '\0', yj = y->id.run_id[0] != '\0';
+    if (xj != yj) return xj ? -1 : 1;
+    int c = strcmp(x->id.run_id, y->id.run_id);
+    if (c) return c;
+    if (x->id.rank != y->id.rank) return x->id.rank < y->id.rank ? -1 : 1;
     if (x->device != y->device) return x->device < y->device ? -1 : 1;
     return x->pid < y->pid ? -1 : x->pid > y->pid;
 }

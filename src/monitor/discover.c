@@ -1,8 +1,12 @@
-/* discover.c — the reader side of publication: find this user's segments in
- * /dev/shm, verify them (type, owner, mode, size, name against header),
- * check that their producer still lives (same pid and same process start
- * time, so a reused pid is not mistaken for the producer), copy their
- * records under the seqlock, and unlink the segments of dead producers. */
+/* discover.c — the reader side of publication (layout and reasons in
+ * monitor.h): find this user's beacons in /dev/shm, verify them (type,
+ * owner, mode, header), judge their publisher alive by the beacon's lock
+ * alone, find the publisher's pid as this reader sees it (through the PID
+ * namespaces), open its sealed data through /proc/<pid>/fd and map it
+ * read-only, copy the records under their seqlocks, and unlink the beacons
+ * of dead publishers (nobody holds their lock). A live beacon is never
+ * unlinked, whatever its pid means here. */
+#define _GNU_SOURCE /* F_GET_SEALS */
 #include "internal.h"
 #include "monitor/monitor.h"
 
@@ -12,55 +16,124 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SHM_DIR "/dev/shm"
-#define READ_TRIES 1000
+/* Seqlock attempts on a mapped record: each is a copy of 120 bytes (tens of
+ * ns), so a record updated millions of times a second settles within a few;
+ * a writer stopped inside an update (killed) costs ~1 ms. */
+#define READ_TRIES 100000
 
-/* pid from "<prefix><pid>[.<n>]"; -1 if the name is not one of ours */
-static int name_pid(const char *name, const char *prefix) {
+/* Beacon names: <prefix> and 16 hex digits. */
+static bool our_name(const char *name, const char *prefix) {
     size_t pl = strlen(prefix);
-    if (strncmp(name, prefix, pl) != 0) return -1;
-    char *end;
-    long pid = strtol(name + pl, &end, 10);
-    if (end == name + pl || pid <= 0 || pid > 0x7fffffff) return -1;
-    if (*end != '\0' && *end != '.') return -1;
-    return (int)pid;
+    if (strncmp(name, prefix, pl) != 0) return false;
+    return strlen(name + pl) == 16 && strspn(name + pl, "0123456789abcdef") == 16;
 }
 
-static bool alive(int pid, uint64_t start_time) {
-    uint64_t st;
-    if (gm__proc_start_time(pid, &st) != GM_OK) return false;
-    return st == start_time;
+enum { SEG_OK, SEG_SKIP, SEG_STALE, SEG_UNREACHABLE };
+
+/* A segment as a reader holds it: the beacon open (for the lock), the
+ * header read from it, the data mapped read-only, and the last good copy of
+ * each record (kept between scans by the cache). */
+typedef struct segment {
+    char name[256];
+    ino_t ino;
+    int fd;
+    gm__shm_header h;
+    int pid; /* the publisher as this reader sees it */
+    const char *data;
+    bool seen;
+    bool good[GM__SHM_DEVICES];
+    gm__shm_values last[GM__SHM_DEVICES];
+} segment;
+
+static void segment_close(segment *s) {
+    if (s->data) munmap((void *)s->data, GM__SHM_SIZE);
+    if (s->fd >= 0) close(s->fd);
+    s->data = NULL;
+    s->fd = -1;
 }
 
-static bool pid_exists(int pid) {
-    uint64_t st;
-    return gm__proc_start_time(pid, &st) == GM_OK;
+/* Alive while someone holds the beacon's lock: the publisher, which takes it
+ * before the beacon has a name and keeps it until it exits. */
+static bool beacon_locked(int fd) {
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
+        flock(fd, LOCK_UN);
+        return false;
+    }
+    return errno == EWOULDBLOCK;
 }
 
-static void unlink_name(const char *name) {
+/* Open and verify the beacon: a regular file of ours, mode 0600, never
+ * blocking on a planted FIFO, never following a link. */
+static int open_beacon(segment *s) {
     char path[300];
-    snprintf(path, sizeof path, "/%s", name);
-    shm_unlink(path);
+    snprintf(path, sizeof path, GM__SHM_DIR "/%s", s->name);
+    s->fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+    if (s->fd < 0) return SEG_SKIP;
+    struct stat st;
+    if (fstat(s->fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 07777) != 0600)
+        return SEG_SKIP; /* not ours, or not as the publisher makes it */
+    s->ino = st.st_ino;
+    /* unlocked: its publisher is gone (a live one locked it before naming it) */
+    if (!beacon_locked(s->fd)) return SEG_STALE;
+    const gm__shm_header *h = &s->h;
+    if (pread(s->fd, &s->h, sizeof s->h, 0) != (ssize_t)sizeof s->h) return SEG_SKIP; /* truncated */
+    if (h->magic != GM__SHM_MAGIC || h->version != GM__SHM_VERSION || h->header_size != GM__SHM_HEADER_SIZE ||
+        h->record_size != GM__SHM_RECORD_SIZE || h->segment_size != GM__SHM_SIZE || h->ndevices > GM__SHM_DEVICES ||
+        h->uid != (uint32_t)getuid() || h->pid <= 0 || h->data_fd < 0)
+        return SEG_SKIP;
+    return SEG_OK;
 }
 
+/* Map the publisher's data read-only: its pid as we see it, its memfd
+ * through /proc, sealed against shrinking (so our loads cannot fault), and
+ * the same nonce as the beacon (the descriptor number was not reused). */
+static int map_data(segment *s, uint64_t own_ns) {
+    s->pid = s->h.pidns_ino == own_ns ? s->h.pid : gm__pid_from_ns(s->h.pidns_ino, s->h.pid);
+    if (s->pid <= 0) return SEG_UNREACHABLE;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", s->pid, s->h.data_fd);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) return SEG_UNREACHABLE;
+    struct stat st;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != getuid() || st.st_size < GM__SHM_SIZE ||
+        seals < 0 || !(seals & F_SEAL_SHRINK)) {
+        close(fd);
+        return SEG_SKIP;
+    }
+    void *m = mmap(NULL, GM__SHM_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return SEG_SKIP;
+    s->data = m;
+    const gm__shm_header *dh = (const gm__shm_header *)m;
+    if (__atomic_load_n(&dh->magic, __ATOMIC_ACQUIRE) != GM__SHM_MAGIC || dh->nonce != s->h.nonce) return SEG_SKIP;
+    return SEG_OK;
+}
 
-enum { SEG_OK, SEG_SKIP, SEG_STALE };
+static void copy_identity(gm__mon_ident *id, const gm__shm_header *h) {
+#define GM__COPY_STR(n)                              \
+    memcpy(id->n, h->n, sizeof id->n);               \
+    id->n[sizeof id->n - 1] = '\0';
+#define GM__COPY_INT(n) id->n = h->n;
+#define GM__COPY(name, kind, help) GM__COPY_##kind(name)
+    GM_MON_IDENTITY(GM__COPY)
+#undef GM__COPY
+#undef GM__COPY_STR
+#undef GM__COPY_INT
+}
 
-/* Readers never trust a segment they did not verify, and never map one:
- *  - opened with O_NONBLOCK | O_NOFOLLOW (a FIFO planted under our name
- *    cannot block the open, a symlink is refused), then fstat'ed: a regular
- *    file, owned by us, mode exactly 0600, at least a header long;
- *  - its header must name the pid its file name does (a copy is refused);
- *  - it is copied with pread, never mapped: a segment truncated under us
- *    reads short (and is skipped) instead of killing us with SIGBUS. The
- *    seqlock is kept with reads of `seq` before and after the values. */
-
-static void copy_header(gm__mon_proc *p, const gm__shm_header *h) {
-    p->pid = h->pid;
+/* The report of a verified, mapped segment: its header, then each used
+ * record under its seqlock. A record that kept changing through every try
+ * is the last good copy, marked held; torn when there never was one. */
+static void report(segment *s, gm__mon_proc *p) {
+    const gm__shm_header *h = &s->h;
+    p->pid = s->pid;
+    p->ns_pid = h->pid;
     p->source = h->source;
     p->start_time = h->start_time;
     memcpy(p->comm, h->comm, sizeof p->comm);
@@ -70,98 +143,44 @@ static void copy_header(gm__mon_proc *p, const gm__shm_header *h) {
     memcpy(p->visible, h->visible, sizeof p->visible);
     p->visible[sizeof p->visible - 1] = '\0';
     p->ndevices = h->ndevices;
-}
-
-static bool pread_full(int fd, void *buf, size_t n, off_t off) {
-    return pread(fd, buf, n, off) == (ssize_t)n;
-}
-
-/* Copy record i under its seqlock from the file: GM_OK, GM_ESTATE if torn
- * after READ_TRIES, GM_EIO if the segment shrank. `first` is the record as
- * read with the whole segment a moment ago. */
-static int read_record(int fd, off_t off, const gm__shm_record *first, gm__shm_values *out) {
-    gm__shm_record r = *first;
-    for (int i = 0; i < READ_TRIES; i++) {
-        uint32_t s2;
-        if (!(r.seq & 1)) {
-            if (!pread_full(fd, &s2, sizeof s2, off)) return GM_EIO;
-            if (s2 == r.seq) {
-                *out = r.v;
-                return GM_OK;
-            }
-        }
-        uint32_t s1;
-        if (!pread_full(fd, &s1, sizeof s1, off) || !pread_full(fd, &r, sizeof r, off)) return GM_EIO;
-        r.seq = s1; /* the values were read after s1: check s1 is still current */
-    }
-    return GM_ESTATE;
-}
-
-/* fstat an open segment: GM_OK, or SEG_SKIP / SEG_STALE. */
-static int check_fd(int fd, int pid, struct stat *st) {
-    if (fstat(fd, st) != 0) return SEG_SKIP;
-    if (!S_ISREG(st->st_mode) || st->st_uid != getuid() || (st->st_mode & 07777) != 0600)
-        return SEG_SKIP; /* not ours, or not as the publisher makes it */
-    if (st->st_size < GM__SHM_HEADER_SIZE) /* an empty segment of a dead pid was never finished */
-        return st->st_size == 0 && !pid_exists(pid) ? SEG_STALE : SEG_SKIP;
-    return GM_OK;
-}
-
-/* Verify and copy the segment open on fd into *p. */
-static int read_fd(gm__mon_proc *p, int fd, int name_pid_v) {
-    struct stat st;
-    int rc = check_fd(fd, name_pid_v, &st);
-    if (rc != GM_OK) return rc;
-    /* 8.5 KiB: off the stack. Aligned for the header and records read in
-     * place: a plain char array may land on any address (UBSan found it
-     * misaligned in one build's TLS layout). */
-    static _Thread_local _Alignas(16) char buf[GM__SHM_SIZE];
-    size_t want = (size_t)st.st_size < sizeof buf ? (size_t)st.st_size : sizeof buf;
-    ssize_t got = pread(fd, buf, want, 0);
-    if (got < (ssize_t)GM__SHM_HEADER_SIZE) return SEG_SKIP; /* shrank since fstat */
-    const gm__shm_header *h = (const gm__shm_header *)buf;
-    if (h->magic != GM__SHM_MAGIC)
-        return pid_exists(name_pid_v) ? SEG_SKIP /* still being created */ : SEG_STALE;
-    if (h->version != GM__SHM_VERSION || h->header_size != GM__SHM_HEADER_SIZE ||
-        h->record_size != GM__SHM_RECORD_SIZE || h->segment_size > (uint64_t)got ||
-        h->ndevices > GM__SHM_DEVICES ||
-        GM__SHM_HEADER_SIZE + (uint64_t)h->ndevices * h->record_size > (uint64_t)got)
-        return SEG_SKIP;
-    if (h->pid != name_pid_v || h->uid != (uint32_t)getuid())
-        return SEG_SKIP; /* a copy under another name: its rows would be duplicates */
-    copy_header(p, h);
+    copy_identity(&p->id, h);
+    const gm__shm_record *rec = (const gm__shm_record *)(s->data + GM__SHM_HEADER_SIZE);
     for (uint32_t i = 0; i < p->ndevices; i++) {
-        off_t off = (off_t)GM__SHM_HEADER_SIZE + (off_t)i * GM__SHM_RECORD_SIZE;
-        const gm__shm_record *r = (const gm__shm_record *)(buf + off);
-        if (!r->used) continue;
+        if (!__atomic_load_n(&rec[i].used, __ATOMIC_RELAXED)) continue;
         p->used[i] = true;
-        int k = read_record(fd, off, r, &p->v[i]);
-        if (k == GM_EIO) return SEG_SKIP; /* shrank while we read */
-        p->torn[i] = k != GM_OK;
-        if (p->torn[i]) memset(&p->v[i], 0, sizeof p->v[i]);
+        if (gm__shm_read_record(&rec[i], &p->v[i], READ_TRIES) == GM_OK) {
+            s->last[i] = p->v[i];
+            s->good[i] = true;
+        } else if (s->good[i]) {
+            p->v[i] = s->last[i];
+            p->held[i] = true;
+        } else {
+            p->torn[i] = true;
+            memset(&p->v[i], 0, sizeof p->v[i]);
+        }
     }
-    /* checked after the copy: a producer that died while we copied is gone */
-    if (!alive(p->pid, p->start_time)) return SEG_STALE;
-    return SEG_OK;
 }
 
-/* An open segment kept between scans (one open per segment, not per scan). */
-typedef struct cache_entry {
-    char name[256];
-    ino_t ino;
-    int fd;
-    bool seen;
-} cache_entry;
+/* Open, verify and map the segment `name` into s (fd -1 on entry). */
+static int open_segment(segment *s, uint64_t own_ns) {
+    int r = open_beacon(s);
+    if (r == SEG_OK) r = map_data(s, own_ns);
+    if (r != SEG_OK) segment_close(s);
+    return r;
+}
+
+/* ---- the cache: segments kept open and mapped between scans -------------- */
 
 struct gm__shm_cache {
-    cache_entry *e;
+    segment **e;
     int n, cap;
 };
 
 gm__shm_cache *gm__shm_cache_create(void) { return calloc(1, sizeof(gm__shm_cache)); }
 
 static void drop_entry(gm__shm_cache *c, int i) {
-    close(c->e[i].fd);
+    segment_close(c->e[i]);
+    free(c->e[i]);
     c->e[i] = c->e[--c->n];
 }
 
@@ -172,66 +191,63 @@ void gm__shm_cache_destroy(gm__shm_cache *c) {
     free(c);
 }
 
-/* Open `name` without blocking or following links: GM_OK with *fd and *ino,
- * SEG_SKIP/SEG_STALE as an int > 0. */
-static int open_segment(const char *name, int pid, int *fd_out, ino_t *ino) {
-    char path[300];
-    snprintf(path, sizeof path, SHM_DIR "/%s", name);
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0) return SEG_SKIP;
-    struct stat st;
-    int rc = check_fd(fd, pid, &st);
-    if (rc != GM_OK) {
-        close(fd);
-        return rc;
-    }
-    *fd_out = fd;
-    *ino = st.st_ino;
-    return GM_OK;
-}
-
-static cache_entry *cache_get(gm__shm_cache *c, const char *name, ino_t ino, int pid, int *why) {
+/* The cached segment for (name, ino), opened and verified if new: SEG_OK
+ * with *out, else why not. */
+static int cache_get(gm__shm_cache *c, const char *name, ino_t ino, uint64_t own_ns, segment **out) {
     for (int i = 0; i < c->n; i++) {
-        if (strcmp(c->e[i].name, name)) continue;
-        if (c->e[i].ino == ino) return &c->e[i];
-        drop_entry(c, i); /* same name, new file: a new producer */
+        if (strcmp(c->e[i]->name, name)) continue;
+        if (c->e[i]->ino == ino) {
+            /* the publisher may have died since: its lock says */
+            if (!beacon_locked(c->e[i]->fd)) {
+                drop_entry(c, i);
+                return SEG_STALE;
+            }
+            *out = c->e[i];
+            return SEG_OK;
+        }
+        drop_entry(c, i); /* same name, another file */
         break;
     }
     if (c->n == c->cap) {
         int ncap = c->cap ? 2 * c->cap : 16;
-        cache_entry *ne = realloc(c->e, (size_t)ncap * sizeof *ne);
-        if (!ne) {
-            *why = SEG_SKIP;
-            return NULL;
-        }
+        segment **ne = realloc(c->e, (size_t)ncap * sizeof *ne);
+        if (!ne) return SEG_SKIP;
         c->e = ne;
         c->cap = ncap;
     }
-    cache_entry *e = &c->e[c->n];
-    memset(e, 0, sizeof *e);
-    if ((*why = open_segment(name, pid, &e->fd, &e->ino)) != GM_OK) return NULL;
-    snprintf(e->name, sizeof e->name, "%s", name);
-    c->n++;
-    return e;
+    segment *s = calloc(1, sizeof *s);
+    if (!s) return SEG_SKIP;
+    s->fd = -1;
+    snprintf(s->name, sizeof s->name, "%s", name);
+    int r = open_segment(s, own_ns);
+    if (r != SEG_OK) {
+        free(s);
+        return r;
+    }
+    c->e[c->n++] = s;
+    *out = s;
+    return SEG_OK;
 }
 
-static int read_segment(gm__shm_cache *c, const char *name, ino_t ino, int pid, gm__mon_proc *p) {
+static int read_segment(gm__shm_cache *c, const char *name, ino_t ino, uint64_t own_ns, gm__mon_proc *p) {
     memset(p, 0, sizeof *p);
     snprintf(p->shm_name, sizeof p->shm_name, "%s", name);
     if (c) {
-        int why;
-        cache_entry *e = cache_get(c, name, ino, pid, &why);
-        if (!e) return why;
-        e->seen = true;
-        int r = read_fd(p, e->fd, pid);
-        if (r != SEG_OK) drop_entry(c, (int)(e - c->e)); /* re-verified from scratch next time */
-        return r;
+        segment *s;
+        int r = cache_get(c, name, ino, own_ns, &s);
+        if (r != SEG_OK) return r;
+        s->seen = true;
+        report(s, p);
+        return SEG_OK;
     }
-    int fd;
-    int r = open_segment(name, pid, &fd, &ino);
-    if (r != GM_OK) return r;
-    r = read_fd(p, fd, pid);
-    close(fd);
+    segment *s = calloc(1, sizeof *s); /* 8 KiB of last values: off the stack */
+    if (!s) return SEG_SKIP;
+    s->fd = -1;
+    snprintf(s->name, sizeof s->name, "%s", name);
+    int r = open_segment(s, own_ns);
+    if (r == SEG_OK) report(s, p);
+    segment_close(s);
+    free(s);
     return r;
 }
 
@@ -249,25 +265,28 @@ int gm__shm_scan_cached(gm__shm_cache *c, gm__scan_result *out, bool clean) {
     memset(out, 0, sizeof *out);
     char prefix[80];
     gm__shm_prefix(prefix, sizeof prefix);
-    DIR *dir = opendir(SHM_DIR);
+    DIR *dir = opendir(GM__SHM_DIR);
     if (!dir) return GM_OK; /* no /dev/shm: nobody can publish either */
-    for (int i = 0; c && i < c->n; i++) c->e[i].seen = false;
+    uint64_t own_ns = gm__proc_pidns(0);
+    for (int i = 0; c && i < c->n; i++) c->e[i]->seen = false;
     int cap = 0, rc = GM_OK;
     struct dirent *e;
     while ((e = readdir(dir)) != NULL) {
-        int pid = name_pid(e->d_name, prefix);
-        if (pid < 0) continue;
+        if (!our_name(e->d_name, prefix)) continue;
         if ((rc = push(out, &cap)) != GM_OK) break;
-        int r = read_segment(c, e->d_name, e->d_ino, pid, &out->procs[out->nprocs]);
+        int r = read_segment(c, e->d_name, e->d_ino, own_ns, &out->procs[out->nprocs]);
         if (r == SEG_OK) out->nprocs++;
         else if (r == SEG_STALE) {
-            if (clean) unlink_name(e->d_name);
+            char path[300];
+            snprintf(path, sizeof path, GM__SHM_DIR "/%s", e->d_name);
+            if (clean) unlink(path);
             out->cleaned++;
-        } else out->skipped++;
+        } else if (r == SEG_UNREACHABLE) out->unreachable++;
+        else out->skipped++;
     }
     closedir(dir);
     for (int i = c ? c->n - 1 : -1; i >= 0; i--)
-        if (!c->e[i].seen) drop_entry(c, i); /* unlinked by its producer */
+        if (!c->e[i]->seen) drop_entry(c, i); /* unlinked by its publisher */
     if (rc != GM_OK) gm__scan_result_free(out);
     return rc;
 }

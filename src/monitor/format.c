@@ -108,6 +108,15 @@ static void json_row(gm__sbuf *b, const gm__mon_row *r, const char *sep) {
     bool a = r->have_alloc, outside = a && r->have_nvml_used;
     const char *src = source_name(r->source);
     gm__sbuf_printf(b, "{\"pid\":%d,\"gpu\":%d,", r->pid, r->device);
+    json_opt_int(b, "ns_pid", r->ns_pid > 0, r->ns_pid);
+    gm__sbuf_printf(b, ",");
+#define GM__JSON_STR(n) json_opt_str(b, #n, true, r->id.n);
+#define GM__JSON_INT(n) json_opt_int(b, #n, r->id.n >= 0, r->id.n);
+#define GM__JSON_ID(name, kind, help) GM__JSON_##kind(name) gm__sbuf_printf(b, ",");
+    GM_MON_IDENTITY(GM__JSON_ID)
+#undef GM__JSON_ID
+#undef GM__JSON_STR
+#undef GM__JSON_INT
     json_opt_str(b, "comm", true, r->comm);
     gm__sbuf_printf(b, ",");
     json_opt_str(b, "label", true, r->label);
@@ -123,6 +132,7 @@ static void json_row(gm__sbuf *b, const gm__mon_row *r, const char *sep) {
 #undef F
     gm__sbuf_printf(b, ",");
     json_opt_int(b, "last_update_ns", a, (long long)v->update_ns);
+    gm__sbuf_printf(b, ",\"held\":%s", r->held ? "true" : "false");
     gm__sbuf_printf(b, ",");
     json_opt_int(b, "outside_allocator", outside, (long long)r->nvml_used - r->v.reserved);
     gm__sbuf_printf(b, "}%s", sep);
@@ -165,18 +175,23 @@ static void csv_int(gm__sbuf *b, bool have, long long v) {
     else gm__sbuf_printf(b, ",");
 }
 
-/* Device columns (NVML), then the process's: pid, label, NVML used, the
- * published statistics (GM_MON_STATS) and outside_allocator. */
+/* Device columns (NVML), then the process's: pid, label, its identity
+ * (GM_MON_IDENTITY), NVML used, the published statistics (GM_MON_STATS),
+ * outside_allocator and held. */
 #define GM__CSV_DEVICE_COLS "time_ns,gpu,uuid,total,driver_reserved,used,free"
 #define GM__CSV_COUNT(...) +1
-enum { CSV_PROC_COLS = 3 GM_MON_STATS(GM__CSV_COUNT) + 1 };
+enum { CSV_PROC_COLS = 3 GM_MON_IDENTITY(GM__CSV_COUNT) GM_MON_STATS(GM__CSV_COUNT) + 2 };
 
 void gm__format_csv_header(gm__sbuf *b) {
-    gm__sbuf_printf(b, GM__CSV_DEVICE_COLS ",pid,label,nvml_used");
+    gm__sbuf_printf(b, GM__CSV_DEVICE_COLS ",pid,label");
+#define H(name, ...) gm__sbuf_printf(b, "," #name);
+    GM_MON_IDENTITY(H)
+#undef H
+    gm__sbuf_printf(b, ",nvml_used");
 #define H(name, ...) gm__sbuf_printf(b, "," #name);
     GM_MON_STATS(H)
 #undef H
-    gm__sbuf_printf(b, ",outside_allocator\n");
+    gm__sbuf_printf(b, ",outside_allocator,held\n");
 }
 
 static void csv_line(gm__sbuf *b, const gm__mon_sample *s, const gm__mon_dev *d, const gm__mon_row *r) {
@@ -193,6 +208,13 @@ static void csv_line(gm__sbuf *b, const gm__mon_sample *s, const gm__mon_dev *d,
     }
     gm__sbuf_printf(b, ",%d,", r->pid);
     csv_str(b, r->label);
+#define GM__CSV_STR(n) gm__sbuf_printf(b, ","); csv_str(b, r->id.n);
+#define GM__CSV_INT(n) csv_int(b, r->id.n >= 0, r->id.n);
+#define GM__CSV_ID(name, kind, help) GM__CSV_##kind(name)
+    GM_MON_IDENTITY(GM__CSV_ID)
+#undef GM__CSV_ID
+#undef GM__CSV_STR
+#undef GM__CSV_INT
     bool a = r->have_alloc;
     const gm__shm_values *v = &r->v;
     csv_int(b, r->have_nvml_used, (long long)r->nvml_used);
@@ -200,7 +222,7 @@ static void csv_line(gm__sbuf *b, const gm__mon_sample *s, const gm__mon_dev *d,
     GM_MON_STATS(C)
 #undef C
     csv_int(b, a && r->have_nvml_used, (long long)r->nvml_used - r->v.reserved);
-    gm__sbuf_printf(b, "\n");
+    gm__sbuf_printf(b, ",%d\n", r->held ? 1 : 0);
 }
 
 void gm__format_csv(const gm__mon_sample *s, gm__sbuf *b) {
@@ -236,6 +258,44 @@ static void printable(char *dst, const char *src, size_t len) {
     dst[i] = '\0';
 }
 
+/* The jobs among the rows (rows come sorted by run id): one line each with
+ * the ranks seen against the world size, and the sums over its ranks. */
+static void format_jobs(const gm__mon_sample *s, gm__sbuf *b) {
+    char b1[24], b2[24], b3[24], b4[24], job[41];
+    bool header = false;
+    for (int i = 0; i < s->nrows;) {
+        const gm__mon_ident *id = &s->rows[i].id;
+        int j = i, ranks = 0, last_rank = -2, world = -1;
+        int64_t alloc = 0, res = 0, ooms = 0, lo = INT64_MAX, hi = 0;
+        for (; j < s->nrows && !strcmp(s->rows[j].id.run_id, id->run_id); j++) {
+            const gm__mon_row *r = &s->rows[j];
+            if (r->id.rank != last_rank || r->id.rank < 0) ranks++;
+            last_rank = r->id.rank;
+            if (r->id.world_size > world) world = r->id.world_size;
+            if (!r->have_alloc) continue;
+            alloc += r->v.allocated;
+            res += r->v.reserved;
+            ooms += r->v.num_ooms;
+            lo = r->v.reserved < lo ? r->v.reserved : lo;
+            hi = r->v.reserved > hi ? r->v.reserved : hi;
+        }
+        if (id->run_id[0]) {
+            if (!header)
+                gm__sbuf_printf(b, "\n%-40s %11s %11s %11s %11s %11s %5s\n", "Job", "Ranks", "Allocated", "Reserved",
+                                "Min res", "Max res", "OOMs");
+            header = true;
+            char rk[24];
+            if (world > 0) snprintf(rk, sizeof rk, "%d/%d", ranks, world);
+            else snprintf(rk, sizeof rk, "%d", ranks);
+            printable(job, id->run_id, sizeof job);
+            gm__sbuf_printf(b, "%-40s %11s %11s %11s %11s %11s %5lld\n", job, rk, human(true, alloc, b1, 24),
+                            human(true, res, b2, 24), human(lo != INT64_MAX, lo, b3, 24),
+                            human(lo != INT64_MAX, hi, b4, 24), (long long)ooms);
+        }
+        i = j;
+    }
+}
+
 void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
     char t[64], b1[24], b2[24], b3[24], b4[24], b6[24];
     time_t sec = (time_t)(s->time_ns / 1000000000ull);
@@ -259,7 +319,7 @@ void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
     }
     /* the process table: NVML's use, the statistics with a column, then
      * what NVML sees beyond the allocator (context, libraries, other allocators) */
-    gm__sbuf_printf(b, "\n%-4s %-8s %-16s %11s", "GPU", "PID", "Process", "NVML used");
+    gm__sbuf_printf(b, "\n%-4s %-8s %-16s %-12s %5s %11s", "GPU", "PID", "Process", "Job", "Rank", "NVML used");
 #define HEAD(name, val, torch, prom, type, help, col) \
     if (col) gm__sbuf_printf(b, " %11s", col ? col : "");
     GM_MON_STATS(HEAD)
@@ -271,17 +331,21 @@ void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
     for (int i = 0; i < s->nrows; i++) {
         const gm__mon_row *r = &s->rows[i];
         const gm__shm_values *v = &r->v;
-        char name[17];
+        char name[17], job[13], rank[12] = "-";
         printable(name, r->label, sizeof name);
+        printable(job, r->id.run_id[0] ? r->id.run_id : "-", sizeof job);
+        if (r->id.rank >= 0) snprintf(rank, sizeof rank, "%d", r->id.rank);
         bool a = r->have_alloc;
-        gm__sbuf_printf(b, "%-4d %-8d %-16s %11s", r->device, r->pid, name,
+        gm__sbuf_printf(b, "%-4d %-8d %-16s %-12s %5s %11s", r->device, r->pid, name, job, rank,
                         human(r->have_nvml_used, (long long)r->nvml_used, b1, 24));
 #define CELL(name, val, torch, prom, type, help, col) \
     if (col) gm__sbuf_printf(b, " %11s", cell(a, (long long)(val), GM__MON_##type, b1, 24));
         GM_MON_STATS(CELL)
 #undef CELL
-        gm__sbuf_printf(b, " %11s\n", human(a && r->have_nvml_used, (long long)r->nvml_used - r->v.reserved, b6, 24));
+        gm__sbuf_printf(b, " %11s%s\n", human(a && r->have_nvml_used, (long long)r->nvml_used - r->v.reserved, b6, 24),
+                        r->held ? " (held)" : "");
     }
+    format_jobs(s, b);
 }
 
 /* ---- Prometheus text format 0.0.4 ---------------------------------------- */
@@ -331,7 +395,9 @@ static void prom_devices(const gm__mon_sample *s, gm__sbuf *b, int which, const 
 }
 
 /* One process series: {gpu, uuid, pid, comm (the executable), label (what
- * the process calls itself)} value. */
+ * the process calls itself), then its identity (GM_MON_IDENTITY: run_id,
+ * rank, ...; never Prometheus's own job and instance), each label only when
+ * known} value. */
 static void prom_row(const gm__mon_sample *s, gm__sbuf *b, const char *name, const gm__mon_row *r, long long v) {
     gm__sbuf_printf(b, "%s{", name);
     prom_gpu_labels(b, r->device, dev_of(s, r->device)->uuid);
@@ -339,7 +405,21 @@ static void prom_row(const gm__mon_sample *s, gm__sbuf *b, const char *name, con
     gm__prom_escape(b, r->comm);
     gm__sbuf_printf(b, "\",label=\"");
     gm__prom_escape(b, r->label);
-    gm__sbuf_printf(b, "\"} %lld\n", v);
+    gm__sbuf_printf(b, "\"");
+#define GM__PROM_STR(n)                                  \
+    if (r->id.n[0]) {                                    \
+        gm__sbuf_printf(b, "," #n "=\"");                \
+        gm__prom_escape(b, r->id.n);                     \
+        gm__sbuf_printf(b, "\"");                        \
+    }
+#define GM__PROM_INT(n) \
+    if (r->id.n >= 0) gm__sbuf_printf(b, "," #n "=\"%d\"", r->id.n);
+#define GM__PROM_ID(name, kind, help) GM__PROM_##kind(name)
+    GM_MON_IDENTITY(GM__PROM_ID)
+#undef GM__PROM_ID
+#undef GM__PROM_STR
+#undef GM__PROM_INT
+    gm__sbuf_printf(b, "} %lld\n", v);
 }
 
 void gm__format_prometheus(const gm__mon_sample *s, gm__sbuf *b) {

@@ -1,17 +1,34 @@
 /* monitor.h — live monitoring from outside the process, shared by the
  * publisher (inside libgpumem), the views (gpumem smi/top/log/exporter), the
  * tests and the Python publisher (python/gpumem/publish_native.py, which
- * writes the same layout and must change with it).
+ * goes through the library's gm_native_publisher_*).
  *
- * Shared-memory layout, version 2 (little endian, x86-64/aarch64 natural
- * alignment). A segment is /dev/shm/gpumem.<uid>.<pid>[.<n>] (mode 0600):
- *   [0, 512)                  gm__shm_header
- *   [512 + i*128, ...)        gm__shm_record for device i, i < ndevices
+ * Publication, version 3. A publisher makes two objects:
+ *  - the data: a memfd of GM__SHM_SIZE bytes, sealed against shrinking and
+ *    growing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), mapped shared by
+ *    the publisher alone for writing. Nobody, the owner included, can
+ *    truncate it, so the publisher's stores can never fault (SIGBUS): a
+ *    monitoring side channel cannot end the job it watches (issue 26,
+ *    defect 3). Readers open it as /proc/<pid>/fd/<data_fd> and map it
+ *    read-only (the seals make that safe for them too).
+ *  - the beacon: /dev/shm/gpumem.<uid>.<16 random hex digits> (mode 0600),
+ *    holding a copy of the header and written once with pwrite, never
+ *    mapped: truncating it hides the process from the views and harms
+ *    nothing. Its name is random and linked into place only once complete
+ *    (O_TMPFILE + linkat, a new name on EEXIST), so another user cannot
+ *    block publication by pre-creating names (defect 5), and two processes
+ *    with the same pid in different PID namespaces never share one
+ *    (defect 4). The publisher holds flock(LOCK_EX) on the beacon for its
+ *    whole life: a reader judges liveness by that lock alone (kill(pid, 0)
+ *    and /proc/<pid> mean nothing across PID namespaces), so no reader ever
+ *    unlinks a live segment.
+ * Layout of the data (little endian, natural alignment):
+ *   [0, 1024)                 gm__shm_header (the beacon holds the same)
+ *   [1024 + i*128, ...)       gm__shm_record for device i, i < ndevices
  * Each record is guarded by its own seqlock (`seq`, odd while written,
  * +2 per publication) so a reader copies it, retries if torn, and never
- * blocks the writer. The header
- * is written once before `magic` is stored, so a reader that sees the magic
- * sees a complete header. */
+ * blocks the writer. The header is written once before `magic` is stored,
+ * so a reader that sees the magic sees a complete header. */
 #ifndef GPUMEM_MONITOR_H
 #define GPUMEM_MONITOR_H
 
@@ -21,9 +38,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define GM__SHM_DIR "/dev/shm"
 #define GM__SHM_MAGIC 0x314d48534d454d47ULL /* "GMEMSHM1" */
-#define GM__SHM_VERSION 2 /* 2: values in (current, peak) pairs, no `updates` */
-#define GM__SHM_HEADER_SIZE 512
+#define GM__SHM_VERSION 3 /* 3: memfd data + beacon, identity; 2: one mapped /dev/shm file */
+#define GM__SHM_HEADER_SIZE 1024
 #define GM__SHM_RECORD_SIZE 128
 #define GM__SHM_DEVICES GM_MAX_DEVICES
 #define GM__SHM_SIZE (GM__SHM_HEADER_SIZE + GM__SHM_DEVICES * GM__SHM_RECORD_SIZE)
@@ -34,6 +52,19 @@
 
 enum { GM__SRC_GPUMEM = 1, GM__SRC_TORCH = 2 }; /* who publishes: libgpumem or torch's own allocator */
 
+/* Who the process is within a job (issue 27): one list for the header, the
+ * views' JSON/CSV keys and the exporter's labels. X(name, kind, help)
+ * with kind STR (a char array in the header) or INT (int32, -1 unknown).
+ * Label names avoid Prometheus's own `job` and `instance`. */
+#define GM_MON_IDENTITY(X)                                                                      \
+    X(run_id, STR, "the job's id: $GPUMEM_RUN_ID (gpumem run --label), $TORCHELASTIC_RUN_ID or $SLURM_JOB_ID") \
+    X(rank, INT, "global rank: $RANK, $SLURM_PROCID or $OMPI_COMM_WORLD_RANK")                  \
+    X(local_rank, INT, "rank on its node: $LOCAL_RANK, $SLURM_LOCALID or $OMPI_COMM_WORLD_LOCAL_RANK") \
+    X(world_size, INT, "ranks in the job: $WORLD_SIZE, $SLURM_NTASKS or $OMPI_COMM_WORLD_SIZE") \
+    X(hostname, STR, "the publisher's host name (the pod's name under Kubernetes)")             \
+    X(k8s_pod, STR, "namespace/pod from $POD_NAMESPACE and $POD_NAME (or $HOSTNAME) under Kubernetes") \
+    X(cgroup, STR, "the publisher's cgroup (v2) path: its container, where it runs in one")
+
 typedef struct gm__shm_header {
     uint64_t magic;        /* 0 */
     uint32_t version;      /* 8 */
@@ -41,16 +72,26 @@ typedef struct gm__shm_header {
     uint64_t segment_size; /* 16 */
     uint32_t record_size;  /* 24 */
     uint32_t ndevices;     /* 28 */
-    int32_t pid;           /* 32 */
+    int32_t pid;           /* 32: in the publisher's own PID namespace */
     uint32_t uid;          /* 36 */
-    uint64_t start_time;   /* 40: field 22 of /proc/<pid>/stat (clock ticks since boot) */
+    uint64_t start_time;   /* 40: field 22 of /proc/self/stat (clock ticks since boot) */
     uint64_t created_ns;   /* 48: CLOCK_REALTIME */
     uint32_t source;       /* 56: GM__SRC_* */
-    uint32_t reserved0;    /* 60 */
+    int32_t data_fd;       /* 60: the memfd's descriptor in the publisher */
     char comm[32];         /* 64 */
     char label[128];       /* 96: the name views show (label given, else comm) */
     char visible[256];     /* 224: CUDA_VISIBLE_DEVICES at publish time, to map device indices */
-    char pad[32];          /* 480 */
+    uint64_t nonce;        /* 480: random, the same in beacon and data (a reused fd number is refused) */
+    uint64_t pidns_ino;    /* 488: inode of /proc/self/ns/pid: which namespace `pid` is in */
+    int32_t rank;          /* 496: GM_MON_IDENTITY's integers, -1 when unknown */
+    int32_t local_rank;    /* 500 */
+    int32_t world_size;    /* 504 */
+    int32_t reserved1;     /* 508 */
+    char run_id[128];      /* 512: GM_MON_IDENTITY's strings */
+    char hostname[64];     /* 640 */
+    char k8s_pod[128];     /* 704 */
+    char cgroup[160];      /* 832 */
+    char pad[32];          /* 992 */
 } gm__shm_header;
 
 /* The published numbers of one device. Field order is the layout (from
@@ -136,11 +177,21 @@ _Static_assert(offsetof(gm__shm_record, v.allocated) % 16 == 0 && offsetof(gm__s
 /* "gpumem.<uid>." (or "gpumem-<tag>.<uid>." when GPUMEM_SHM_TAG is set, which
  * keeps concurrent test runs apart). No leading slash. */
 void gm__shm_prefix(char *buf, size_t len);
-/* Start time of pid (field 22 of /proc/<pid>/stat). GM_EIO if the process is
- * gone or a zombie. */
+/* Start time of pid (field 22 of /proc/<pid>/stat; pid 0: this process).
+ * GM_EIO if the process is gone or a zombie. */
 int gm__proc_start_time(int pid, uint64_t *out);
-/* /proc/<pid>/comm without the newline ("" if unreadable). */
+/* /proc/<pid>/comm without the newline ("" if unreadable; pid 0: this process). */
 void gm__proc_comm(int pid, char *buf, size_t len);
+/* Inode of /proc/<pid>/ns/pid (pid 0: this process), 0 if unreadable. */
+uint64_t gm__proc_pidns(int pid);
+/* The pid, as this process sees it, of the process that is `ns_pid` in the
+ * PID namespace with inode `pidns` (the last NSpid of /proc/<pid>/status).
+ * 0 when no process here matches (a sibling container's, or gone). */
+int gm__pid_from_ns(uint64_t pidns, int ns_pid);
+/* Fill the identity fields of a header (GM_MON_IDENTITY) from this
+ * process's environment, cgroup and host name (identity.c). The run id is
+ * never guessed from a label: `gpumem run --label L` sets GPUMEM_RUN_ID. */
+void gm__identity_fill(gm__shm_header *h);
 
 /* ---- the writer (publish.c): an allocator's publisher is the core's
  * statistics sink (gm__sink in src/core/internal.h), set by
@@ -161,9 +212,25 @@ int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tr
 
 /* ---- discovery (discover.c) -------------------------------------------- */
 
+/* The identity of a process as readers keep it (GM_MON_IDENTITY). */
+typedef struct gm__mon_ident {
+#define GM__IDENT_STR(n) char n[sizeof(((gm__shm_header *)0)->n)];
+#define GM__IDENT_INT(n) int n;
+#define GM__IDENT_FIELD(name, kind, help) GM__IDENT_##kind(name)
+    GM_MON_IDENTITY(GM__IDENT_FIELD)
+#undef GM__IDENT_FIELD
+#undef GM__IDENT_STR
+#undef GM__IDENT_INT
+} gm__mon_ident;
+
+/* No identity: empty strings, -1 integers (a process seen by NVML only). */
+void gm__ident_unknown(gm__mon_ident *id);
+
 typedef struct gm__mon_proc {
     char shm_name[256];
-    int pid;
+    int pid;    /* as this reader sees it (mapped through the PID namespaces) */
+    int ns_pid; /* as the publisher sees itself (its own PID namespace) */
+    gm__mon_ident id;
     uint32_t source;
     uint64_t start_time;
     char comm[32];
@@ -172,6 +239,7 @@ typedef struct gm__mon_proc {
     uint32_t ndevices;
     bool used[GM__SHM_DEVICES];
     bool torn[GM__SHM_DEVICES]; /* record never settled: values unknown */
+    bool held[GM__SHM_DEVICES]; /* record kept changing: v is the last good read (cached scans) */
     gm__shm_values v[GM__SHM_DEVICES];
 } gm__mon_proc;
 
@@ -180,11 +248,11 @@ typedef struct gm__scan_result {
     int nprocs;
     int cleaned; /* segments of dead producers removed by this scan */
     int skipped; /* segments that were unreadable, foreign or still initialising */
+    int unreachable; /* live segments whose process this reader cannot see (another container) */
 } gm__scan_result;
 
-/* Read every segment of this user. Segments of dead producers (pid gone or a
- * different process start time) are unlinked when `clean` is set, and never
- * reported. */
+/* Read every segment of this user. Segments of dead producers (nobody holds
+ * the beacon's lock) are unlinked when `clean` is set, and never reported. */
 int gm__shm_scan(gm__scan_result *out, bool clean);
 /* The same, keeping segments mapped between scans (what a sampling monitor
  * wants: no mmap/munmap per segment and sample). */
@@ -256,11 +324,13 @@ int gm__nvml_proc_record_size(const gm__nvml *n);
  * and/or NVML's used memory. */
 typedef struct gm__mon_row {
     int pid;
+    int ns_pid; /* the publisher's own view of its pid; == pid outside containers, 0 unknown */
     int device;
+    gm__mon_ident id; /* empty strings and -1 when unknown (NVML-only rows) */
     uint32_t source; /* 0: seen by NVML only */
     char comm[32];
     char label[128];
-    bool have_alloc, torn;
+    bool have_alloc, torn, held; /* held: the record kept changing; v is its last good read */
     gm__shm_values v;
     bool have_nvml_used;
     uint64_t nvml_used;
@@ -327,5 +397,38 @@ size_t gm__http_unescape(char *s);
 int gm__http_route(const char *method, const char *path);
 /* Prometheus label value escaping: backslash, double quote, newline. */
 void gm__prom_escape(gm__sbuf *b, const char *s);
+
+/* ---- OOM forensics (oom_report.c) ----------------------------------------- */
+
+enum { GM_OOM_CAPACITY, GM_OOM_FRAGMENTATION, GM_OOM_OUTSIDE };
+typedef struct gm__oom_facts {
+    int device;
+    uint64_t requested, device_total, device_free;
+    int64_t allocated, reserved;
+    bool have_blocks; /* the walk below worked */
+    uint64_t largest_free_block;
+    int64_t by_category[GM_CAT_COUNT], untagged; /* live bytes */
+    int policy;
+    bool expandable;
+} gm__oom_facts;
+/* The facts of an OOM on `device` of `size` bytes, through the public API
+ * (call with no allocator lock held). */
+int gm__oom_gather(gm_allocator *a, int device, uint64_t size, gm__oom_facts *f);
+/* GM_OOM_*; the predicted saving of the fix and the shortfall beyond free
+ * and cached memory (oom_report.c's top comment has the rules). */
+int gm__oom_verdict(const gm__oom_facts *f, uint64_t *saving, uint64_t *shortfall);
+const char *gm__oom_verdict_name(int verdict);
+/* The text report; `who` holds pid, comm and the identity fields. */
+void gm__oom_report_text(const gm__oom_facts *f, const gm__shm_header *who, const char *detail, const char *snapshot,
+                         gm__sbuf *b);
+/* Write <dir>/gpumem-oom-<pid>-<n>.txt (+ .pickle when history is on);
+ * path gets the report's path ("" once GM_OOM_REPORTS_MAX were written). */
+int gm__oom_report_write(gm_allocator *a, int device, uint64_t size, const char *dir, const char *detail, char *path,
+                         size_t len);
+/* With GPUMEM_OOM_REPORT=DIR: make DIR and record allocation history (for
+ * the snapshot). Call once when the allocator is made. */
+int gm__oom_report_setup(void);
+/* With GPUMEM_OOM_REPORT=DIR: the report of this OOM, its path on stderr. */
+void gm__oom_report_from_env(gm_allocator *a, int device, uint64_t size, const char *detail);
 
 #endif /* GPUMEM_MONITOR_H */

@@ -1,7 +1,9 @@
 /* publish.c — the writer side of monitoring: an allocator publishes its
- * per-device stats in a POSIX shared-memory segment (layout in monitor.h) so
- * `gpumem smi/top/log/exporter` can read them from outside the process.
- * The per-operation hook is six 16-byte moves under a seqlock. */
+ * per-device stats in a sealed memfd announced by a locked beacon in
+ * /dev/shm (layout and the reasons in monitor.h) so `gpumem
+ * smi/top/log/exporter` can read them from outside the process. The
+ * per-operation hook is six 16-byte moves under a seqlock. */
+#define _GNU_SOURCE /* memfd_create, O_TMPFILE, F_ADD_SEALS */
 #include "internal.h"
 #include "monitor/monitor.h"
 
@@ -11,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,7 +24,10 @@ struct gm__publisher {
     gm__sink sink;       /* first: the allocator holds the publisher as its sink */
     gm__shm_header *hdr;
     gm__shm_record *rec; /* GM__SHM_DEVICES records after the header */
-    char name[96];       /* with the leading slash, for shm_unlink */
+    int data_fd;         /* the sealed memfd */
+    int beacon_fd;       /* holds flock(LOCK_EX) while we live */
+    char path[128];      /* the beacon's path in /dev/shm */
+    struct gm__publisher *next; /* every live publisher, for the fork handler */
 };
 
 void gm__shm_prefix(char *buf, size_t len) {
@@ -29,9 +36,14 @@ void gm__shm_prefix(char *buf, size_t len) {
     else snprintf(buf, len, "gpumem.%u.", (unsigned)getuid());
 }
 
+static void proc_path(char *buf, size_t len, int pid, const char *what) {
+    if (pid > 0) snprintf(buf, len, "/proc/%d/%s", pid, what);
+    else snprintf(buf, len, "/proc/self/%s", what);
+}
+
 int gm__proc_start_time(int pid, uint64_t *out) {
     char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    proc_path(path, sizeof path, pid, "stat");
     FILE *f = fopen(path, "re");
     if (!f) return GM_EIO;
     size_t n = fread(buf, 1, sizeof buf - 1, f);
@@ -54,7 +66,7 @@ int gm__proc_start_time(int pid, uint64_t *out) {
 
 void gm__proc_comm(int pid, char *buf, size_t len) {
     char path[64];
-    snprintf(path, sizeof path, "/proc/%d/comm", pid);
+    proc_path(path, sizeof path, pid, "comm");
     buf[0] = '\0';
     FILE *f = fopen(path, "re");
     if (!f) return;
@@ -74,47 +86,119 @@ static uint64_t coarse_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Create and map a fresh segment named prefix+pid[.n]. A segment left under
- * our own name by a dead process that had our pid is replaced. */
-static int create_segment(gm__publisher *p) {
-    char prefix[80];
-    gm__shm_prefix(prefix, sizeof prefix);
-    /* the first segment of a process is gpumem.<uid>.<pid>; more allocators
-     * add .<n>. The count restarts in a forked child, which has its own pid. */
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    static pid_t counter_pid;
-    static int counter;
-    pthread_mutex_lock(&mu);
-    if (counter_pid != getpid()) {
-        counter_pid = getpid();
-        counter = 0;
-    }
-    int n = counter++;
-    pthread_mutex_unlock(&mu);
-    if (n == 0) snprintf(p->name, sizeof p->name, "/%s%d", prefix, (int)getpid());
-    else snprintf(p->name, sizeof p->name, "/%s%d.%d", prefix, (int)getpid(), n);
-    shm_unlink(p->name); /* ours by pid: whoever made it is gone */
-    int fd = shm_open(p->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) return gm__set_error(GM_EIO, "shm_open(%s): %s", p->name, strerror(errno));
-    fchmod(fd, 0600); /* whatever the umask */
-    if (ftruncate(fd, GM__SHM_SIZE) != 0) {
+/* 64 random bits: names nobody can guess, and the nonce. */
+static uint64_t random64(void) {
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v)
+        v = realtime_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&v;
+    return v;
+}
+
+/* ---- every live publisher of this process, for fork ------------------------
+ * A child made by fork() shares the beacon's open file, so its lock, with
+ * us: were it to outlive us, the segment would look alive. The child drops
+ * its copy of each beacon; the lock then lives exactly as long as we do. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static gm__publisher *live;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void fork_prepare(void) { pthread_mutex_lock(&live_mu); }
+static void fork_parent(void) { pthread_mutex_unlock(&live_mu); }
+static void fork_child(void) {
+    for (gm__publisher *p = live; p; p = p->next)
+        if (p->beacon_fd >= 0) {
+            close(p->beacon_fd);
+            p->beacon_fd = -1;
+        }
+    pthread_mutex_unlock(&live_mu);
+}
+static void register_atfork(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
+static void live_add(gm__publisher *p) {
+    pthread_once(&atfork_once, register_atfork);
+    pthread_mutex_lock(&live_mu);
+    p->next = live;
+    live = p;
+    pthread_mutex_unlock(&live_mu);
+}
+
+static void live_remove(gm__publisher *p) {
+    pthread_mutex_lock(&live_mu);
+    for (gm__publisher **pp = &live; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    pthread_mutex_unlock(&live_mu);
+}
+
+/* The data: a memfd of GM__SHM_SIZE, sealed so that nobody can change its
+ * size (no store of ours can ever fault), mapped for writing by us alone. */
+static int create_data(gm__publisher *p) {
+    int fd = memfd_create("gpumem-stats", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return gm__set_error(GM_EIO, "publishing: memfd_create: %s", strerror(errno));
+    fchmod(fd, 0600);
+    int seals = F_SEAL_SHRINK | F_SEAL_GROW;
+    if (ftruncate(fd, GM__SHM_SIZE) != 0 || fcntl(fd, F_ADD_SEALS, seals) != 0) {
         int e = errno;
         close(fd);
-        shm_unlink(p->name);
-        return gm__set_error(GM_EIO, "ftruncate(%s): %s", p->name, strerror(e));
+        return gm__set_error(GM_EIO, "publishing: sizing and sealing the memfd: %s", strerror(e));
     }
     void *m = mmap(NULL, GM__SHM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     if (m == MAP_FAILED) {
-        shm_unlink(p->name);
-        return gm__set_error(GM_EIO, "mmap(%s): %s", p->name, strerror(errno));
+        int e = errno;
+        close(fd);
+        return gm__set_error(GM_EIO, "publishing: mmap of the memfd: %s", strerror(e));
     }
+#ifdef F_SEAL_FUTURE_WRITE
+    seals = F_SEAL_FUTURE_WRITE; /* no new writable mapping or write(): our own mapping stays */
+    (void)fcntl(fd, F_ADD_SEALS, seals);
+#endif
+    (void)fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL);
+    p->data_fd = fd;
     p->hdr = m;
     p->rec = (gm__shm_record *)((char *)m + GM__SHM_HEADER_SIZE);
     return GM_OK;
 }
 
-static void fill_header(gm__shm_header *h, const char *label, uint32_t source) {
+/* Link the locked, complete beacon open on fd under a fresh random name;
+ * a name that exists (planted or not) is passed over for another. */
+static int link_beacon(gm__publisher *p, int fd) {
+    char prefix[80], self[64];
+    gm__shm_prefix(prefix, sizeof prefix);
+    snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    for (int tries = 0; tries < 16; tries++) {
+        snprintf(p->path, sizeof p->path, GM__SHM_DIR "/%s%016llx", prefix, (unsigned long long)random64());
+        if (linkat(AT_FDCWD, self, AT_FDCWD, p->path, AT_SYMLINK_FOLLOW) == 0) return GM_OK;
+        if (errno != EEXIST && linkat(fd, "", AT_FDCWD, p->path, AT_EMPTY_PATH) == 0) return GM_OK;
+        if (errno != EEXIST) return gm__set_error(GM_EIO, "publishing: linking %s: %s", p->path, strerror(errno));
+    }
+    return gm__set_error(GM_EIO, "publishing: 16 random names under " GM__SHM_DIR " all taken");
+}
+
+/* The beacon: an unnamed file in /dev/shm, locked, the header written into
+ * it, then linked under its name, so no reader ever sees it unlocked or
+ * half written. */
+static int create_beacon(gm__publisher *p) {
+    int fd = open(GM__SHM_DIR, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return gm__set_error(GM_EIO, "publishing: an unnamed file in " GM__SHM_DIR ": %s", strerror(errno));
+    fchmod(fd, 0600); /* whatever the umask */
+    int rc = GM_OK;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+        rc = gm__set_error(GM_EIO, "publishing: locking the beacon: %s", strerror(errno));
+    else if (pwrite(fd, p->hdr, GM__SHM_HEADER_SIZE, 0) != GM__SHM_HEADER_SIZE)
+        rc = gm__set_error(GM_EIO, "publishing: writing the beacon: %s", strerror(errno));
+    else rc = link_beacon(p, fd);
+    if (rc != GM_OK) {
+        close(fd);
+        return rc;
+    }
+    p->beacon_fd = fd;
+    return GM_OK;
+}
+
+static void fill_header(gm__publisher *p, const char *label, uint32_t source) {
+    gm__shm_header *h = p->hdr;
     h->version = GM__SHM_VERSION;
     h->header_size = GM__SHM_HEADER_SIZE;
     h->segment_size = GM__SHM_SIZE;
@@ -123,14 +207,18 @@ static void fill_header(gm__shm_header *h, const char *label, uint32_t source) {
     h->pid = (int32_t)getpid();
     h->uid = (uint32_t)getuid();
     uint64_t st = 0;
-    gm__proc_start_time((int)getpid(), &st);
+    gm__proc_start_time(0, &st);
     h->start_time = st;
     h->created_ns = realtime_ns();
     h->source = source;
-    gm__proc_comm((int)getpid(), h->comm, sizeof h->comm);
+    h->data_fd = p->data_fd;
+    h->nonce = random64();
+    h->pidns_ino = gm__proc_pidns(0);
+    gm__proc_comm(0, h->comm, sizeof h->comm);
     snprintf(h->label, sizeof h->label, "%s", label && *label ? label : h->comm);
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     snprintf(h->visible, sizeof h->visible, "%s", vis ? vis : "");
+    gm__identity_fill(h);
     /* the magic last: a reader that sees it sees everything above */
     __atomic_store_n(&h->magic, GM__SHM_MAGIC, __ATOMIC_RELEASE);
 }
@@ -166,12 +254,19 @@ static int new_publisher(const char *label, uint32_t source, gm__publisher **out
     gm__publisher *p = calloc(1, sizeof *p);
     if (!p) return gm__set_error(GM_ENOHOSTMEM, "publishing: out of host memory");
     p->sink.ops = &sink_ops;
-    int rc = create_segment(p);
+    p->data_fd = p->beacon_fd = -1;
+    int rc = create_data(p);
+    if (rc == GM_OK) {
+        fill_header(p, label, source);
+        rc = create_beacon(p);
+    }
     if (rc != GM_OK) {
+        if (p->hdr) munmap(p->hdr, GM__SHM_SIZE);
+        if (p->data_fd >= 0) close(p->data_fd);
         free(p);
         return rc;
     }
-    fill_header(p->hdr, label, source);
+    live_add(p);
     *out = p;
     return GM_OK;
 }
@@ -277,8 +372,15 @@ void gm__publisher_set_total(gm__publisher *p, int device, uint64_t total) {
 
 void gm__publisher_close(gm__publisher *p) {
     if (!p) return;
+    live_remove(p);
+    /* our beacon only: the name still leads to the file we hold */
+    struct stat mine, there;
+    if (p->beacon_fd >= 0 && fstat(p->beacon_fd, &mine) == 0 && lstat(p->path, &there) == 0 &&
+        mine.st_ino == there.st_ino && mine.st_dev == there.st_dev)
+        unlink(p->path);
+    if (p->beacon_fd >= 0) close(p->beacon_fd);
     munmap(p->hdr, GM__SHM_SIZE);
-    shm_unlink(p->name);
+    close(p->data_fd);
     free(p);
 }
 

@@ -8,7 +8,8 @@
 
 #include "gpumem/backend.h"
 #include "gpumem/gpumem.h"
-#include "internal.h" /* gm__format_bytes */
+#include "internal.h"
+#include "monitor/monitor.h" /* gm__format_bytes */
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -100,13 +101,18 @@ static int create_locked(void) {
         g_backend = NULL;
         return st;
     }
+    /* gpumem run --oom-report DIR: make DIR, record history for the snapshot */
+    if (gm__oom_report_setup() != GM_OK) /* evidence is best effort: say why, train anyway */
+        fprintf(stderr, "gpumem: no out-of-memory reports: %s\n", gm_last_error_detail());
     /* Visible to gpumem smi/top/log/exporter by default (GPUMEM_PUBLISH=0
      * turns it off; 2-3 ns per operation, bench/RESULTS.md). The label is
      * GPUMEM_PUBLISH_LABEL (install(label=...), gpumem run --label, the
      * script's name), else the executable's name. A monitor must never stop
-     * the training: a failure to publish is not an error here. */
+     * the training: a failure to publish is not an error here, but it is
+     * said (it used to be silent, issue 26 defect 5). */
     const char *pub = getenv("GPUMEM_PUBLISH");
-    if (!pub || strcmp(pub, "0") != 0) (void)gm_allocator_publish(a, getenv("GPUMEM_PUBLISH_LABEL"));
+    if ((!pub || strcmp(pub, "0") != 0) && gm_allocator_publish(a, getenv("GPUMEM_PUBLISH_LABEL")) != GM_OK)
+        fprintf(stderr, "gpumem: not visible to gpumem smi/top (training goes on): %s\n", gm_last_error_detail());
     __atomic_store_n(&g_alloc, a, __ATOMIC_RELEASE);
     return GM_OK;
 }
@@ -216,8 +222,13 @@ static int alloc_raw(int64_t size, int device, uint64_t stream, uint64_t *out) {
     gm_devptr p = 0;
     st = gm_malloc(a, device, (size_t)size, (gm_stream)stream, &p);
     if (st == GM_ENOMEM) {
-        /* the core's detail already says what was asked for and what is held */
-        const char *d = gm_last_error_detail();
+        /* the core's detail already says what was asked for and what is held;
+         * under gpumem run --oom-report DIR the evidence goes to DIR first
+         * (src/monitor/oom_report.c), and the detail is kept across it */
+        char detail[2048];
+        snprintf(detail, sizeof detail, "%s", gm_last_error_detail());
+        gm__oom_report_from_env(a, device, (uint64_t)size, detail);
+        const char *d = detail;
         const char *lead = "Out of memory. ";
         if (!strncmp(d, lead, strlen(lead))) d += strlen(lead);
         if (*d) return fail(st, "gpumem: CUDA out of memory. %s", d);

@@ -14,8 +14,8 @@ fi
 export GPUMEM_SHM_TAG="exph$$"
 source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
 
-# a FIFO under the name of a live pid (1): opening it for reading would block
-fifo="/dev/shm/gpumem-$GPUMEM_SHM_TAG.$(id -u).1"
+# a FIFO under a name of the beacons' form: opening it for reading would block
+fifo="/dev/shm/gpumem-$GPUMEM_SHM_TAG.$(id -u).00000000000000f1"
 mkfifo "$fifo"
 undo() { rm -f "$fifo"; stop_producers; }
 trap undo EXIT

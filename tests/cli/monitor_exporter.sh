@@ -46,7 +46,7 @@ fams = {"gpumem_process_allocator_allocated_bytes": "allocated", "gpumem_process
         "gpumem_process_allocator_ooms_total": "num_ooms", "gpumem_process_allocator_retries_total": "num_alloc_retries"}
 for fam, key in fams.items():
     assert f"# HELP {fam} " in text and f"# TYPE {fam} " in text, fam
-    m = re.search(r'^%s\{gpu="0",pid="%s",comm="[^"]*",label="held"\} (\d+)$' % (fam, pid), text, re.M)
+    m = re.search(r'^%s\{gpu="0",pid="%s",comm="[^"]*",label="held"[^}]*\} (\d+)$' % (fam, pid), text, re.M)
     assert m, f"no {fam} series for pid {pid}"
     assert int(m.group(1)) == w[key], (fam, m.group(1), w[key])
 assert "gpumem_nvml_available 0" in text

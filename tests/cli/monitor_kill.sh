@@ -21,7 +21,7 @@ for _ in $(seq 300); do
 done
 [[ " $(smi_pids) " == *" $victim "* ]] || { echo "FAIL: victim never published"; exit 1; }
 
-seg=$(ls /dev/shm | grep -E "^gpumem-$GPUMEM_SHM_TAG\.[0-9]+\.$victim\$" || true)
+seg=$(segment_of "$victim")
 [ -n "$seg" ] || { echo "FAIL: no segment for the victim"; ls /dev/shm; exit 1; }
 kill -9 "$victim"; wait "$victim" 2>/dev/null || true
 [ -e "/dev/shm/$seg" ] || { echo "FAIL: expected the killed producer to leave its segment"; exit 1; }

@@ -30,7 +30,7 @@ tmux -S "$sock" new-session -d -s top -x 160 -y 45 \
     "env GPUMEM_SHM_TAG=$GPUMEM_SHM_TAG $GPUMEM top --interval 0.1 --no-nvml; echo TOP-EXITED; sleep 30"
 wait_screen 30 "alpha-trainer"
 wait_screen 10 "beta-holder"
-wait_screen 5 "sort reserved"
+wait_screen 5 "sort job"
 screen | grep -q "GPU 1" || { echo "FAIL: no header for GPU 1"; screen; exit 1; }
 screen | grep -q "q quit" || { echo "FAIL: no help line"; exit 1; }
 
@@ -43,6 +43,8 @@ screen | grep -q "beta-holder" || { echo "FAIL: filter hid the match"; screen; e
 tmux -S "$sock" send-keys -t top f Enter
 wait_screen 5 "alpha-trainer"
 
+tmux -S "$sock" send-keys -t top s
+wait_screen 5 "sort reserved"
 tmux -S "$sock" send-keys -t top s
 wait_screen 5 "sort allocated"
 tmux -S "$sock" send-keys -t top r

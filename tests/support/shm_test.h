@@ -14,6 +14,8 @@
 
 #include "gpumem/gpumem.h"
 
+#include <stddef.h>
+
 /* An allocator object with `ndevices` devices and nothing else:
  * publication needs only the devices table. */
 gm_allocator *gm_test_shm_allocator(int ndevices);
@@ -21,5 +23,11 @@ gm_allocator *gm_test_shm_allocator(int ndevices);
 void gm_test_shm_allocator_free(gm_allocator *a);
 /* GPUMEM_SHM_TAG=<tag><pid>: this process's segments under a prefix of its own. */
 void gm_test_shm_tag(const char *tag);
+
+/* The beacon path (/dev/shm/...) of a segment under this test's prefix
+ * whose header names pid `pid` (as the publisher saw itself): how many were
+ * found; path is the last one's. Names are random since issue 26 (defect 5),
+ * so tests find segments by their contents. */
+int gm_test_shm_path(int pid, char *path, size_t len);
 
 #endif /* GM_TEST_SHM_H */

@@ -33,3 +33,21 @@ wait_for() {
     for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
     return 1
 }
+
+# segment_of PID: the /dev/shm beacon name(s) of this test's segments whose
+# header names PID (names are random since issue 26, defect 5).
+segment_of() {
+    python3 - "$1" "gpumem-$GPUMEM_SHM_TAG." <<'PY'
+import os, struct, sys
+pid, prefix = int(sys.argv[1]), sys.argv[2]
+for n in sorted(os.listdir("/dev/shm")):
+    if n.startswith(prefix):
+        try:
+            with open("/dev/shm/" + n, "rb") as f:
+                h = f.read(36)
+        except OSError:
+            continue
+        if len(h) == 36 and struct.unpack_from("<i", h, 32)[0] == pid:
+            print(n)
+PY
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# prometheus_rules.sh — issue 27: the Prometheus rules in contrib/ pass
+# `promtool check rules` and their unit tests (`promtool test rules`: the
+# alerts fire on a made-up job with a fragmented rank, an OOM, retries and a
+# drifting rank, and not before); every PromQL expression of the Grafana
+# dashboards parses (checked as recording rules); and every gpumem_* metric
+# the rules and dashboards name is one the exporter serves (a live scrape of
+# a sim producer with NVML's families declared). Skips (77) without promtool
+# (Debian package `prometheus`).
+set -euo pipefail
+GPUMEM=${GPUMEM:-gpumem}
+SRC=${GPUMEM_SOURCE:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+for t in promtool python3 curl; do command -v $t >/dev/null || { echo "skip: $t not installed"; exit 77; }; done
+if "$GPUMEM" exporter --listen nowhere 2>&1 | grep -q "built without"; then
+    echo "skip: built without libmicrohttpd"; exit 77
+fi
+export GPUMEM_SHM_TAG="rules$$"
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
+
+promtool check rules "$SRC/contrib/prometheus-rules.yml"
+(cd "$SRC/contrib" && promtool test rules prometheus-rules.test.yml)
+
+# the dashboards' expressions, as recording rules promtool parses
+python3 - "$SRC/contrib" "$tmp/dash-rules.yml" <<'PY'
+import glob, json, sys
+out = ["groups:", "  - name: dashboards", "    rules:"]
+n = 0
+def walk(x):
+    global n
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if k == "expr" and isinstance(v, str) and v:
+                e = v.replace("$run_id", "x").replace("$__range", "1h").replace("$gpu", ".*") \
+                     .replace("$instance", ".*").replace("$comm", ".*")
+                out.append("      - record: dashboard_expr_%d" % n)
+                out.append("        expr: %s" % json.dumps(e))
+                n += 1
+            else:
+                walk(v)
+    elif isinstance(x, list):
+        for v in x:
+            walk(v)
+for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
+    walk(json.load(open(f)))
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+print("ok: %d dashboard expressions" % n)
+PY
+promtool check rules "$tmp/dash-rules.yml"
+
+# every gpumem_* family named in contrib/ is served by the exporter
+"$GPUMEM" demo --steps 2 --step-ms 0 --hold 60 --model 8MiB --label rules >"$tmp/p.json" 2>/dev/null &
+pids+=($!)
+wait_for 30 test -s "$tmp/p.json" || { echo "FAIL: producer did not start"; exit 1; }
+"$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.1 --no-nvml >"$tmp/exporter.out" 2>&1 &
+pids+=($!)
+wait_for 20 grep -q serving "$tmp/exporter.out" || { echo "FAIL: exporter did not start"; exit 1; }
+url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
+wait_for 20 curl -fsS -o "$tmp/m.txt" "$url"
+python3 - "$SRC/contrib" "$tmp/m.txt" <<'PY'
+import glob, re, sys
+served = set(re.findall(r"^# TYPE (\S+) ", open(sys.argv[2]).read(), re.M))
+named = set()
+for f in glob.glob(sys.argv[1] + "/*.json") + glob.glob(sys.argv[1] + "/*.yml"):
+    for m in re.findall(r"\bgpumem_[a-z_]+", open(f).read()):
+        named.add((m, f))
+missing = sorted((m, f) for m, f in named if m not in served)
+assert not missing, "named in contrib/ but not served by the exporter: %s" % missing
+print("ok: %d metric names in contrib/, all served" % len({m for m, _ in named}))
+PY
+echo PASS
