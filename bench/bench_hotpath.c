@@ -26,7 +26,7 @@
  * (one core's L2), LL misses / ops in hp_untimed_pass count the cache lines
  * an operation brings in from further out.
  *
- * Usage: bench_hotpath [--reps N] [--synth N] [--synth-only] [--policy gpumem|torch] [--cg]
+ * Usage: bench_hotpath [--reps N] [--synth N] [--synth-only] [--policy gpumem|torch] [--conf S] [--cg]
  *                      [--stats] [--evict MiB]
  *                      [TRACE...]   (default: $GPUMEM_SHARED/traces/\*.pickle.gz,
  *                      GPUMEM_SHARED defaulting to ../shared from the current directory)
@@ -44,6 +44,10 @@
 #define GM__MIB_BYTES ((size_t)1 << 20)
 
 static bool g_stats_json; /* --stats: print the stats after the passes (to diff runs) */
+/* --conf: settings added to the gpumem policy's. gpumem_slack:inf measures
+ * the default's steady state: its warm-up (gpumem_slack:auto) moves memory in
+ * every pass of a trace too short to end it (bench/gpumem_policy_tradeoff.md). */
+static const char *g_conf = "";
 
 typedef struct hp_op {
     uint64_t size; /* 0 = free */
@@ -192,8 +196,9 @@ __attribute__((noipa)) void hp_evict(void) {
 }
 
 static void bench_trace(const char *base, const hp_prog *p, const char *policy, int reps, bool cg) {
-    char conf[64];
-    snprintf(conf, sizeof conf, "policy:%s", policy);
+    char conf[256];
+    snprintf(conf, sizeof conf, "policy:%s%s%s", policy, *g_conf && !strcmp(policy, "gpumem") ? "," : "",
+             !strcmp(policy, "gpumem") ? g_conf : "");
     gm_backend *be;
     gm_allocator *a = make(conf, &be);
     gm_devptr *ptr = calloc(p->nslots ? p->nslots : 1, sizeof *ptr);
@@ -293,6 +298,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cg")) cg = true;
         else if (!strcmp(argv[i], "--synth-only")) synth_only = true;
         else if (!strcmp(argv[i], "--stats")) g_stats_json = true;
+        else if (!strcmp(argv[i], "--conf") && i + 1 < argc) g_conf = argv[++i];
         else if (!strcmp(argv[i], "--evict") && i + 1 < argc) {
             g_evict_bytes = strtoull(argv[++i], NULL, 10) << 20;
             g_evict_buf = calloc(g_evict_bytes ? g_evict_bytes : 1, 1);
