@@ -73,7 +73,7 @@ int cmd_config(int argc, char **argv) {
     gm_config cfg;
     gm_config_init(&cfg);
     char err[256];
-    if (gm_config_parse(&cfg, str, err, sizeof err) != GM_OK) return cli_usage_error(argv[0], "%s", err);
+    if (cli_config_parse(&cfg, str, err, sizeof err) != GM_OK) return cli_usage_error(argv[0], "%s", err);
     char canon[1024];
     if (gm_config_format(&cfg, canon, sizeof canon) != GM_OK) return cli_error(argv[0], "%s", gm_last_error_detail());
     if (json) {
