@@ -20,7 +20,7 @@
     X(exporter, "serve GPU and allocator memory metrics for Prometheus")                  \
     X(demo, "run a synthetic training-like workload on the simulated device")             \
     X(config, "list the allocator policies and settings, or check a settings string")     \
-    X(run, "run a PyTorch program on gpumem's allocator, unmodified (python -m gpumem run)") \
+    X(run, "run a PyTorch program on gpumem's allocator, unmodified (python3 -m gpumem run too)") \
     X(report, "where the memory went: categories, timeline, frames (HTML, text, Perfetto)") \
     X(estimate, "predict a training run's GPU memory and what each strategy would save") \
     X(advise, "advice from a recorded snapshot: allocator settings by memory and cost, strategies") \

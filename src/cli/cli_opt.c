@@ -37,7 +37,7 @@ void cli_print_help(const struct cli_spec *spec, FILE *f) {
         if (o->kind != CLI_FLAG && n > 0 && (size_t)n < sizeof left)
             snprintf(left + n, sizeof left - (size_t)n, " %s", kind_metavar(o));
         /* a long option gets its description on the next line, never run into it */
-        if (strlen(left) > 26) fprintf(f, "  %s\n  %-26s %s", left, "", o->help ? o->help : "");
+        if (strlen(left) >= 26) fprintf(f, "  %s\n  %-26s %s", left, "", o->help ? o->help : "");
         else fprintf(f, "  %-26s %s", left, o->help ? o->help : "");
         if (o->def) fprintf(f, " (default %s)", o->def);
         fprintf(f, "\n");
