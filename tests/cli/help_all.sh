@@ -28,10 +28,10 @@ for c in $cmds; do
         s == 4 && /^Exit status: / { s = 5 }
         END { exit s == 5 ? 0 : 1 }' || fail "$c --help lacks a section (usage, about, options, Exit status):
 $h"
-    # an option line is "  -x, --name METAVAR   text" with at least one space between
-    # the option column (26 wide) and its text, or the text on the next line
+    # an option line is "  -x, --name METAVAR   text": two spaces at least between
+    # the option and its text, or the text alone on the next line
     bad=$(echo "$h" | awk '/^options:$/ {on = 1; next} on && /^$/ {on = 0}
-                          on && /^  -/ && length($0) > 28 && substr($0, 29, 1) != " " {print}')
+        on && /^  (-[a-zA-Z], |    )--/ && $0 !~ /^  (-[a-zA-Z], |    )--[a-z0-9-]+( [^ ]+)?(  +[^ ].*)?$/ {print}')
     [ -z "$bad" ] || fail "$c: option runs into its description: $bad"
     # did you mean: the first long option with its last letter dropped
     opt=$(echo "$h" | sed -n 's/^  \(-., \)\{0,1\} *--\([a-z][a-z0-9-]*\).*/\2/p' | grep -v '^help$' | head -1)
