@@ -46,6 +46,9 @@ soname=$(readelf -d "$lib/libgpumem.so" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(
 out=$(env -u LD_LIBRARY_PATH ASAN_OPTIONS=detect_leaks=0 "$T/user") || fail "installed program exit $? (without LD_LIBRARY_PATH)"
 echo "$out" | grep -q "^ok " || fail "unexpected output: $out"
 "$T/prefix/bin/gpumem" --version >/dev/null || fail "installed CLI"
+# the installed gpumem run finds the installed Python package (share/gpumem/python), no pip
+"$T/prefix/bin/gpumem" run --native -- sh -c 'case "$PYTHONPATH" in "$0"/share/gpumem/python/gpumem/_boot:*) exit 4 ;; esac; exit 9' "$T/prefix"
+rc=$?; [ $rc = 4 ] || fail "installed gpumem run: exit $rc (PYTHONPATH not the installed package's)"
 # find_package(gpumem): a CMake project against the install prefix
 mkdir -p "$T/proj"
 cp "$T/user.c" "$T/proj/user.c"
