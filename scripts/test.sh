@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# scripts/test.sh — the one test command: configure, build and run every test
+# scripts/test.sh — the one test command: configure, build and run the tests
 # (cmocka unit/property/stress/fault tests and CLI tests) with CTest, then the
 # Python package's tests against an unsanitized build of the library.
 # By default a Debug build with AddressSanitizer + UndefinedBehaviorSanitizer,
-# the configuration CI runs, so a leak or UB fails the run here too. It uses
-# build folders of its own (build-test, build-test-py), so the Release build
-# in build/ that the README's first command makes is never reconfigured.
+# the configuration CI runs, so a leak or UB fails the run here too, and the
+# fast set: every test but those labelled "long" (the soak, the fault sweeps,
+# the long plan and property runs, the pip install; tests/CMakeLists.txt),
+# which CI runs (.ci/run) and --all adds. It uses build folders of its own
+# (build-test, build-test-py), so the Release build in build/ that the
+# README's first command makes is never reconfigured.
 #
 # usage: scripts/test.sh [options] [-- extra ctest args]
+#   --all             every test, the long ones too, and build the benchmarks (as CI)
 #   --build-dir DIR   build directory (default: build-test)
 #   --no-sanitize     plain build (faster; no ASan/UBSan)
 #   --release         RelWithDebInfo instead of Debug
 #   -j N              parallel build/test jobs (default: 2)
-#   -R REGEX          run only the tests matching REGEX (ctest -R)
+#   -R REGEX          run only the tests matching REGEX (ctest -R; `ctest --test-dir build-test -N` lists them)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,15 +25,17 @@ sanitize=ON
 btype=Debug
 jobs=2
 ctest_extra=()
+all=false
 while [ $# -gt 0 ]; do
   case "$1" in
+    --all) all=true; shift ;;
     --build-dir) build=$2; shift 2 ;;
     --no-sanitize) sanitize=OFF; shift ;;
     --sanitize) sanitize=ON; shift ;;
     --release) btype=RelWithDebInfo; shift ;;
     -j) jobs=$2; shift 2 ;;
     -R) ctest_extra+=(-R "$2"); shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; ctest_extra+=("$@"); break ;;
     *) echo "test.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -40,11 +46,16 @@ case "$build" in /*) ;; *) build="$root/$build" ;; esac
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:strict_string_checks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE="$btype" -DGPUMEM_SANITIZE="$sanitize"
+# the fast set: no label "long" (unless --all or -R picks tests by name), no benchmarks to build
+labels=(-LE long)
+bench=OFF
+if $all; then labels=(); bench=ON; fi
+for a in "${ctest_extra[@]}"; do [ "$a" = -R ] && labels=(); done
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE="$btype" -DGPUMEM_SANITIZE="$sanitize" -DGPUMEM_BENCH="$bench"
 cmake --build "$build" -j"$jobs"
 # --timeout: a hung test fails instead of stalling CI.
 set +e
-ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 600 "${ctest_extra[@]}" 2>&1 |
+ctest --test-dir "$build" --output-on-failure -j"$jobs" --timeout 600 "${labels[@]}" "${ctest_extra[@]}" 2>&1 |
     tee "$build/ctest-output.txt"
 rc=${PIPESTATUS[0]}
 set -e
@@ -66,8 +77,8 @@ done
 if [ "${#ctest_extra[@]}" = 0 ] && [ -d "$root/python/tests" ]; then
     pybuild="$build-py"
     cmake -S "$root" -B "$pybuild" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUMEM_SANITIZE=OFF \
-        -DGPUMEM_TESTS=OFF >/dev/null
-    cmake --build "$pybuild" -j"$jobs" >/dev/null
+        -DGPUMEM_TESTS=OFF -DGPUMEM_BENCH=OFF >/dev/null
+    cmake --build "$pybuild" -j"$jobs" --target gpumem_torch gpumem_cli >/dev/null
     if python3 -c 'import pytest' 2>/dev/null; then runner=(python3 -m pytest -q "$root/python/tests")
     else runner=(python3 -m unittest discover -s "$root/python/tests"); fi
     echo "python tests: ${runner[*]}"

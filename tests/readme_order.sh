@@ -5,7 +5,8 @@
 # Python package imports that Release library. Command 2
 # used to configure build/ with sanitizers, which command 1 then reused, so
 # the library could not be loaded into python. Run by .ci/run (it repeats
-# the whole test run, so it is not a CTest test).
+# the whole test run, so it is not a CTest test). Last, `build/gpumem run`
+# from the source tree, without pip.
 #
 # usage: tests/readme_order.sh [REPO]   (default: this checkout; committed state)
 set -euo pipefail
@@ -24,4 +25,9 @@ PYTHONPATH=python GPUMEM_LIB="$PWD/build" python3 -c '
 import gpumem._lib as L
 L.load()
 print("ok: loaded", L.library_path(), "status name of -2:", L.status_name(-2))'
-echo "ok: README commands 2, 1 and the Python import work in that order on a fresh clone"
+echo "== gpumem run from the CMake build, without pip: the child runs, its exit status comes back"
+set +e
+env -u PYTHONPATH build/gpumem run -- python3 -c 'import gpumem, sys; sys.exit(5)'; rc=$?
+set -e
+[ "$rc" = 5 ] || { echo "FAIL: build/gpumem run -- python3 -c 'sys.exit(5)' exited $rc"; exit 1; }
+echo "ok: README commands 2, 1, the Python import and build/gpumem run work in that order on a fresh clone"

@@ -3,11 +3,12 @@
     import gpumem.torch
     gpumem.torch.install()        # before the first CUDA tensor (policy:gpumem)
 
-or, with no code change: python -m gpumem run -- python train.py ARGS
+or, with no code change: gpumem run -- python3 train.py ARGS
 
 gpumem.torch holds the PyTorch integration (install, memory_stats, ...);
 gpumem._C the C++ shim that makes gpumem torch's CUDA allocator in full;
-gpumem._lib the ctypes binding of libgpumem_torch.so; gpumem.run the launcher.
+gpumem._lib the ctypes binding of libgpumem_torch.so; gpumem._cli the `gpumem`
+command (it execs the C executable, gpumem/bin/gpumem).
 """
 from ._lib import GpumemError, find_library
 

@@ -1,14 +1,7 @@
-"""python -m gpumem run ... (see gpumem/run.py)."""
+"""python3 -m gpumem ARGS: the gpumem command (gpumem/_cli.py), e.g.
+python3 -m gpumem run -- python3 train.py."""
 import sys
 
-from .run import main
+from ._cli import main
 
-
-def _dispatch(argv):
-    if argv and argv[0] == "run":
-        return main(argv[1:])
-    sys.stderr.write("usage: python -m gpumem run [--conf STR] [--native] [--label L] [--] COMMAND [ARGS...]\n")
-    return 0 if argv and argv[0] in ("-h", "--help") else 2
-
-
-sys.exit(_dispatch(sys.argv[1:]))
+sys.exit(main())

@@ -1,8 +1,10 @@
-"""CPU tests of the `gpumem run` launcher (python/gpumem/run.py and
-gpumem/_boot/sitecustomize.py) and of install()'s default settings: no
-torch, no GPU (a stand-in `torch` package shows the import hook firing).
+"""CPU tests of `python3 -m gpumem run` (gpumem/_cli.py execs the C gpumem,
+whose cmd_run.c is the one launcher; gpumem/_boot/sitecustomize.py) and of
+install()'s default settings: no torch, no GPU (a stand-in `torch` package
+shows the import hook firing). The executable is found beside the library
+($GPUMEM_LIB, as scripts/test.sh sets it); without one these tests skip.
 
-Run: python3 -m unittest discover -s python/tests"""
+Run: GPUMEM_LIB=<build>/libgpumem_torch.so python3 -m unittest discover -s python/tests"""
 import os
 import subprocess
 import sys
@@ -13,8 +15,17 @@ import unittest
 PY_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, PY_DIR)
 
-from gpumem import run as gr  # noqa: E402
-from gpumem.torch import effective_conf  # noqa: E402
+from gpumem import _cli  # noqa: E402
+from gpumem.torch import DEFAULT_POLICY, effective_conf  # noqa: E402
+
+BOOT_DIR = os.path.join(PY_DIR, "gpumem", "_boot")
+
+
+def _exe():
+    try:
+        return _cli.find_executable()
+    except FileNotFoundError as e:
+        return str(e)
 
 
 def launch(args, env=None, **kw):
@@ -41,30 +52,30 @@ class ConfTest(unittest.TestCase):
                 os.environ["GPUMEM_CONF"] = old
 
 
-class ParseTest(unittest.TestCase):
-    def test_options_and_command(self):
-        o, cmd = gr.parse(["--conf", "policy:torch", "--label=x", "--native", "--", "python", "-c", "1"])
-        self.assertEqual((o["conf"], o["label"], o["native"], cmd), ("policy:torch", "x", True, ["python", "-c", "1"]))
-        o, cmd = gr.parse(["python", "--conf", "y"])  # options after the command are the command's
-        self.assertEqual((o["conf"], cmd), (None, ["python", "--conf", "y"]))
-
-    def test_usage_errors(self):
-        for bad in ([], ["--conf"], ["--bogus", "x"], ["--"]):
-            with self.assertRaises(gr.UsageError):
-                gr.parse(bad)
-
+@unittest.skipUnless(os.path.isfile(_exe()), _exe())
+class EnvTest(unittest.TestCase):
     def test_child_env(self):
-        o, cmd = gr.parse(["--conf", "max_split_size_mb:64", "--label", "job", "--", "train.py"])
-        env = gr.child_env(o, cmd, base={"PYTHONPATH": "/a:/b"})
-        self.assertEqual(env["GPUMEM_CONF"], "policy:gpumem,max_split_size_mb:64")
-        self.assertEqual(env["GPUMEM_RUN"], "gpumem")
-        self.assertEqual(env["PYTHONPATH"].split(os.pathsep)[0], gr.BOOT_DIR)
-        self.assertTrue(env["PYTHONPATH"].endswith("/a:/b"))
-        self.assertEqual((env["GPUMEM_PUBLISH"], env["GPUMEM_PUBLISH_LABEL"]), ("1", "job"))
-        o, cmd = gr.parse(["--native", "--no-publish", "--", "train.py"])
-        env = gr.child_env(o, cmd, base={})
-        self.assertEqual((env["GPUMEM_RUN"], env["GPUMEM_PUBLISH"]), ("native", "0"))
-        self.assertNotIn("GPUMEM_CONF", env)
+        show = 'echo "$GPUMEM_RUN|$GPUMEM_CONF|$GPUMEM_PUBLISH|$GPUMEM_PUBLISH_LABEL|$PYTHONPATH"'
+        r = launch(["--conf", "max_split_size_mb:64", "--label", "job", "--", "sh", "-c", show],
+                   env={"PYTHONPATH": os.pathsep.join([PY_DIR, "/a", "/b"])})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        run, conf, pub, label, path = r.stdout.strip().split("|")
+        self.assertEqual((run, conf, pub, label), ("gpumem", DEFAULT_POLICY + ",max_split_size_mb:64", "1", "job"))
+        self.assertEqual(os.path.realpath(path.split(os.pathsep)[0]), os.path.realpath(BOOT_DIR))
+        self.assertTrue(path.endswith(":/a:/b"), path)
+        r = launch(["--native", "--no-publish", "--", "sh", "-c", show])
+        run, conf, pub, _, _ = r.stdout.strip().split("|")
+        self.assertEqual((run, conf, pub), ("native", "", "0"))
+
+    def test_options_after_the_command_are_the_commands(self):
+        r = launch(["sh", "-c", 'echo "$0 $1"', "--conf", "y"])
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "--conf y"), r.stderr)
+
+    def test_bad_settings_fail_before_the_command_runs(self):
+        r = launch(["--conf", "max_split_sz_mb:64", "--", "sh", "-c", "echo ran"])
+        self.assertEqual(r.returncode, 2)
+        self.assertNotIn("ran", r.stdout)
+        self.assertIn("did you mean 'max_split_size_mb'", r.stderr)
 
     def test_label_is_the_run_id_unless_a_launcher_set_one(self):
         o, cmd = gr.parse(["--label", "job", "--", "train.py"])
@@ -82,6 +93,7 @@ class ParseTest(unittest.TestCase):
                 gr.parse(bad)
 
 
+@unittest.skipUnless(os.path.isfile(_exe()), _exe())
 class LaunchTest(unittest.TestCase):
     def test_exit_status_and_signal_pass_through(self):
         self.assertEqual(launch(["--", sys.executable, "-c", "import sys; sys.exit(5)"]).returncode, 5)
@@ -91,7 +103,7 @@ class LaunchTest(unittest.TestCase):
     def test_usage_and_missing_program(self):
         r = launch(["--bogus"])
         self.assertEqual(r.returncode, 2)
-        self.assertIn("unknown option --bogus", r.stderr)
+        self.assertIn("unknown option '--bogus'", r.stderr)
         self.assertEqual(launch(["--help"]).returncode, 0)
         r = launch(["--", "/nonexistent/prog"])
         self.assertEqual(r.returncode, 127)
@@ -116,7 +128,7 @@ class LaunchTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.split(), ["None", "None", "native", "ran"])
         # without gpumem run, nothing happens
-        e = dict(os.environ, PYTHONPATH=os.pathsep.join([gr.BOOT_DIR, PY_DIR, d]))
+        e = dict(os.environ, PYTHONPATH=os.pathsep.join([BOOT_DIR, PY_DIR, d]))
         e.pop("GPUMEM_RUN", None)
         r = subprocess.run([sys.executable, "-c", "import torch, os; print(os.environ.get('GPUMEM_RUN_DONE'))"],
                            env=e, capture_output=True, text=True, timeout=60)

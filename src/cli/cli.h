@@ -22,14 +22,35 @@
     X(exporter, "serve GPU and allocator memory metrics for Prometheus")                  \
     X(demo, "run a synthetic training-like workload on the simulated device")             \
     X(config, "list the allocator policies and settings, or check a settings string")     \
-    X(run, "run a PyTorch program on gpumem's allocator, unmodified (python -m gpumem run)") \
+    X(run, "run a PyTorch program on gpumem's allocator, unmodified (python3 -m gpumem run too)") \
     X(report, "where the memory went: categories, timeline, frames (HTML, text, Perfetto)") \
     X(estimate, "predict a training run's GPU memory and what each strategy would save") \
-    X(advise, "advice from a recorded snapshot: allocator settings by memory and cost, strategies")
+    X(advise, "advice from a recorded snapshot: allocator settings by memory and cost, strategies") \
+    X(doctor, "check what works (library, Python package, shim, torch, driver, NVML) and how to fix the rest")
 
 #define GM__CLI_DECL(name, help) int cmd_##name(int argc, char **argv);
 GM_CLI_COMMANDS(GM__CLI_DECL)
 #undef GM__CLI_DECL
+
+/* The policy `gpumem run` and gpumem.torch.install() use when the settings
+ * name none (python/gpumem/torch.py's DEFAULT_POLICY; tests/cli/help_all.sh
+ * checks that they agree). replay/tune/report model PyTorch, policy torch,
+ * unless told otherwise: they predict what PyTorch's own allocator does. */
+#define CLI_RUN_DEFAULT_POLICY "gpumem"
+
+/* Where `gpumem run` and `gpumem doctor` find their pieces (cli_pkg.c); each
+ * writes a path into buf and returns true, or returns false. */
+bool cli_exe_dir(char *buf, size_t len);
+bool cli_python_package(char *buf, size_t len);          /* the gpumem package folder */
+bool cli_torch_library(const char *pkg, char *buf, size_t len); /* libgpumem_torch.so (pkg NULL: beside the exe) */
+bool cli_shim(const char *pkg, char *buf, size_t len);   /* gpumem/_C.*.so */
+/* conf with policy:CLI_RUN_DEFAULT_POLICY ahead when it names no policy */
+void cli_effective_conf(const char *conf, char *buf, size_t len);
+/* gm_config_parse, with "did you mean 'KEY'?" added to an unknown key's error */
+#include "gpumem/gpumem.h"
+int cli_config_parse(gm_config *cfg, const char *str, char *err, size_t len);
+/* The closest of n names to s (edit distance at most 2 + len/4), or NULL. */
+const char *cli_closest(const char *s, const char *const *names, size_t n);
 
 /* "141GiB", "80G", "512MiB", "1.5TB", "123456" (bytes). Binary units for
  * K/M/G/T with or without "iB"; "KB"/"MB"/"GB"/"TB" are decimal.

@@ -20,6 +20,8 @@ static const char *kind_metavar(const struct cli_opt *o) {
     }
 }
 
+static int bad(const struct cli_spec *spec, const char *fmt, const char *a, const char *b);
+
 void cli_print_help(const struct cli_spec *spec, FILE *f) {
     fprintf(f, "usage: gpumem %s", spec->cmd);
     if (spec->nopts) fprintf(f, " [options]");
@@ -34,12 +36,32 @@ void cli_print_help(const struct cli_spec *spec, FILE *f) {
                               : snprintf(left, sizeof left, "    --%s", o->name);
         if (o->kind != CLI_FLAG && n > 0 && (size_t)n < sizeof left)
             snprintf(left + n, sizeof left - (size_t)n, " %s", kind_metavar(o));
-        fprintf(f, "  %-26s %s", left, o->help ? o->help : "");
+        /* a long option gets its description on the next line, never run into it */
+        if (strlen(left) >= 26) fprintf(f, "  %s\n  %-26s %s", left, "", o->help ? o->help : "");
+        else fprintf(f, "  %-26s %s", left, o->help ? o->help : "");
         if (o->def) fprintf(f, " (default %s)", o->def);
         fprintf(f, "\n");
     }
     fprintf(f, "  %-26s %s\n", "-h, --help", "show this help and exit");
     if (spec->epilog) fprintf(f, "\n%s\n", spec->epilog);
+    /* every command's help ends with its exit statuses */
+    if (!spec->epilog || !strstr(spec->epilog, "Exit status:"))
+        fprintf(f, "%sExit status: 0 success, 1 failure (a message says why), 2 bad usage.\n",
+                spec->epilog ? "" : "\n");
+}
+
+/* "unknown option '--x'", with the closest option's name when one is near */
+static int unknown_option(const struct cli_spec *spec, const char *a) {
+    const char *names[64];
+    size_t n = 0;
+    for (size_t i = 0; i < spec->nopts && n < 63; i++) names[n++] = spec->opts[i].name;
+    names[n++] = "help";
+    const char *dashes = a[1] == '-' ? a + 2 : a + 1;
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(dashes, "="), dashes);
+    const char *near = cli_closest(name, names, n);
+    if (near) return bad(spec, "unknown option '%s'; did you mean '--%s'?", a, near);
+    return bad(spec, "unknown option '%s'%s", a, "");
 }
 
 static int bad(const struct cli_spec *spec, const char *fmt, const char *a, const char *b) {
@@ -160,14 +182,14 @@ int cli_parse(const struct cli_spec *spec, int argc, char **argv, char **pos, in
             const char *eq = strchr(a + 2, '=');
             size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
             o = find_long(spec, a + 2, len);
-            if (!o) return bad(spec, "unknown option '%s'%s", a, "");
+            if (!o) return unknown_option(spec, a);
             if (eq) {
                 if (o->kind == CLI_FLAG) return bad(spec, "--%s takes no value ('%s')", o->name, a);
                 v = eq + 1;
             }
         } else {
             o = a[2] ? NULL : find_short(spec, a[1]);
-            if (!o) return bad(spec, "unknown option '%s'%s", a, "");
+            if (!o) return unknown_option(spec, a);
         }
         if (o->kind != CLI_FLAG && !v) {
             if (i + 1 >= argc) return bad(spec, "--%s needs a value (%s)", o->name, kind_metavar(o));

@@ -13,7 +13,7 @@
 /* The exact line a user sets for entry e. */
 void cli_tune_line(const gm_tune_entry *e, char *buf, size_t len) {
     if (e->cfg.policy != GM_POLICY_TORCH)
-        snprintf(buf, len, "GPUMEM_CONF=%.160s  (then: gpumem run -- python train.py)", e->conf);
+        snprintf(buf, len, "GPUMEM_CONF=%.160s  (then: gpumem run -- python3 train.py)", e->conf);
     else if (!e->conf[0])
         snprintf(buf, len, "(PyTorch default: PYTORCH_CUDA_ALLOC_CONF unset)");
     else

@@ -9,8 +9,9 @@
 #include <string.h>
 
 static void list(bool json) {
-    if (json) printf("{\"policies\":[");
-    else printf("policies (policy:NAME)\n");
+    if (json) printf("{\"default_policy\":\"%s\",\"policies\":[", CLI_RUN_DEFAULT_POLICY);
+    else printf("policies (policy:NAME; the default is the one gpumem run and gpumem.torch.install() use\n"
+                "when the settings name none; replay, tune and report model torch unless told otherwise)\n");
     for (int k = 0; k < gm_policy_count(); k++) {
         gm_policy_desc p;
         if (gm_policy_info(k, &p) != GM_OK) continue;
@@ -21,7 +22,7 @@ static void list(bool json) {
             cli_json_string(stdout, p.doc);
             printf("}");
         } else {
-            printf("  %-8s %s%s\n", p.name, p.doc, k == GM_POLICY_TORCH ? " (default)" : "");
+            printf("  %-8s %s%s\n", p.name, p.doc, !strcmp(p.name, CLI_RUN_DEFAULT_POLICY) ? " (default)" : "");
         }
     }
     if (json) printf("],\"settings\":[");
@@ -73,7 +74,7 @@ int cmd_config(int argc, char **argv) {
     gm_config cfg;
     gm_config_init(&cfg);
     char err[256];
-    if (gm_config_parse(&cfg, str, err, sizeof err) != GM_OK) return cli_usage_error(argv[0], "%s", err);
+    if (cli_config_parse(&cfg, str, err, sizeof err) != GM_OK) return cli_usage_error(argv[0], "%s", err);
     char canon[1024];
     if (gm_config_format(&cfg, canon, sizeof canon) != GM_OK) return cli_error(argv[0], "%s", gm_last_error_detail());
     if (json) {

@@ -158,7 +158,7 @@ static bool parse_args(int argc, char **argv, demo *d, double *duration, long lo
         return false;
     }
     char err[256];
-    if (gm_config_parse(&d->cfg, conf, err, sizeof err) != GM_OK) {
+    if (cli_config_parse(&d->cfg, conf, err, sizeof err) != GM_OK) {
         *code = cli_usage_error(argv[0], "bad --conf: %s", err);
         return false;
     }

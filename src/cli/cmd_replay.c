@@ -162,7 +162,7 @@ int cmd_replay(int argc, char **argv) {
     gm_config cfg;
     gm_config_init(&cfg);
     char err[256] = "";
-    if (gm_config_parse(&cfg, full, err, sizeof err) != GM_OK)
+    if (cli_config_parse(&cfg, full, err, sizeof err) != GM_OK)
         return cli_usage_error(cmd, "bad %s: %s", policy ? "--policy/--conf" : "--conf", err);
     if (!strcmp(cfg.backend, "cudaMallocAsync"))
         fprintf(stderr, "gpumem %s: note: backend:cudaMallocAsync is not modelled; replaying torch's "

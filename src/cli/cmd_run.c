@@ -1,19 +1,60 @@
 /* cmd_run.c — `gpumem run [--conf STR] [--native] [--label L] -- COMMAND...`:
- * runs an unmodified PyTorch program on gpumem's allocator. The work is done
- * by the Python package (python/gpumem/run.py: environment, sitecustomize
- * hook, exec), so this replaces itself with `$GPUMEM_PYTHON -m gpumem run
- * ARGS` (default python3); the exit status and signals are COMMAND's own. */
+ * runs an unmodified PyTorch program on gpumem's allocator. The one
+ * implementation: `python3 -m gpumem run` and the pip-installed `gpumem`
+ * command exec this binary (python/gpumem/_cli.py), so its options are
+ * parsed here only. It puts the gpumem package's _boot folder (whose
+ * sitecustomize.py calls gpumem.torch.install() right after `import torch`)
+ * and the package first on PYTHONPATH, sets GPUMEM_RUN/GPUMEM_CONF/
+ * GPUMEM_PUBLISH*, and replaces itself with COMMAND (exec), so the exit
+ * status and signals are COMMAND's own. Every Python process COMMAND starts
+ * (torchrun's workers too) inherits that environment. A python started with
+ * -I or -E ignores PYTHONPATH and so runs without gpumem. */
 #include "cli.h"
 
+#include "gpumem/gpumem.h"
+
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+/* PYTHONPATH = boot:parent:old, without repeats of the first two. */
+static int set_pythonpath(const char *pkg) {
+    char boot[PATH_MAX + 8], parent[PATH_MAX];
+    snprintf(boot, sizeof boot, "%s/_boot", pkg);
+    snprintf(parent, sizeof parent, "%s", pkg);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) *slash = 0;
+    const char *old = getenv("PYTHONPATH");
+    size_t cap = strlen(boot) + strlen(parent) + (old ? strlen(old) : 0) + 4;
+    char *v = malloc(cap), *copy = old ? strdup(old) : NULL;
+    if (!v || (old && !copy)) {
+        free(v);
+        free(copy);
+        return -1;
+    }
+    int n = snprintf(v, cap, "%s:%s", boot, parent);
+    for (char *save = NULL, *p = copy ? strtok_r(copy, ":", &save) : NULL; p; p = strtok_r(NULL, ":", &save))
+        if (strcmp(p, boot) && strcmp(p, parent)) n += snprintf(v + n, cap - (size_t)n, ":%s", p);
+    int rc = setenv("PYTHONPATH", v, 1);
+    free(v);
+    free(copy);
+    return rc;
+}
+
+/* Exit code of a --conf/GPUMEM_CONF that the library refuses, else 0. */
+static int check_conf(const char *cmd, const char *what, const char *conf, char *eff, size_t len) {
+    cli_effective_conf(conf, eff, len);
+    gm_config cfg;
+    gm_config_init(&cfg);
+    char err[256];
+    if (cli_config_parse(&cfg, eff, err, sizeof err) == GM_OK) return 0;
+    return cli_usage_error(cmd, "%s '%s': %s (see 'gpumem config --list')", what, conf, err);
+}
+
 int cmd_run(int argc, char **argv) {
-    /* The options are parsed here too, for --help and one-line errors like
-     * every command's; python/gpumem/run.py reads the same ones. */
     const char *conf = NULL, *label = NULL, *oom_report = NULL;
     bool native = false, no_publish = false;
     const struct cli_opt opts[] = {
@@ -32,27 +73,77 @@ int cmd_run(int argc, char **argv) {
     const struct cli_spec spec = {
         .cmd = argv[0], .args = "[--] COMMAND [ARGS...]", .opts = opts, .nopts = CLI_NOPTS(opts),
         .min_pos = 1, .max_pos = argc, .stop_at_positional = true,
-        .about = "Runs COMMAND (python train.py, torchrun ...) with every Python process it starts on\n"
-                 "gpumem's allocator, unmodified; the exit status and signals are COMMAND's own.\n"
-                 "Hands over to $GPUMEM_PYTHON -m gpumem run (default python3).",
+        .about = "Runs COMMAND (python3 train.py, torchrun ...) with every Python process it starts\n"
+                 "on gpumem's allocator (policy:" CLI_RUN_DEFAULT_POLICY " unless --conf or GPUMEM_CONF names one),\n"
+                 "unmodified. --native keeps PyTorch's allocator and only publishes its statistics.\n"
+                 "Warns when the C++ shim gpumem._C is missing (torch's memory API then does not\n"
+                 "answer); 'gpumem doctor' says what is installed.",
+        .epilog = "Exit status: COMMAND's own (a signal too); 2 bad usage or settings; 126 COMMAND\n"
+                  "cannot be run; 127 COMMAND not found; 1 the gpumem Python package is missing.",
     };
-    int prc = cli_parse(&spec, argc, argv, pos, NULL);
-    free(pos);
-    if (prc) return cli_parse_exit(prc);
-    const char *py = getenv("GPUMEM_PYTHON");
-    if (!py || !*py) py = "python3";
-    char **args = calloc((size_t)argc + 4, sizeof *args);
-    if (!args) return cli_error("run", "out of memory");
-    args[0] = (char *)py;
-    args[1] = "-m";
-    args[2] = "gpumem";
-    args[3] = "run";
-    for (int i = 1; i < argc; i++) args[3 + i] = argv[i];
+    int npos = 0;
+    int prc = cli_parse(&spec, argc, argv, pos, &npos);
+    if (prc) {
+        free(pos);
+        return cli_parse_exit(prc);
+    }
+    char **cmd = pos; /* cmd[0..npos) is COMMAND, NULL-terminated (calloc) */
+    char eff[2048];
+    const char *envconf = getenv("GPUMEM_CONF");
+    int rc = 0;
+    if (oom_report && native) rc = cli_usage_error(argv[0], "--oom-report needs gpumem's allocator; drop --native");
+    else if (oom_report && !*oom_report) rc = cli_usage_error(argv[0], "--oom-report needs a directory");
+    if (rc) {
+        free(pos);
+        return rc;
+    }
+    if (!native && conf) {
+        if (!(rc = check_conf(argv[0], "--conf", conf, eff, sizeof eff))) setenv("GPUMEM_CONF", eff, 1);
+    } else if (!native && envconf && *envconf) {
+        rc = check_conf(argv[0], "GPUMEM_CONF", envconf, eff, sizeof eff);
+    }
+    char pkg[PATH_MAX], lib[PATH_MAX], shim[PATH_MAX];
+    if (!rc && !cli_python_package(pkg, sizeof pkg))
+        rc = cli_error(argv[0], "the gpumem Python package was not found beside this gpumem; install it: "
+                                "python3 -m pip install --no-build-isolation ./python");
+    if (rc) {
+        free(pos);
+        return rc;
+    }
+    if (set_pythonpath(pkg) != 0) {
+        free(pos);
+        return cli_error(argv[0], "out of memory");
+    }
+    setenv("GPUMEM_RUN", native ? "native" : "gpumem", 1);
+    if (no_publish) {
+        setenv("GPUMEM_PUBLISH", "0", 1);
+    } else {
+        setenv("GPUMEM_PUBLISH", "1", 0);
+        const char *base = strrchr(cmd[0], '/');
+        setenv("GPUMEM_PUBLISH_LABEL", label ? label : base ? base + 1 : cmd[0], label != NULL);
+    }
+    if (label) setenv("GPUMEM_RUN_ID", label, 0); /* the job's run id, unless a launcher gave one */
+    if (oom_report) { /* absolute: the command may change directory */
+        char abs[PATH_MAX], cwd[PATH_MAX];
+        if (oom_report[0] != '/' && getcwd(cwd, sizeof cwd) &&
+            snprintf(abs, sizeof abs, "%s/%s", cwd, oom_report) < (int)sizeof abs)
+            oom_report = abs;
+        setenv("GPUMEM_OOM_REPORT", oom_report, 1);
+    }
+#ifndef __SANITIZE_ADDRESS__ /* an ASan build's library cannot load into a plain python */
+    if (!getenv("GPUMEM_LIB") && cli_torch_library(NULL, lib, sizeof lib) && !cli_torch_library(pkg, shim, sizeof shim))
+        setenv("GPUMEM_LIB", lib, 1);
+#endif
+    if (!native && !cli_shim(pkg, shim, sizeof shim))
+        fprintf(stderr, "gpumem run: WARNING: the C++ shim gpumem._C is not installed in %s: under gpumem,\n"
+                        "  torch.cuda.memory_allocated/stats/summary and record_stream do not answer. Install\n"
+                        "  torch first, then: python3 -m pip install --no-build-isolation ./python\n"
+                        "  ('gpumem doctor' checks; --native keeps PyTorch's allocator)\n", pkg);
+    (void)lib;
     fflush(NULL);
-    execvp(py, args);
+    execvp(cmd[0], cmd);
     int e = errno;
-    free(args);
-    cli_error("run", "cannot start %s (%s): set GPUMEM_PYTHON to the Python that has the gpumem package "
-                     "(pip install --no-build-isolation ./python)", py, strerror(e));
+    cli_error(argv[0], "cannot run %s: %s", cmd[0], strerror(e));
+    free(pos);
     return e == ENOENT ? 127 : 126;
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# install_pkgconfig.sh — `cmake --install` puts the library, headers, CLI and
-# gpumem.pc under a prefix, and a C program built with
-# `pkg-config --cflags --libs gpumem` (nothing else) links and runs against
-# the installed library: a sim device, an allocation, the stats.
+# install_pkgconfig.sh — `cmake --install` puts the library (SONAME
+# libgpumem.so.0), headers, CLI, gpumem.pc and the CMake package under a
+# prefix; a C program built with `pkg-config --cflags --libs gpumem` (nothing
+# else) runs as installed, without LD_LIBRARY_PATH (the .pc's RPATH): a sim
+# device, an allocation, the stats; and a CMake project's
+# find_package(gpumem) + gpumem::gpumem builds and runs the same program.
 set -u
 : "${GPUMEM:?}"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -37,7 +39,33 @@ san=""
 if nm -D "$(dirname "$pc")/../libgpumem.so" 2>/dev/null | grep -q __asan_; then san="-fsanitize=address,undefined"; fi
 # shellcheck disable=SC2086
 cc $san "$T/user.c" -o "$T/user" $flags 2>"$T/cc.log" || { cat "$T/cc.log"; fail "compile with pkg-config flags: $flags"; }
-out=$(LD_LIBRARY_PATH="$(dirname "$pc")/.." ASAN_OPTIONS=detect_leaks=0 "$T/user") || fail "installed program exit $?"
+lib=$(dirname "$pc")/..
+soname=$(readelf -d "$lib/libgpumem.so" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+[ "$soname" = libgpumem.so.0 ] || fail "SONAME is '$soname', not libgpumem.so.0"
+[ -L "$lib/libgpumem.so.0" ] && [ -f "$(readlink -f "$lib/libgpumem.so.0")" ] || fail "libgpumem.so.0 link missing"
+out=$(env -u LD_LIBRARY_PATH ASAN_OPTIONS=detect_leaks=0 "$T/user") || fail "installed program exit $? (without LD_LIBRARY_PATH)"
 echo "$out" | grep -q "^ok " || fail "unexpected output: $out"
 "$T/prefix/bin/gpumem" --version >/dev/null || fail "installed CLI"
-echo "ok: cmake --install + pkg-config ($flags) builds and runs a C program"
+# the installed gpumem run finds the installed Python package (share/gpumem/python), no pip
+"$T/prefix/bin/gpumem" run --native -- sh -c 'case "$PYTHONPATH" in "$0"/share/gpumem/python/gpumem/_boot:*) exit 4 ;; esac; exit 9' "$T/prefix"
+rc=$?; [ $rc = 4 ] || fail "installed gpumem run: exit $rc (PYTHONPATH not the installed package's)"
+# find_package(gpumem): a CMake project against the install prefix
+mkdir -p "$T/proj"
+cp "$T/user.c" "$T/proj/user.c"
+cat >"$T/proj/CMakeLists.txt" <<'CM'
+cmake_minimum_required(VERSION 3.20)
+project(user C)
+find_package(gpumem 0.1 REQUIRED)
+add_executable(user user.c)
+target_link_libraries(user PRIVATE gpumem::gpumem)
+add_executable(user_static user.c)
+target_link_libraries(user_static PRIVATE gpumem::gpumem_static)
+CM
+cmake -S "$T/proj" -B "$T/proj/b" -DCMAKE_PREFIX_PATH="$T/prefix" -DCMAKE_C_FLAGS="$san" \
+    -DCMAKE_EXE_LINKER_FLAGS="$san" >"$T/cmake.log" 2>&1 && cmake --build "$T/proj/b" >>"$T/cmake.log" 2>&1 ||
+    { cat "$T/cmake.log"; fail "find_package(gpumem) project did not build"; }
+for p in user user_static; do
+    out=$(ASAN_OPTIONS=detect_leaks=0 "$T/proj/b/$p") || fail "find_package-built $p exit $?"
+    echo "$out" | grep -q "^ok " || fail "$p: unexpected output: $out"
+done
+echo "ok: cmake --install; pkg-config ($flags) and find_package(gpumem) build C programs that run as installed"

@@ -18,7 +18,7 @@ git -C "$SRC" log --oneline -1 2>/dev/null || true
 mkdir -p "$OUT/hdr"
 cp "$TORCH_DIR"/include/torch/csrc/cuda/CUDAPluggableAllocator.h "$TORCH_DIR"/include/c10/cuda/CUDACachingAllocator.h \
    "$TORCH_DIR"/include/c10/core/CachingDeviceAllocator.h "$OUT/hdr/" 2>/dev/null
-python3 -m pip uninstall -y gpumem >/dev/null 2>&1
+python3 -m pip uninstall -y torch-gpumem gpumem >/dev/null 2>&1  # the distribution is torch-gpumem now
 if python3 -m pip install -v --no-deps --no-build-isolation --no-index "$SRC/python" >"$OUT/pip.log" 2>&1; then
   echo "pip install: ok ($(( $(date +%s) - T0 )) s)"
 else
