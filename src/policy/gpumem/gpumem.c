@@ -25,11 +25,14 @@
  *    peak of granules touched by live blocks (1.002-1.009 x peak requested
  *    on the H200 traces).
  *  - gpumem_slack (config) decides when idle chunks move: memory may grow to
- *    (1 + slack) x the peak of live granules before they do. The default,
- *    inf, moves them only when creating fails or passes the memory fraction,
- *    so a repeating workload makes no device call after its first step (held
- *    memory = granules ever touched); slack 0 gives the least memory (held =
- *    peak live granules) but moves memory in every step.
+ *    (1 + slack) x the peak of live granules before they do. inf moves them
+ *    only when creating fails or passes the memory fraction, so a repeating
+ *    workload makes no device call after its first step (held memory =
+ *    granules ever touched); slack 0 gives the least memory (held = peak
+ *    live granules) but moves memory in every step. The default, auto, is 0
+ *    while the program warms up and inf once the plan (gpumem_plan:on, also
+ *    the default) has served a step or none came (gm__gp_loosen): the run's
+ *    peak never forms, and later steps make no device call.
  *    bench/gpumem_policy_tradeoff.md has the measured trade-off.
  *  - gpumem_chunks (config; run and auto apply only at gpumem_slack:inf,
  *    granule otherwise). granule: every chunk is one granule. run: a
