@@ -78,19 +78,26 @@ class EnvTest(unittest.TestCase):
         self.assertIn("did you mean 'max_split_size_mb'", r.stderr)
 
     def test_label_is_the_run_id_unless_a_launcher_set_one(self):
-        o, cmd = gr.parse(["--label", "job", "--", "train.py"])
-        self.assertEqual(gr.child_env(o, cmd, base={})["GPUMEM_RUN_ID"], "job")
-        self.assertEqual(gr.child_env(o, cmd, base={"GPUMEM_RUN_ID": "elastic"})["GPUMEM_RUN_ID"], "elastic")
-        o, cmd = gr.parse(["--", "train.py"])
-        self.assertNotIn("GPUMEM_RUN_ID", gr.child_env(o, cmd, base={}))
+        show = ["--", "sh", "-c", 'echo "${GPUMEM_RUN_ID-unset}"']
+        base = {k: v for k, v in os.environ.items() if k != "GPUMEM_RUN_ID"}
+        r = subprocess.run([sys.executable, "-m", "gpumem", "run", "--label", "job"] + show,
+                           env=dict(base, PYTHONPATH=PY_DIR), capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.stdout.strip(), "job", r.stderr)
+        r = launch(["--label", "job"] + show, env={"GPUMEM_RUN_ID": "elastic"})
+        self.assertEqual(r.stdout.strip(), "elastic", r.stderr)
+        r = subprocess.run([sys.executable, "-m", "gpumem", "run"] + show,
+                           env=dict(base, PYTHONPATH=PY_DIR), capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.stdout.strip(), "unset", r.stderr)
 
     def test_oom_report(self):
-        o, cmd = gr.parse(["--oom-report", "reports", "--", "train.py"])
-        env = gr.child_env(o, cmd, base={})
-        self.assertEqual(env["GPUMEM_OOM_REPORT"], os.path.abspath("reports"))
-        for bad in (["--oom-report", "d", "--native", "--", "x"], ["--oom-report=", "--", "x"]):
-            with self.assertRaises(gr.UsageError):
-                gr.parse(bad)
+        with tempfile.TemporaryDirectory() as d:
+            r = launch(["--oom-report", "reports", "--", "sh", "-c", 'echo "$GPUMEM_OOM_REPORT"'], cwd=d)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(os.path.realpath(r.stdout.strip()), os.path.realpath(os.path.join(d, "reports")))
+        for bad in (["--oom-report", "d", "--native", "--", "true"], ["--oom-report=", "--", "true"]):
+            r = launch(bad)
+            self.assertEqual(r.returncode, 2, (bad, r.stdout, r.stderr))
+            self.assertIn("--oom-report", r.stderr)
 
 
 @unittest.skipUnless(os.path.isfile(_exe()), _exe())
