@@ -12,13 +12,14 @@ mkdir -p "$OUT"
 START=$(date +%s)
 left() { echo $(( ${1} - ($(date +%s) - START) )); }
 echo "== 1. allocator suite"
-OUT=$OUT/suite timeout -k 5 "$(left 330)" bash "$SRC/tests/gpu/alloc_suite.sh" --steps 40 --rounds 1 \
-  --jobs gpt2_hf,resnet50_amp,llama_ckpt,bert_varlen --allocs native,expandable,gpumem --budget 230 \
+OUT=$OUT/suite timeout -k 5 "$(left ${SUITE_S:-270})" bash "$SRC/tests/gpu/alloc_suite.sh" --steps 40 --rounds 1 \
+  --jobs gpt2_hf,resnet50_amp,llama_ckpt,bert_varlen --allocs ${ALLOCS:-native,expandable,gpumem} --budget ${BUDGET:-230} \
   >"$OUT/suite.log" 2>&1
 echo "suite exit $? [$(( $(date +%s) - START )) s]"; sed -n '/^uncapped/,$p' "$OUT/suite.log"
 echo "== 2. OOM forensics"
-OUT=$OUT/oom GPUMEM_BUILD=/tmp/build-gpu timeout -k 5 "$(left 470)" bash "$SRC/tests/gpu/oom_forensics.sh" >"$OUT/oom.log" 2>&1
+OUT=$OUT/oom GPUMEM_BUILD=/tmp/build-gpu timeout -k 5 "$(left ${OOM_S:-470})" bash "$SRC/tests/gpu/oom_forensics.sh" >"$OUT/oom.log" 2>&1
 echo "oom exit $? [$(( $(date +%s) - START )) s]"; tail -12 "$OUT/oom.log"
+[ "${SKIP_EST:-0}" = 1 ] && exit 0
 echo "== 3. sharded estimate"
 OUT=$OUT timeout -k 5 "$(left 585)" python3 "$SRC/tests/gpu/estimate_sharded.py" --quick --gpumem /tmp/build-gpu/gpumem >"$OUT/est.log" 2>&1
 echo "estimate exit $? [$(( $(date +%s) - START )) s]"; tail -25 "$OUT/est.log"
