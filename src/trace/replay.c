@@ -9,7 +9,7 @@
  * the tensor died; memory becomes reusable at free_completed). */
 #include "trace.h"
 
-#include "idmap.h"
+#include "util/idmap.h"
 #include "internal.h"
 
 #include <stdio.h>

@@ -14,19 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Actions of torch's TraceEntry, in its order. */
-#define GM_TRACE_ACTIONS(X)                                                    \
-    X(ALLOC, "alloc") X(FREE_REQUESTED, "free_requested")                      \
-    X(FREE_COMPLETED, "free_completed") X(SEGMENT_ALLOC, "segment_alloc")      \
-    X(SEGMENT_FREE, "segment_free") X(SEGMENT_MAP, "segment_map")              \
-    X(SEGMENT_UNMAP, "segment_unmap") X(SNAPSHOT, "snapshot") X(OOM, "oom")
-
-typedef enum gm_trace_action {
-#define GM__TA_ENUM(n, s) GM_TA_##n,
-    GM_TRACE_ACTIONS(GM__TA_ENUM)
-#undef GM__TA_ENUM
-    GM_TA_COUNT
-} gm_trace_action;
+#include "core/action.h"
 
 const char *gm_trace_action_name(int action); /* "alloc", ... */
 
