@@ -688,43 +688,5 @@ int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limit
     return GM_OK;
 }
 
-int gm__pickle_load_file(const char *path, const gm__pickle_limits *limits, gm__pickle **out) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return gm__set_error(GM_EIO, "cannot open %s", path);
-    uint8_t *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            cap = cap ? cap * 2 : (1u << 20);
-            if (cap > (size_t)UINT32_MAX + 1) {
-                free(buf);
-                fclose(f);
-                return gm__set_error(GM_EINVAL, "%s: file too large", path);
-            }
-            uint8_t *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return gm__set_error(GM_ENOHOSTMEM, "out of host memory reading %s", path);
-            }
-            buf = nb;
-        }
-        size_t n = fread(buf + len, 1, cap - len, f);
-        len += n;
-        if (n == 0) break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return gm__set_error(GM_EIO, "error reading %s", path);
-    }
-    int rc = gm__pickle_load(buf, len, limits, out);
-    free(buf);
-    return rc;
-}
-
 gm__pval gm__pickle_root(const gm__pickle *p) { return p ? p->root : 0; }
 uint64_t gm__pickle_input_bytes(const gm__pickle *p) { return p ? p->consumed : 0; }
-uint64_t gm__pickle_memory_bytes(const gm__pickle *p) { return p ? p->mem : 0; }

@@ -51,13 +51,10 @@ void gm__pickle_limits_init(gm__pickle_limits *l);
  * GM_ENOHOSTMEM (a limit or malloc) and sets gm_last_error_detail(). */
 int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limits,
                     gm__pickle **out);
-/* Read a whole file and load it. GM_EIO when it cannot be read. */
-int gm__pickle_load_file(const char *path, const gm__pickle_limits *limits, gm__pickle **out);
 void gm__pickle_free(gm__pickle *p);
 gm__pval gm__pickle_root(const gm__pickle *p);
-/* Uncompressed bytes consumed and arena bytes used (for reports/bench). */
+/* Uncompressed bytes consumed (for reports/bench). */
 uint64_t gm__pickle_input_bytes(const gm__pickle *p);
-uint64_t gm__pickle_memory_bytes(const gm__pickle *p);
 
 /* ---- accessors: all accept any value (wrong type -> false/NULL/0) ------ */
 gm__ptype gm__pv_type(gm__pval v);

@@ -188,9 +188,10 @@ int64_t gm_tune_device_calls(const gm_replay_result *r);
  * GM_TUNE_CALLS_FACTOR x PyTorch default's and whose steady-state calls
  * (replay's second half, what every later step pays) within
  * GM_TUNE_STEADY_FACTOR x the default's, or GM_TUNE_STEADY_MIN. A setting far
- * above moves memory in every step: gpumem_slack:0 made 118x the default's
- * calls on the GPT-2 trace and cost +74% step time on the H200
- * (bench/RESULTS.md). Indexes into the ranked entries, -1 if none. */
+ * above moves memory in every step: gpumem_slack:0 on the GPT-2 trace, its
+ * device calls and its step time on the H200 against the default's, are in
+ * bench/RESULTS.md (step time A/B). Indexes into the ranked entries, -1 if
+ * none. */
 #define GM_TUNE_CALLS_FACTOR 10.0
 #define GM_TUNE_STEADY_FACTOR 4
 #define GM_TUNE_STEADY_MIN 16

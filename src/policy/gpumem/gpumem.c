@@ -102,7 +102,8 @@ static int gp_create(gm__device *d, void **state) {
     if (!st) return GM_ENOHOSTMEM;
     st->d = d;
     st->chunk_free = -1;
-    st->slack = d->cfg ? d->cfg->gpumem_slack : 0.0;
+    /* without a config, the documented default (gm_config_init: inf) */
+    st->slack = d->cfg ? d->cfg->gpumem_slack : INFINITY;
     /* idle chunks move only under memory pressure at inf, so a chunk larger
      * than a granule costs no memory there while the device has room, and
      * saves device calls; under pressure a partly used one pins memory,
