@@ -115,8 +115,6 @@ int64_t now_us() {
       .count();
 }
 
-constexpr int kGmENOMEM = -2;
-
 void gm_deleter(void* ptr);
 
 // ---- the allocator -----------------------------------------------------------
@@ -396,7 +394,7 @@ class GpumemAllocator : public PA {
 
   void on_alloc_failure(int st, size_t n, c10::DeviceIndex device, cudaStream_t stream) {
     std::string msg = last_error("allocation");
-    if (st != kGmENOMEM) TORCH_CHECK(false, msg);
+    if (st != GM_ENOMEM) TORCH_CHECK(false, msg);
     uint64_t fr = 0, tot = 0;
     api.mem_get_info(device, &fr, &tot);
     gm_stats s{};
