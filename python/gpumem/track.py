@@ -46,7 +46,7 @@ import ctypes
 import functools
 import threading
 
-from . import _lib
+from . import _lib, _torch_state
 from ._lib import GpumemError
 
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "forward", "backward", "optimizer.step"
@@ -356,8 +356,7 @@ class Tracker:
 
     def __init__(self, model, optimizer=None, history=1_000_000, module_scopes=True, oom_dump=None,
                  backward_scopes=True, stacks=False):
-        from . import torch as gt  # noqa: PLC0415
-        if not gt.is_installed():
+        if not _torch_state.is_installed():
             raise RuntimeError("gpumem.torch.track needs gpumem as PyTorch's allocator: call gpumem.torch.install() "
                                "at the top of the script, before the first CUDA tensor")
         self.model, self.optimizer = model, None
@@ -509,7 +508,7 @@ class Tracker:
     def breakdown(self, device=None):
         """Bytes per category now (parameters, gradients, optimizer_state from their
         storages), gpumem's allocated bytes now and at the peak, and the rest."""
-        from . import torch as gt  # noqa: PLC0415
+        gt = _torch_state
         params = _storages([p for p in self.model.parameters() if p.is_cuda])
         grads = _storages([p.grad for p in self.model.parameters() if p.grad is not None and p.grad.is_cuda])
         state = _storages(_tensors(list(self.optimizer.state.values()))) if self.optimizer is not None else {}
