@@ -118,8 +118,20 @@ extern const char *const gm_replay_sized_names[GM_REPLAY_SIZED];
 /* The steady state: the events from this fraction of the trace on (after
  * warm-up), where a training loop repeats its steps. */
 #define GM_REPLAY_STEADY_FROM 0.5
-/* Device call kinds, in the order of gm_replay_call_names and steady_calls. */
-#define GM_REPLAY_CALL_KINDS 8
+/* The device calls a replay reports, written once: X(name in replay's
+ * output, the gm_stats counter and gm_replay_result field). The order of
+ * gm_replay_call_names, steady_calls and gm_replay_calls. */
+#define GM_REPLAY_CALLS(X)                                                     \
+    X(device_alloc, num_device_alloc) X(device_free, num_device_free)          \
+    X(va_reserve, num_va_reserve) X(va_release, num_va_release)                \
+    X(phys_create, num_phys_create) X(phys_release, num_phys_release)          \
+    X(map, num_map) X(unmap, num_unmap)
+enum {
+#define GM__REPLAY_CALL_ENUM(name, field) GM__REPLAY_CALL_##name,
+    GM_REPLAY_CALLS(GM__REPLAY_CALL_ENUM)
+#undef GM__REPLAY_CALL_ENUM
+    GM_REPLAY_CALL_KINDS
+};
 extern const char *const gm_replay_call_names[GM_REPLAY_CALL_KINDS];
 
 typedef struct gm_replay_result {
@@ -127,8 +139,9 @@ typedef struct gm_replay_result {
     int64_t trace_peak_requested; /* computed from the trace alone */
     int64_t segments;             /* segment.all.allocated */
     int64_t num_alloc_retries, num_ooms;
-    int64_t num_device_alloc, num_device_free, num_va_reserve, num_va_release;
-    int64_t num_phys_create, num_phys_release, num_map, num_unmap;
+#define GM__REPLAY_CALL_FIELD(name, field) int64_t field;
+    GM_REPLAY_CALLS(GM__REPLAY_CALL_FIELD) /* the whole replay's device calls */
+#undef GM__REPLAY_CALL_FIELD
     /* the same sized calls by size (gm_sim_call_sizes), kinds in
      * gm_replay_sized_kinds order: n[i][k] calls, bytes[i][k] bytes of 2^k.. */
     uint64_t sized_n[GM_REPLAY_SIZED][GM_SIM_SIZE_BUCKETS];
@@ -155,6 +168,9 @@ typedef struct gm_replay_result {
     int64_t steady_device_calls;     /* all kinds */
     int64_t steady_calls[GM_REPLAY_CALL_KINDS];
 } gm_replay_result;
+
+/* r's device calls (the whole replay), in gm_replay_call_names' order. */
+void gm_replay_calls(const gm_replay_result *r, int64_t out[GM_REPLAY_CALL_KINDS]);
 
 /* Replay on a fresh sim device of `capacity` bytes (0 = 141 GiB) with cfg
  * (NULL = torch defaults). Returns GM_OK even on OOM (see r->oom); errors
