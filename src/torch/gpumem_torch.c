@@ -410,6 +410,8 @@ int gpumem_torch_config(gm_config *out, char *conf_str, size_t len) {
 
 void gpumem_torch_note_failed_free(void) { gpumem__torch_note_failed_free(); }
 
+int gpumem_torch_max_devices(void) { return GM_MAX_DEVICES; }
+
 /* The ctypes side's signatures, from the one list in gpumem_torch.h. */
 const char *gpumem_torch_signatures(void) {
 #define GPUMEM_TORCH__SIG(ret, name, params, sig) #name "=" sig "\n"

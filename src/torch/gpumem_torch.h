@@ -73,7 +73,9 @@ extern "C" {
     /* Device (backend) calls made so far for device, one counter per gm_bcall                          \
      * kind (MALLOC, FREE, MEM_INFO, VA_RESERVE, ..., EVENT_DESTROY, see                                \
      * gpumem/backend.h): copies up to n, returns GM_BCALL_COUNT or an error. */                        \
-    X(int, gpumem_torch_backend_calls, (int device, uint64_t *out, int n), "i:iUi")
+    X(int, gpumem_torch_backend_calls, (int device, uint64_t *out, int n), "i:iUi")                     \
+    /* GM_MAX_DEVICES: devices one process publishes (python/gpumem/publish_native.py). */             \
+    X(int, gpumem_torch_max_devices, (void), "i:")
 
 /* A function that throws torch's c10::OutOfMemoryError with msg. */
 typedef void (*gpumem_oom_thrower)(const char *msg);
