@@ -32,7 +32,7 @@
  *                      GPUMEM_SHARED defaulting to ../shared from the current directory)
  * Reports only; never fails on timing. */
 #include "gpumem/gpumem.h"
-#include "trace/idmap.h"
+#include "util/idmap.h"
 #include "trace/trace.h"
 
 #include <glob.h>

@@ -133,7 +133,8 @@ def shim_extension():
     except TypeError:
         inc = ce.include_paths(cuda=True)
     cuda_home = ce.CUDA_HOME or "/usr/local/cuda"
-    inc = list(inc) + [os.path.join(cuda_home, "include"), os.path.join(REPO, "include")]
+    inc = list(inc) + [os.path.join(cuda_home, "include"), os.path.join(REPO, "include"),
+                       os.path.join(REPO, "src", "torch")]  # gpumem_torch.h: the entry points the shim resolves
     site = os.path.dirname(os.path.dirname(torch.__file__))
     inc += sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))  # CUDA headers of pip-installed torch
     inc += sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "include")))

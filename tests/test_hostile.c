@@ -12,7 +12,7 @@
 #include "gpumem/gpumem.h"
 #include "internal.h"
 #include "monitor/monitor.h"
-#include "trace/idmap.h"
+#include "util/idmap.h"
 #include "trace/trace.h"
 
 #include <stdio.h>

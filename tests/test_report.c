@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "gm_limits.h"
+#include "util/gm_limits.h"
 #include "gpumem/gpumem.h"
 #include "report/report.h"
 #include "trace/trace.h"

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "gpumem/gpumem.h"
+#include "gpumem_torch.h"  // src/torch/: the entry points' declarations
 
 namespace gpumem_shim {
 
@@ -49,24 +50,18 @@ using PA = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 // ---- the library's entry points (src/torch/gpumem_torch.h) ----------------
 
+// The entry points the shim calls, by name without the gpumem_torch_ prefix;
+// their types come from the header's declarations.
+#define GM_SHIM_ENTRY_POINTS(X)                                               \
+  X(alloc_raw) X(free_raw) X(record_stream) X(empty_cache)                    \
+  X(set_memory_fraction) X(mem_get_info) X(device_count) X(reset_peak)        \
+  X(reset_accumulated) X(last_error) X(get_stats) X(block) X(walk_segments)   \
+  X(walk_blocks) X(config) X(note_failed_free) X(set_segment_observer)
+
 struct Api {
-  int (*alloc_raw)(int64_t, int, uint64_t, uint64_t*);
-  int (*free_raw)(uint64_t);
-  int (*record_stream)(uint64_t, uint64_t);
-  int (*empty_cache)(int);
-  int (*set_memory_fraction)(double, int);
-  int (*mem_get_info)(int, uint64_t*, uint64_t*);
-  int (*device_count)(int*);
-  int (*reset_peak)(int);
-  int (*reset_accumulated)(int);
-  const char* (*last_error)();
-  int (*get_stats)(int, gm_stats*);
-  int (*block)(uint64_t, int*, gm_block_info*);
-  int (*walk_segments)(int, gm_segment_cb, void*);
-  int (*walk_blocks)(int, gm_block_cb, void*);
-  int (*config)(gm_config*, char*, size_t);
-  void (*note_failed_free)();
-  int (*set_segment_observer)(gm_segment_observer, void*);
+#define GM_SHIM_FIELD(n) decltype(&gpumem_torch_##n) n;
+  GM_SHIM_ENTRY_POINTS(GM_SHIM_FIELD)
+#undef GM_SHIM_FIELD
 };
 Api api;
 std::string api_path;
@@ -81,23 +76,9 @@ void load_api(const std::string& path) {
   void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
   TORCH_CHECK(h, "gpumem: could not load ", path, ": ", dlerror());
   api_path = path;
-  resolve(h, "gpumem_torch_alloc_raw", api.alloc_raw);
-  resolve(h, "gpumem_torch_free_raw", api.free_raw);
-  resolve(h, "gpumem_torch_record_stream", api.record_stream);
-  resolve(h, "gpumem_torch_empty_cache", api.empty_cache);
-  resolve(h, "gpumem_torch_set_memory_fraction", api.set_memory_fraction);
-  resolve(h, "gpumem_torch_mem_get_info", api.mem_get_info);
-  resolve(h, "gpumem_torch_device_count", api.device_count);
-  resolve(h, "gpumem_torch_reset_peak", api.reset_peak);
-  resolve(h, "gpumem_torch_reset_accumulated", api.reset_accumulated);
-  resolve(h, "gpumem_torch_last_error", api.last_error);
-  resolve(h, "gpumem_torch_get_stats", api.get_stats);
-  resolve(h, "gpumem_torch_block", api.block);
-  resolve(h, "gpumem_torch_walk_segments", api.walk_segments);
-  resolve(h, "gpumem_torch_walk_blocks", api.walk_blocks);
-  resolve(h, "gpumem_torch_config", api.config);
-  resolve(h, "gpumem_torch_note_failed_free", api.note_failed_free);
-  resolve(h, "gpumem_torch_set_segment_observer", api.set_segment_observer);
+#define GM_SHIM_RESOLVE(n) resolve(h, "gpumem_torch_" #n, api.n);
+  GM_SHIM_ENTRY_POINTS(GM_SHIM_RESOLVE)
+#undef GM_SHIM_RESOLVE
 }
 
 std::string last_error(const char* what) {
@@ -114,8 +95,6 @@ int64_t now_us() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
-constexpr int kGmENOMEM = -2;
 
 void gm_deleter(void* ptr);
 
@@ -396,7 +375,7 @@ class GpumemAllocator : public PA {
 
   void on_alloc_failure(int st, size_t n, c10::DeviceIndex device, cudaStream_t stream) {
     std::string msg = last_error("allocation");
-    if (st != kGmENOMEM) TORCH_CHECK(false, msg);
+    if (st != GM_ENOMEM) TORCH_CHECK(false, msg);
     uint64_t fr = 0, tot = 0;
     api.mem_get_info(device, &fr, &tot);
     gm_stats s{};

@@ -113,31 +113,30 @@ def find_oom_library():
     return None
 
 
-_SIGS = {
-    "gpumem_torch_configure": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p]),
-    "gpumem_torch_init": (ctypes.c_int, []),
-    "gpumem_torch_is_initialized": (ctypes.c_int, []),
-    "gpumem_torch_shutdown": (None, []),
-    "gpumem_torch_alloc_raw": (ctypes.c_int, [ctypes.c_int64, ctypes.c_int, ctypes.c_uint64,
-                                              ctypes.POINTER(ctypes.c_uint64)]),
-    "gpumem_torch_free_raw": (ctypes.c_int, [ctypes.c_uint64]),
-    "gpumem_torch_record_stream": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_uint64]),
-    "gpumem_torch_empty_cache": (ctypes.c_int, [ctypes.c_int]),
-    "gpumem_torch_step_mark": (ctypes.c_int, [ctypes.c_int]),
-    "gpumem_torch_set_memory_fraction": (ctypes.c_int, [ctypes.c_double, ctypes.c_int]),
-    "gpumem_torch_mem_get_info": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64),
-                                                 ctypes.POINTER(ctypes.c_uint64)]),
-    "gpumem_torch_device_count": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int)]),
-    "gpumem_torch_stats_json": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
-    "gpumem_torch_reset_peak": (ctypes.c_int, [ctypes.c_int]),
-    "gpumem_torch_reset_accumulated": (ctypes.c_int, [ctypes.c_int]),
-    "gpumem_torch_summary": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
-    "gpumem_torch_check": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]),
-    "gpumem_torch_last_error": (ctypes.c_char_p, []),
-    "gpumem_torch_failed_frees": (ctypes.c_uint64, []),
-    "gpumem_torch_set_oom_thrower": (None, [ctypes.c_void_p]),
-    "gm_status_name": (ctypes.c_char_p, [ctypes.c_int]),
+# ctypes types of the letters in the library's signature table
+# (gpumem_torch_signatures; the list is GPUMEM_TORCH_CTYPES_ENTRY_POINTS in
+# src/torch/gpumem_torch.h, so this file never retypes a signature).
+_CTYPES = {
+    "v": None, "b": ctypes.c_bool, "i": ctypes.c_int, "q": ctypes.c_int64, "Q": ctypes.c_uint64, "d": ctypes.c_double,
+    "z": ctypes.c_size_t, "s": ctypes.c_char_p, "p": ctypes.c_void_p,
+    "I": ctypes.POINTER(ctypes.c_int), "U": ctypes.POINTER(ctypes.c_uint64),
 }
+
+
+def _signatures(lib, path):
+    """{name: (restype, argtypes)} from the library's own table."""
+    try:
+        table = lib.gpumem_torch_signatures
+    except AttributeError as e:
+        raise OSError("gpumem: %s lacks gpumem_torch_signatures (stale build?)" % path) from e
+    table.restype = ctypes.c_char_p
+    table.argtypes = []
+    sigs = {}
+    for line in table().decode().splitlines():
+        name, _, sig = line.partition("=")
+        res, _, args = sig.partition(":")
+        sigs[name] = (_CTYPES[res], [_CTYPES[c] for c in args])
+    return sigs
 
 
 def load():
@@ -150,7 +149,7 @@ def load():
                 lib = ctypes.CDLL(path)
             except OSError as e:
                 raise OSError("gpumem: could not load %s: %s" % (path, e)) from e
-            for name, (res, args) in _SIGS.items():
+            for name, (res, args) in _signatures(lib, path).items():
                 try:
                     f = getattr(lib, name)
                 except AttributeError as e:

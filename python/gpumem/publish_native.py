@@ -19,7 +19,6 @@ import threading
 
 from gpumem import _lib
 
-DEVICES = 64  # records per segment (GM__SHM_DEVICES); devices beyond are not published
 
 
 def _api():
@@ -78,6 +77,8 @@ class NativePublisher:
         self._lib = _api()
         self._keys = keys()
         self._values = (ctypes.c_int64 * len(self._keys))()
+        # records per segment (GM_MAX_DEVICES, from the library); devices beyond are not published
+        self._devices_max = self._lib.gpumem_torch_max_devices()
         handle = ctypes.c_void_p()
         _lib.check(self._lib.gm_native_publisher_open(label.encode() if label else None, ctypes.byref(handle)),
                    "publishing torch's statistics")
@@ -91,7 +92,7 @@ class NativePublisher:
             if self._handle is None:
                 return
             for d in devices:
-                if 0 <= d < DEVICES:
+                if 0 <= d < self._devices_max:
                     stats = self._stats_fn(d)
                     if stats:
                         for i, k in enumerate(self._keys):

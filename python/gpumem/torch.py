@@ -23,31 +23,10 @@ import sys
 
 from . import _lib
 from ._lib import GpumemError
+from ._torch_state import (  # noqa: F401 (gpumem.torch's API: shared with gpumem.track below it)
+    _device, _stat, _state, _torch, is_installed, max_memory_allocated, memory_allocated, memory_stats)
 
-_state = {"installed": False, "conf": None, "mode": None, "oom_native": False, "record_hook": None,
-          "orig_record_stream": None, "helpers": []}
 OOM_PREFIX = "gpumem: CUDA out of memory"
-
-
-def _torch():
-    import torch  # noqa: PLC0415 (lazy on purpose)
-    return torch
-
-
-def _device(device):
-    """Device index from None (current device), an int, a str or a torch.device."""
-    if device is None:
-        if "torch" in sys.modules:
-            return _torch().cuda.current_device()
-        return 0
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        device = _torch().device(device)
-    idx = getattr(device, "index", None)
-    if idx is None:
-        return _torch().cuda.current_device()
-    return int(idx)
 
 
 # ---- installation ----------------------------------------------------------
@@ -126,10 +105,6 @@ def install(conf=None, backend="cuda", label=None):
               "pip install --no-build-isolation ./python" % _state.get("shim_error", "GPUMEM_SHIM=0"))
         _load_helpers()
     return path
-
-
-def is_installed():
-    return _state["installed"]
 
 
 def _load_helpers():
@@ -248,11 +223,6 @@ def oom_guard():
 
 # ---- the torch.cuda memory API ---------------------------------------------
 
-def memory_stats(device=None):
-    """Like torch.cuda.memory_stats: a dict with the same keys."""
-    return _lib.stats(_device(device))
-
-
 def memory_stats_as_nested_dict(device=None):
     out = {}
     for k, v in memory_stats(device).items():
@@ -262,21 +232,6 @@ def memory_stats_as_nested_dict(device=None):
             d = d.setdefault(p, {})
         d[parts[-1]] = v
     return out
-
-
-def _stat(key, device):
-    s = memory_stats(device)
-    if key not in s:
-        raise GpumemError(-10, "gpumem: stats lack %r (keys: %s...)" % (key, ", ".join(list(s)[:8])))
-    return s[key]
-
-
-def memory_allocated(device=None):
-    return _stat("allocated_bytes.all.current", device)
-
-
-def max_memory_allocated(device=None):
-    return _stat("allocated_bytes.all.peak", device)
 
 
 def memory_reserved(device=None):

@@ -46,7 +46,7 @@ import ctypes
 import functools
 import threading
 
-from . import _lib
+from . import _lib, _torch_state
 from ._lib import GpumemError
 
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "forward", "backward", "optimizer.step"
@@ -58,37 +58,17 @@ UNTRACKED = "untracked"
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
 HISTORY_GMT, HISTORY_TORCH = 0, 1
 
-_SIGS = {
-    "gm_scope_push": (ctypes.c_int, [ctypes.c_char_p]),
-    "gm_scope_pop": (ctypes.c_int, []),
-    "gm_scope_depth": (ctypes.c_int, []),
-    "gm_scope_current": (ctypes.c_char_p, []),
-    "gm_scope_set_global": (ctypes.c_int, [ctypes.c_char_p]),
-    "gm_history_enable": (ctypes.c_int, [ctypes.c_size_t]),
-    "gm_history_enabled": (ctypes.c_bool, []),
-    "gm_history_counts": (None, [ctypes.POINTER(ctypes.c_uint64)] * 3),
-    "gm_history_tag": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_int]),
-    "gpumem_torch_tag": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_int]),
-    "gm_history_dump": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
-    "gm_history_dump_on_oom": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
-    "gm_last_error_detail": (ctypes.c_char_p, []),
-}
 _bound = None
 _bind_lock = threading.Lock()
 
 
 def _c():
-    """libgpumem_torch.so with the scope / history functions' signatures."""
+    """libgpumem_torch.so with the scope / history functions' signatures set."""
     global _bound
     with _bind_lock:
         if _bound is None:
-            lib = _lib.load()
-            for name, (res, args) in _SIGS.items():
-                f = getattr(lib, name, None)
-                if f is None:
-                    raise OSError("gpumem: %s lacks %s (stale build?)" % (_lib.library_path(), name))
-                f.restype, f.argtypes = res, args
-            _bound = lib
+            # _lib.load() sets every signature from the library's own table
+            _bound = _lib.load()
         return _bound
 
 
@@ -376,8 +356,7 @@ class Tracker:
 
     def __init__(self, model, optimizer=None, history=1_000_000, module_scopes=True, oom_dump=None,
                  backward_scopes=True, stacks=False):
-        from . import torch as gt  # noqa: PLC0415
-        if not gt.is_installed():
+        if not _torch_state.is_installed():
             raise RuntimeError("gpumem.torch.track needs gpumem as PyTorch's allocator: call gpumem.torch.install() "
                                "at the top of the script, before the first CUDA tensor")
         self.model, self.optimizer = model, None
@@ -529,7 +508,7 @@ class Tracker:
     def breakdown(self, device=None):
         """Bytes per category now (parameters, gradients, optimizer_state from their
         storages), gpumem's allocated bytes now and at the peak, and the rest."""
-        from . import torch as gt  # noqa: PLC0415
+        gt = _torch_state
         params = _storages([p for p in self.model.parameters() if p.is_cuda])
         grads = _storages([p.grad for p in self.model.parameters() if p.grad is not None and p.grad.is_cuda])
         state = _storages(_tensors(list(self.optimizer.state.values()))) if self.optimizer is not None else {}

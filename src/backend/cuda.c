@@ -23,7 +23,7 @@
 #define _GNU_SOURCE
 #include "cuda_driver.h"
 
-#include "internal.h"
+#include "util/util.h"
 
 #include <dlfcn.h>
 #include <inttypes.h>

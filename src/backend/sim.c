@@ -9,8 +9,9 @@
  * first-fit at the lowest free 2 MiB-aligned address, so freed ranges are
  * reused like the driver does) and a separate region for VA reservations.
  * One mutex guards the whole simulator. */
-#include "internal.h"
-#include "trace/idmap.h"
+#include "backend/table.h"
+#include "util/util.h"
+#include "util/idmap.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -520,7 +521,6 @@ static const gm_backend_ops sim_ops = {
 
 /* backend.c: the context and table of a backend object (sim only needs it to
  * reach its own state from gm_sim_complete_events). */
-void *gm__backend_ctx(gm_backend *b, const gm_backend_ops **ops);
 
 void gm_sim_options_init(gm_sim_options *o) {
     if (!o) return;

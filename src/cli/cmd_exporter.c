@@ -6,7 +6,7 @@
 #include "cli.h"
 
 #include "monitor/monitor.h"
-#include "gm_limits.h"
+#include "util/gm_limits.h"
 
 #include <pthread.h>
 #include <errno.h>

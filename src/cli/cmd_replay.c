@@ -61,13 +61,12 @@ static void print_json(const char *path, const gm_trace *t, const gm_config *cfg
         printf(",\"error\":");
         cli_json_string(stdout, r->error_detail);
     }
-    printf(",\"device_calls\":{\"device_alloc\":%lld,\"device_free\":%lld,\"va_reserve\":%lld,"
-           "\"va_release\":%lld,\"phys_create\":%lld,\"phys_release\":%lld,\"map\":%lld,"
-           "\"unmap\":%lld},\"seconds\":%.6f",
-           (long long)r->num_device_alloc, (long long)r->num_device_free,
-           (long long)r->num_va_reserve, (long long)r->num_va_release,
-           (long long)r->num_phys_create, (long long)r->num_phys_release, (long long)r->num_map,
-           (long long)r->num_unmap, r->seconds);
+    int64_t calls[GM_REPLAY_CALL_KINDS];
+    gm_replay_calls(r, calls);
+    printf(",\"device_calls\":{");
+    for (int k = 0; k < GM_REPLAY_CALL_KINDS; k++)
+        printf("%s\"%s\":%lld", k ? "," : "", gm_replay_call_names[k], (long long)calls[k]);
+    printf("},\"seconds\":%.6f", r->seconds);
     print_sized(r);
     printf(",\"steady_from\":%g,\"steady_peak_reserved\":%lld,\"steady_peak_requested\":%lld,"
            "\"steady_ratio\":%.6f,\"steady_device_calls\":%lld,\"steady_device_calls_by_kind\":{",
@@ -96,12 +95,15 @@ static void print_text(const char *path, const gm_trace *t, const gm_config *cfg
            r->peak_requested ? (double)r->peak_reserved / (double)r->peak_requested : 0.0);
     printf("segments        %lld allocated, retries %lld\n", (long long)r->segments,
            (long long)r->num_alloc_retries);
-    printf("device calls    alloc %lld, free %lld, va_reserve %lld, va_release %lld, phys_create %lld, "
-           "phys_release %lld, map %lld, unmap %lld\n",
-           (long long)r->num_device_alloc, (long long)r->num_device_free,
-           (long long)r->num_va_reserve, (long long)r->num_va_release,
-           (long long)r->num_phys_create, (long long)r->num_phys_release, (long long)r->num_map,
-           (long long)r->num_unmap);
+    int64_t calls[GM_REPLAY_CALL_KINDS];
+    gm_replay_calls(r, calls);
+    printf("device calls   ");
+    for (int k = 0; k < GM_REPLAY_CALL_KINDS; k++) { /* "device_alloc" reads "alloc" here */
+        const char *name = gm_replay_call_names[k];
+        if (!strncmp(name, "device_", 7)) name += 7;
+        printf("%s %s %lld", k ? "," : "", name, (long long)calls[k]);
+    }
+    printf("\n");
     if (r->steady_started) {
         printf("steady state    from %.0f%% of the trace: peak reserved %s, requested %s (%.4f), "
                "device calls %lld\n",

@@ -5,20 +5,20 @@
  * (devlock.c). Why not pthread_mutex_t: its unlock is an atomic exchange (it
  * must look for sleepers), and a locked instruction drains the store buffer
  * that a malloc or free has just filled with stats and list updates. On the
- * H200 hosts (Xeon) that exchange plus the call into libc was 7-25% of a warm
- * operation: paired warm speedup against torch's native allocator, medians of
- * two runs (tests/gpu/variants_paired.sh, bench/RESULTS.md): pthread 4.68-4.99x
- * on gpt2_small, an inline futex mutex (exchange on unlock) 5.04-5.26x, this
- * lock 5.32-5.36x; bert 4.84-5.31 / 5.26-5.30 / 5.47-5.71x. No lock at all
- * (measured in the single-threaded bench) was within noise of this one, so
- * the exchange left on acquire costs nothing worth a cleverer scheme.
+ * H200 hosts (Xeon) that exchange plus the call into libc was a visible share
+ * of a warm operation: pthread, an inline futex mutex (exchange on unlock) and
+ * this lock, paired against torch's native allocator with
+ * tests/gpu/variants_paired.sh, are in bench/RESULTS.md ("the device lock",
+ * 2026-11-30). No lock at all (the single-threaded bench) was within noise of
+ * this one, so the exchange left on acquire costs nothing worth a cleverer
+ * scheme.
  *
  * The price is paid only under contention: a waiter never sleeps on a
  * futex (a plain-store unlock cannot know whether to wake one), so when the
  * holder is inside a long device call it re-polls at most every
  * GM__DEVLOCK_SLEEP_NS. PyTorch calls the allocator from the main thread and
- * the autograd thread, which rarely overlap, and holds are ~100 ns outside
- * device calls. Mutual exclusion rests on the atomic exchange alone; every
+ * the autograd thread, which rarely overlap, and holds are short outside
+ * device calls (one warm operation: bench/RESULTS.md). Mutual exclusion rests on the atomic exchange alone; every
  * waiter keeps retrying, so one is always admitted once the holder leaves. */
 #ifndef GM_DEVLOCK_H
 #define GM_DEVLOCK_H

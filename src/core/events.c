@@ -6,7 +6,7 @@
  * policy's retry path). */
 #include "frontend.h"
 #include "history.h"
-#include "trace/trace.h"
+#include "action.h"
 
 #include <stdlib.h>
 

@@ -1,12 +1,12 @@
 /* history.h — the allocation history ring (scope.c), as the allocator front
  * end and the backend wrapper feed it, and as the dump (src/report/
- * history_dump.c) reads it. Actions are gm_trace_action values (trace.h);
+ * history_dump.c) reads it. Actions are gm_trace_action values (action.h);
  * GM__HIST_TAG marks a gm_history_tag. */
 #ifndef GPUMEM_CORE_HISTORY_H
 #define GPUMEM_CORE_HISTORY_H
 
 #include "gpumem/gpumem.h"
-#include "trace/trace.h"
+#include "action.h"
 
 #include <stdint.h>
 
@@ -29,6 +29,9 @@ void gm__history_record(int device, int action, uint64_t addr, uint64_t size, ui
 void gm__history_record_free(int device, uint64_t addr, uint64_t size, uint64_t stream, int completed);
 /* After an OOM (no lock held): records it and dumps if asked to. */
 void gm__history_oom(int device, uint64_t size, uint64_t stream);
+/* gm_history_dump_on_oom's work (src/report/history_dump.c): after an OOM,
+ * dump(path, format) (NULL path: stop). A copy of path is kept. */
+int gm__history_set_oom_dump(int (*dump)(const char *path, int format), const char *path, int format);
 
 /* The hooks: one predictable branch when the history is off. */
 static inline void gm__history_note(int device, int action, uint64_t addr, uint64_t size, uint64_t stream) {

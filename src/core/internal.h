@@ -1,9 +1,10 @@
 /* internal.h — what the allocator front end, the policies, the backend
  * wrapper and the monitor share inside libgpumem. Not installed.
  *
- * Layering:  front end (allocator.c: locking, pointer map, stream events,
- *            request-level stats)  ->  policy (torch / gpumem: placement,
- *            segments, caching)  ->  backend wrapper (backend.c)  ->  backend. */
+ * Layering (docs/architecture.md):  front end (allocator.c: locking, pointer
+ *            map, stream events, request-level stats)  ->  policy (src/policy/:
+ *            placement, segments, caching)  ->  device calls (devcall.c)  ->
+ *            the backend table (src/backend/table.c)  ->  a backend. */
 #ifndef GPUMEM_INTERNAL_H
 #define GPUMEM_INTERNAL_H
 
@@ -17,35 +18,11 @@
 #include <string.h>
 
 #include "devlock.h"
-#include "gm_limits.h"
+#include "util/gm_limits.h"
+#include "util/util.h"
 
-#define GM__KIB ((uint64_t)1024)
-#define GM__MIB (GM__KIB * 1024)
-#define GM__GIB (GM__MIB * 1024)
-
-/* The calling thread's gm_last_error_detail() text holds this many bytes
- * with its NUL (the libgpumem_torch messages, which quote a core detail
- * after their own words, fit too). */
-#define GM__ERROR_DETAIL_MAX 2048
-/* Set the calling thread's gm_last_error_detail() text; returns status. An
- * argument may be the current detail itself. */
-int gm__set_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Resize the array *arrp (any T **: the pointer is copied, not read through
- * void **) to n elements of elem bytes. false, and nothing changed, when
- * realloc fails. */
-static inline bool gm__realloc_array(void *arrp, size_t n, size_t elem) {
-    void *v;
-    memcpy(&v, arrp, sizeof v);
-    void *nv = realloc(v, n * elem);
-    if (!nv) return false;
-    memcpy(arrp, &nv, sizeof nv);
-    return true;
-}
 /* "512 B", "13.24 GiB": the one byte formatter (putbuf.c); returns buf. */
 const char *gm__format_bytes(int64_t bytes, char *buf, size_t len);
-void gm__clear_error(void);
-/* For `check` ops: write the broken invariant into err; returns GM_ESTATE. */
-int gm__check_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ---- statistics helpers (caller holds the device lock) ------------------ */
 

@@ -15,7 +15,7 @@
 
 #include "devlock.h"
 #include "internal.h"
-#include "trace/trace.h"
+#include "action.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -181,6 +181,7 @@ static struct {
     pthread_mutex_t oom_mu;
     char *oom_path;
     int oom_format;
+    int (*oom_dump)(const char *path, int format); /* gm_history_dump, lent by the report layer */
 } H = {.oom_mu = PTHREAD_MUTEX_INITIALIZER};
 
 static double mono_ns(void) {
@@ -338,16 +339,14 @@ int gm__history_copy(gm__hist_copy *out) {
     return GM_OK;
 }
 
-int gm_history_dump_on_oom(const char *path, int format) {
-    if (path && format != GM_HISTORY_GMT && format != GM_HISTORY_TORCH)
-        return gm__set_error(GM_EINVAL, "gm_history_dump_on_oom: format %d is neither GM_HISTORY_GMT nor "
-                                        "GM_HISTORY_TORCH", format);
+int gm__history_set_oom_dump(int (*dump)(const char *path, int format), const char *path, int format) {
     char *copy = path ? strdup(path) : NULL;
     if (path && !copy) return gm__set_error(GM_ENOHOSTMEM, "gm_history_dump_on_oom: out of host memory");
     pthread_mutex_lock(&H.oom_mu);
     free(H.oom_path);
     H.oom_path = copy;
     H.oom_format = format;
+    H.oom_dump = dump;
     pthread_mutex_unlock(&H.oom_mu);
     return GM_OK;
 }
@@ -356,11 +355,11 @@ void gm__history_oom(int device, uint64_t size, uint64_t stream) {
     if (!gm_history_enabled()) return;
     gm__history_record(device, GM_TA_OOM, 0, size, stream);
     pthread_mutex_lock(&H.oom_mu);
-    if (H.oom_path) {
+    if (H.oom_path && H.oom_dump) {
         /* keep the caller's OOM explanation */
         char saved[1024];
         snprintf(saved, sizeof saved, "%s", gm_last_error_detail());
-        gm_history_dump(H.oom_path, H.oom_format);
+        H.oom_dump(H.oom_path, H.oom_format);
         gm__set_error(GM_ENOMEM, "%s", saved);
     }
     pthread_mutex_unlock(&H.oom_mu);

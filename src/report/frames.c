@@ -7,7 +7,7 @@
 #include "report.h"
 
 #include "internal.h"
-#include "trace/idmap.h"
+#include "util/idmap.h"
 
 #include <stdlib.h>
 #include <string.h>

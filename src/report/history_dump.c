@@ -6,7 +6,7 @@
 
 #include "history.h"
 #include "internal.h"
-#include "trace/idmap.h"
+#include "util/idmap.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -92,4 +92,13 @@ int gm_history_dump(const char *path, int format) {
     rc = format == GM_HISTORY_GMT ? gm_trace_write_gmt(t, path) : gm_trace_write_snapshot(t, path);
     gm_trace_free(t);
     return rc;
+}
+
+/* The core records the OOM and calls gm_history_dump through the hook it is
+ * lent here (src/core/scope.c: the core calls nothing above it). */
+int gm_history_dump_on_oom(const char *path, int format) {
+    if (path && format != GM_HISTORY_GMT && format != GM_HISTORY_TORCH)
+        return gm__set_error(GM_EINVAL, "gm_history_dump_on_oom: format %d is neither GM_HISTORY_GMT nor "
+                                        "GM_HISTORY_TORCH", format);
+    return gm__history_set_oom_dump(path ? gm_history_dump : NULL, path, format);
 }

@@ -420,3 +420,14 @@ int gpumem_torch_config(gm_config *out, char *conf_str, size_t len) {
 }
 
 void gpumem_torch_note_failed_free(void) { gpumem__torch_note_failed_free(); }
+
+int gpumem_torch_max_devices(void) { return GM_MAX_DEVICES; }
+
+/* The ctypes side's signatures, from the one list in gpumem_torch.h. */
+const char *gpumem_torch_signatures(void) {
+#define GPUMEM_TORCH__SIG(ret, name, params, sig) #name "=" sig "\n"
+#define GPUMEM_TORCH__GM_SIG(name, sig) #name "=" sig "\n"
+    return GPUMEM_TORCH_CTYPES_ENTRY_POINTS(GPUMEM_TORCH__SIG) GPUMEM_TORCH_CTYPES_GM_FUNCTIONS(GPUMEM_TORCH__GM_SIG);
+#undef GPUMEM_TORCH__GM_SIG
+#undef GPUMEM_TORCH__SIG
+}

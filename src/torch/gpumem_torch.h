@@ -17,39 +17,95 @@ extern "C" {
 
 #define GPUMEM_TORCH_API __attribute__((visibility("default")))
 
-/* Settings for the allocator created on first use: conf in
- * PYTORCH_CUDA_ALLOC_CONF syntax plus policy:torch|gpumem (NULL: env
- * GPUMEM_CONF), backend "cuda" (default) or "sim" (tests without a GPU).
- * GM_ESTATE once the allocator exists; GM_ECONFIG if conf does not parse
- * (checked now, so the error reaches the caller instead of the first alloc). */
-GPUMEM_TORCH_API int gpumem_torch_configure(const char *conf, const char *backend);
-/* Create the allocator now (normally done by the first allocation). */
-GPUMEM_TORCH_API int gpumem_torch_init(void);
-GPUMEM_TORCH_API int gpumem_torch_is_initialized(void);
-/* Destroy the allocator and backend (tests only: every pointer dies). */
-GPUMEM_TORCH_API void gpumem_torch_shutdown(void);
+/* Every entry point python/gpumem calls through ctypes, written once:
+ * X(return type, name, parameters, ctypes signature). The declarations below
+ * and the signature table the library exports (gpumem_torch_signatures, which
+ * python/gpumem/_lib.py reads to set argtypes) are made from it. Signature:
+ * the return, ':', then one letter per parameter: i int, q int64_t,
+ * Q uint64_t, d double, z size_t, s a string or char buffer, p a pointer or
+ * function, I int *, U uint64_t *; v (return only) void. */
+#define GPUMEM_TORCH_CTYPES_ENTRY_POINTS(X)                                                               \
+    /* Settings for the allocator created on first use: conf in                                         \
+     * PYTORCH_CUDA_ALLOC_CONF syntax plus policy:torch|gpumem (NULL: env                               \
+     * GPUMEM_CONF), backend "cuda" (default) or "sim" (tests without a GPU).                           \
+     * GM_ESTATE once the allocator exists; GM_ECONFIG if conf does not parse                           \
+     * (checked now, so the error reaches the caller instead of the first alloc). */                   \
+    X(int, gpumem_torch_configure, (const char *conf, const char *backend), "i:ss")                     \
+    /* Create the allocator now (normally done by the first allocation). */                             \
+    X(int, gpumem_torch_init, (void), "i:")                                                             \
+    X(int, gpumem_torch_is_initialized, (void), "i:")                                                   \
+    /* Destroy the allocator and backend (tests only: every pointer dies). */                           \
+    X(void, gpumem_torch_shutdown, (void), "v:")                                                        \
+    X(int, gpumem_torch_alloc_raw, (int64_t size, int device, uint64_t stream, uint64_t *out), "i:qiQU") \
+    X(int, gpumem_torch_free_raw, (uint64_t ptr), "i:Q")                                                \
+    X(int, gpumem_torch_record_stream, (uint64_t ptr, uint64_t stream), "i:QQ")                         \
+    X(int, gpumem_torch_empty_cache, (int device), "i:i")                                               \
+    /* gm_step_mark: one step of the training loop ended (gpumem_plan:on). */                           \
+    X(int, gpumem_torch_step_mark, (int device), "i:i")                                                 \
+    /* Record what the allocation at ptr holds (a gm_category): in its block, for                       \
+     * the OOM explanation, and in the history, for the report. */                                      \
+    X(int, gpumem_torch_tag, (uint64_t ptr, int category), "i:Qi")                                      \
+    X(int, gpumem_torch_set_memory_fraction, (double fraction, int device), "i:di")                     \
+    X(int, gpumem_torch_mem_get_info, (int device, uint64_t *free_bytes, uint64_t *total_bytes), "i:iUU") \
+    X(int, gpumem_torch_device_count, (int *count), "i:I")                                              \
+    X(int, gpumem_torch_stats_json, (int device, char *buf, size_t len), "i:isz")                       \
+    X(int, gpumem_torch_reset_peak, (int device), "i:i")                                                \
+    X(int, gpumem_torch_reset_accumulated, (int device), "i:i")                                         \
+    X(int, gpumem_torch_summary, (int device, int abbreviated, char *buf, size_t len), "i:iisz")        \
+    X(int, gpumem_torch_check, (int device, char *buf, size_t len), "i:isz")                            \
+    /* "" after success; "gpumem: ..." after a failure on this thread. */                               \
+    X(const char *, gpumem_torch_last_error, (void), "s:")                                              \
+    /* Frees that failed inside gpumem_free (which must not throw). */                                  \
+    X(uint64_t, gpumem_torch_failed_frees, (void), "Q:")                                                \
+    /* A function that throws torch's c10::OutOfMemoryError with msg (built                             \
+     * against torch's headers, see src/torch/ext/); NULL: std::runtime_error. */                       \
+    X(void, gpumem_torch_set_oom_thrower, (gpumem_oom_thrower fn), "v:p")                               \
+    /* GPUMEM_PROFILE=1 in the environment (read when the library loads) or                             \
+     * profile_enable(1): count alloc_raw/free_raw calls (the pluggable entry                           \
+     * points) and the CLOCK_MONOTONIC time spent inside them. profile() copies up                      \
+     * to n of the GPUMEM_TORCH_PROFILE_FIELDS counters into out and returns that                       \
+     * number: alloc calls, alloc ns, alloc max ns, alloc calls >= 10 us, then the                      \
+     * same four for free. Off: one branch per call, nothing counted.                                   \
+     * profile_enable returns the previous setting. */                                                   \
+    X(int, gpumem_torch_profile_enable, (int on), "i:i")                                                \
+    X(void, gpumem_torch_profile_reset, (void), "v:")                                                   \
+    X(int, gpumem_torch_profile, (uint64_t *out, int n), "i:Ui")                                        \
+    /* Device (backend) calls made so far for device, one counter per gm_bcall                          \
+     * kind (MALLOC, FREE, MEM_INFO, VA_RESERVE, ..., EVENT_DESTROY, see                                \
+     * gpumem/backend.h): copies up to n, returns GM_BCALL_COUNT or an error. */                        \
+    X(int, gpumem_torch_backend_calls, (int device, uint64_t *out, int n), "i:iUi")                     \
+    /* GM_MAX_DEVICES: devices one process publishes (python/gpumem/publish_native.py). */             \
+    X(int, gpumem_torch_max_devices, (void), "i:")
 
-GPUMEM_TORCH_API int gpumem_torch_alloc_raw(int64_t size, int device, uint64_t stream, uint64_t *out);
-GPUMEM_TORCH_API int gpumem_torch_free_raw(uint64_t ptr);
-GPUMEM_TORCH_API int gpumem_torch_record_stream(uint64_t ptr, uint64_t stream);
-GPUMEM_TORCH_API int gpumem_torch_empty_cache(int device);
-/* gm_step_mark: one step of the training loop ended (gpumem_plan:on). */
-GPUMEM_TORCH_API int gpumem_torch_step_mark(int device);
-/* Record what the allocation at ptr holds (a gm_category): in its block, for
- * the OOM explanation, and in the history, for the report. */
-GPUMEM_TORCH_API int gpumem_torch_tag(uint64_t ptr, int category);
-GPUMEM_TORCH_API int gpumem_torch_set_memory_fraction(double fraction, int device);
-GPUMEM_TORCH_API int gpumem_torch_mem_get_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
-GPUMEM_TORCH_API int gpumem_torch_device_count(int *count);
-GPUMEM_TORCH_API int gpumem_torch_stats_json(int device, char *buf, size_t len);
-GPUMEM_TORCH_API int gpumem_torch_reset_peak(int device);
-GPUMEM_TORCH_API int gpumem_torch_reset_accumulated(int device);
-GPUMEM_TORCH_API int gpumem_torch_summary(int device, int abbreviated, char *buf, size_t len);
-GPUMEM_TORCH_API int gpumem_torch_check(int device, char *buf, size_t len);
-/* "" after success; "gpumem: ..." after a failure on this thread. */
-GPUMEM_TORCH_API const char *gpumem_torch_last_error(void);
-/* Frees that failed inside gpumem_free (which must not throw). */
-GPUMEM_TORCH_API uint64_t gpumem_torch_failed_frees(void);
+/* A function that throws torch's c10::OutOfMemoryError with msg. */
+typedef void (*gpumem_oom_thrower)(const char *msg);
+
+#define GPUMEM_TORCH__DECLARE(ret, name, params, sig) GPUMEM_TORCH_API ret name params;
+GPUMEM_TORCH_CTYPES_ENTRY_POINTS(GPUMEM_TORCH__DECLARE)
+#undef GPUMEM_TORCH__DECLARE
+
+/* The public gm_* functions (gpumem.h) python/gpumem calls through ctypes,
+ * with their signatures (letters as above; b bool). */
+#define GPUMEM_TORCH_CTYPES_GM_FUNCTIONS(X)                                    \
+    X(gm_status_name, "s:i")                                                   \
+    X(gm_last_error_detail, "s:")                                              \
+    X(gm_scope_push, "i:s")                                                    \
+    X(gm_scope_pop, "i:")                                                      \
+    X(gm_scope_depth, "i:")                                                    \
+    X(gm_scope_current, "s:")                                                  \
+    X(gm_scope_set_global, "i:s")                                              \
+    X(gm_history_enable, "i:z")                                                \
+    X(gm_history_enabled, "b:")                                                \
+    X(gm_history_counts, "v:UUU")                                              \
+    X(gm_history_tag, "i:Qi")                                                  \
+    X(gm_history_dump, "i:si")                                                 \
+    X(gm_history_dump_on_oom, "i:si")
+
+/* "name=signature" of every function of both lists, one a line:
+ * python/gpumem/_lib.py sets its ctypes argtypes from it. */
+GPUMEM_TORCH_API const char *gpumem_torch_signatures(void);
+
+#define GPUMEM_TORCH_PROFILE_FIELDS 8
 
 /* For the C++ shim (python/csrc/gpumem_shim.cpp), which resolves these with
  * dlsym from the same library the ctypes side loaded, so both see one
@@ -67,26 +123,6 @@ GPUMEM_TORCH_API void gpumem_torch_note_failed_free(void);
  * append to a buffer, never call back into gpumem. */
 GPUMEM_TORCH_API int gpumem_torch_set_segment_observer(gm_segment_observer cb, void *arg);
 
-/* GPUMEM_PROFILE=1 in the environment (read when the library loads) or
- * profile_enable(1): count alloc_raw/free_raw calls (the pluggable entry
- * points) and the CLOCK_MONOTONIC time spent inside them. profile() copies up
- * to n of the GPUMEM_TORCH_PROFILE_FIELDS counters into out and returns that
- * number: alloc calls, alloc ns, alloc max ns, alloc calls >= 10 us, then the
- * same four for free. Off: one branch per call, nothing counted.
- * profile_enable returns the previous setting. */
-#define GPUMEM_TORCH_PROFILE_FIELDS 8
-GPUMEM_TORCH_API int gpumem_torch_profile_enable(int on);
-GPUMEM_TORCH_API void gpumem_torch_profile_reset(void);
-GPUMEM_TORCH_API int gpumem_torch_profile(uint64_t *out, int n);
-/* Device (backend) calls made so far for device, one counter per gm_bcall
- * kind (MALLOC, FREE, MEM_INFO, VA_RESERVE, ..., EVENT_DESTROY, see
- * gpumem/backend.h): copies up to n, returns GM_BCALL_COUNT or an error. */
-GPUMEM_TORCH_API int gpumem_torch_backend_calls(int device, uint64_t *out, int n);
-
-/* A function that throws torch's c10::OutOfMemoryError with msg (built
- * against torch's headers, see src/torch/ext/); NULL: std::runtime_error. */
-typedef void (*gpumem_oom_thrower)(const char *msg);
-GPUMEM_TORCH_API void gpumem_torch_set_oom_thrower(gpumem_oom_thrower fn);
 gpumem_oom_thrower gpumem__torch_oom_thrower(void);
 void gpumem__torch_note_failed_free(void);
 

@@ -749,17 +749,5 @@ int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limit
     return gm__pickle_load_stream(NULL, data, len, limits, out);
 }
 
-int gm__pickle_load_file(const char *path, const gm__pickle_limits *limits, gm__pickle **out) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return gm__set_error(GM_EIO, "cannot open %s", path);
-    uint8_t head[2];
-    size_t n = fread(head, 1, sizeof head, f);
-    int rc = gm__pickle_load_stream(f, head, n, limits, out);
-    fclose(f);
-    return rc;
-}
-
 gm__pval gm__pickle_root(const gm__pickle *p) { return p ? p->root : 0; }
 uint64_t gm__pickle_input_bytes(const gm__pickle *p) { return p ? p->consumed : 0; }
-uint64_t gm__pickle_memory_bytes(const gm__pickle *p) { return p ? p->mem : 0; }

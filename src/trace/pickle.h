@@ -57,13 +57,10 @@ int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limit
  * windows, never whole. GM_EIO when it cannot be read. */
 int gm__pickle_load_stream(FILE *in, const void *head, size_t len, const gm__pickle_limits *limits,
                            gm__pickle **out);
-/* Open a file and load it (as above). */
-int gm__pickle_load_file(const char *path, const gm__pickle_limits *limits, gm__pickle **out);
 void gm__pickle_free(gm__pickle *p);
 gm__pval gm__pickle_root(const gm__pickle *p);
-/* Uncompressed bytes consumed and arena bytes used (for reports/bench). */
+/* Uncompressed bytes consumed (for reports/bench). */
 uint64_t gm__pickle_input_bytes(const gm__pickle *p);
-uint64_t gm__pickle_memory_bytes(const gm__pickle *p);
 
 /* ---- accessors: all accept any value (wrong type -> false/NULL/0) ------ */
 gm__ptype gm__pv_type(gm__pval v);

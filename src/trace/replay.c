@@ -9,7 +9,7 @@
  * the tensor died; memory becomes reusable at free_completed). */
 #include "trace.h"
 
-#include "idmap.h"
+#include "util/idmap.h"
 #include "internal.h"
 
 #include <stdio.h>
@@ -200,7 +200,17 @@ const char *const gm_replay_sized_names[GM_REPLAY_SIZED] = {"device_alloc", "dev
                                                             "phys_release", "map", "unmap"};
 
 const char *const gm_replay_call_names[GM_REPLAY_CALL_KINDS] = {
-    "device_alloc", "device_free", "va_reserve", "va_release", "phys_create", "phys_release", "map", "unmap"};
+#define GM__REPLAY_CALL_NAME(name, field) #name,
+    GM_REPLAY_CALLS(GM__REPLAY_CALL_NAME)
+#undef GM__REPLAY_CALL_NAME
+};
+
+void gm_replay_calls(const gm_replay_result *r, int64_t out[GM_REPLAY_CALL_KINDS]) {
+    int k = 0;
+#define GM__REPLAY_CALL_GET(name, field) out[k++] = r->field;
+    GM_REPLAY_CALLS(GM__REPLAY_CALL_GET)
+#undef GM__REPLAY_CALL_GET
+}
 
 static void fill_stats(gm_replay_result *r, const gm_stats *s) {
     r->peak_requested = s->requested_bytes[GM_POOL_ALL].peak;
@@ -209,22 +219,17 @@ static void fill_stats(gm_replay_result *r, const gm_stats *s) {
     r->segments = s->segment[GM_POOL_ALL].allocated;
     r->num_alloc_retries = s->num_alloc_retries;
     r->num_ooms = s->num_ooms;
-    r->num_device_alloc = s->num_device_alloc;
-    r->num_device_free = s->num_device_free;
-    r->num_va_reserve = s->num_va_reserve;
-    r->num_va_release = s->num_va_release;
-    r->num_phys_create = s->num_phys_create;
-    r->num_phys_release = s->num_phys_release;
-    r->num_map = s->num_map;
-    r->num_unmap = s->num_unmap;
+#define GM__REPLAY_CALL_COPY(name, field) r->field = s->field;
+    GM_REPLAY_CALLS(GM__REPLAY_CALL_COPY)
+#undef GM__REPLAY_CALL_COPY
 }
 
 /* The device calls of a replay so far, by kind (the steady-state split). */
 static void calls_of(const gm_stats *s, int64_t out[GM_REPLAY_CALL_KINDS]) {
-    int64_t v[GM_REPLAY_CALL_KINDS] = {s->num_device_alloc, s->num_device_free, s->num_va_reserve,
-                                        s->num_va_release,   s->num_phys_create, s->num_phys_release,
-                                        s->num_map,          s->num_unmap};
-    memcpy(out, v, sizeof v);
+    int k = 0;
+#define GM__REPLAY_CALL_STAT(name, field) out[k++] = s->field;
+    GM_REPLAY_CALLS(GM__REPLAY_CALL_STAT)
+#undef GM__REPLAY_CALL_STAT
 }
 
 /* The device's live statistics (replay is single-threaded: read without

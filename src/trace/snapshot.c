@@ -7,7 +7,7 @@
  * million events convert in tens of milliseconds. */
 #include "trace.h"
 
-#include "idmap.h"
+#include "util/idmap.h"
 #include "internal.h"
 #include "pickle.h"
 

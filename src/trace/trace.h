@@ -15,19 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* Actions of torch's TraceEntry, in its order. */
-#define GM_TRACE_ACTIONS(X)                                                    \
-    X(ALLOC, "alloc") X(FREE_REQUESTED, "free_requested")                      \
-    X(FREE_COMPLETED, "free_completed") X(SEGMENT_ALLOC, "segment_alloc")      \
-    X(SEGMENT_FREE, "segment_free") X(SEGMENT_MAP, "segment_map")              \
-    X(SEGMENT_UNMAP, "segment_unmap") X(SNAPSHOT, "snapshot") X(OOM, "oom")
-
-typedef enum gm_trace_action {
-#define GM__TA_ENUM(n, s) GM_TA_##n,
-    GM_TRACE_ACTIONS(GM__TA_ENUM)
-#undef GM__TA_ENUM
-    GM_TA_COUNT
-} gm_trace_action;
+#include "core/action.h"
 
 const char *gm_trace_action_name(int action); /* "alloc", ... */
 
@@ -153,8 +141,20 @@ extern const char *const gm_replay_sized_names[GM_REPLAY_SIZED];
 /* The steady state: the events from this fraction of the trace on (after
  * warm-up), where a training loop repeats its steps. */
 #define GM_REPLAY_STEADY_FROM 0.5
-/* Device call kinds, in the order of gm_replay_call_names and steady_calls. */
-#define GM_REPLAY_CALL_KINDS 8
+/* The device calls a replay reports, written once: X(name in replay's
+ * output, the gm_stats counter and gm_replay_result field). The order of
+ * gm_replay_call_names, steady_calls and gm_replay_calls. */
+#define GM_REPLAY_CALLS(X)                                                     \
+    X(device_alloc, num_device_alloc) X(device_free, num_device_free)          \
+    X(va_reserve, num_va_reserve) X(va_release, num_va_release)                \
+    X(phys_create, num_phys_create) X(phys_release, num_phys_release)          \
+    X(map, num_map) X(unmap, num_unmap)
+enum {
+#define GM__REPLAY_CALL_ENUM(name, field) GM__REPLAY_CALL_##name,
+    GM_REPLAY_CALLS(GM__REPLAY_CALL_ENUM)
+#undef GM__REPLAY_CALL_ENUM
+    GM_REPLAY_CALL_KINDS
+};
 extern const char *const gm_replay_call_names[GM_REPLAY_CALL_KINDS];
 
 typedef struct gm_replay_result {
@@ -162,8 +162,9 @@ typedef struct gm_replay_result {
     int64_t trace_peak_requested; /* computed from the trace alone */
     int64_t segments;             /* segment.all.allocated */
     int64_t num_alloc_retries, num_ooms;
-    int64_t num_device_alloc, num_device_free, num_va_reserve, num_va_release;
-    int64_t num_phys_create, num_phys_release, num_map, num_unmap;
+#define GM__REPLAY_CALL_FIELD(name, field) int64_t field;
+    GM_REPLAY_CALLS(GM__REPLAY_CALL_FIELD) /* the whole replay's device calls */
+#undef GM__REPLAY_CALL_FIELD
     /* the same sized calls by size (gm_sim_call_sizes), kinds in
      * gm_replay_sized_kinds order: n[i][k] calls, bytes[i][k] bytes of 2^k.. */
     uint64_t sized_n[GM_REPLAY_SIZED][GM_SIM_SIZE_BUCKETS];
@@ -190,6 +191,9 @@ typedef struct gm_replay_result {
     int64_t steady_device_calls;     /* all kinds */
     int64_t steady_calls[GM_REPLAY_CALL_KINDS];
 } gm_replay_result;
+
+/* r's device calls (the whole replay), in gm_replay_call_names' order. */
+void gm_replay_calls(const gm_replay_result *r, int64_t out[GM_REPLAY_CALL_KINDS]);
 
 /* Replay on a fresh sim device of `capacity` bytes (0 = 141 GiB) with cfg
  * (NULL = torch defaults). Returns GM_OK even on OOM (see r->oom); errors
@@ -223,9 +227,10 @@ int64_t gm_tune_device_calls(const gm_replay_result *r);
  * GM_TUNE_CALLS_FACTOR x PyTorch default's and whose steady-state calls
  * (replay's second half, what every later step pays) within
  * GM_TUNE_STEADY_FACTOR x the default's, or GM_TUNE_STEADY_MIN. A setting far
- * above moves memory in every step: gpumem_slack:0 made 118x the default's
- * calls on the GPT-2 trace and cost +74% step time on the H200
- * (bench/RESULTS.md). Indexes into the ranked entries, -1 if none. */
+ * above moves memory in every step: gpumem_slack:0 on the GPT-2 trace, its
+ * device calls and its step time on the H200 against the default's, are in
+ * bench/RESULTS.md (step time A/B). Indexes into the ranked entries, -1 if
+ * none. */
 #define GM_TUNE_CALLS_FACTOR 10.0
 #define GM_TUNE_STEADY_FACTOR 4
 #define GM_TUNE_STEADY_MIN 16

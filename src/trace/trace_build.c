@@ -4,7 +4,7 @@
  * .gmt) use it, so a trace looks the same whichever file it came from. */
 #include "trace.h"
 
-#include "idmap.h"
+#include "util/idmap.h"
 #include "internal.h"
 
 #include <stdlib.h>

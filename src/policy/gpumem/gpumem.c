@@ -126,7 +126,8 @@ static int gp_create(gm__device *d, void **state) {
     if (!st) return GM_ENOHOSTMEM;
     st->d = d;
     st->chunk_free = -1;
-    st->slack = d->cfg ? d->cfg->gpumem_slack : 0.0;
+    /* without a config, the documented default: no plan, so inf */
+    st->slack = d->cfg ? d->cfg->gpumem_slack : INFINITY;
     /* gpumem_slack:auto warms up tight (slack 0): memory moves to where the
      * first steps need it, so the whole run's peak never forms; the plan
      * then serves later steps with no device call (gm__gp_loosen). Without

@@ -1,4 +1,4 @@
-/* idmap.h — private to src/trace: a table from 64-bit keys to 32-bit ids,
+/* idmap.h — a table from 64-bit keys to 32-bit ids,
  * open addressing with linear probing, at most half full. replay.c maps
  * device addresses to replay slots (one entry a key, deleted on free);
  * trace_build.c maps content hashes to interned ids (keys may repeat there,
@@ -10,8 +10,8 @@
  * (gm__hash_bytes is the same function for interned contents): without the
  * key no input can aim at a chain, and output never depends on it (ids
  * are assigned in insertion order, never in table order). */
-#ifndef GPUMEM_TRACE_IDMAP_H
-#define GPUMEM_TRACE_IDMAP_H
+#ifndef GPUMEM_UTIL_IDMAP_H
+#define GPUMEM_UTIL_IDMAP_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -57,4 +57,4 @@ size_t gm__idmap_find(const gm__idmap *m, uint64_t k);
 void gm__idmap_del(gm__idmap *m, size_t j);
 void gm__idmap_free(gm__idmap *m);
 
-#endif /* GPUMEM_TRACE_IDMAP_H */
+#endif /* GPUMEM_UTIL_IDMAP_H */

@@ -1,8 +1,9 @@
 /* idmap.c — the 64-bit key -> 32-bit id table of idmap.h, shared by the
  * replay compiler (address -> slot) and the trace builder (hash -> id). */
-#include "idmap.h"
+#include "util/idmap.h"
 
-#include "internal.h"
+#include "gpumem/gpumem.h"
+#include "util/util.h"
 
 #include <fcntl.h>
 #include <pthread.h>

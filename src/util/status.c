@@ -1,6 +1,7 @@
 /* status.c — status names and messages, the library version, and the
  * per-thread error detail behind gm_last_error_detail(). */
-#include "internal.h"
+#include "gpumem/gpumem.h"
+#include "util/util.h"
 
 #include <stdarg.h>
 #include <stdio.h>

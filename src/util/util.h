@@ -1,0 +1,38 @@
+/* util.h — the ground under every layer (src/util/, docs/architecture.md):
+ * byte units, the per-thread error detail (status.c) and array growth.
+ * Includes nothing of the library. */
+#ifndef GPUMEM_UTIL_UTIL_H
+#define GPUMEM_UTIL_UTIL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GM__KIB ((uint64_t)1024)
+#define GM__MIB (GM__KIB * 1024)
+#define GM__GIB (GM__MIB * 1024)
+
+/* The calling thread's gm_last_error_detail() text holds this many bytes
+ * with its NUL (the libgpumem_torch messages, which quote a core detail
+ * after their own words, fit too). */
+#define GM__ERROR_DETAIL_MAX 2048
+/* Set the calling thread's gm_last_error_detail() text; returns status. An
+ * argument may be the current detail itself. */
+int gm__set_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Resize the array *arrp (any T **: the pointer is copied, not read through
+ * void **) to n elements of elem bytes. false, and nothing changed, when
+ * realloc fails. */
+static inline bool gm__realloc_array(void *arrp, size_t n, size_t elem) {
+    void *v;
+    memcpy(&v, arrp, sizeof v);
+    void *nv = realloc(v, n * elem);
+    if (!nv) return false;
+    memcpy(arrp, &nv, sizeof nv);
+    return true;
+}
+void gm__clear_error(void);
+/* For `check` ops: write the broken invariant into err; returns GM_ESTATE. */
+int gm__check_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#endif /* GPUMEM_UTIL_UTIL_H */
