@@ -145,7 +145,7 @@ static void report_files(void **state) {
     char detail[1024];
     snprintf(detail, sizeof detail, "%s", gm_last_error_detail());
     char path[512];
-    assert_int_equal(gm__oom_report_write(a, 0, 300 * MIB, sub, detail, path, sizeof path), GM_OK);
+    assert_int_equal(gm__oom_report_write(a, 0, 300 * MIB, sub, detail, gm_history_dump, path, sizeof path), GM_OK);
     FILE *fp = fopen(path, "r");
     assert_non_null(fp);
     char text[8192];

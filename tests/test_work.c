@@ -16,7 +16,7 @@
 #include "gpumem/gpumem.h"
 #include "internal.h"
 #include "report/report.h"
-#include "trace/idmap.h"
+#include "util/idmap.h"
 #include "trace/pickle.h"
 #include "trace/trace.h"
 

@@ -421,14 +421,19 @@ const char *gm__oom_verdict_name(int verdict);
 /* The text report; `who` holds pid, comm and the identity fields. */
 void gm__oom_report_text(const gm__oom_facts *f, const gm__shm_header *who, const char *detail, const char *snapshot,
                          gm__sbuf *b);
-/* Write <dir>/gpumem-oom-<pid>-<n>.txt (+ .pickle when history is on);
- * path gets the report's path ("" once GM_OOM_REPORTS_MAX were written). */
-int gm__oom_report_write(gm_allocator *a, int device, uint64_t size, const char *dir, const char *detail, char *path,
-                         size_t len);
+/* Writes the snapshot of the allocation history (gm_history_dump, from the
+ * report layer: the caller above both lends it, so monitor needs no report). */
+typedef int (*gm__snapshot_fn)(const char *path, int format);
+/* Write <dir>/gpumem-oom-<pid>-<n>.txt (+ .pickle when history is on and
+ * snapshot is given); path gets the report's path ("" once
+ * GM_OOM_REPORTS_MAX were written). */
+int gm__oom_report_write(gm_allocator *a, int device, uint64_t size, const char *dir, const char *detail,
+                         gm__snapshot_fn snapshot, char *path, size_t len);
 /* With GPUMEM_OOM_REPORT=DIR: make DIR and record allocation history (for
  * the snapshot). Call once when the allocator is made. */
 int gm__oom_report_setup(void);
 /* With GPUMEM_OOM_REPORT=DIR: the report of this OOM, its path on stderr. */
-void gm__oom_report_from_env(gm_allocator *a, int device, uint64_t size, const char *detail);
+void gm__oom_report_from_env(gm_allocator *a, int device, uint64_t size, const char *detail,
+                             gm__snapshot_fn snapshot);
 
 #endif /* GPUMEM_MONITOR_H */

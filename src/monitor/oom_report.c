@@ -249,8 +249,8 @@ static int write_new(const char *path, const gm__sbuf *b) {
     return close(fd) == 0 ? GM_OK : gm__set_error(GM_EIO, "oom report: closing %s: %s", path, strerror(errno));
 }
 
-int gm__oom_report_write(gm_allocator *a, int device, uint64_t size, const char *dir, const char *detail, char *path,
-                         size_t len) {
+int gm__oom_report_write(gm_allocator *a, int device, uint64_t size, const char *dir, const char *detail,
+                         gm__snapshot_fn snapshot, char *path, size_t len) {
     static int seq;
     if (len) path[0] = '\0';
     int n = __atomic_fetch_add(&seq, 1, __ATOMIC_RELAXED);
@@ -265,7 +265,7 @@ int gm__oom_report_write(gm_allocator *a, int device, uint64_t size, const char 
     char base[PATH_MAX], snap[PATH_MAX + 16];
     snprintf(base, sizeof base, "%s/gpumem-oom-%d-%d", dir, (int)getpid(), n);
     snprintf(snap, sizeof snap, "%s.pickle", base);
-    bool have_snap = gm_history_enabled() && gm_history_dump(snap, GM_HISTORY_TORCH) == GM_OK;
+    bool have_snap = snapshot && gm_history_enabled() && snapshot(snap, GM_HISTORY_TORCH) == GM_OK;
     gm__sbuf b = {0};
     gm__oom_report_text(&f, &who, detail, have_snap ? snap : NULL, &b);
     snprintf(path, len, "%s.txt", base);
@@ -286,10 +286,11 @@ int gm__oom_report_setup(void) {
     return gm_history_enabled() ? GM_OK : gm_history_enable(GM_OOM_HISTORY_ENTRIES);
 }
 
-void gm__oom_report_from_env(gm_allocator *a, int device, uint64_t size, const char *detail) {
+void gm__oom_report_from_env(gm_allocator *a, int device, uint64_t size, const char *detail,
+                             gm__snapshot_fn snapshot) {
     const char *dir = getenv("GPUMEM_OOM_REPORT");
     if (!dir || !*dir || !a) return;
     char path[PATH_MAX + 16];
-    if (gm__oom_report_write(a, device, size, dir, detail, path, sizeof path) == GM_OK && path[0])
+    if (gm__oom_report_write(a, device, size, dir, detail, snapshot, path, sizeof path) == GM_OK && path[0])
         fprintf(stderr, "gpumem: out-of-memory report written to %s\n", path);
 }

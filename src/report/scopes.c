@@ -21,7 +21,7 @@
 #include "report.h"
 
 #include "internal.h"
-#include "trace/idmap.h"
+#include "util/idmap.h"
 
 #include <inttypes.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  * every index goes through the trace builder's checks. */
 #include "trace.h"
 
-#include "idmap.h"
+#include "util/idmap.h"
 #include "internal.h"
 
 #include <errno.h>

@@ -8,7 +8,7 @@
  * Every table counts against limits.max_memory. */
 #include "pickle_value.h"
 
-#include "idmap.h"
+#include "util/idmap.h"
 #include "internal.h"
 
 #include <stdio.h>

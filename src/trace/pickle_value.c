@@ -4,7 +4,7 @@
  * false for a value of another type, so callers check shapes, never crash. */
 #include "pickle_value.h"
 
-#include "idmap.h"
+#include "util/idmap.h"
 
 #include <string.h>
 

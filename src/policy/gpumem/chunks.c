@@ -8,6 +8,7 @@
  * that keep auto's multi-granule chunks whole or idle. */
 #include "gp_chunks.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,6 +63,29 @@ void gm__gp_touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int di
         g = (uint64_t)(c->g0 + (int64_t)c->n);
     }
     st->live_gran = live;
+}
+
+/* ---- when idle chunks move: gpumem_slack ------------------------------------ */
+
+/* The chunk and live-count modes that follow from st->slack. */
+void gm__gp_slack_modes(gp_state *st) {
+    const gm_config *cfg = st->d->cfg;
+    /* idle chunks move only under memory pressure at inf, so a chunk larger
+     * than a granule costs no memory there while the device has room, and
+     * saves device calls; under pressure a partly used one pins memory,
+     * which auto avoids once the device may fill up (chunks.c) */
+    st->autoc = isinf(st->slack) && cfg && cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_AUTO;
+    st->runs = isinf(st->slack) && cfg && (cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN || st->autoc);
+    /* at inf nothing on the hot path reads live counts (chunks.c) */
+    st->lazy_ok = isinf(st->slack);
+}
+
+void gm__gp_loosen(gp_state *st) {
+    if (!st->warming) return;
+    st->warming = false;
+    st->slack = INFINITY;
+    gm__gp_slack_modes(st);
+    gm__gp_live_drop(st);
 }
 
 /* ---- live counts, kept lazily at slack inf ---------------------------------

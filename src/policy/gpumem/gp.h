@@ -137,9 +137,6 @@ typedef struct gp_state {
 
 /* base.c */
 gp_block *gm__gp_block_new(gp_state *st);
-/* gpumem_slack:auto: the warm-up is over (a plan served a step, or none
- * came): from now on idle chunks stay mapped, as at gpumem_slack:inf. */
-void gm__gp_loosen(gp_state *st);
 void gm__gp_block_put(gp_state *st, gp_block *b);
 /* Wait for the work queued so far on the arena's stream: after this, memory
  * freed in the arena may be unmapped or handed to another stream. */

@@ -16,6 +16,11 @@ int gm__gp_release_unused(gp_state *st);
 /* The same, keeping the idle chunks keep(arg, chunk) says to keep. */
 int gm__gp_release_unused_but(gp_state *st, bool (*keep)(void *, const gp_chunk *), void *arg);
 void gm__gp_release_all(gp_state *st);
+/* The chunk and live-count modes that follow from st->slack (at creation). */
+void gm__gp_slack_modes(gp_state *st);
+/* gpumem_slack:auto: the warm-up is over (a plan served a step, or none
+ * came): from now on idle chunks stay mapped, as at gpumem_slack:inf. */
+void gm__gp_loosen(gp_state *st);
 void gm__gp_live_sync(gp_state *st);
 void gm__gp_live_drop_now(gp_state *st);
 int gm__gp_split_partial_at(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p, uint64_t bytes);

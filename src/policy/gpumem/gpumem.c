@@ -100,27 +100,6 @@ static inline void active_dec(gp_state *st, const gp_block *b) {
 
 /* ---- ops ------------------------------------------------------------------- */
 
-/* The chunk and live-count modes that follow from st->slack. */
-static void slack_modes(gp_state *st) {
-    const gm_config *cfg = st->d->cfg;
-    /* idle chunks move only under memory pressure at inf, so a chunk larger
-     * than a granule costs no memory there while the device has room, and
-     * saves device calls; under pressure a partly used one pins memory,
-     * which auto avoids once the device may fill up (chunks.c) */
-    st->autoc = isinf(st->slack) && cfg && cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_AUTO;
-    st->runs = isinf(st->slack) && cfg && (cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN || st->autoc);
-    /* at inf nothing on the hot path reads live counts (chunks.c) */
-    st->lazy_ok = isinf(st->slack);
-}
-
-void gm__gp_loosen(gp_state *st) {
-    if (!st->warming) return;
-    st->warming = false;
-    st->slack = INFINITY;
-    slack_modes(st);
-    gm__gp_live_drop(st);
-}
-
 static int gp_create(gm__device *d, void **state) {
     gp_state *st = calloc(1, sizeof *st);
     if (!st) return GM_ENOHOSTMEM;
@@ -136,7 +115,7 @@ static int gp_create(gm__device *d, void **state) {
         st->warming = d->cfg && d->cfg->gpumem_plan;
         st->slack = st->warming ? 0.0 : INFINITY;
     }
-    slack_modes(st);
+    gm__gp_slack_modes(st);
     st->lazy = st->lazy_ok;
     for (int o = 0; o < GP_NORDERS; o++)
         st->idle[o] = st->loose[o] = st->idle_tail[o] = st->loose_tail[o] = -1;
