@@ -67,9 +67,10 @@ void cli_tune_print_text(const char *path, uint64_t capacity, const gm_tune_entr
     printf("(ratio = peak reserved / peak requested; device calls = the replay's mallocs, or VMM creates + maps +\n"
            " unmaps, and the multiple of PyTorch default's; steady = those in the replay's second half, after\n"
            " warm-up: what every later step pays, each a driver call of tens of microseconds (bench/RESULTS.md).\n"
-           " Recommended keeps them within %.0fx and %dx (or %d) PyTorch default's; an OOM row would run out of\n"
-           " memory at %s. The trade-off: bench/gpumem_policy_tradeoff.md)\n",
-           GM_TUNE_CALLS_FACTOR, GM_TUNE_STEADY_FACTOR, GM_TUNE_STEADY_MIN, cap);
+           " Recommended keeps them within %.0fx PyTorch default's (or %d, a warm-up paid once) and the steady\n"
+           " ones within %dx (or %d); an OOM row would run out of memory at %s. The trade-off:\n"
+           " bench/gpumem_policy_tradeoff.md)\n",
+           GM_TUNE_CALLS_FACTOR, GM_TUNE_CALLS_ONCE, GM_TUNE_STEADY_FACTOR, GM_TUNE_STEADY_MIN, cap);
 }
 
 void cli_tune_print_json(const gm_tune_entry *e, int n, const gm_tune_choice *c) {

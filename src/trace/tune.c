@@ -125,7 +125,9 @@ void gm_tune_choose(const gm_tune_entry *e, int n, gm_tune_choice *out) {
     for (int i = 0; i < n; i++) { /* ranked: those that fit first, by peak reserved */
         if (gm_tune_failed(&e[i])) continue;
         if (out->best < 0) out->best = i;
-        if (out->rec < 0 && gm_tune_calls_ratio(&e[i], def) <= GM_TUNE_CALLS_FACTOR &&
+        bool calls_ok = gm_tune_calls_ratio(&e[i], def) <= GM_TUNE_CALLS_FACTOR ||
+                        gm_tune_device_calls(&e[i].r) <= GM_TUNE_CALLS_ONCE;
+        if (out->rec < 0 && calls_ok &&
             e[i].r.steady_device_calls <= steady_cap)
             out->rec = i;
     }

@@ -81,9 +81,18 @@ assert c["optimizer_state"] == 2 * 124439808 * 4, c  # AdamW: two moments
 assert j["best_for_memory"] == "policy:gpumem", j["best_for_memory"]
 r = {x["conf"]: x for x in j["results"]}
 rec, d = r[j["recommended"]], r[""]
-assert rec["calls_vs_default"] <= 10
+assert rec["calls_vs_default"] <= 10 or rec["device_calls"] <= 20000, rec
 assert rec["steady_device_calls"] <= max(16, 4 * d["steady_device_calls"]), (rec, d)
 assert r["policy:gpumem,gpumem_slack:0"]["steady_device_calls"] > 100  # moves memory every step
 ' || fail "gpt2 trace"
 fi
+# a 40-step fixed-shape job recorded on the H200 (examples/steps40): gpumem's
+# default holds the least memory, its warm-up is paid once and later steps
+# make no device call, so it is also the one recommended (issue 23)
+"$GPUMEM" advise "$GPUMEM_SOURCE/examples/steps40/resnet50_amp.pickle.gz" --json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert j["best_for_memory"] == "policy:gpumem", j["best_for_memory"]
+assert j["recommended"] == "policy:gpumem", j["recommended"]
+' || fail "steps40 resnet50_amp"
 echo ok
