@@ -225,8 +225,8 @@ int64_t gm_tune_device_calls(const gm_replay_result *r);
 /* Which setting to name: "best for memory" is the lowest peak reserved that
  * fits; "recommended" the lowest whose device calls stay within
  * GM_TUNE_CALLS_FACTOR x PyTorch default's, or GM_TUNE_CALLS_ONCE (a warm-up
- * paid once: ~0.75 s at the ~37 us an H200 takes per handle brought in,
- * bench/RESULTS.md "what each driver memory call costs"), and whose steady-state calls
+ * paid once, under a second at what an H200 takes per handle brought in:
+ * bench/RESULTS.md, "what each driver memory call costs"), and whose steady-state calls
  * (replay's second half, what every later step pays) within
  * GM_TUNE_STEADY_FACTOR x the default's, or GM_TUNE_STEADY_MIN. A setting far
  * above moves memory in every step: gpumem_slack:0 on the GPT-2 trace, its

@@ -377,8 +377,8 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
      * device calls in every step, so it ends when the detector gives up or
      * after PL_WARM allocations, whichever comes first. The idle chunks are
      * given back then, once: kept where the tight steps left them, they sat
-     * under the later steps' new placements (bert_varlen 1.126 x its peak
-     * allocated against 1.090 given back; bench/gpumem_policy_tradeoff.md) */
+     * under the later steps' new placements and the run held more
+     * (bench/gpumem_policy_tradeoff.md, "Tight warm-up, then the plan") */
     if (st->warming && pl->state != PL_ACTIVE && (pl->tries >= PL_TRIES || pl->n >= PL_WARM)) {
         gm__gp_loosen(st);
         gm__gp_flush_quick(st);
