@@ -1,7 +1,7 @@
 /* test_work.c — work and memory per input byte (issue 26, defects 1, 8, 9):
  * every table fed by a file is keyed and every reader streams, so the work
  * a reader does (gm__work_steps: table probes, dict entries scanned, bytes
- * inflated; trace/idmap.h) is linear in the bytes it reads whatever the
+ * inflated; util/idmap.h) is linear in the bytes it reads whatever the
  * input. The tests feed crafted inputs (strings that share one chain under
  * the plain FNV-1a hashes the tables used, a dict shared by every event, a
  * zero bomb padded to pass a ratio check, endless garbage on a pipe) and

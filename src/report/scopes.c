@@ -39,7 +39,7 @@ typedef struct keys {
     uint32_t hcap;
 } keys;
 
-/* keyed (trace/idmap.h): the keys are file names and module paths from the
+/* keyed (util/idmap.h): the keys are file names and module paths from the
  * trace, and 2^18 crafted ones took 63 s under the plain FNV-1a this was */
 static uint64_t hash_str(const char *s) { return gm__hash_bytes(s, strlen(s)); }
 

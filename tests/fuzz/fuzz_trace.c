@@ -6,7 +6,7 @@
  * the writers, the replay compiler and `gpumem report` see fuzzed traces too. */
 #include "gpumem/gpumem.h"
 #include "report/report.h"
-#include "trace/idmap.h"
+#include "util/idmap.h"
 #include "trace/trace.h"
 
 #include <stddef.h>
@@ -37,7 +37,7 @@ static void report(const gm_trace *t) {
     gm_attribution_free(a);
 }
 
-/* Work per input byte (issue 26): the readers' steps (trace/idmap.h) stay
+/* Work per input byte (issue 26): the readers' steps (util/idmap.h) stay
  * within a constant per byte they read; compressed input may inflate up to
  * zlib's ~1032x, and each inflated byte is read once. */
 static void check_work(const uint8_t *data, size_t size, uint64_t steps) {
