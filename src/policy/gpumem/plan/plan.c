@@ -206,6 +206,14 @@ static void drop(gp_state *st) {
     pl->cand = pl->run = 0;
 }
 
+/* Small blocks back into their arenas and every arena's frees synced, so
+ * what is idle can be given back or moved: before a switch, a settle, or
+ * the end of the warm-up. */
+static void quiesce(gp_state *st) {
+    gm__gp_flush_quick(st);
+    for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
+}
+
 /* Idle chunks the plan will use again: its own arena's, or (layout A) any
  * under its footprint in the stream's arena. */
 static bool keep_planned(void *arg, const gp_chunk *c) {
@@ -254,8 +262,7 @@ static void activate(gp_state *st) {
          * block it was one create + map per planned block: about twice the
          * calls, bench/gpumem_policy_tradeoff.md). Out of memory here only
          * means the rest is mapped block by block. */
-        gm__gp_flush_quick(st);
-        for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
+        quiesce(st);
         pl->state = PL_ACTIVE; /* for keep_planned */
         pl->ra = ra;
         pl->ma = a;
@@ -284,8 +291,7 @@ static void settle(gp_state *st) {
     for (uint32_t k = 0; k < st->narenas; k++)
         PLOG("  arena %u pool %d stream %llu mapped %.1f MiB\n", k, st->arenas[k]->pool, (unsigned long long)st->arenas[k]->stream, st->arenas[k]->mapped_bytes / 1048576.0);
 #endif
-    gm__gp_flush_quick(st);
-    for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
+    quiesce(st);
     gm__gp_release_unused_but(st, keep_planned, st);
 #ifdef GP_PLAN_DEBUG
     for (uint32_t k = 0; k < st->narenas; k++)
@@ -381,8 +387,7 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
      * (bench/gpumem_policy_tradeoff.md, "Tight warm-up, then the plan") */
     if (st->warming && pl->state != PL_ACTIVE && (pl->tries >= PL_TRIES || pl->n >= PL_WARM)) {
         gm__gp_loosen(st);
-        gm__gp_flush_quick(st);
-        for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
+        quiesce(st);
         (void)gm__gp_release_unused(st);
     }
 }
