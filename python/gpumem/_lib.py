@@ -4,9 +4,6 @@ Search order (first hit wins):
   1. $GPUMEM_LIB (a path to the .so, or a folder holding it)
   2. this package's folder (the build copies the .so here before `pip install`)
   3. build folders of a source checkout: <repo>/build*/ (when run from python/)
-The optional libgpumem_torch_oom.so (built against torch's headers, makes OOM
-raise torch.OutOfMemoryError) is looked for next to the main library and in
-$GPUMEM_OOM_LIB.
 """
 import ctypes
 import glob
@@ -15,7 +12,6 @@ import os
 import threading
 
 LIB_NAME = "libgpumem_torch.so"
-OOM_LIB_NAME = "libgpumem_torch_oom.so"
 
 # The status codes the library returns (include/gpumem/gpumem.h's GM_STATUS
 # list): names are read from the library itself (gm_status_name), so this
@@ -100,17 +96,6 @@ def find_library():
     raise FileNotFoundError(
         "gpumem: %s not found; build it (cmake --build build) and set GPUMEM_LIB to its path. Looked in: %s"
         % (LIB_NAME, ", ".join(cands)))
-
-
-def find_oom_library():
-    """Path of the optional libgpumem_torch_oom.so, or None."""
-    cands = _candidates(OOM_LIB_NAME, "GPUMEM_OOM_LIB")
-    if _lib_path:
-        cands.insert(0, os.path.join(os.path.dirname(_lib_path), OOM_LIB_NAME))
-    for p in cands:
-        if os.path.isfile(p):
-            return p
-    return None
 
 
 # ctypes types of the letters in the library's signature table

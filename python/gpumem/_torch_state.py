@@ -8,8 +8,7 @@ import sys
 from . import _lib
 from ._lib import GpumemError
 
-_state = {"installed": False, "conf": None, "mode": None, "oom_native": False, "record_hook": None,
-          "orig_record_stream": None, "helpers": []}
+_state = {"installed": False, "conf": None, "mode": None, "orig_record_stream": None}
 
 
 def _torch():

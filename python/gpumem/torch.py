@@ -17,7 +17,6 @@ torch is imported lazily, so the stats functions work (device given as an
 int) in processes that never import torch, e.g. the package's CPU tests.
 """
 import contextlib
-import ctypes
 import os
 import sys
 
@@ -103,48 +102,8 @@ def install(conf=None, backend="cuda", label=None):
               "CUDAPluggableAllocator, where torch.cuda.memory_allocated() and the rest of torch's memory API "
               "raise: use gpumem.torch.memory_allocated() etc., or reinstall with "
               "pip install --no-build-isolation ./python" % _state.get("shim_error", "GPUMEM_SHIM=0"))
-        _load_helpers()
-    return path
-
-
-def _load_helpers():
-    """Load the optional helpers built against torch's headers (see src/torch/ext/)."""
-    lib = _lib.load()
-    p = _lib.find_oom_library()
-    if p:
-        try:
-            h = ctypes.CDLL(p)
-            lib.gpumem_torch_set_oom_thrower(ctypes.cast(h.gpumem_torch_oom_throw, ctypes.c_void_p))
-            _state["helpers"].append(h)
-            _state["oom_native"] = True
-        except (OSError, AttributeError) as e:
-            _warn("gpumem: could not load %s (%s); OOM raises RuntimeError, use gpumem.torch.oom_guard()" % (p, e))
-    hp = _find_helper("libgpumem_torch_hooks.so", "GPUMEM_HOOKS_LIB")
-    if hp:
-        try:
-            h = ctypes.CDLL(hp)
-            h.gpumem_torch_hook_record_stream.restype = ctypes.c_int
-            h.gpumem_torch_hook_record_stream.argtypes = [ctypes.c_void_p]
-            fn = ctypes.cast(lib.gpumem_torch_record_stream, ctypes.c_void_p)
-            if h.gpumem_torch_hook_record_stream(fn) == 0:
-                _state["helpers"].append(h)
-                _state["record_hook"] = hp
-        except (OSError, AttributeError) as e:
-            _warn("gpumem: could not load %s (%s); patching Tensor.record_stream instead" % (hp, e))
-    if not _state["record_hook"]:
         _patch_record_stream()
-
-
-def _find_helper(name, env):
-    cands = []
-    if os.environ.get(env):
-        cands.append(os.environ[env])
-    cands.append(os.path.join(os.path.dirname(_lib.library_path()), name))
-    cands.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), name))
-    for c in cands:
-        if os.path.isfile(c):
-            return c
-    return None
+    return path
 
 
 def _warn(msg):
@@ -161,27 +120,28 @@ def _patch_record_stream():
     def record_stream_gpumem(self, stream):
         if self.is_cuda:
             record_stream(self, stream)
-        return orig(self, stream)  # a no-op for a pluggable allocator without the hook
+        return orig(self, stream)  # a no-op for a pluggable allocator
 
     _state["orig_record_stream"] = orig
     torch.Tensor.record_stream = record_stream_gpumem
 
 
 def status():
-    """What is active: installed, mode (shim | pluggable), conf, library, native OOM exception,
-    record_stream path."""
+    """What is active: installed, mode (shim | pluggable), conf, library, whether an OOM raises
+    torch.OutOfMemoryError by itself (the shim) and how record_stream reaches gpumem."""
     shim = _state["mode"] == "shim"
     return {
         "installed": _state["installed"], "mode": _state["mode"], "conf": _state["conf"],
         "library": _lib.library_path() if _state["installed"] else None,
-        "native_oom": shim or _state["oom_native"],
-        "record_stream": "shim" if shim else ("c++ hook" if _state["record_hook"] else "python patch"),
+        "native_oom": shim,
+        "record_stream": "shim" if shim else "python patch",
     }
 
 
 def native_oom():
-    """True when an OOM raises torch.OutOfMemoryError directly (shim, or helper loaded)."""
-    return _state["mode"] == "shim" or _state["oom_native"]
+    """True when an OOM raises torch.OutOfMemoryError directly (the shim); without it, wrap the
+    code in oom_guard()."""
+    return _state["mode"] == "shim"
 
 
 # ---- OOM -------------------------------------------------------------------
@@ -207,8 +167,8 @@ def is_oom(exc):
 def oom_guard():
     """Turn gpumem's OOM RuntimeError into torch.OutOfMemoryError (a subclass).
 
-    Only needed when the helper libgpumem_torch_oom.so is not available; with
-    it, OOM already raises torch.OutOfMemoryError.
+    Only needed without the shim (gpumem._C), where torch's pluggable entry
+    points raise RuntimeError; with it, OOM already raises torch.OutOfMemoryError.
     """
     torch = _torch()
     try:

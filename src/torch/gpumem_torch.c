@@ -25,7 +25,6 @@ static gm_backend *g_backend;
 static gm_config g_cfg;
 static bool g_configured;
 static char g_backend_name[16] = "cuda";
-static gpumem_oom_thrower g_thrower;
 static uint64_t g_failed_frees;
 
 /* Errors are the core's per-thread detail (gm__set_error), worded for torch
@@ -365,8 +364,6 @@ int gpumem_torch_check(int device, char *buf, size_t len) {
     return gm_check(a, device, buf, len);
 }
 
-void gpumem_torch_set_oom_thrower(gpumem_oom_thrower fn) { __atomic_store_n(&g_thrower, fn, __ATOMIC_RELEASE); }
-gpumem_oom_thrower gpumem__torch_oom_thrower(void) { return __atomic_load_n(&g_thrower, __ATOMIC_ACQUIRE); }
 void gpumem__torch_note_failed_free(void) { __atomic_add_fetch(&g_failed_frees, 1, __ATOMIC_RELAXED); }
 uint64_t gpumem_torch_failed_frees(void) { return __atomic_load_n(&g_failed_frees, __ATOMIC_RELAXED); }
 

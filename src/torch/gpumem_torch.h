@@ -57,9 +57,6 @@ extern "C" {
     X(const char *, gpumem_torch_last_error, (void), "s:")                                              \
     /* Frees that failed inside gpumem_free (which must not throw). */                                  \
     X(uint64_t, gpumem_torch_failed_frees, (void), "Q:")                                                \
-    /* A function that throws torch's c10::OutOfMemoryError with msg (built                             \
-     * against torch's headers, see src/torch/ext/); NULL: std::runtime_error. */                       \
-    X(void, gpumem_torch_set_oom_thrower, (gpumem_oom_thrower fn), "v:p")                               \
     /* GPUMEM_PROFILE=1 in the environment (read when the library loads) or                             \
      * profile_enable(1): count alloc_raw/free_raw calls (the pluggable entry                           \
      * points) and the CLOCK_MONOTONIC time spent inside them. profile() copies up                      \
@@ -76,9 +73,6 @@ extern "C" {
     X(int, gpumem_torch_backend_calls, (int device, uint64_t *out, int n), "i:iUi")                     \
     /* GM_MAX_DEVICES: devices one process publishes (python/gpumem/publish_native.py). */             \
     X(int, gpumem_torch_max_devices, (void), "i:")
-
-/* A function that throws torch's c10::OutOfMemoryError with msg. */
-typedef void (*gpumem_oom_thrower)(const char *msg);
 
 #define GPUMEM_TORCH__DECLARE(ret, name, params, sig) GPUMEM_TORCH_API ret name params;
 GPUMEM_TORCH_CTYPES_ENTRY_POINTS(GPUMEM_TORCH__DECLARE)
@@ -123,7 +117,6 @@ GPUMEM_TORCH_API void gpumem_torch_note_failed_free(void);
  * append to a buffer, never call back into gpumem. */
 GPUMEM_TORCH_API int gpumem_torch_set_segment_observer(gm_segment_observer cb, void *arg);
 
-gpumem_oom_thrower gpumem__torch_oom_thrower(void);
 void gpumem__torch_note_failed_free(void);
 
 #ifdef __cplusplus

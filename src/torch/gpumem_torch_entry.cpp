@@ -2,9 +2,10 @@
 // calls. They are C++ only so that a failed allocation can throw: torch does
 // not check alloc's return value (a NULL pointer faults in the next kernel),
 // but an exception thrown here reaches Python as an exception and the process
-// keeps working. With a thrower registered (src/torch/ext/, built against
-// torch's headers) the exception is c10::OutOfMemoryError, which Python sees
-// as torch.OutOfMemoryError; otherwise std::runtime_error (RuntimeError).
+// keeps working. The exception is std::runtime_error (RuntimeError in
+// Python); gpumem.torch.oom_guard() turns an OOM into torch.OutOfMemoryError.
+// This is the fallback path: the C++ shim (python/csrc) raises
+// torch.OutOfMemoryError itself.
 #include "gpumem_torch.h"
 
 #include "gpumem/gpumem.h"
@@ -21,10 +22,6 @@ extern "C" GPUMEM_TORCH_API void *gpumem_alloc(ssize_t size, int device, cudaStr
     if (st == 0) return (void *)(uintptr_t)p;
     std::string msg = gpumem_torch_last_error();
     if (msg.empty()) msg = "gpumem: allocation failed";
-    if (st == GM_ENOMEM) {
-        gpumem_oom_thrower t = gpumem__torch_oom_thrower();
-        if (t) t(msg.c_str()); // throws; returns only if it is broken
-    }
     throw std::runtime_error(msg);
 }
 

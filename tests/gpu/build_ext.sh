@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
-# Build what needs PyTorch's headers, on the GPU machine, into BUILD (arg 1):
-#   libgpumem_torch_oom.so    OOM -> torch.OutOfMemoryError   (src/torch/ext/torch_oom.cpp)
-#   libgpumem_torch_hooks.so  record_stream from torch's C++  (src/torch/ext/torch_hooks.cpp)
-#   gpu_replay_bench          bench/gpu_replay_bench.cpp (with torch if it links, else without)
-# Each is attempted independently; a failure is logged and the rest go on.
-# Prints one "EXT name ok|FAILED" line per artifact.
+# Build the replay bench against PyTorch's headers, on the GPU machine, into
+# BUILD (arg 1): gpu_replay_bench from bench/gpu_replay_bench.cpp (with torch
+# if it links, else without). Prints one "EXT name ok|FAILED" line per try.
+# (PyTorch reaches gpumem through the shim, python/csrc, built by pip.)
 set -u
 BUILD=${1:?usage: build_ext.sh BUILD_DIR}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -48,13 +46,6 @@ try() { # name, command...
   if "$@" >>"$LOG" 2>&1; then echo "EXT $name ok"; return 0; fi
   echo "EXT $name FAILED (see $LOG)"; return 1
 }
-
-try libgpumem_torch_oom.so g++ $CXXFLAGS -shared "$SRC/src/torch/ext/torch_oom.cpp" -o "$BUILD/libgpumem_torch_oom.so" $TLINK
-
-try libgpumem_torch_hooks.so g++ $CXXFLAGS -shared "$SRC/src/torch/ext/torch_hooks.cpp" \
-    -o "$BUILD/libgpumem_torch_hooks.so" $TLINK -lc10_cuda -ltorch_cuda -ltorch_cpu -ltorch_python \
-  || try libgpumem_torch_hooks.so-retry g++ $CXXFLAGS -shared "$SRC/src/torch/ext/torch_hooks.cpp" \
-    -o "$BUILD/libgpumem_torch_hooks.so" $TLINK -lc10_cuda -ltorch_cuda -ltorch_cpu
 
 GMLINK="-I$SRC/include -L$BUILD -Wl,-rpath,$BUILD -lgpumem"
 CUDART_DIR=$(dirname "$(find "$CUDA_HOME/lib64" "$(dirname "$TORCH_LIB")/../nvidia" -name 'libcudart.so*' 2>/dev/null | head -1)" 2>/dev/null)

@@ -4,7 +4,7 @@ one line "RANK r OK {...}" or raises. Run by orchestrate.py only with >= 2 GPUs.
 
 NCCL_NVLS_ENABLE=0 must be set (NVLink multicast is off on the test machines);
 TORCH_NCCL_AVOID_RECORD_STREAMS=1 keeps NCCL from relying on record_stream
-calls made in C++ (they reach gpumem only with libgpumem_torch_hooks.so)."""
+calls made in C++ (they reach gpumem through the shim, gpumem._C, only)."""
 import json
 import os
 import sys

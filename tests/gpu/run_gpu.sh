@@ -80,7 +80,7 @@ if [ ! -f "$BUILD/libgpumem_torch.so" ]; then
 fi
 echo "build: $(( $(date +%s) - START )) s"
 
-echo "== torch helpers and replay bench"
+echo "== replay bench"
 timeout 180 bash "$SRC/tests/gpu/build_ext.sh" "$BUILD" "$LOGS/build_ext.log"
 echo "build_ext: $(( $(date +%s) - START )) s"
 

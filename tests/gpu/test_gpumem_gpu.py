@@ -169,9 +169,9 @@ def test_oom_raises_and_training_continues():
 
 
 def test_native_oom_exception_available():
-    # informative: with the helper built, OOM is torch.OutOfMemoryError without oom_guard
+    # with the shim, OOM is torch.OutOfMemoryError without oom_guard
     if not gt.native_oom():
-        raise unittest.SkipTest("libgpumem_torch_oom.so not loaded: OOM needs gt.oom_guard()")
+        raise unittest.SkipTest("the shim gpumem._C is not installed: OOM needs gt.oom_guard()")
     with raises(torch.OutOfMemoryError):
         torch.empty(64 * 1024 * GIB, dtype=torch.uint8, device="cuda")
 
