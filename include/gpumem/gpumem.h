@@ -197,13 +197,15 @@ enum { GM_POOL_ALL = 0, GM_POOL_SMALL = 1, GM_POOL_LARGE = 2, GM_POOL_COUNT = 3 
     X(allocation) X(segment) X(active) X(inactive_split) X(allocated_bytes)    \
     X(reserved_bytes) X(active_bytes) X(inactive_split_bytes) X(requested_bytes)
 #define GM_STAT_SINGLES(X) X(oversize_allocations) X(oversize_segments)
-/* num_device_* count backend calls made for this device; the last group is
- * gpumem's own (VMM calls), absent from torch. */
-#define GM_STAT_COUNTERS(X)                                                    \
+/* num_device_* count backend calls made for this device. The torch group
+ * is in torch's DeviceStats too; the VMM group is gpumem's own. */
+#define GM_STAT_TORCH_COUNTERS(X)                                              \
     X(num_alloc_retries) X(num_ooms) X(num_sync_all_streams)                   \
-    X(num_device_alloc) X(num_device_free) X(max_split_size)                   \
+    X(num_device_alloc) X(num_device_free) X(max_split_size)
+#define GM_STAT_VMM_COUNTERS(X)                                                \
     X(num_va_reserve) X(num_va_release) X(num_phys_create)                     \
     X(num_phys_release) X(num_map) X(num_unmap)
+#define GM_STAT_COUNTERS(X) GM_STAT_TORCH_COUNTERS(X) GM_STAT_VMM_COUNTERS(X)
 
 typedef struct gm_stats {
     uint32_t size; /* sizeof(gm_stats) */

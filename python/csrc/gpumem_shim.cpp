@@ -187,25 +187,18 @@ class GpumemAllocator : public PA {
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     gm_stats s = stats(device);
     c10::CachingDeviceAllocator::DeviceStats o;
+    // the field lists are gpumem.h's (GM_STAT_*), named as torch names them
+#define GM_SHIM_CP_ARRAY(n) cp(o.n[p], s.n[p]);
+#define GM_SHIM_CP_SINGLE(n) cp(o.n, s.n);
+#define GM_SHIM_CP_COUNTER(n) o.n = s.n;
     for (int p = 0; p < GM_POOL_COUNT; p++) {
-      cp(o.allocation[p], s.allocation[p]);
-      cp(o.segment[p], s.segment[p]);
-      cp(o.active[p], s.active[p]);
-      cp(o.inactive_split[p], s.inactive_split[p]);
-      cp(o.allocated_bytes[p], s.allocated_bytes[p]);
-      cp(o.reserved_bytes[p], s.reserved_bytes[p]);
-      cp(o.active_bytes[p], s.active_bytes[p]);
-      cp(o.inactive_split_bytes[p], s.inactive_split_bytes[p]);
-      cp(o.requested_bytes[p], s.requested_bytes[p]);
+      GM_STAT_ARRAYS(GM_SHIM_CP_ARRAY)
     }
-    cp(o.oversize_allocations, s.oversize_allocations);
-    cp(o.oversize_segments, s.oversize_segments);
-    o.num_alloc_retries = s.num_alloc_retries;
-    o.num_ooms = s.num_ooms;
-    o.num_sync_all_streams = s.num_sync_all_streams;
-    o.num_device_alloc = s.num_device_alloc;
-    o.num_device_free = s.num_device_free;
-    o.max_split_size = s.max_split_size;
+    GM_STAT_SINGLES(GM_SHIM_CP_SINGLE)
+    GM_STAT_TORCH_COUNTERS(GM_SHIM_CP_COUNTER)
+#undef GM_SHIM_CP_ARRAY
+#undef GM_SHIM_CP_SINGLE
+#undef GM_SHIM_CP_COUNTER
     return o;
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
