@@ -20,7 +20,9 @@ fail, the case is measured as one GPU plus the reducer's buckets allocated
 by hand (ddp_buckets) and the table says so.
 
 usage: python3 tests/gpu/estimate_sharded.py [--gpumem build/gpumem] [--quick]
-Writes $OUT/estimate_sharded.json when OUT is set. Exit 1 if a case is more
+Writes $OUT/estimate_sharded.json when OUT is set. `--config` needs a gpumem
+built with cJSON (the GPU machine has none: bench/RESULTS.md, 2026-12-03, says
+how the run carried it). Exit 1 if a case is more
 than 10% off or fails. Runs in about 2-4 minutes on an H200.
 """
 import argparse, gc, json, os, subprocess, sys, tempfile, time, traceback
