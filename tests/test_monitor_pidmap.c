@@ -61,14 +61,6 @@ static int f_procs(void *dev, unsigned *count, void *infos) {
     return 0;
 }
 
-static void nvml_lists(int n, const int *pids, const uint64_t *used) {
-    nv.n = n;
-    for (int i = 0; i < n; i++) {
-        nv.pid[i] = pids[i];
-        nv.used[i] = used[i];
-    }
-}
-
 /* ---- a planted /proc ------------------------------------------------------ */
 
 static char root[256];
@@ -151,7 +143,24 @@ static gm_allocator *publish_8000(void) {
     return a;
 }
 
-static void sample(gm__mon_sample *s) {
+/* Write n bytes at `off` into the beacon of the publisher that calls itself
+ * `pid`: what a publisher elsewhere would have recorded. */
+static void poke_header(int pid, size_t off, const void *v, size_t n) {
+    char path[400];
+    assert_int_equal(gm_test_shm_path(pid, path, sizeof path), 1);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, v, n, (off_t)off), (ssize_t)n);
+    close(fd);
+}
+
+/* One sample with NVML listing n processes (pids, used bytes). */
+static void sample(gm__mon_sample *s, int n, const int *pids, const uint64_t *used) {
+    nv.n = n;
+    for (int i = 0; i < n; i++) {
+        nv.pid[i] = pids[i];
+        nv.used[i] = used[i];
+    }
     gm__nvml_fns f = {.init = f_ok, .shutdown = f_ok, .device_count = f_count, .device_handle = f_handle,
                       .procs_v3 = f_procs};
     gm__collector *c;
@@ -173,6 +182,13 @@ static char *render(const gm__mon_sample *s, void (*fmt)(const gm__mon_sample *,
     assert_false(b.oom);
     return b.p;
 }
+/* The output `fmt` of s holds `needle` (want) or does not. */
+static void has(const gm__mon_sample *s, void (*fmt)(const gm__mon_sample *, gm__sbuf *), const char *needle,
+                bool want) {
+    char *t = render(s, fmt);
+    if ((strstr(t, needle) != NULL) != want) fail_msg("%s '%s' in:\n%s", want ? "no" : "unwanted", needle, t);
+    free(t);
+}
 static void table(const gm__mon_sample *s, gm__sbuf *b) { gm__format_table(s, b); }
 static void prom(const gm__mon_sample *s, gm__sbuf *b) { gm__format_prometheus(s, b); }
 static void json(const gm__mon_sample *s, gm__sbuf *b) { gm__format_json(s, b, true); }
@@ -185,15 +201,10 @@ static void csv(const gm__mon_sample *s, gm__sbuf *b) { gm__format_csv(s, b); }
  * 7 (5000002) and malformed or unreadable entries are passed over. */
 static void host_view_is_exact(void **state) {
     gm_allocator *a = publish_8000();
-    char path[400];
-    assert_int_equal(gm_test_shm_path(getpid(), path, sizeof path), 1);
-    int fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
     uint64_t ns = CTR_NS;
     int32_t seven = 7;
-    assert_int_equal(pwrite(fd, &ns, sizeof ns, offsetof(gm__shm_header, pidns_ino)), sizeof ns);
-    assert_int_equal(pwrite(fd, &seven, sizeof seven, offsetof(gm__shm_header, pid)), sizeof seven);
-    close(fd);
+    poke_header(getpid(), offsetof(gm__shm_header, pidns_ino), &ns, sizeof ns);
+    poke_header(getpid(), offsetof(gm__shm_header, pid), &seven, sizeof seven);
     ns_link("1", HOST_NS);
     ns_link("self", HOST_NS);
     plant_proc(5000002, "5000002\t7", OTHER_NS, "other");  /* another container's 7 */
@@ -204,10 +215,8 @@ static void host_view_is_exact(void **state) {
     plant_proc(5000001, "5000001\t7", CTR_NS, "trainer");
     int pids[] = {5000001, 5000002, 333};
     uint64_t used[] = {9000, 20000, 100};
-    nvml_lists(3, pids, used);
-
     gm__mon_sample s;
-    sample(&s);
+    sample(&s, 3, pids, used);
     assert_true(s.host_view);
     assert_int_equal(s.nproducers, 1);
     const gm__mon_row *r = row_of(&s, 5000001);
@@ -223,18 +232,12 @@ static void host_view_is_exact(void **state) {
     assert_string_equal(o->comm, "other"); /* the host's /proc names it */
     assert_int_equal(s.nrows, 3);
 
-    char *t = render(&s, prom);
-    assert_non_null(strstr(t, "gpumem_process_allocator_reserved_bytes{gpu=\"0\",pid=\"5000001\",ns_pid=\"7\",comm="));
-    assert_null(strstr(t, "host_pid=")); /* the same as pid here */
-    assert_null(strstr(t, "pid_map="));
-    free(t);
-    t = render(&s, json);
-    assert_non_null(strstr(t, "\"pid\":5000001,\"gpu\":0,\"ns_pid\":7,\"host_pid\":5000001,\"pid_map\":\"exact\""));
-    assert_non_null(strstr(t, "\"host_view\":true"));
-    free(t);
-    t = render(&s, table);
-    assert_null(strstr(t, "pid?"));
-    free(t);
+    has(&s, prom, "gpumem_process_allocator_reserved_bytes{gpu=\"0\",pid=\"5000001\",ns_pid=\"7\",comm=", true);
+    has(&s, prom, "host_pid=", false); /* the same as pid here */
+    has(&s, prom, "pid_map=", false);
+    has(&s, json, "\"pid\":5000001,\"gpu\":0,\"ns_pid\":7,\"host_pid\":5000001,\"pid_map\":\"exact\"", true);
+    has(&s, json, "\"host_view\":true", true);
+    has(&s, table, "pid?", false);
     gm__sample_free(&s);
     gm_test_shm_allocator_free(a);
 }
@@ -258,18 +261,12 @@ static void container_view_infers(void **state) {
     plant_proc(me, self, own, "trainer");
     /* in a container the publisher cannot know its host pid (this test may
      * run in the initial namespace, where it did): say so in its header */
-    char path[400];
-    assert_int_equal(gm_test_shm_path(me, path, sizeof path), 1);
-    int fd = open(path, O_RDWR), zero = 0;
-    assert_true(fd >= 0);
-    assert_int_equal(pwrite(fd, &zero, sizeof zero, offsetof(gm__shm_header, host_pid)), sizeof zero);
-    close(fd);
+    int32_t zero = 0;
+    poke_header(me, offsetof(gm__shm_header, host_pid), &zero, sizeof zero);
     int pids[] = {4000001, 4000002, 333};
     uint64_t used[] = {5000, 9000, 100};
-    nvml_lists(3, pids, used);
-
     gm__mon_sample s;
-    sample(&s);
+    sample(&s, 3, pids, used);
     assert_false(s.host_view);
     const gm__mon_row *r = row_of(&s, me);
     assert_true(r->have_alloc && r->have_nvml_used);
@@ -282,30 +279,22 @@ static void container_view_infers(void **state) {
     assert_string_equal(o->label, "?"); /* never looked up under a number that may be another process */
     assert_int_equal(s.nrows, 3);
 
-    char want[128], *t = render(&s, prom);
+    char want[128];
     snprintf(want, sizeof want, "gpumem_process_allocator_reserved_bytes{gpu=\"0\",pid=\"%d\",host_pid=\"4000002\","
                                 "pid_map=\"inferred\",comm=", me);
-    assert_non_null(strstr(t, want));
-    assert_non_null(strstr(t, "gpumem_process_device_memory_bytes{gpu=\"0\",pid=\"4000001\",pid_map=\"unmapped\""));
-    free(t);
-    t = render(&s, table);
+    has(&s, prom, want, true);
+    has(&s, prom, "gpumem_process_device_memory_bytes{gpu=\"0\",pid=\"4000001\",pid_map=\"unmapped\"", true);
     snprintf(want, sizeof want, "%d?", me);
-    assert_non_null(strstr(t, want));
-    assert_non_null(strstr(t, "4000001^"));
-    assert_non_null(strstr(t, "pid?: inside a PID namespace"));
-    free(t);
-    t = render(&s, json);
-    assert_non_null(strstr(t, "\"host_pid\":4000002,\"pid_map\":\"inferred\""));
-    free(t);
-    t = render(&s, csv);
-    assert_non_null(strstr(t, ",4000002,inferred\n"));
-    free(t);
+    has(&s, table, want, true);
+    has(&s, table, "4000001^", true);
+    has(&s, table, "pid?: inside a PID namespace", true);
+    has(&s, json, "\"host_pid\":4000002,\"pid_map\":\"inferred\"", true);
+    has(&s, csv, ",4000002,inferred\n", true);
     gm__sample_free(&s);
 
     /* two processes could be ours: no guess */
     used[2] = 9500;
-    nvml_lists(3, pids, used);
-    sample(&s);
+    sample(&s, 3, pids, used);
     r = row_of(&s, me);
     assert_false(r->have_nvml_used);
     assert_int_equal(r->pid_map, GM_PIDMAP_NONE);
@@ -316,8 +305,7 @@ static void container_view_infers(void **state) {
     /* a translating driver lists our own number: that one, over an equal rival */
     int own_pids[] = {me, 4000002};
     uint64_t own_used[] = {9000, 9000};
-    nvml_lists(2, own_pids, own_used);
-    sample(&s);
+    sample(&s, 2, own_pids, own_used);
     r = row_of(&s, me);
     assert_true(r->have_nvml_used);
     assert_int_equal(r->host_pid, me);
@@ -411,7 +399,7 @@ static void malformed_proc_refused(void **state) {
     assert_int_equal(gm__pid_from_ns(CTR_NS, 7), 0);
     assert_int_equal(gm__proc_nspid(0, ids, GM__NSPID_MAX), 0);
     gm__mon_sample s;
-    sample(&s);
+    sample(&s, 0, NULL, NULL);
     gm__sample_free(&s);
     setenv("GPUMEM_PROC_ROOT", "relative/not/used", 1);
     assert_string_equal(gm__proc_root(), "/proc");
