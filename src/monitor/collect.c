@@ -172,7 +172,7 @@ static int nvml_only_row(gm__mon_sample *s, int *cap, int device, const gm__nvml
     r->host_pid = how == GM_PIDMAP_EXACT ? p->pid : 0;
     gm__ident_unknown(&r->id);
     if (how == GM_PIDMAP_EXACT) gm__proc_comm(r->pid, r->comm, sizeof r->comm);
-    memcpy(r->label, r->comm[0] ? r->comm : "?", r->comm[0] ? sizeof r->comm : 2);
+    snprintf(r->label, sizeof r->label, "%s", how == GM_PIDMAP_EXACT ? r->comm : "?");
     *out = r;
     return GM_OK;
 }

@@ -3,8 +3,10 @@
  * environment variables (torchrun, SLURM, Open MPI), and where it runs (host
  * name, Kubernetes pod, cgroup). And the map between PID namespaces: a
  * publisher in a container records its pid as it sees it and the inode of
- * its PID namespace; a reader outside finds the pid it sees for that process
- * through /proc/<pid>/status's NSpid line. */
+ * its PID namespace (and its host pid, when its /proc shows the host's
+ * namespace); a reader outside finds the pid it sees for that process
+ * through /proc/<pid>/status's NSpid line. Which NVML process a row is:
+ * pidmap.c. /proc is $GPUMEM_PROC_ROOT's when set (tests plant one). */
 #include "internal.h"
 #include "monitor/monitor.h"
 
