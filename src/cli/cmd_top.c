@@ -196,11 +196,12 @@ static int draw_table(ui *u, int y, int max_rows) {
             continue;
         printable(name, r->label, sizeof name);
         printable(job, r->id.run_id[0] ? r->id.run_id : "-", sizeof job);
-        char rank[12] = "-";
+        char rank[12] = "-", pid[16];
         if (r->id.rank >= 0) snprintf(rank, sizeof rank, "%d", r->id.rank);
         bool a = r->have_alloc;
         const gm__shm_values *v = &r->v;
-        n = snprintf(line, sizeof line, "%-4d %-8d %-24.24s %-12s %5s %11s", r->device, r->pid, name, job, rank,
+        n = snprintf(line, sizeof line, "%-4d %-8s %-24.24s %-12s %5s %11s", r->device, gm__format_pid(r, pid, sizeof pid),
+                     name, job, rank,
                      fmt(r->have_nvml_used, (long long)r->nvml_used, b1));
 #define CELL(nm, val, torch, prom, type, help, col)                                                  \
     if (col && n < (int)sizeof line) {                                                               \
@@ -217,6 +218,11 @@ static int draw_table(ui *u, int y, int max_rows) {
     if (!shown)
         put_line(y++, "%s", u->filter[0] ? "(no process matches the filter)"
                                          : "(no processes: run a job under gpumem, or 'gpumem demo' to try)");
+    gm__sbuf note = {0}; /* what pid? and pid^ mean, as in gpumem smi */
+    gm__format_pid_note(&u->s, &note);
+    for (char *save, *l = note.p ? strtok_r(note.p, "\n", &save) : NULL; l; l = strtok_r(NULL, "\n", &save))
+        put_line(y++, "%s", l);
+    gm__sbuf_free(&note);
     return y;
 }
 

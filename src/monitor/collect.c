@@ -131,6 +131,10 @@ static int collect_producers(gm__collector *c, gm__mon_sample *s, int *cap) {
             if ((rc = ensure_device(s, dev)) != GM_OK || (rc = add_row(s, cap, &r)) != GM_OK) break;
             r->pid = p->pid;
             r->ns_pid = p->ns_pid;
+            /* the host pid until NVML's join says more: ours in the host
+             * view, else what the publisher knew of itself */
+            r->host_pid = s->host_view ? p->pid : p->host_pid;
+            r->pid_map = r->host_pid > 0 ? GM_PIDMAP_EXACT : GM_PIDMAP_NONE;
             r->id = p->id;
             r->device = dev;
             r->source = p->source;
@@ -154,35 +158,56 @@ static int collect_producers(gm__collector *c, gm__mon_sample *s, int *cap) {
     return rc;
 }
 
-/* NVML's per-process used memory joins the producer rows; processes that do
- * not publish (plain PyTorch, anything else) get rows of their own. */
+/* A row for a process NVML sees and nobody publishes for: in the host view
+ * its pid is ours and /proc names it; from inside a PID namespace the pid is
+ * NVML's and /proc here may hold another process under that number, so it
+ * is not looked up. */
+static int nvml_only_row(gm__mon_sample *s, int *cap, int device, const gm__nvml_proc *p, int how,
+                         gm__mon_row **out) {
+    gm__mon_row *r;
+    if (add_row(s, cap, &r) != GM_OK) return GM_ENOHOSTMEM;
+    r->pid = p->pid;
+    r->device = device;
+    r->pid_map = how;
+    r->host_pid = how == GM_PIDMAP_EXACT ? p->pid : 0;
+    gm__ident_unknown(&r->id);
+    if (how == GM_PIDMAP_EXACT) gm__proc_comm(r->pid, r->comm, sizeof r->comm);
+    snprintf(r->label, sizeof r->label, "%s", how == GM_PIDMAP_EXACT ? r->comm : "?");
+    *out = r;
+    return GM_OK;
+}
+
+/* NVML's per-process used memory joins the producer rows (pidmap.c says
+ * which is which, exactly or by inference); processes that do not publish
+ * (plain PyTorch, anything else) get rows of their own. */
 static int collect_nvml_procs(gm__collector *c, gm__mon_sample *s, int *cap, int nvml_devs) {
-    for (int d = 0; d < nvml_devs; d++) {
+    int rc = GM_OK;
+    for (int d = 0; d < nvml_devs && rc == GM_OK; d++) {
         gm__nvml_proc *np;
         int n;
         if (gm__nvml_processes(c->nvml, d, &np, &n) != GM_OK) continue;
-        for (int i = 0; i < n; i++) {
-            gm__mon_row *r = NULL;
-            for (int k = 0; k < s->nrows && !r; k++)
-                if (s->rows[k].pid == np[i].pid && s->rows[k].device == d && !s->rows[k].have_nvml_used)
-                    r = &s->rows[k];
-            if (!r) {
-                if (add_row(s, cap, &r) != GM_OK) {
-                    free(np);
-                    return GM_ENOHOSTMEM;
-                }
-                r->pid = np[i].pid;
-                r->device = d;
-                gm__ident_unknown(&r->id);
-                gm__proc_comm(r->pid, r->comm, sizeof r->comm);
-                memcpy(r->label, r->comm, sizeof r->comm);
-            }
-            r->have_nvml_used = np[i].have_used;
-            r->nvml_used = np[i].used;
+        int *row_of = malloc((size_t)(n ? n : 1) * 2 * sizeof *row_of);
+        if (!row_of) {
+            free(np);
+            return GM_ENOHOSTMEM;
         }
+        int *how = row_of + n, nrows = s->nrows; /* only the published rows are candidates */
+        gm__pidmap_match(s->rows, nrows, d, np, n, s->host_view, row_of, how);
+        for (int i = 0; i < n && rc == GM_OK; i++) {
+            gm__mon_row *r = row_of[i] >= 0 ? &s->rows[row_of[i]] : NULL;
+            if (r) {
+                r->host_pid = np[i].pid;
+                r->pid_map = how[i];
+            } else rc = nvml_only_row(s, cap, d, &np[i], how[i], &r);
+            if (rc == GM_OK) {
+                r->have_nvml_used = np[i].have_used;
+                r->nvml_used = np[i].used;
+            }
+        }
+        free(row_of);
         free(np);
     }
-    return GM_OK;
+    return rc;
 }
 
 void gm__ident_unknown(gm__mon_ident *id) {
@@ -214,6 +239,7 @@ int gm__collector_sample(gm__collector *c, gm__mon_sample *s) {
     clock_gettime(CLOCK_REALTIME, &ts);
     s->time_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     s->nvml = c->nvml != NULL;
+    s->host_view = gm__procfs_is_init();
     int cap = 0, rc = collect_devices(c, s);
     int nvml_devs = s->ndevices;
     if (rc == GM_OK) rc = collect_producers(c, s, &cap);

@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,8 +96,9 @@ static int open_beacon(segment *s) {
 static int map_data(segment *s, uint64_t own_ns) {
     s->pid = s->h.pidns_ino == own_ns ? s->h.pid : gm__pid_from_ns(s->h.pidns_ino, s->h.pid);
     if (s->pid <= 0) return SEG_UNREACHABLE;
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd/%d", s->pid, s->h.data_fd);
+    char path[PATH_MAX], fdname[32];
+    snprintf(fdname, sizeof fdname, "fd/%d", s->h.data_fd);
+    gm__proc_path(path, sizeof path, s->pid, fdname);
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) return SEG_UNREACHABLE;
     struct stat st;
@@ -134,6 +136,7 @@ static void report(segment *s, gm__mon_proc *p) {
     const gm__shm_header *h = &s->h;
     p->pid = s->pid;
     p->ns_pid = h->pid;
+    p->host_pid = h->host_pid > 0 ? h->host_pid : 0;
     p->source = h->source;
     p->start_time = h->start_time;
     memcpy(p->comm, h->comm, sizeof p->comm);

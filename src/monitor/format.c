@@ -110,6 +110,10 @@ static void json_row(gm__sbuf *b, const gm__mon_row *r, const char *sep) {
     gm__sbuf_printf(b, "{\"pid\":%d,\"gpu\":%d,", r->pid, r->device);
     json_opt_int(b, "ns_pid", r->ns_pid > 0, r->ns_pid);
     gm__sbuf_printf(b, ",");
+    json_opt_int(b, "host_pid", r->host_pid > 0, r->host_pid);
+    gm__sbuf_printf(b, ",");
+    json_opt_str(b, "pid_map", gm__pidmap_name(r->pid_map) != NULL, gm__pidmap_name(r->pid_map) ? gm__pidmap_name(r->pid_map) : "");
+    gm__sbuf_printf(b, ",");
 #define GM__JSON_STR(n) json_opt_str(b, #n, true, r->id.n);
 #define GM__JSON_INT(n) json_opt_int(b, #n, r->id.n >= 0, r->id.n);
 #define GM__JSON_ID(name, kind, help) GM__JSON_##kind(name) gm__sbuf_printf(b, ",");
@@ -144,7 +148,8 @@ void gm__format_json(const gm__mon_sample *s, gm__sbuf *b, bool one_line) {
                     nl, ind, (unsigned long long)s->time_ns, nl, ind, s->nvml ? "true" : "false",
                     !s->nvml ? "null" : s->nvml_mem_v1 ? "\"v1\"" : "\"v2\"");
     json_opt_str(b, "note", true, s->nvml_note);
-    gm__sbuf_printf(b, "},%s%s\"devices\":[", nl, ind);
+    gm__sbuf_printf(b, "},%s%s\"host_view\":%s,", nl, ind, s->host_view ? "true" : "false");
+    gm__sbuf_printf(b, "%s%s\"devices\":[", nl, ind);
     for (int i = 0; i < s->ndevices; i++) {
         gm__sbuf_printf(b, "%s%s%s", nl, ind, ind);
         json_device(b, &s->devs[i], i + 1 < s->ndevices ? "," : "");
@@ -177,10 +182,12 @@ static void csv_int(gm__sbuf *b, bool have, long long v) {
 
 /* Device columns (NVML), then the process's: pid, label, its identity
  * (GM_MON_IDENTITY), NVML used, the published statistics (GM_MON_STATS),
- * outside_allocator and held. */
+ * outside_allocator, held, and the pid in the publisher's namespace and the
+ * host's with how the latter is known (last, so older readers' columns keep
+ * their places). */
 #define GM__CSV_DEVICE_COLS "time_ns,gpu,uuid,total,driver_reserved,used,free"
 #define GM__CSV_COUNT(...) +1
-enum { CSV_PROC_COLS = 3 GM_MON_IDENTITY(GM__CSV_COUNT) GM_MON_STATS(GM__CSV_COUNT) + 2 };
+enum { CSV_PROC_COLS = 3 GM_MON_IDENTITY(GM__CSV_COUNT) GM_MON_STATS(GM__CSV_COUNT) + 5 };
 
 void gm__format_csv_header(gm__sbuf *b) {
     gm__sbuf_printf(b, GM__CSV_DEVICE_COLS ",pid,label");
@@ -191,7 +198,7 @@ void gm__format_csv_header(gm__sbuf *b) {
 #define H(name, ...) gm__sbuf_printf(b, "," #name);
     GM_MON_STATS(H)
 #undef H
-    gm__sbuf_printf(b, ",outside_allocator,held\n");
+    gm__sbuf_printf(b, ",outside_allocator,held,ns_pid,host_pid,pid_map\n");
 }
 
 static void csv_line(gm__sbuf *b, const gm__mon_sample *s, const gm__mon_dev *d, const gm__mon_row *r) {
@@ -222,7 +229,11 @@ static void csv_line(gm__sbuf *b, const gm__mon_sample *s, const gm__mon_dev *d,
     GM_MON_STATS(C)
 #undef C
     csv_int(b, a && r->have_nvml_used, (long long)r->nvml_used - r->v.reserved);
-    gm__sbuf_printf(b, ",%d\n", r->held ? 1 : 0);
+    gm__sbuf_printf(b, ",%d", r->held ? 1 : 0);
+    csv_int(b, r->ns_pid > 0, r->ns_pid);
+    csv_int(b, r->host_pid > 0, r->host_pid);
+    const char *map = gm__pidmap_name(r->pid_map);
+    gm__sbuf_printf(b, ",%s\n", map ? map : "");
 }
 
 void gm__format_csv(const gm__mon_sample *s, gm__sbuf *b) {
@@ -256,6 +267,11 @@ static void printable(char *dst, const char *src, size_t len) {
     size_t i = 0;
     for (; src[i] && i + 1 < len; i++) dst[i] = (unsigned char)src[i] < 0x20 ? '?' : src[i];
     dst[i] = '\0';
+}
+
+const char *gm__format_pid(const gm__mon_row *r, char *buf, size_t len) {
+    snprintf(buf, len, "%d%s", r->pid, r->pid_map == GM_PIDMAP_INFERRED ? "?" : r->pid_map == GM_PIDMAP_UNMAPPED ? "^" : "");
+    return buf;
 }
 
 /* The jobs among the rows (rows come sorted by run id): one line each with
@@ -296,6 +312,19 @@ static void format_jobs(const gm__mon_sample *s, gm__sbuf *b) {
     }
 }
 
+void gm__format_pid_note(const gm__mon_sample *s, gm__sbuf *b) {
+    bool inferred = false, unmapped = false;
+    for (int i = 0; i < s->nrows; i++) {
+        inferred |= s->rows[i].pid_map == GM_PIDMAP_INFERRED;
+        unmapped |= s->rows[i].pid_map == GM_PIDMAP_UNMAPPED;
+    }
+    if (inferred)
+        gm__sbuf_printf(b, "pid?: inside a PID namespace NVML's pids are the host's: joined to NVML by the only "
+                           "plausible match, not by the kernel's numbers\n");
+    if (unmapped)
+        gm__sbuf_printf(b, "pid^: NVML's pid (the host's on most drivers), matching no process that publishes here\n");
+}
+
 void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
     char t[64], b1[24], b2[24], b3[24], b4[24], b6[24];
     time_t sec = (time_t)(s->time_ns / 1000000000ull);
@@ -331,12 +360,12 @@ void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
     for (int i = 0; i < s->nrows; i++) {
         const gm__mon_row *r = &s->rows[i];
         const gm__shm_values *v = &r->v;
-        char name[17], job[13], rank[12] = "-";
+        char name[17], job[13], rank[12] = "-", pid[16];
         printable(name, r->label, sizeof name);
         printable(job, r->id.run_id[0] ? r->id.run_id : "-", sizeof job);
         if (r->id.rank >= 0) snprintf(rank, sizeof rank, "%d", r->id.rank);
         bool a = r->have_alloc;
-        gm__sbuf_printf(b, "%-4d %-8d %-16s %-12s %5s %11s", r->device, r->pid, name, job, rank,
+        gm__sbuf_printf(b, "%-4d %-8s %-16s %-12s %5s %11s", r->device, gm__format_pid(r, pid, sizeof pid), name, job, rank,
                         human(r->have_nvml_used, (long long)r->nvml_used, b1, 24));
 #define CELL(name, val, torch, prom, type, help, col) \
     if (col) gm__sbuf_printf(b, " %11s", cell(a, (long long)(val), GM__MON_##type, b1, 24));
@@ -346,6 +375,7 @@ void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
                         r->held ? " (held)" : "");
     }
     format_jobs(s, b);
+    gm__format_pid_note(s, b);
 }
 
 /* ---- Prometheus text format 0.0.4 ---------------------------------------- */
@@ -394,14 +424,22 @@ static void prom_devices(const gm__mon_sample *s, gm__sbuf *b, int which, const 
     }
 }
 
-/* One process series: {gpu, uuid, pid, comm (the executable), label (what
+/* One process series: {gpu, uuid, pid (as this exporter sees it), ns_pid
+ * and host_pid where they differ from it, pid_map where the host pid is
+ * inferred or the pid is NVML's unmapped, comm (the executable), label (what
  * the process calls itself), then its identity (GM_MON_IDENTITY: run_id,
  * rank, ...; never Prometheus's own job and instance), each label only when
  * known} value. */
 static void prom_row(const gm__mon_sample *s, gm__sbuf *b, const char *name, const gm__mon_row *r, long long v) {
     gm__sbuf_printf(b, "%s{", name);
     prom_gpu_labels(b, r->device, dev_of(s, r->device)->uuid);
-    gm__sbuf_printf(b, ",pid=\"%d\",comm=\"", r->pid);
+    gm__sbuf_printf(b, ",pid=\"%d\"", r->pid);
+    /* the other pids only where they differ (a container's process) */
+    if (r->ns_pid > 0 && r->ns_pid != r->pid) gm__sbuf_printf(b, ",ns_pid=\"%d\"", r->ns_pid);
+    if (r->host_pid > 0 && r->host_pid != r->pid) gm__sbuf_printf(b, ",host_pid=\"%d\"", r->host_pid);
+    if (r->pid_map == GM_PIDMAP_INFERRED || r->pid_map == GM_PIDMAP_UNMAPPED)
+        gm__sbuf_printf(b, ",pid_map=\"%s\"", gm__pidmap_name(r->pid_map));
+    gm__sbuf_printf(b, ",comm=\"");
     gm__prom_escape(b, r->comm);
     gm__sbuf_printf(b, "\",label=\"");
     gm__prom_escape(b, r->label);

@@ -3,13 +3,17 @@
  * environment variables (torchrun, SLURM, Open MPI), and where it runs (host
  * name, Kubernetes pod, cgroup). And the map between PID namespaces: a
  * publisher in a container records its pid as it sees it and the inode of
- * its PID namespace; a reader outside finds the pid it sees for that process
- * through /proc/<pid>/status's NSpid line. */
+ * its PID namespace (and its host pid, when its /proc shows the host's
+ * namespace); a reader outside finds the pid it sees for that process
+ * through /proc/<pid>/status's NSpid line. Which NVML process a row is:
+ * pidmap.c. /proc is $GPUMEM_PROC_ROOT's when set (tests plant one). */
 #include "internal.h"
 #include "monitor/monitor.h"
 
 #include <ctype.h>
 #include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,40 +79,97 @@ void gm__identity_fill(gm__shm_header *h) {
     own_cgroup(h->cgroup, sizeof h->cgroup);
 }
 
+const char *gm__proc_root(void) {
+    const char *r = getenv("GPUMEM_PROC_ROOT");
+    return r && r[0] == '/' ? r : "/proc";
+}
+
+void gm__proc_path(char *buf, size_t len, int pid, const char *what) {
+    if (pid > 0) snprintf(buf, len, "%s/%d/%s", gm__proc_root(), pid, what);
+    else snprintf(buf, len, "%s/self/%s", gm__proc_root(), what);
+}
+
+/* The inode a namespace link names: "pid:[4026531836]" (what readlink gives
+ * for /proc/<pid>/ns/pid; its stat's st_ino is the same number, but a test's
+ * planted /proc can only hold the link). 0 if unreadable or malformed. */
+static uint64_t ns_link_inode(const char *path) {
+    char target[64];
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n <= 0) return 0;
+    target[n] = '\0';
+    if (strncmp(target, "pid:[", 5) || !isdigit((unsigned char)target[5])) return 0;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(target + 5, &end, 10);
+    return errno || strcmp(end, "]") ? 0 : (uint64_t)v;
+}
+
 uint64_t gm__proc_pidns(int pid) {
-    char path[64];
-    if (pid > 0) snprintf(path, sizeof path, "/proc/%d/ns/pid", pid);
-    else snprintf(path, sizeof path, "/proc/self/ns/pid");
-    struct stat st;
-    return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
+    char path[PATH_MAX];
+    gm__proc_path(path, sizeof path, pid, "ns/pid");
+    return ns_link_inode(path);
+}
+
+bool gm__procfs_is_init(void) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/1/ns/pid", gm__proc_root());
+    uint64_t ns = ns_link_inode(path); /* the namespace whose pid 1 this /proc shows */
+    if (!ns) ns = gm__proc_pidns(0);    /* not allowed to look (not root): our own */
+    return ns == GM__PIDNS_INIT_INO;
+}
+
+/* Parse the numbers of an NSpid line after "NSpid:": false when anything
+ * but pids from 1 to 2^31 - 1 separated by blanks is there. */
+static bool parse_nspid(const char *p, int *ids, int max, int *count) {
+    *count = 0;
+    for (;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        if (*p == '\n' || !*p) return *count > 0;
+        if (!isdigit((unsigned char)*p)) return false;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || v <= 0 || v > 0x7fffffff || (*end && !strchr(" \t\n", *end))) return false;
+        if (*count < max) ids[*count] = (int)v;
+        (*count)++;
+        p = end;
+    }
+}
+
+int gm__proc_nspid(int pid, int *ids, int max) {
+    char path[PATH_MAX], line[512];
+    gm__proc_path(path, sizeof path, pid, "status");
+    FILE *f = fopen(path, "re");
+    if (!f) return 0;
+    int count = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "NSpid:", 6)) continue;
+        /* a line longer than the buffer (33 levels at most fit) is malformed */
+        if (!strchr(line, '\n') && !feof(f)) break;
+        if (!parse_nspid(line + 6, ids, max, &count)) count = 0;
+        break;
+    }
+    fclose(f);
+    return count > max ? max : count;
 }
 
 /* The last number of the NSpid line of /proc/<pid>/status: the pid in the
  * process's own namespace. -1 if unreadable. */
 static int innermost_pid(int pid) {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", pid);
-    FILE *f = fopen(path, "re");
-    if (!f) return -1;
-    int last = -1;
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "NSpid:", 6)) continue;
-        for (char *p = line + 6;;) {
-            char *end;
-            long v = strtol(p, &end, 10);
-            if (end == p) break;
-            last = (int)v;
-            p = end;
-        }
-        break;
-    }
-    fclose(f);
-    return last;
+    int ids[GM__NSPID_MAX];
+    int n = gm__proc_nspid(pid, ids, GM__NSPID_MAX);
+    return n > 0 ? ids[n - 1] : -1;
+}
+
+int gm__host_pid_self(void) {
+    int ids[GM__NSPID_MAX];
+    if (gm__proc_nspid(0, ids, GM__NSPID_MAX) < 1 || !gm__procfs_is_init()) return 0;
+    return ids[0];
 }
 
 int gm__pid_from_ns(uint64_t pidns, int ns_pid) {
     if (!pidns || ns_pid <= 0) return 0;
-    DIR *d = opendir("/proc");
+    DIR *d = opendir(gm__proc_root());
     if (!d) return 0;
     int found = 0;
     struct dirent *e;
@@ -116,7 +177,7 @@ int gm__pid_from_ns(uint64_t pidns, int ns_pid) {
         if (!isdigit((unsigned char)e->d_name[0])) continue;
         int pid = atoi(e->d_name);
         /* NSpid first (one read), the namespace's inode only on a match */
-        if (innermost_pid(pid) == ns_pid && gm__proc_pidns(pid) == pidns) found = pid;
+        if (pid > 0 && innermost_pid(pid) == ns_pid && gm__proc_pidns(pid) == pidns) found = pid;
     }
     closedir(d);
     return found;

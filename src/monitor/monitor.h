@@ -91,7 +91,9 @@ typedef struct gm__shm_header {
     char hostname[64];     /* 640 */
     char k8s_pod[128];     /* 704 */
     char cgroup[160];      /* 832 */
-    char pad[32];          /* 992 */
+    int32_t host_pid;      /* 992: pid in the initial PID namespace (NVML's numbers), 0 when unknowable */
+    int32_t reserved2;     /* 996 */
+    char pad[24];          /* 1000 */
 } gm__shm_header;
 
 /* The published numbers of one device. Field order is the layout (from
@@ -177,13 +179,37 @@ _Static_assert(offsetof(gm__shm_record, v.allocated) % 16 == 0 && offsetof(gm__s
 /* "gpumem.<uid>." (or "gpumem-<tag>.<uid>." when GPUMEM_SHM_TAG is set, which
  * keeps concurrent test runs apart). No leading slash. */
 void gm__shm_prefix(char *buf, size_t len);
+/* The /proc the monitor reads: $GPUMEM_PROC_ROOT when it is an absolute
+ * path (tests plant a fake one; a reader in a container may be given the
+ * host's, mounted elsewhere), else /proc. Publication's own
+ * /proc/self/fd/N links never move. */
+const char *gm__proc_root(void);
+/* <root>/<pid>/<what>, or <root>/self/<what> for pid 0. */
+void gm__proc_path(char *buf, size_t len, int pid, const char *what);
 /* Start time of pid (field 22 of /proc/<pid>/stat; pid 0: this process).
  * GM_EIO if the process is gone or a zombie. */
 int gm__proc_start_time(int pid, uint64_t *out);
 /* /proc/<pid>/comm without the newline ("" if unreadable; pid 0: this process). */
 void gm__proc_comm(int pid, char *buf, size_t len);
-/* Inode of /proc/<pid>/ns/pid (pid 0: this process), 0 if unreadable. */
+/* Inode of /proc/<pid>/ns/pid (pid 0: this process), read from the link's
+ * text "pid:[N]"; 0 if unreadable or malformed. */
 uint64_t gm__proc_pidns(int pid);
+/* The initial PID namespace's inode (PROC_PID_INIT_INO, fixed since Linux
+ * 3.8): the namespace NVML's pids are in on drivers that do not translate. */
+#define GM__PIDNS_INIT_INO 0xEFFFFFFCull
+/* NSpid levels the monitor reads (the kernel nests at most 32). */
+#define GM__NSPID_MAX 33
+/* The NSpid line of /proc/<pid>/status (pid 0: this process): the pid in
+ * each PID namespace from the one /proc belongs to inwards, outermost
+ * first. How many (at most max); 0 if unreadable or malformed. */
+int gm__proc_nspid(int pid, int *ids, int max);
+/* true when the /proc read shows the initial PID namespace: its pid 1's
+ * namespace is the initial one, or (not allowed to look, as non-root) this
+ * process's own namespace is. Its pids are then NVML's. */
+bool gm__procfs_is_init(void);
+/* This process's pid in the initial PID namespace, when it can know it
+ * exactly (its /proc shows that namespace: the first NSpid), else 0. */
+int gm__host_pid_self(void);
 /* The pid, as this process sees it, of the process that is `ns_pid` in the
  * PID namespace with inode `pidns` (the last NSpid of /proc/<pid>/status).
  * 0 when no process here matches (a sibling container's, or gone). */
@@ -230,6 +256,7 @@ typedef struct gm__mon_proc {
     char shm_name[256];
     int pid;    /* as this reader sees it (mapped through the PID namespaces) */
     int ns_pid; /* as the publisher sees itself (its own PID namespace) */
+    int host_pid; /* in the initial PID namespace as the publisher knew it, 0 unknown */
     gm__mon_ident id;
     uint32_t source;
     uint64_t start_time;
@@ -320,11 +347,23 @@ int gm__nvml_proc_record_size(const gm__nvml *n);
 
 /* ---- collector (collect.c) ---------------------------------------------- */
 
+/* How a row's pid and NVML's (host) pid are known to be one process
+ * (pidmap.c has the rules; docs/monitoring.md, "Inside containers"). */
+enum {
+    GM_PIDMAP_NONE,     /* host pid unknown: no NVML row joined, and no way to know it */
+    GM_PIDMAP_EXACT,    /* by the kernel's own numbers (NSpid, the initial namespace) */
+    GM_PIDMAP_INFERRED, /* by the only plausible match (reader inside a PID namespace) */
+    GM_PIDMAP_UNMAPPED, /* an NVML-only row seen from inside a PID namespace: pid is NVML's */
+};
+const char *gm__pidmap_name(int how); /* "exact", "inferred", "unmapped", NULL */
+
 /* One row per (process, GPU): the allocator's numbers from shared memory
  * and/or NVML's used memory. */
 typedef struct gm__mon_row {
-    int pid;
+    int pid;    /* as this reader sees it (NVML's number on an NVML-only row) */
     int ns_pid; /* the publisher's own view of its pid; == pid outside containers, 0 unknown */
+    int host_pid; /* in the initial PID namespace (NVML's), 0 unknown */
+    int pid_map;  /* GM_PIDMAP_*: how host_pid is known */
     int device;
     gm__mon_ident id; /* empty strings and -1 when unknown (NVML-only rows) */
     uint32_t source; /* 0: seen by NVML only */
@@ -346,7 +385,17 @@ typedef struct gm__mon_sample {
     int nrows;
     gm__mon_row *rows;
     int nproducers, cleaned;
+    bool host_view; /* the /proc read is the initial PID namespace's: every pid is exact */
 } gm__mon_sample;
+
+/* ---- NVML's pids and the published rows (pidmap.c) ------------------------
+ * For one device: which row (index into rows, or -1) each of NVML's n
+ * processes is, and how it is known (GM_PIDMAP_*). host_view: the reader's
+ * /proc is the initial namespace's, so NVML's pids are its own (exact).
+ * Only rows of `device` that publish (source != 0) and have no NVML figure
+ * yet are candidates. */
+void gm__pidmap_match(const gm__mon_row *rows, int nrows, int device, const gm__nvml_proc *np, int n,
+                      bool host_view, int *row_of, int *how);
 
 typedef struct gm__collector gm__collector;
 
@@ -386,6 +435,11 @@ void gm__format_csv_header(gm__sbuf *b);
 void gm__format_csv(const gm__mon_sample *s, gm__sbuf *b);
 void gm__format_table(const gm__mon_sample *s, gm__sbuf *b);
 void gm__format_prometheus(const gm__mon_sample *s, gm__sbuf *b);
+/* A row's PID cell: the pid, "?" after it when joined to NVML by inference,
+ * "^" when it is NVML's number, unmapped (gpumem smi and top). */
+const char *gm__format_pid(const gm__mon_row *r, char *buf, size_t len);
+/* The lines explaining those marks, when a row carries one. */
+void gm__format_pid_note(const gm__mon_sample *s, gm__sbuf *b);
 
 /* ---- the exporter's request targets (http_route.c) ------------------------ */
 

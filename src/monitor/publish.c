@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,14 +37,9 @@ void gm__shm_prefix(char *buf, size_t len) {
     else snprintf(buf, len, "gpumem.%u.", (unsigned)getuid());
 }
 
-static void proc_path(char *buf, size_t len, int pid, const char *what) {
-    if (pid > 0) snprintf(buf, len, "/proc/%d/%s", pid, what);
-    else snprintf(buf, len, "/proc/self/%s", what);
-}
-
 int gm__proc_start_time(int pid, uint64_t *out) {
-    char path[64], buf[1024];
-    proc_path(path, sizeof path, pid, "stat");
+    char path[PATH_MAX], buf[1024];
+    gm__proc_path(path, sizeof path, pid, "stat");
     FILE *f = fopen(path, "re");
     if (!f) return GM_EIO;
     size_t n = fread(buf, 1, sizeof buf - 1, f);
@@ -65,8 +61,8 @@ int gm__proc_start_time(int pid, uint64_t *out) {
 }
 
 void gm__proc_comm(int pid, char *buf, size_t len) {
-    char path[64];
-    proc_path(path, sizeof path, pid, "comm");
+    char path[PATH_MAX];
+    gm__proc_path(path, sizeof path, pid, "comm");
     buf[0] = '\0';
     FILE *f = fopen(path, "re");
     if (!f) return;
@@ -214,6 +210,7 @@ static void fill_header(gm__publisher *p, const char *label, uint32_t source) {
     h->data_fd = p->data_fd;
     h->nonce = random64();
     h->pidns_ino = gm__proc_pidns(0);
+    h->host_pid = gm__host_pid_self(); /* 0 inside a container: readers outside map it, inside infer it */
     gm__proc_comm(0, h->comm, sizeof h->comm);
     snprintf(h->label, sizeof h->label, "%s", label && *label ? label : h->comm);
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
