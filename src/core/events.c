@@ -94,6 +94,10 @@ static int advance(gm__device *d, struct gm__stream_uses *u, bool synchronize, b
 }
 
 int gm__device_process_events(gm__device *d, bool synchronize) {
+    if (d->owner) d = d->owner; /* a private pool's policy asks for its device */
+    /* no event is queried or waited for during a capture (torch: not while
+     * captures are under way); the blocks wait for its end */
+    if (d->capturing) return GM_OK;
     gm__fe_dev *fe = d->fe;
     int rc = GM_OK;
     size_t j = 0, i = 0;
@@ -106,7 +110,7 @@ int gm__device_process_events(gm__device *d, bool synchronize) {
         if (complete) {
             gm__history_note(d->index, GM_TA_FREE_COMPLETED, b->ptr, b->requested, b->stream);
             gm__uses_free(b);
-            d->pops->free(d->pstate, b);
+            gm__policy_free(d, b);
         } else {
             fe->pending[j++] = b;
         }
@@ -125,7 +129,7 @@ void gm__events_drain(gm__device *d) {
             (void)gm__be_cleanup_event_destroy(d, u->events[k]);
         }
         gm__uses_free(b);
-        d->pops->free(d->pstate, b);
+        gm__policy_free(d, b);
     }
     fe->npending = 0;
     free(fe->pending);

@@ -1,0 +1,383 @@
+/* mempool.c — private pools: the memory of a CUDA graph or a
+ * torch.cuda.MemPool, as torch's caching allocator keeps them (PrivatePool,
+ * keyed by MempoolId_t, a pair of integers).
+ *
+ * Each pool is an instance of the device's policy of its own: blocks it
+ * places come from its own segments and go back to it, so memory freed in a
+ * pool is reused only by that pool, and nothing of the device's own pools
+ * lands in it. Its policy sees a view of the device (gm__mempool.view): the
+ * same backend, index and limits, its own stats; after every call the
+ * change of the view's stats is added to the device's, so reserved,
+ * allocated, segments and the device-call counters count every pool, as in
+ * torch.
+ *
+ * Life of a pool, as torch's: gm_pool_retain (createOrIncrefPool) and
+ * gm_pool_begin (beginAllocateToPool) create it or add a use; gm_pool_end
+ * stops allocating into it; gm_pool_release drops a use. When the last use
+ * goes the pool's cached memory is given back, and the pool itself goes
+ * with its last block (torch keeps a released pool's memory until the next
+ * empty_cache or out-of-memory retry; gpumem gives it back at once, outside
+ * a capture).
+ *
+ * While any pool of a device is between begin and end (a capture), the
+ * device makes no free, unmap or event synchronisation: gm_malloc skips
+ * the stream events, the policies skip their out-of-memory release,
+ * gm_empty_cache refuses, and released pools wait for the capture's end. */
+#include "frontend.h"
+
+#include <math.h>
+
+static gm__mempool *slot_pool(const gm__device *d, uint16_t mpool) {
+    return d->mp && mpool && mpool <= d->mp->n ? d->mp->slot[mpool - 1] : NULL;
+}
+
+gm__mempool *gm__mempool_find(gm__device *d, uint64_t id0, uint64_t id1) {
+    if (!d->mp) return NULL;
+    for (uint32_t i = 0; i < d->mp->n; i++) {
+        gm__mempool *p = d->mp->slot[i];
+        if (p && p->id0 == id0 && p->id1 == id1) return p;
+    }
+    return NULL;
+}
+
+static void fold(gm_stat *dst, const gm_stat *now, const gm_stat *was) {
+    dst->current += now->current - was->current;
+    if (dst->current > dst->peak) dst->peak = dst->current;
+    dst->allocated += now->allocated - was->allocated;
+    dst->freed += now->freed - was->freed;
+}
+
+void gm__mempool_sync(gm__device *d, gm__mempool *p) {
+    gm_stats *s = &d->stats;
+    const gm_stats *now = &p->view.stats, *was = &p->synced;
+    int64_t msplit = s->max_split_size; /* a setting, not a count */
+#define GM__MP_ARRAY(n) for (int i = 0; i < GM_POOL_COUNT; i++) fold(&s->n[i], &now->n[i], &was->n[i]);
+#define GM__MP_SINGLE(n) fold(&s->n, &now->n, &was->n);
+#define GM__MP_COUNTER(n) s->n += now->n - was->n;
+    GM_STAT_ARRAYS(GM__MP_ARRAY)
+    GM_STAT_SINGLES(GM__MP_SINGLE)
+    GM_STAT_COUNTERS(GM__MP_COUNTER)
+#undef GM__MP_ARRAY
+#undef GM__MP_SINGLE
+#undef GM__MP_COUNTER
+    s->max_split_size = msplit;
+    p->synced = *now;
+}
+
+/* A slot for a new pool: a freed one, else a new one (at most 65535). */
+static int take_slot(gm__device *d, uint32_t *out) {
+    if (!d->mp && !(d->mp = calloc(1, sizeof *d->mp))) return GM_ENOHOSTMEM;
+    struct gm__mempools *mp = d->mp;
+    for (uint32_t i = 0; i < mp->n; i++)
+        if (!mp->slot[i]) return (*out = i), GM_OK;
+    if (mp->n == UINT16_MAX)
+        return gm__set_error(GM_ENOSPACE, "device %d has %u private pools, the most gpumem keeps: release some "
+                             "(CUDA graphs, MemPools) first", d->index, (unsigned)mp->n);
+    if (mp->n == mp->cap) {
+        uint32_t cap = mp->cap ? mp->cap * 2 : 8;
+        gm__mempool **s = realloc(mp->slot, cap * sizeof *s);
+        if (!s) return GM_ENOHOSTMEM;
+        mp->slot = s;
+        mp->cap = cap;
+    }
+    mp->slot[mp->n] = NULL;
+    *out = mp->n++;
+    return GM_OK;
+}
+
+static int create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **out) {
+    uint32_t i;
+    int rc = take_slot(d, &i);
+    if (rc != GM_OK) return rc;
+    gm__mempool *p = calloc(1, sizeof *p);
+    if (!p) return gm__set_error(GM_ENOHOSTMEM, "out of host memory creating a private pool on device %d", d->index);
+    p->id0 = id0;
+    p->id1 = id1;
+    p->cfg = *d->cfg;
+    /* A pool's memory stays where the graph recorded it: no plan moving
+     * blocks, no idle memory moved or given back while it is in use. */
+    p->cfg.gpumem_plan = false;
+    p->cfg.gpumem_slack = INFINITY;
+    p->view = *d;
+    p->view.owner = d;
+    p->view.mp = NULL;
+    p->view.capturing = 0;
+    p->view.pstate = NULL;
+    p->view.cfg = &p->cfg;
+    memset(&p->view.stats, 0, sizeof p->view.stats);
+    p->view.stats.size = sizeof p->view.stats;
+    p->view.stats.max_split_size = d->stats.max_split_size;
+    p->synced = p->view.stats;
+    rc = d->pops->create(&p->view, &p->view.pstate);
+    gm__mempool_sync(d, p);
+    if (rc != GM_OK) {
+        free(p);
+        return gm__set_error(rc, "creating a private pool on device %d failed: %s", d->index, gm_strerror(rc));
+    }
+    p->use_count = 1;
+    d->mp->slot[i] = p;
+    *out = p;
+    return GM_OK;
+}
+
+static uint16_t slot_of(const gm__device *d, const gm__mempool *p) {
+    for (uint32_t i = 0; i < d->mp->n; i++)
+        if (d->mp->slot[i] == p) return (uint16_t)(i + 1);
+    return 0;
+}
+
+/* Give back what the pool caches; the pool goes once released and empty. */
+static void trim(gm__device *d, gm__mempool *p) {
+    if (gm__device_capturing(d)) return; /* waits for the capture's end */
+    if (p->use_count > 0) return;
+    (void)d->pops->empty_cache(p->view.pstate);
+    gm__mempool_sync(d, p);
+    if (p->blocks) return;
+    d->mp->slot[slot_of(d, p) - 1] = NULL;
+    d->pops->destroy(p->view.pstate);
+    gm__mempool_sync(d, p);
+    free(p);
+}
+
+void gm__mempool_free(gm__device *d, gm__block_hdr *b) {
+    gm__mempool *p = slot_pool(d, b->mpool);
+    d->pops->free(p->view.pstate, b);
+    gm__mempool_sync(d, p);
+    p->blocks--;
+    if (!p->blocks && !p->use_count) trim(d, p);
+}
+
+int gm__mempool_empty_released(gm__device *d) {
+    if (!d->mp || gm__device_capturing(d)) return GM_OK;
+    for (uint32_t i = 0; i < d->mp->n; i++)
+        if (d->mp->slot[i]) trim(d, d->mp->slot[i]);
+    return GM_OK;
+}
+
+void gm__mempool_destroy_all(gm__device *d) {
+    if (!d->mp) return;
+    for (uint32_t i = 0; i < d->mp->n; i++) {
+        gm__mempool *p = d->mp->slot[i];
+        if (!p) continue;
+        d->pops->destroy(p->view.pstate);
+        free(p);
+    }
+    free(d->mp->slot);
+    free(d->mp);
+    d->mp = NULL;
+}
+
+typedef struct walk_arg {
+    gm_segment_cb cb;
+    void *arg;
+    const gm__mempool *p;
+} walk_arg;
+
+static int walk_cb(const gm_segment_info *seg, void *arg) {
+    walk_arg *w = arg;
+    gm_segment_info s = *seg;
+    s.pool_id[0] = w->p->id0;
+    s.pool_id[1] = w->p->id1;
+    return w->cb(&s, w->arg);
+}
+
+int gm__mempool_walk_segments(gm__device *d, gm_segment_cb cb, void *arg) {
+    for (uint32_t i = 0; d->mp && i < d->mp->n; i++) {
+        gm__mempool *p = d->mp->slot[i];
+        if (!p) continue;
+        walk_arg w = {cb, arg, p};
+        int rc = d->pops->walk_segments(p->view.pstate, walk_cb, &w);
+        if (rc) return rc;
+    }
+    return GM_OK;
+}
+
+bool gm__mempool_owns(gm__device *d, gm_devptr ptr) {
+    for (uint32_t i = 0; d->mp && i < d->mp->n; i++) {
+        gm__mempool *p = d->mp->slot[i];
+        if (p && d->pops->owns && d->pops->owns(p->view.pstate, ptr)) return true;
+    }
+    return false;
+}
+
+/* The device's stats less every pool's current values: what the device's
+ * own policy instance accounts for (its check compares against them). */
+static void own_stats(gm__device *d, gm_stats *s) {
+    for (uint32_t i = 0; d->mp && i < d->mp->n; i++) {
+        const gm__mempool *p = d->mp->slot[i];
+        if (!p) continue;
+#define GM__MP_OWN_ARRAY(n) for (int k = 0; k < GM_POOL_COUNT; k++) s->n[k].current -= p->view.stats.n[k].current;
+#define GM__MP_OWN_SINGLE(n) s->n.current -= p->view.stats.n.current;
+        GM_STAT_ARRAYS(GM__MP_OWN_ARRAY)
+        GM_STAT_SINGLES(GM__MP_OWN_SINGLE)
+#undef GM__MP_OWN_ARRAY
+#undef GM__MP_OWN_SINGLE
+    }
+}
+
+/* Each pool's blocks out equal its count, and its policy's check passes. */
+static int pools_check(gm__device *d, char *err, size_t errlen) {
+    uint32_t n = d->mp ? d->mp->n : 0;
+    if (!n) return GM_OK;
+    gm__fe_dev *fe = d->fe;
+    uint64_t *count = calloc(n + 1, sizeof *count);
+    if (!count) return GM_ENOHOSTMEM;
+    int rc = GM_OK;
+    for (uint64_t s = 0; s <= fe->map.mask && rc == GM_OK; s++) {
+        if (!fe->map.slots[s].key) continue;
+        uint16_t m = fe->map.slots[s].block->mpool;
+        if (m && !slot_pool(d, m))
+            rc = gm__check_fail(err, errlen, "device %d: block 0x%llx names private pool slot %u, which is empty",
+                                d->index, (unsigned long long)fe->map.slots[s].key, (unsigned)m);
+        else count[m]++;
+    }
+    for (size_t k = 0; k < fe->npending && rc == GM_OK; k++) count[fe->pending[k]->mpool]++;
+    for (uint32_t i = 0; i < n && rc == GM_OK; i++) {
+        gm__mempool *p = d->mp->slot[i];
+        if (!p) continue;
+        if (count[i + 1] != p->blocks)
+            rc = gm__check_fail(err, errlen, "device %d: private pool (%llu, %llu) counts %llu blocks, %llu are out",
+                                d->index, (unsigned long long)p->id0, (unsigned long long)p->id1,
+                                (unsigned long long)p->blocks, (unsigned long long)count[i + 1]);
+        else rc = d->pops->check(p->view.pstate, err, errlen);
+    }
+    free(count);
+    return rc;
+}
+
+int gm__mempool_check(gm__device *d, char *err, size_t errlen) {
+    int rc = pools_check(d, err, errlen);
+    if (rc != GM_OK) return rc;
+    gm_stats saved = d->stats;
+    own_stats(d, &d->stats);
+    rc = d->pops->check(d->pstate, err, errlen);
+    d->stats = saved;
+    return rc;
+}
+
+void gm__mempool_block_id(const gm__device *d, const gm__block_hdr *b, uint64_t id[2]) {
+    const gm__mempool *p = slot_pool(d, b->mpool);
+    id[0] = p ? p->id0 : 0;
+    id[1] = p ? p->id1 : 0;
+}
+
+/* ---- the public entry points ------------------------------------------- */
+
+/* Lock the device of a pool call; GM_EINVAL for the id (0, 0), which names
+ * the device's own pools. */
+static int enter(gm_allocator *a, int device, uint64_t id0, uint64_t id1, const char *what, gm__device **out) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    if (!a) return gm__set_error(GM_EINVAL, "%s: NULL allocator", what);
+    if (!id0 && !id1)
+        return gm__set_error(GM_EINVAL, "%s: pool id (0, 0) names the device's own pools, not a private pool; "
+                             "pass the id of a CUDA graph's pool or a MemPool", what);
+    int rc = gm__device_get(a, device, out);
+    if (rc != GM_OK) return rc;
+    gm__devlock_lock(&(*out)->lock);
+    return GM_OK;
+}
+
+static int leave(gm__device *d, int rc) {
+    gm__devlock_unlock(&d->lock);
+    return rc;
+}
+
+static int unknown(gm__device *d, uint64_t id0, uint64_t id1, const char *what) {
+    return leave(d, gm__set_error(GM_EINVAL, "%s: device %d has no private pool (%llu, %llu) (never created, or "
+                                  "released and gone); create it with gm_pool_retain or gm_pool_begin first",
+                                  what, d->index, (unsigned long long)id0, (unsigned long long)id1));
+}
+
+int gm_pool_retain(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
+    gm__device *d;
+    int rc = enter(a, device, id0, id1, "gm_pool_retain", &d);
+    if (rc != GM_OK) return rc;
+    gm__mempool *p = gm__mempool_find(d, id0, id1);
+    if (p && p->use_count > 0) p->use_count++;
+    else if (p) /* released, its last blocks still out: torch's pool would be gone */
+        rc = gm__set_error(GM_ESTATE, "gm_pool_retain: private pool (%llu, %llu) on device %d was released and "
+                           "waits for its last blocks to be freed; use a new pool id",
+                           (unsigned long long)id0, (unsigned long long)id1, d->index);
+    else rc = create(d, id0, id1, &p);
+    return leave(d, rc);
+}
+
+int gm_pool_begin(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
+    gm__device *d;
+    int rc = enter(a, device, id0, id1, "gm_pool_begin", &d);
+    if (rc != GM_OK) return rc;
+    gm__mempool *p = gm__mempool_find(d, id0, id1);
+    if (p && p->allocating)
+        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_begin: device %d is already allocating to private pool "
+                                      "(%llu, %llu); call gm_pool_end first", d->index,
+                                      (unsigned long long)id0, (unsigned long long)id1));
+    if (p && p->use_count == 0)
+        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_begin: private pool (%llu, %llu) on device %d was "
+                                      "released; use a new pool id", (unsigned long long)id0,
+                                      (unsigned long long)id1, d->index));
+    if (p) p->use_count++;
+    else if ((rc = create(d, id0, id1, &p)) != GM_OK) return leave(d, rc);
+    p->allocating = true;
+    d->capturing++;
+    return leave(d, GM_OK);
+}
+
+int gm_pool_end(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
+    gm__device *d;
+    int rc = enter(a, device, id0, id1, "gm_pool_end", &d);
+    if (rc != GM_OK) return rc;
+    gm__mempool *p = gm__mempool_find(d, id0, id1);
+    if (!p) return unknown(d, id0, id1, "gm_pool_end");
+    if (!p->allocating)
+        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_end: device %d is not allocating to private pool "
+                                      "(%llu, %llu): gm_pool_begin was not called, or gm_pool_end twice",
+                                      d->index, (unsigned long long)id0, (unsigned long long)id1));
+    p->allocating = false;
+    d->capturing--;
+    return leave(d, GM_OK);
+}
+
+int gm_pool_release(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
+    gm__device *d;
+    int rc = enter(a, device, id0, id1, "gm_pool_release", &d);
+    if (rc != GM_OK) return rc;
+    gm__mempool *p = gm__mempool_find(d, id0, id1);
+    if (!p) return unknown(d, id0, id1, "gm_pool_release");
+    if (p->use_count == 0)
+        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_release: private pool (%llu, %llu) on device %d has no "
+                                      "use left to release (released twice?)", (unsigned long long)id0,
+                                      (unsigned long long)id1, d->index));
+    if (p->use_count == 1 && p->allocating)
+        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_release: device %d is still allocating to private pool "
+                                      "(%llu, %llu), its last use; call gm_pool_end first", d->index,
+                                      (unsigned long long)id0, (unsigned long long)id1));
+    if (--p->use_count == 0) trim(d, p);
+    return leave(d, GM_OK);
+}
+
+int gm_pool_use_count(gm_allocator *a, int device, uint64_t id0, uint64_t id1, int *out) {
+    gm__device *d;
+    if (!out) return gm__set_error(GM_EINVAL, "gm_pool_use_count: NULL argument");
+    int rc = enter(a, device, id0, id1, "gm_pool_use_count", &d);
+    if (rc != GM_OK) return rc;
+    gm__mempool *p = gm__mempool_find(d, id0, id1);
+    if (!p) return unknown(d, id0, id1, "gm_pool_use_count");
+    *out = p->use_count;
+    return leave(d, GM_OK);
+}
+
+int gm_pool_empty_cache(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
+    gm__device *d;
+    int rc = enter(a, device, id0, id1, "gm_pool_empty_cache", &d);
+    if (rc != GM_OK) return rc;
+    gm__mempool *p = gm__mempool_find(d, id0, id1);
+    if (!p) return unknown(d, id0, id1, "gm_pool_empty_cache");
+    if (gm__device_capturing(d))
+        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_empty_cache: device %d is capturing (a private pool is "
+                                      "between gm_pool_begin and gm_pool_end): nothing is freed during a capture; "
+                                      "call it after", d->index));
+    rc = d->pops->empty_cache(p->view.pstate);
+    gm__mempool_sync(d, p);
+    if (p->use_count == 0 && p->blocks == 0) trim(d, p);
+    return leave(d, rc);
+}
