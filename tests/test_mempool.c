@@ -285,6 +285,44 @@ static void test_capture_frees_nothing(void **state) {
     gm_test_destroy(b, a);
 }
 
+
+/* A block used on another stream and freed during a capture records no
+ * event then (torch defers them too); its events come after the capture,
+ * and the pool reuses it once they completed. */
+static void test_deferred_events(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, true, &b, &a);
+    gm_devptr p, q, x;
+    OK(gm_pool_begin(a, 0, 2, 9));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 2, 9, &p));
+    OK(gm_record_stream(a, p, 9));
+    uint64_t rec0 = gm_backend_call_count(b, 0, GM_BCALL_EVENT_RECORD);
+    OK(gm_free(a, p));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 2, 9, &q));
+    assert_true(q != p); /* still in use on stream 9 */
+    assert_int_equal(gm_backend_call_count(b, 0, GM_BCALL_EVENT_RECORD), rec0);
+    gm_test_check(a);
+    OK(gm_pool_end(a, 0, 2, 9));
+    OK(gm_malloc(a, 0, 512, 0, &x)); /* the pending list is processed: the event is recorded */
+    assert_int_equal(gm_backend_call_count(b, 0, GM_BCALL_EVENT_RECORD), rec0 + 1);
+    OK(gm_sim_complete_events(b, 0, UINT64_MAX));
+    OK(gm_free(a, x));
+    OK(gm_malloc(a, 0, 512, 0, &x)); /* events are processed outside captures, as torch does */
+    OK(gm_free(a, x));
+    OK(gm_pool_begin(a, 0, 2, 9));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 2, 9, &x));
+    assert_true(x == p); /* back in its pool */
+    OK(gm_pool_end(a, 0, 2, 9));
+    gm_test_check(a);
+    OK(gm_free(a, x));
+    OK(gm_free(a, q));
+    OK(gm_pool_release(a, 0, 2, 9));
+    OK(gm_pool_release(a, 0, 2, 9));
+    gm_test_check(a);
+    gm_test_destroy(b, a);
+}
+
 static void test_bad_input(void **state) {
     gm_backend *b;
     gm_allocator *a;
@@ -301,6 +339,7 @@ static void test_bad_input(void **state) {
     assert_int_equal(gm_pool_end(a, 0, 8, 8), GM_EINVAL);
     assert_int_equal(gm_pool_use_count(a, 0, 8, 8, &n), GM_EINVAL);
     assert_int_equal(gm_pool_empty_cache(a, 0, 8, 8), GM_EINVAL);
+    OK(gm_pool_empty_cache(a, -1, 8, 8)); /* every device that has it: none */
     assert_int_equal(gm_pool_begin(a, 0, 0, 0), GM_EINVAL); /* the device's own pools */
     assert_non_null(strstr(gm_last_error_detail(), "(0, 0)"));
     assert_int_equal(gm_malloc_pool(a, 0, 1 * MIB, 0, 0, 0, &x), GM_EINVAL);
@@ -460,6 +499,7 @@ static gm_policy_kind k_torch = GM_POLICY_TORCH, k_gpumem = GM_POLICY_GPUMEM;
         cmocka_unit_test_prestate(test_stats_sum, &k), cmocka_unit_test_prestate(test_capture_frees_nothing, &k), \
         cmocka_unit_test_prestate(test_bad_input, &k), cmocka_unit_test_prestate(test_double_free_in_pool, &k), \
         cmocka_unit_test_prestate(test_destroy_with_pools, &k), cmocka_unit_test_prestate(test_replay_pools, &k), \
+        cmocka_unit_test_prestate(test_deferred_events, &k), \
     }
 
 /* GM_TEST_POLICY=torch or gpumem runs one policy only */

@@ -413,7 +413,8 @@ GM_API int gm_pool_begin(gm_allocator *a, int device, uint64_t id0, uint64_t id1
 GM_API int gm_pool_end(gm_allocator *a, int device, uint64_t id0, uint64_t id1);
 GM_API int gm_pool_release(gm_allocator *a, int device, uint64_t id0, uint64_t id1);
 GM_API int gm_pool_use_count(gm_allocator *a, int device, uint64_t id0, uint64_t id1, int *out);
-/* Give back the pool's cached memory (torch's emptyCache(mempool_id)). */
+/* Give back the pool's cached memory (torch's emptyCache(mempool_id)); device
+ * -1: on every device that has the pool (none: nothing to do). */
 GM_API int gm_pool_empty_cache(gm_allocator *a, int device, uint64_t id0, uint64_t id1);
 GM_API int gm_malloc_pool(gm_allocator *a, int device, size_t size, gm_stream stream, uint64_t id0, uint64_t id1,
                           gm_devptr *out);

@@ -429,7 +429,7 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
     bool wait = u && u->n; /* used on other streams: events first */
     if (wait) {
         /* record first: if that fails the block stays live and unchanged */
-        int rc = gm__events_record(d, b);
+        int rc = d->capturing ? gm__events_defer(d, b) : gm__events_record(d, b);
         if (rc != GM_OK) {
             gm__devlock_unlock(&d->lock);
             return gm__set_error(rc, "gm_free: recording a stream event failed: %s", gm_strerror(rc));

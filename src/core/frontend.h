@@ -79,6 +79,7 @@ struct gm__stream_uses {
     uint32_t done;    /* events[0..done) already completed and destroyed */
     gm_stream *streams;
     gm_event *events; /* n entries once the block is freed */
+    bool deferred;    /* freed during a capture: pending, its events not yet recorded */
 };
 
 typedef struct gm__fe_dev {
@@ -97,6 +98,10 @@ void gm__uses_free(gm__block_hdr *b);
  * nothing changed (events recorded so far are destroyed). */
 int gm__events_reserve_pending(gm__fe_dev *fe);
 int gm__events_record(gm__device *d, gm__block_hdr *b);
+/* Queue b as pending without recording (a capture allows no event; torch
+ * defers them until no capture is under way): the first processing of the
+ * pending list after the capture records them. */
+int gm__events_defer(gm__device *d, gm__block_hdr *b);
 /* Drop every pending block at destroy: wait for and destroy its events. */
 void gm__events_drain(gm__device *d);
 

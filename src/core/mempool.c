@@ -69,7 +69,10 @@ static int take_slot(gm__device *d, uint32_t *out) {
     if (!d->mp && !(d->mp = calloc(1, sizeof *d->mp))) return GM_ENOHOSTMEM;
     struct gm__mempools *mp = d->mp;
     for (uint32_t i = 0; i < mp->n; i++)
-        if (!mp->slot[i]) return (*out = i), GM_OK;
+        if (!mp->slot[i]) {
+            *out = i;
+            return GM_OK;
+        }
     if (mp->n == UINT16_MAX)
         return gm__set_error(GM_ENOSPACE, "device %d has %u private pools, the most gpumem keeps: release some "
                              "(CUDA graphs, MemPools) first", d->index, (unsigned)mp->n);
@@ -86,7 +89,7 @@ static int take_slot(gm__device *d, uint32_t *out) {
 }
 
 static int create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **out) {
-    uint32_t i;
+    uint32_t i = 0;
     int rc = take_slot(d, &i);
     if (rc != GM_OK) return rc;
     gm__mempool *p = calloc(1, sizeof *p);
@@ -366,18 +369,35 @@ int gm_pool_use_count(gm_allocator *a, int device, uint64_t id0, uint64_t id1, i
     return leave(d, GM_OK);
 }
 
+/* One device's part of gm_pool_empty_cache (lock held). */
+static int empty_one(gm__device *d, gm__mempool *p) {
+    if (gm__device_capturing(d))
+        return gm__set_error(GM_ESTATE, "gm_pool_empty_cache: device %d is capturing (a private pool is between "
+                             "gm_pool_begin and gm_pool_end): nothing is freed during a capture; call it after",
+                             d->index);
+    int rc = d->pops->empty_cache(p->view.pstate);
+    gm__mempool_sync(d, p);
+    if (p->use_count == 0 && p->blocks == 0) trim(d, p);
+    return rc;
+}
+
 int gm_pool_empty_cache(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
     gm__device *d;
+    if (a && device == -1) { /* every device holding the pool (torch's emptyCache(mempool_id)) */
+        int rc = GM_OK;
+        for (int i = 0; i < a->ndevices && rc == GM_OK; i++) {
+            gm__device *e = __atomic_load_n(&a->devices[i], __ATOMIC_ACQUIRE);
+            if (!e) continue;
+            gm__devlock_lock(&e->lock);
+            gm__mempool *p = gm__mempool_find(e, id0, id1);
+            if (p) rc = empty_one(e, p);
+            gm__devlock_unlock(&e->lock);
+        }
+        return rc;
+    }
     int rc = enter(a, device, id0, id1, "gm_pool_empty_cache", &d);
     if (rc != GM_OK) return rc;
     gm__mempool *p = gm__mempool_find(d, id0, id1);
     if (!p) return unknown(d, id0, id1, "gm_pool_empty_cache");
-    if (gm__device_capturing(d))
-        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_empty_cache: device %d is capturing (a private pool is "
-                                      "between gm_pool_begin and gm_pool_end): nothing is freed during a capture; "
-                                      "call it after", d->index));
-    rc = d->pops->empty_cache(p->view.pstate);
-    gm__mempool_sync(d, p);
-    if (p->use_count == 0 && p->blocks == 0) trim(d, p);
-    return leave(d, rc);
+    return leave(d, empty_one(d, p));
 }
