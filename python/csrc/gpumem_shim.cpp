@@ -273,6 +273,10 @@ class GpumemAllocator : public PA {
   // the allocator argument changed between torch releases (a shared_ptr,
   // a raw pointer): both are declared, the one matching the base's virtual
   // overrides it (no `override`, so that the other compiles too).
+#ifdef __clang__
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Winconsistent-missing-override"
+#endif
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                           std::shared_ptr<cca::CUDAAllocator> allocator) {
     retain_pool(device, mempool_id, allocator != nullptr);
@@ -280,6 +284,9 @@ class GpumemAllocator : public PA {
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, cca::CUDAAllocator* allocator) {
     retain_pool(device, mempool_id, allocator != nullptr);
   }
+#ifdef __clang__
+#pragma clang diagnostic pop
+#endif
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                                 const std::unordered_set<void*>& expected_live_allocations) override;
 
