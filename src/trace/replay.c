@@ -366,6 +366,7 @@ int gm_replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t
     r->unknown_frees = p->unknown_frees;
     r->double_allocs = p->double_allocs;
     r->bad_events = p->bad_events;
+    r->private_pools = p->npools;
     snprintf(r->bad_first, sizeof r->bad_first, "%s", p->bad_first);
     r->trace_peak_requested = p->trace_peak_requested;
     gm_sim_options so;

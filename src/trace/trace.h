@@ -176,6 +176,7 @@ typedef struct gm_replay_result {
     uint64_t allocs, frees;          /* replayed */
     uint64_t unknown_frees;          /* free_completed of an address never allocated */
     uint64_t double_allocs;          /* alloc of an address still live in the trace */
+    uint32_t private_pools;          /* pools allocated into (segment_pool_id; CUDA graphs, MemPools) */
     uint64_t bad_events;             /* events no device could have made (skipped): */
     char bad_first[160];             /* the first of them, described */
     uint64_t events;                 /* trace events of the device */
