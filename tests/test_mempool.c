@@ -323,6 +323,48 @@ static void test_deferred_events(void **state) {
     gm_test_destroy(b, a);
 }
 
+
+/* A released pool's last block waits for another stream's event: the pool
+ * goes once it is back; a pool released during another's capture gives its
+ * memory back when the capture ends. */
+static void test_release_waits(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, true, &b, &a);
+    gm_devptr p, x, y;
+    OK(gm_pool_retain(a, 0, 3, 1));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 3, 1, &p));
+    OK(gm_record_stream(a, p, 5));
+    OK(gm_free(a, p)); /* pending on stream 5 */
+    OK(gm_pool_release(a, 0, 3, 1));
+    gm_test_check(a);
+    OK(gm_sim_complete_events(b, 0, UINT64_MAX));
+    OK(gm_malloc(a, 0, 512, 0, &x)); /* the pending list is processed */
+    int n;
+    assert_int_equal(gm_pool_use_count(a, 0, 3, 1, &n), GM_EINVAL); /* gone with its last block */
+    segs v = walk(a);
+    assert_int_equal(pool_bytes(&v, 3, 1), 0);
+    gm_test_check(a);
+    /* released while pool (4, 1) captures: kept until the capture ends */
+    OK(gm_pool_retain(a, 0, 5, 1));
+    OK(gm_pool_begin(a, 0, 4, 1));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 5, 1, &y));
+    OK(gm_free(a, y));
+    OK(gm_pool_release(a, 0, 5, 1));
+    v = walk(a);
+    assert_true(pool_bytes(&v, 5, 1) > 0);
+    OK(gm_pool_end(a, 0, 4, 1));
+    v = walk(a);
+    assert_int_equal(pool_bytes(&v, 5, 1), 0);
+    OK(gm_pool_release(a, 0, 4, 1));
+    OK(gm_free(a, x));
+    OK(gm_empty_cache(a, 0));
+    gm_stats s = gm_test_stats(a);
+    assert_int_equal(s.reserved_bytes[GM_POOL_ALL].current, 0);
+    gm_test_check(a);
+    gm_test_destroy(b, a);
+}
+
 static void test_bad_input(void **state) {
     gm_backend *b;
     gm_allocator *a;
@@ -499,7 +541,7 @@ static gm_policy_kind k_torch = GM_POLICY_TORCH, k_gpumem = GM_POLICY_GPUMEM;
         cmocka_unit_test_prestate(test_stats_sum, &k), cmocka_unit_test_prestate(test_capture_frees_nothing, &k), \
         cmocka_unit_test_prestate(test_bad_input, &k), cmocka_unit_test_prestate(test_double_free_in_pool, &k), \
         cmocka_unit_test_prestate(test_destroy_with_pools, &k), cmocka_unit_test_prestate(test_replay_pools, &k), \
-        cmocka_unit_test_prestate(test_deferred_events, &k), \
+        cmocka_unit_test_prestate(test_deferred_events, &k), cmocka_unit_test_prestate(test_release_waits, &k), \
     }
 
 /* GM_TEST_POLICY=torch or gpumem runs one policy only */

@@ -284,6 +284,23 @@ class GpumemAllocator : public PA {
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, cca::CUDAAllocator* allocator) {
     retain_pool(device, mempool_id, allocator != nullptr);
   }
+  // CUDA graph trees (torch.compile reduce-overhead) take a checkpoint of
+  // the pool after every recording, and restore one before recording a
+  // graph that follows another (a backward after its forward, a new
+  // branch). The checkpoint is the pool's live blocks; restoring it would
+  // need blocks placed at given addresses, which gpumem's policies cannot
+  // do yet: the restore raises. The device argument was an int in older
+  // torch releases: both are declared, as for createOrIncrefPool.
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) {
+    return checkpoint(device, id);
+  }
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(int device, c10::MempoolId_t id) {
+    return checkpoint(static_cast<c10::DeviceIndex>(device), id);
+  }
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex, std::shared_ptr<cca::AllocatorState>) {
+    restore_refused();
+  }
+  cca::CheckpointDelta setCheckpointPoolState(int, std::shared_ptr<cca::AllocatorState>) { restore_refused(); }
 #ifdef __clang__
 #pragma clang diagnostic pop
 #endif
@@ -333,6 +350,17 @@ class GpumemAllocator : public PA {
     for (const auto& c : captures_)
       if (c.device == device && c.filter(stream)) return c.pool;
     return {0, 0};
+  }
+  struct PoolCheckpoint : cca::AllocatorState {
+    c10::MempoolId_t pool;
+    std::vector<uint64_t> live; // addresses of the pool's live blocks
+  };
+  std::shared_ptr<cca::AllocatorState> checkpoint(c10::DeviceIndex device, c10::MempoolId_t id);
+  [[noreturn]] static void restore_refused() {
+    TORCH_CHECK(false, "gpumem: restoring a private pool's checkpoint (CUDA graph trees recording a graph after "
+                "another, e.g. torch.compile(mode=\"reduce-overhead\") on a training step) is not supported yet. "
+                "Use torch.compile(mode=\"max-autotune-no-cudagraphs\"), capture with torch.cuda.graph, or run "
+                "with PyTorch's allocator: `gpumem run --native -- python ...`");
   }
   void retain_pool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool own_allocator) {
     TORCH_CHECK(!own_allocator, "gpumem: torch.cuda.MemPool(allocator=...) allocates with another allocator, "
@@ -523,6 +551,16 @@ int seg_cb(const gm_segment_info* s, void* arg) {
 int blk_cb(const gm_block_info* b, void* arg) {
   static_cast<std::vector<gm_block_info>*>(arg)->push_back(*b);
   return 0;
+}
+
+std::shared_ptr<cca::AllocatorState> GpumemAllocator::checkpoint(c10::DeviceIndex device, c10::MempoolId_t id) {
+  std::vector<gm_block_info> blks;
+  check(api.walk_blocks(device, blk_cb, &blks), "getCheckpointState");
+  auto st = std::make_shared<PoolCheckpoint>();
+  st->pool = id;
+  for (const auto& b : blks)
+    if (b.live && c10::MempoolId_t{b.pool_id[0], b.pool_id[1]} == id) st->live.push_back(b.address);
+  return st;
 }
 
 // cudagraph trees' check: the pool's live blocks are exactly the expected ones.

@@ -114,6 +114,8 @@ int gm__device_process_events(gm__device *d, bool synchronize) {
      * captures are under way); the blocks wait for its end */
     if (d->capturing) return GM_OK;
     gm__fe_dev *fe = d->fe;
+    if (fe->in_events) return GM_OK;
+    fe->in_events = true;
     int rc = GM_OK;
     size_t j = 0, i = 0;
     /* stable compaction: blocks reach the policy in the order they were
@@ -133,6 +135,7 @@ int gm__device_process_events(gm__device *d, bool synchronize) {
         }
     }
     fe->npending = j;
+    fe->in_events = false;
     return rc;
 }
 

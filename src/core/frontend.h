@@ -86,6 +86,9 @@ typedef struct gm__fe_dev {
     gm__ptrmap map;
     gm__block_hdr **pending; /* freed blocks waiting for their events */
     size_t npending, cap_pending;
+    /* in gm__device_process_events: a block it hands back may be a private
+     * pool's last, whose release asks for the events again (not nested) */
+    bool in_events;
     /* [lo, hi): addresses of every block this device handed out so far; lets
      * gm_free find the device without a lock. Only ever grows. */
     _Atomic uint64_t lo, hi;
@@ -132,6 +135,7 @@ typedef struct gm__mempool {
     uint64_t id0, id1;
     int use_count;     /* graphs and MemPool handles holding it (createOrIncrefPool) */
     bool allocating;   /* between gm_pool_begin and gm_pool_end */
+    bool emptying;     /* its policy is giving its cache back (mempool.c: empty_pool) */
     uint64_t blocks;   /* blocks its policy placed and has not had back */
     gm__device view;   /* the device as the pool's policy sees it */
     gm_config cfg;     /* the device's, with what a pool must not do turned off */

@@ -129,15 +129,34 @@ static uint16_t slot_of(const gm__device *d, const gm__mempool *p) {
     return 0;
 }
 
+/* The pool's policy gives its cache back. Its release may process the
+ * device's pending frees and so hand the pool its last block: `emptying`
+ * keeps that free from dropping the pool under this call. */
+static int empty_pool(gm__device *d, gm__mempool *p) {
+    p->emptying = true;
+    int rc = d->pops->empty_cache(p->view.pstate);
+    gm__mempool_sync(d, p);
+    p->emptying = false;
+    return rc;
+}
+
 /* Give back what the pool caches; the pool goes once released and empty. */
 static void trim(gm__device *d, gm__mempool *p) {
     if (gm__device_capturing(d)) return; /* waits for the capture's end */
-    if (p->use_count > 0) return;
-    (void)d->pops->empty_cache(p->view.pstate);
-    gm__mempool_sync(d, p);
+    if (p->use_count > 0 || p->emptying) return;
+    (void)empty_pool(d, p);
     if (p->blocks) return;
     d->mp->slot[slot_of(d, p) - 1] = NULL;
     d->pops->destroy(p->view.pstate);
+    /* whatever the policy still held is gone with it: out of the device's stats */
+#define GM__MP_GONE(s) (s).freed += (s).current > 0 ? (s).current : 0, (s).current = 0;
+#define GM__MP_GONE_ARRAY(n) for (int k = 0; k < GM_POOL_COUNT; k++) GM__MP_GONE(p->view.stats.n[k])
+#define GM__MP_GONE_SINGLE(n) GM__MP_GONE(p->view.stats.n)
+    GM_STAT_ARRAYS(GM__MP_GONE_ARRAY)
+    GM_STAT_SINGLES(GM__MP_GONE_SINGLE)
+#undef GM__MP_GONE_ARRAY
+#undef GM__MP_GONE_SINGLE
+#undef GM__MP_GONE
     gm__mempool_sync(d, p);
     free(p);
 }
@@ -336,7 +355,9 @@ int gm_pool_end(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
                                       "(%llu, %llu): gm_pool_begin was not called, or gm_pool_end twice",
                                       d->index, (unsigned long long)id0, (unsigned long long)id1));
     p->allocating = false;
-    d->capturing--;
+    /* torch ends a graph's pool after cudaStreamEndCapture: pools released
+     * during the capture can give their memory back now */
+    if (--d->capturing == 0) gm__mempool_empty_released(d);
     return leave(d, GM_OK);
 }
 
@@ -375,8 +396,7 @@ static int empty_one(gm__device *d, gm__mempool *p) {
         return gm__set_error(GM_ESTATE, "gm_pool_empty_cache: device %d is capturing (a private pool is between "
                              "gm_pool_begin and gm_pool_end): nothing is freed during a capture; call it after",
                              d->index);
-    int rc = d->pops->empty_cache(p->view.pstate);
-    gm__mempool_sync(d, p);
+    int rc = empty_pool(d, p);
     if (p->use_count == 0 && p->blocks == 0) trim(d, p);
     return rc;
 }

@@ -173,6 +173,35 @@ def test_compile_reduce_overhead():
     return "6 calls equal eager (max |diff| %.2g)" % worst
 
 
+def test_compile_training_step():
+    """reduce-overhead on a training step: graph trees record the backward after the forward, which
+    restores the pool's checkpoint; gpumem cannot restore one yet and says so (a SKIP naming it)."""
+    import torch
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    w_true = torch.randn(64, 1, device="cuda")
+    f = torch.compile(model, mode="reduce-overhead")
+    losses = []
+    try:
+        for i in range(30):
+            x = torch.randn(512, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(100 + i))
+            loss = torch.nn.functional.mse_loss(f(x), x @ w_true)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+    except RuntimeError as e:
+        if "checkpoint" in str(e) and "gpumem" in str(e):
+            return "SKIP known gap: %s" % str(e)[:160]
+        raise
+    finally:
+        del f
+        torch._dynamo.reset()
+    assert losses[-1] < 0.5 * losses[0], "did not learn: %s" % losses[::5]
+    return "loss %.3g -> %.3g over 30 compiled steps" % (losses[0], losses[-1])
+
+
 def test_shared_pool():
     """Two graphs sharing one pool (pool=g1.pool()) give the right result."""
     import torch
@@ -228,7 +257,9 @@ def test_mempool():
     return "pool %s: %d segment(s), %.1f MiB; use_count %s; gone with the pool" % (pid, len(snap), in_pool / MIB, n)
 
 
-TESTS = [test_graph_forward, test_graph_training_step, test_compile_reduce_overhead, test_shared_pool, test_mempool]
+# the compiled training step last: if gpumem refuses its checkpoint restore, what torch left is not reused
+TESTS = [test_graph_forward, test_graph_training_step, test_compile_reduce_overhead, test_shared_pool, test_mempool,
+         test_compile_training_step]
 
 
 def main():
