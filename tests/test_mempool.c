@@ -365,6 +365,91 @@ static void test_release_waits(void **state) {
     gm_test_destroy(b, a);
 }
 
+
+/* ---- checkpoints (CUDA graph trees) ------------------------------------- */
+
+typedef struct restored {
+    int nfreed, nallocd;
+    gm_devptr freed[16], allocd[16];
+} restored;
+
+static void restore_cb(gm_devptr ptr, uint64_t size, bool allocated, void *arg) {
+    restored *r = arg;
+    assert_true(size > 0);
+    if (allocated && r->nallocd < 16) r->allocd[r->nallocd++] = ptr;
+    if (!allocated && r->nfreed < 16) r->freed[r->nfreed++] = ptr;
+}
+
+static bool has(const gm_devptr *v, int n, gm_devptr p) {
+    for (int i = 0; i < n; i++)
+        if (v[i] == p) return true;
+    return false;
+}
+
+static void test_checkpoint_restore(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, false, &b, &a);
+    gm_devptr a0, a1, x, y;
+    gm_pool_checkpoint *c = NULL;
+    OK(gm_pool_retain(a, 0, 1, 9));
+    OK(gm_malloc_pool(a, 0, 2 * MIB, 0, 1, 9, &a0));
+    OK(gm_malloc_pool(a, 0, 1 * MIB, 0, 1, 9, &a1));
+    OK(gm_pool_checkpoint_take(a, 0, 1, 9, &c));
+    OK(gm_free(a, a1)); /* pinned by c: held, not reused */
+    gm_stats s = gm_test_stats(a);
+    assert_int_equal(s.allocation[GM_POOL_ALL].current, 1);
+    OK(gm_malloc_pool(a, 0, 1 * MIB, 0, 1, 9, &x));
+    assert_true(x != a1);
+    gm_test_check(a);
+    restored r = {0};
+    OK(gm_pool_checkpoint_restore(a, c, restore_cb, &r));
+    /* x (not in the checkpoint) freed; a0 freed and allocated again; a1 handed out again */
+    assert_int_equal(r.nfreed, 2);
+    assert_true(has(r.freed, r.nfreed, x) && has(r.freed, r.nfreed, a0));
+    assert_int_equal(r.nallocd, 2);
+    assert_true(has(r.allocd, r.nallocd, a0) && has(r.allocd, r.nallocd, a1));
+    gm_block_info bi = {.size_of = sizeof bi};
+    OK(gm_block_lookup(a, a1, NULL, &bi));
+    assert_true(bi.live && bi.pool_id[0] == 1 && bi.pool_id[1] == 9);
+    assert_int_equal(gm_block_lookup(a, x, NULL, &bi), GM_EFOREIGN);
+    gm_test_check(a);
+    /* restoring again changes nothing: both are live */
+    memset(&r, 0, sizeof r);
+    OK(gm_pool_checkpoint_restore(a, c, restore_cb, &r));
+    assert_int_equal(r.nfreed, 2);
+    assert_int_equal(r.nallocd, 2);
+    OK(gm_free(a, a0));
+    OK(gm_free(a, a1));
+    OK(gm_pool_release(a, 0, 1, 9)); /* the last use: the pool waits for its held blocks */
+    segs v = walk(a);
+    assert_true(pool_bytes(&v, 1, 9) > 0);
+    gm_test_check(a);
+    gm_pool_checkpoint_free(a, c); /* held blocks go back; the pool goes with them */
+    v = walk(a);
+    assert_int_equal(pool_bytes(&v, 1, 9), 0);
+    assert_int_equal(gm_pool_checkpoint_take(a, 0, 1, 9, &c), GM_EINVAL);
+    assert_true(c == NULL);
+    /* another allocator cannot restore it */
+    OK(gm_pool_retain(a, 0, 2, 9));
+    OK(gm_malloc_pool(a, 0, 1 * MIB, 0, 2, 9, &y));
+    OK(gm_pool_checkpoint_take(a, 0, 2, 9, &c));
+    gm_allocator *other = NULL;
+    gm_backend *ob = NULL;
+    make(state, false, &ob, &other);
+    assert_int_equal(gm_pool_checkpoint_restore(other, c, restore_cb, &r), GM_EINVAL);
+    gm_test_destroy(ob, other);
+    OK(gm_free(a, y));
+    OK(gm_pool_release(a, 0, 2, 9));
+    gm_pool_checkpoint_free(a, c);
+    assert_int_equal(gm_pool_use_count(a, 0, 2, 9, &(int){0}), GM_EINVAL);
+    gm_test_check(a);
+    OK(gm_empty_cache(a, 0));
+    s = gm_test_stats(a);
+    assert_int_equal(s.reserved_bytes[GM_POOL_ALL].current, 0);
+    gm_test_destroy(b, a);
+}
+
 static void test_bad_input(void **state) {
     gm_backend *b;
     gm_allocator *a;
@@ -542,6 +627,7 @@ static gm_policy_kind k_torch = GM_POLICY_TORCH, k_gpumem = GM_POLICY_GPUMEM;
         cmocka_unit_test_prestate(test_bad_input, &k), cmocka_unit_test_prestate(test_double_free_in_pool, &k), \
         cmocka_unit_test_prestate(test_destroy_with_pools, &k), cmocka_unit_test_prestate(test_replay_pools, &k), \
         cmocka_unit_test_prestate(test_deferred_events, &k), cmocka_unit_test_prestate(test_release_waits, &k), \
+        cmocka_unit_test_prestate(test_checkpoint_restore, &k), \
     }
 
 /* GM_TEST_POLICY=torch or gpumem runs one policy only */

@@ -418,6 +418,23 @@ GM_API int gm_pool_use_count(gm_allocator *a, int device, uint64_t id0, uint64_t
 GM_API int gm_pool_empty_cache(gm_allocator *a, int device, uint64_t id0, uint64_t id1);
 GM_API int gm_malloc_pool(gm_allocator *a, int device, size_t size, gm_stream stream, uint64_t id0, uint64_t id1,
                           gm_devptr *out);
+/* Checkpoints of a private pool (torch's getCheckpointState /
+ * setCheckpointPoolState; CUDA graph trees restore one before recording a
+ * graph that follows another). take records the pool's live blocks; while
+ * a checkpoint holding a block is not freed, a free of that block keeps it
+ * from reuse (allocated in the pool, not live). restore makes the pool's
+ * live blocks exactly the checkpoint's: blocks live now and not in it are
+ * freed (cb(ptr, size, false)), each block of it is reported freed and
+ * allocated again if live (cb false, then true) or handed out again if
+ * held (cb true); callbacks run under the device lock and must not call the
+ * allocator. Free every checkpoint before destroying the allocator. */
+typedef struct gm_pool_checkpoint gm_pool_checkpoint;
+typedef void (*gm_pool_restore_cb)(gm_devptr ptr, uint64_t size, bool allocated, void *arg);
+GM_API int gm_pool_checkpoint_take(gm_allocator *a, int device, uint64_t id0, uint64_t id1,
+                                   gm_pool_checkpoint **out);
+GM_API int gm_pool_checkpoint_restore(gm_allocator *a, const gm_pool_checkpoint *c, gm_pool_restore_cb cb,
+                                      void *arg);
+GM_API void gm_pool_checkpoint_free(gm_allocator *a, gm_pool_checkpoint *c);
 
 /* ---- publication for out-of-process monitors --------------------------- */
 

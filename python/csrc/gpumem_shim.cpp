@@ -26,7 +26,6 @@
 // relaxed load for this.
 //
 // Not supported (each fails with a message naming gpumem): IPC handles,
-// checkpointed pool state (getCheckpointState / setCheckpointPoolState),
 // MemPool(allocator=...), use_on_oom and no_split pools.
 #include <torch/extension.h>
 
@@ -68,7 +67,8 @@ using PA = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
   X(reset_accumulated) X(last_error) X(get_stats) X(block) X(walk_segments)   \
   X(walk_blocks) X(config) X(note_failed_free) X(set_segment_observer)        \
   X(alloc_pool) X(pool_retain) X(pool_begin) X(pool_end) X(pool_release)     \
-  X(pool_use_count) X(pool_empty_cache)
+  X(pool_use_count) X(pool_empty_cache) X(pool_checkpoint) X(pool_restore)    \
+  X(pool_checkpoint_free)
 
 struct Api {
 #define GM_SHIM_FIELD(n) decltype(&gpumem_torch_##n) n;
@@ -287,20 +287,21 @@ class GpumemAllocator : public PA {
   // CUDA graph trees (torch.compile reduce-overhead) take a checkpoint of
   // the pool after every recording, and restore one before recording a
   // graph that follows another (a backward after its forward, a new
-  // branch). The checkpoint is the pool's live blocks; restoring it would
-  // need blocks placed at given addresses, which gpumem's policies cannot
-  // do yet: the restore raises. The device argument was an int in older
-  // torch releases: both are declared, as for createOrIncrefPool.
+  // branch): the library's gm_pool_checkpoint_* (src/core/mempool.c). The
+  // device argument was an int in older torch releases: both are declared,
+  // as for createOrIncrefPool.
   std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) {
     return checkpoint(device, id);
   }
   std::shared_ptr<cca::AllocatorState> getCheckpointState(int device, c10::MempoolId_t id) {
     return checkpoint(static_cast<c10::DeviceIndex>(device), id);
   }
-  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex, std::shared_ptr<cca::AllocatorState>) {
-    restore_refused();
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> pps) {
+    return restore(device, std::move(pps));
   }
-  cca::CheckpointDelta setCheckpointPoolState(int, std::shared_ptr<cca::AllocatorState>) { restore_refused(); }
+  cca::CheckpointDelta setCheckpointPoolState(int device, std::shared_ptr<cca::AllocatorState> pps) {
+    return restore(static_cast<c10::DeviceIndex>(device), std::move(pps));
+  }
 #ifdef __clang__
 #pragma clang diagnostic pop
 #endif
@@ -351,16 +352,42 @@ class GpumemAllocator : public PA {
       if (c.device == device && c.filter(stream)) return c.pool;
     return {0, 0};
   }
+  // The library's checkpoint, freed with the last reference torch holds.
   struct PoolCheckpoint : cca::AllocatorState {
-    c10::MempoolId_t pool;
-    std::vector<uint64_t> live; // addresses of the pool's live blocks
+    gm_pool_checkpoint* c = nullptr;
+    ~PoolCheckpoint() override {
+      if (c) api.pool_checkpoint_free(c);
+    }
   };
-  std::shared_ptr<cca::AllocatorState> checkpoint(c10::DeviceIndex device, c10::MempoolId_t id);
-  [[noreturn]] static void restore_refused() {
-    TORCH_CHECK(false, "gpumem: restoring a private pool's checkpoint (CUDA graph trees recording a graph after "
-                "another, e.g. torch.compile(mode=\"reduce-overhead\") on a training step) is not supported yet. "
-                "Use torch.compile(mode=\"max-autotune-no-cudagraphs\"), capture with torch.cuda.graph, or run "
-                "with PyTorch's allocator: `gpumem run --native -- python ...`");
+  std::shared_ptr<cca::AllocatorState> checkpoint(c10::DeviceIndex device, c10::MempoolId_t id) {
+    auto st = std::make_shared<PoolCheckpoint>();
+    check(api.pool_checkpoint(device, id.first, id.second, &st->c), "getCheckpointState");
+    return st;
+  }
+  struct Restored {
+    std::vector<uint64_t> freed, allocd;
+  };
+  // runs under the library's device lock: only appends
+  static void restored(gm_devptr ptr, uint64_t, bool allocated, void* arg) noexcept {
+    auto* r = static_cast<Restored*>(arg);
+    try {
+      (allocated ? r->allocd : r->freed).push_back(ptr);
+    } catch (...) {
+    }
+  }
+  // torch's delta: every block of the pool freed, every block of the
+  // checkpoint allocated again; the DataPtrs free through gpumem.
+  cca::CheckpointDelta restore(c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> pps) {
+    auto* st = dynamic_cast<PoolCheckpoint*>(pps.get());
+    TORCH_CHECK(st && st->c, "gpumem: setCheckpointPoolState: not a checkpoint gpumem took");
+    Restored r;
+    check(api.pool_restore(st->c, &restored, &r), "setCheckpointPoolState");
+    cca::CheckpointDelta delta;
+    for (uint64_t p : r.freed) delta.ptrs_freed.push_back(reinterpret_cast<void*>(p));
+    for (uint64_t p : r.allocd)
+      delta.dataptrs_allocd.emplace_back(reinterpret_cast<void*>(p), reinterpret_cast<void*>(p), &gm_deleter,
+                                         c10::Device(c10::DeviceType::CUDA, device));
+    return delta;
   }
   void retain_pool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool own_allocator) {
     TORCH_CHECK(!own_allocator, "gpumem: torch.cuda.MemPool(allocator=...) allocates with another allocator, "
@@ -551,16 +578,6 @@ int seg_cb(const gm_segment_info* s, void* arg) {
 int blk_cb(const gm_block_info* b, void* arg) {
   static_cast<std::vector<gm_block_info>*>(arg)->push_back(*b);
   return 0;
-}
-
-std::shared_ptr<cca::AllocatorState> GpumemAllocator::checkpoint(c10::DeviceIndex device, c10::MempoolId_t id) {
-  std::vector<gm_block_info> blks;
-  check(api.walk_blocks(device, blk_cb, &blks), "getCheckpointState");
-  auto st = std::make_shared<PoolCheckpoint>();
-  st->pool = id;
-  for (const auto& b : blks)
-    if (b.live && c10::MempoolId_t{b.pool_id[0], b.pool_id[1]} == id) st->live.push_back(b.address);
-  return st;
 }
 
 // cudagraph trees' check: the pool's live blocks are exactly the expected ones.

@@ -287,8 +287,8 @@ __attribute__((noinline)) static int alloc_failed(gm__device *d, int rc, size_t 
     return rc;
 }
 
-/* A placed block handed out (lock held; released here). */
-static inline void alloc_done(gm__device *d, gm__block_hdr *b, size_t size, gm_stream stream, uint16_t mpool) {
+/* A placed block handed out (lock held; the pointer map has room). */
+static inline void hand_out(gm__device *d, gm__block_hdr *b, size_t size, gm_stream stream, uint16_t mpool) {
     gm__fe_dev *fe = d->fe;
     b->live = 1;
     b->category = 0;
@@ -302,9 +302,16 @@ static inline void alloc_done(gm__device *d, gm__block_hdr *b, size_t size, gm_s
         atomic_store_explicit(&fe->lo, b->ptr, memory_order_release);
     if (b->ptr + b->size > atomic_load_explicit(&fe->hi, memory_order_relaxed))
         atomic_store_explicit(&fe->hi, b->ptr + b->size, memory_order_release);
+}
+
+/* The same, then the lock released. */
+static inline void alloc_done(gm__device *d, gm__block_hdr *b, size_t size, gm_stream stream, uint16_t mpool) {
+    hand_out(d, b, size, stream, mpool);
     publish(d);
     gm__devlock_unlock(&d->lock);
 }
+
+void gm__block_revive(gm__device *d, gm__block_hdr *b) { hand_out(d, b, b->requested, b->stream, b->mpool); }
 
 int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_devptr *out) {
     gm__clear_error(); /* a call that succeeds leaves no stale detail */
@@ -416,24 +423,15 @@ static int classify_unknown(gm_allocator *a, gm_devptr ptr, const char *what) {
                          (unsigned long long)ptr);
 }
 
-int gm_free(gm_allocator *a, gm_devptr ptr) {
-    gm__clear_error(); /* a call that succeeds leaves no stale detail */
-    if (!a) return gm__set_error(GM_EINVAL, "gm_free: NULL allocator");
-    if (ptr == 0) return GM_OK; /* like free(NULL) and torch's size-0 tensors */
-    gm__block_hdr *b;
-    uint64_t slot;
-    gm__device *d = gm__lock_owner(a, ptr, &b, &slot);
-    if (!d) return classify_unknown(a, ptr, "gm_free");
+/* The caller frees live block b (pointer-map slot `slot`; lock held). */
+static inline int free_block(gm__device *d, gm__block_hdr *b, uint64_t slot) {
     gm__fe_dev *fe = d->fe;
     struct gm__stream_uses *u = b->uses;
     bool wait = u && u->n; /* used on other streams: events first */
     if (wait) {
         /* record first: if that fails the block stays live and unchanged */
         int rc = d->capturing ? gm__events_defer(d, b) : gm__events_record(d, b);
-        if (rc != GM_OK) {
-            gm__devlock_unlock(&d->lock);
-            return gm__set_error(rc, "gm_free: recording a stream event failed: %s", gm_strerror(rc));
-        }
+        if (rc != GM_OK) return gm__set_error(rc, "gm_free: recording a stream event failed: %s", gm_strerror(rc));
     }
     gm__ptrmap_remove_at(&fe->map, slot);
     b->live = 0;
@@ -443,9 +441,23 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
         if (u) gm__uses_free(b);
         gm__policy_free(d, b);
     }
-    publish(d);
-    gm__devlock_unlock(&d->lock);
     return GM_OK;
+}
+
+int gm__free_block(gm__device *d, gm__block_hdr *b, uint64_t slot) { return free_block(d, b, slot); }
+
+int gm_free(gm_allocator *a, gm_devptr ptr) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    if (!a) return gm__set_error(GM_EINVAL, "gm_free: NULL allocator");
+    if (ptr == 0) return GM_OK; /* like free(NULL) and torch's size-0 tensors */
+    gm__block_hdr *b;
+    uint64_t slot;
+    gm__device *d = gm__lock_owner(a, ptr, &b, &slot);
+    if (!d) return classify_unknown(a, ptr, "gm_free");
+    int rc = free_block(d, b, slot);
+    if (rc == GM_OK) publish(d);
+    gm__devlock_unlock(&d->lock);
+    return rc;
 }
 
 int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream) {

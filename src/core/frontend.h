@@ -6,6 +6,7 @@
 #define GPUMEM_FRONTEND_H
 
 #include "internal.h"
+#include "util/idmap.h"
 
 #include <stdatomic.h>
 
@@ -140,6 +141,14 @@ typedef struct gm__mempool {
     gm__device view;   /* the device as the pool's policy sees it */
     gm_config cfg;     /* the device's, with what a pool must not do turned off */
     gm_stats synced;   /* view.stats as last folded into the device's */
+    /* checkpoints (gm_pool_checkpoint_take, CUDA graph trees): a block live
+     * at a checkpoint not yet freed is pinned; freed by the program, it is
+     * held back from the policy (so nothing reuses it) until a restore
+     * hands it out again or its last checkpoint goes */
+    uint32_t ncheckpoints;
+    gm__idmap pins;        /* block address -> checkpoints it is live in */
+    gm__block_hdr **held;  /* pinned blocks the program freed */
+    size_t nheld, cap_held;
 } gm__mempool;
 
 struct gm__mempools {
@@ -179,6 +188,12 @@ static inline void gm__policy_free(gm__device *d, gm__block_hdr *b) {
 
 /* allocator.c: the device (created on first use), for the pool entry points. */
 int gm__device_get(gm_allocator *a, int device, gm__device **out);
+/* allocator.c, lock held: gm_free's work on live block b at pointer-map
+ * slot `slot`; a block freed by the program and held back from its policy
+ * (a private pool's checkpoint) handed out again as it was (the pointer
+ * map has room). */
+int gm__free_block(gm__device *d, gm__block_hdr *b, uint64_t slot);
+void gm__block_revive(gm__device *d, gm__block_hdr *b);
 
 /* config.c: GM_OK, or GM_ECONFIG naming the first field out of range. */
 int gm__config_check(const gm_config *cfg, char *err, size_t errlen);

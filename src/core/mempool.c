@@ -158,11 +158,34 @@ static void trim(gm__device *d, gm__mempool *p) {
 #undef GM__MP_GONE_SINGLE
 #undef GM__MP_GONE
     gm__mempool_sync(d, p);
+    free(p->held);
+    gm__idmap_free(&p->pins);
     free(p);
+}
+
+static bool pinned(const gm__mempool *p, gm_devptr ptr) {
+    if (!p->ncheckpoints || !p->pins.count) return false;
+    return p->pins.id[gm__idmap_find(&p->pins, ptr)] != GM__IDMAP_EMPTY;
+}
+
+/* Keep a pinned block the program freed from the policy; false when there
+ * is no host memory for it (the block then goes back: a restore of its
+ * checkpoint will say it cannot). */
+static bool hold(gm__mempool *p, gm__block_hdr *b) {
+    if (p->nheld == p->cap_held) {
+        size_t cap = p->cap_held ? p->cap_held * 2 : 16;
+        gm__block_hdr **h = realloc(p->held, cap * sizeof *h);
+        if (!h) return false;
+        p->held = h;
+        p->cap_held = cap;
+    }
+    p->held[p->nheld++] = b;
+    return true;
 }
 
 void gm__mempool_free(gm__device *d, gm__block_hdr *b) {
     gm__mempool *p = slot_pool(d, b->mpool);
+    if (pinned(p, b->ptr) && hold(p, b)) return;
     d->pops->free(p->view.pstate, b);
     gm__mempool_sync(d, p);
     p->blocks--;
@@ -182,6 +205,8 @@ void gm__mempool_destroy_all(gm__device *d) {
         gm__mempool *p = d->mp->slot[i];
         if (!p) continue;
         d->pops->destroy(p->view.pstate);
+        free(p->held);
+        gm__idmap_free(&p->pins);
         free(p);
     }
     free(d->mp->slot);
@@ -254,6 +279,8 @@ static int pools_check(gm__device *d, char *err, size_t errlen) {
         else count[m]++;
     }
     for (size_t k = 0; k < fe->npending && rc == GM_OK; k++) count[fe->pending[k]->mpool]++;
+    for (uint32_t i = 0; i < n; i++)
+        if (d->mp->slot[i]) count[i + 1] += d->mp->slot[i]->nheld;
     for (uint32_t i = 0; i < n && rc == GM_OK; i++) {
         gm__mempool *p = d->mp->slot[i];
         if (!p) continue;
@@ -420,4 +447,200 @@ int gm_pool_empty_cache(gm_allocator *a, int device, uint64_t id0, uint64_t id1)
     gm__mempool *p = gm__mempool_find(d, id0, id1);
     if (!p) return unknown(d, id0, id1, "gm_pool_empty_cache");
     return leave(d, empty_one(d, p));
+}
+
+/* ---- checkpoints (torch's getCheckpointState / setCheckpointPoolState) ---
+ * CUDA graph trees take a checkpoint of the pool after each recording and,
+ * before recording a graph that follows another, restore one: the pool's
+ * allocated blocks become exactly the checkpoint's, at their addresses.
+ * gpumem cannot place a block at an address, so it keeps what a restore
+ * needs instead: a block live at a checkpoint still held is pinned, and
+ * when the program frees it the pool holds it back from its policy (its
+ * memory is reused by nothing) until a restore hands it out again or the
+ * last checkpoint pinning it is freed. Torch lets the memory be reused
+ * meanwhile and re-creates the layout at the restore; the pool may hold
+ * more, but every restore is exact. */
+
+struct gm_pool_checkpoint {
+    gm_allocator *alloc;
+    int device;
+    uint64_t id0, id1;
+    size_t n;
+    gm_devptr *ptr; /* the pool's live blocks at the checkpoint, sorted */
+};
+
+static int cmp_ptr(const void *x, const void *y) {
+    gm_devptr a = *(const gm_devptr *)x, b = *(const gm_devptr *)y;
+    return a < b ? -1 : a > b;
+}
+
+static bool in_checkpoint(const gm_pool_checkpoint *c, gm_devptr p) {
+    return c->n && bsearch(&p, c->ptr, c->n, sizeof p, cmp_ptr) != NULL;
+}
+
+/* Drop one pin of each of the first n blocks of c. */
+static void unpin(gm__mempool *p, const gm_pool_checkpoint *c, size_t n) {
+    for (size_t i = 0; i < n && p->pins.cap; i++) {
+        size_t j = gm__idmap_find(&p->pins, c->ptr[i]);
+        if (p->pins.id[j] != GM__IDMAP_EMPTY && --p->pins.id[j] == 0) gm__idmap_del(&p->pins, j);
+    }
+}
+
+static int pin(gm__mempool *p, const gm_pool_checkpoint *c) {
+    for (size_t i = 0; i < c->n; i++) {
+        if (gm__idmap_reserve(&p->pins, 64) != GM_OK) {
+            unpin(p, c, i);
+            return GM_ENOHOSTMEM;
+        }
+        size_t j = gm__idmap_find(&p->pins, c->ptr[i]);
+        if (p->pins.id[j] == GM__IDMAP_EMPTY) gm__idmap_set(&p->pins, j, c->ptr[i], 1);
+        else p->pins.id[j]++;
+    }
+    return GM_OK;
+}
+
+/* The live block at ptr if it belongs to pool slot s, else NULL. */
+static gm__block_hdr *live_in(gm__device *d, uint16_t s, gm_devptr ptr) {
+    gm__block_hdr *b = gm__ptrmap_find(&((gm__fe_dev *)d->fe)->map, ptr);
+    return b && b->mpool == s ? b : NULL;
+}
+
+static size_t held_at(const gm__mempool *p, gm_devptr ptr) {
+    for (size_t i = 0; i < p->nheld; i++)
+        if (p->held[i]->ptr == ptr) return i;
+    return SIZE_MAX;
+}
+
+int gm_pool_checkpoint_take(gm_allocator *a, int device, uint64_t id0, uint64_t id1, gm_pool_checkpoint **out) {
+    if (!out) return gm__set_error(GM_EINVAL, "gm_pool_checkpoint_take: NULL out");
+    *out = NULL;
+    gm__device *d;
+    int rc = enter(a, device, id0, id1, "gm_pool_checkpoint_take", &d);
+    if (rc != GM_OK) return rc;
+    gm__mempool *p = gm__mempool_find(d, id0, id1);
+    if (!p) return unknown(d, id0, id1, "gm_pool_checkpoint_take");
+    gm__fe_dev *fe = d->fe;
+    uint16_t s = slot_of(d, p);
+    gm_pool_checkpoint *c = calloc(1, sizeof *c);
+    size_t n = 0;
+    for (uint64_t i = 0; i <= fe->map.mask; i++) n += fe->map.slots[i].key && fe->map.slots[i].block->mpool == s;
+    if (c && n) c->ptr = malloc(n * sizeof *c->ptr);
+    if (!c || (n && !c->ptr)) {
+        if (c) free(c->ptr);
+        free(c);
+        return leave(d, gm__set_error(GM_ENOHOSTMEM, "gm_pool_checkpoint_take: out of host memory"));
+    }
+    c->alloc = a;
+    c->device = device;
+    c->id0 = id0;
+    c->id1 = id1;
+    for (uint64_t i = 0; i <= fe->map.mask; i++)
+        if (fe->map.slots[i].key && fe->map.slots[i].block->mpool == s) c->ptr[c->n++] = fe->map.slots[i].key;
+    if (c->n) qsort(c->ptr, c->n, sizeof *c->ptr, cmp_ptr);
+    if (pin(p, c) != GM_OK) {
+        free(c->ptr);
+        free(c);
+        return leave(d, gm__set_error(GM_ENOHOSTMEM, "gm_pool_checkpoint_take: out of host memory"));
+    }
+    p->ncheckpoints++;
+    *out = c;
+    return leave(d, GM_OK);
+}
+
+/* Held blocks no checkpoint pins any more go back to the policy. */
+static void give_back_unpinned(gm__device *d, gm__mempool *p) {
+    size_t k = 0;
+    for (size_t i = 0; i < p->nheld; i++) {
+        gm__block_hdr *b = p->held[i];
+        if (pinned(p, b->ptr)) {
+            p->held[k++] = b;
+        } else {
+            d->pops->free(p->view.pstate, b);
+            p->blocks--;
+        }
+    }
+    p->nheld = k;
+    gm__mempool_sync(d, p);
+    if (!p->blocks && !p->use_count) trim(d, p);
+}
+
+void gm_pool_checkpoint_free(gm_allocator *a, gm_pool_checkpoint *c) {
+    if (!c) return;
+    gm__device *d = a && a == c->alloc ? __atomic_load_n(&a->devices[c->device], __ATOMIC_ACQUIRE) : NULL;
+    if (d) {
+        gm__devlock_lock(&d->lock);
+        gm__mempool *p = gm__mempool_find(d, c->id0, c->id1);
+        if (p && p->ncheckpoints) {
+            unpin(p, c, c->n);
+            p->ncheckpoints--;
+            give_back_unpinned(d, p);
+        }
+        gm__devlock_unlock(&d->lock);
+    }
+    free(c->ptr);
+    free(c);
+}
+
+/* What a restore would do, checked before anything changes: every block of
+ * the checkpoint is live in the pool or held; *nrevive of them are held. */
+static int restore_check(gm__device *d, gm__mempool *p, uint16_t s, const gm_pool_checkpoint *c,
+                         size_t *nrevive) {
+    *nrevive = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        if (live_in(d, s, c->ptr[i])) continue;
+        if (held_at(p, c->ptr[i]) == SIZE_MAX)
+            return gm__set_error(GM_ESTATE, "gm_pool_checkpoint_restore: block 0x%llx of the checkpoint is neither "
+                                 "live nor held in pool (%llu, %llu) (out of host memory when it was freed?); "
+                                 "nothing was changed", (unsigned long long)c->ptr[i],
+                                 (unsigned long long)p->id0, (unsigned long long)p->id1);
+        (*nrevive)++;
+    }
+    gm__ptrmap *m = &((gm__fe_dev *)d->fe)->map;
+    while ((m->count + *nrevive) * 2 > m->mask + 1)
+        if (gm__ptrmap_grow(m) != GM_OK) return gm__set_error(GM_ENOHOSTMEM, "gm_pool_checkpoint_restore: out of host memory");
+    return GM_OK;
+}
+
+int gm_pool_checkpoint_restore(gm_allocator *a, const gm_pool_checkpoint *c, gm_pool_restore_cb cb, void *arg) {
+    if (!c || !cb) return gm__set_error(GM_EINVAL, "gm_pool_checkpoint_restore: NULL argument");
+    if (a != c->alloc)
+        return gm__set_error(GM_EINVAL, "gm_pool_checkpoint_restore: the checkpoint was taken on another allocator");
+    gm__device *d;
+    int rc = enter(a, c->device, c->id0, c->id1, "gm_pool_checkpoint_restore", &d);
+    if (rc != GM_OK) return rc;
+    gm__mempool *p = gm__mempool_find(d, c->id0, c->id1);
+    if (!p) return unknown(d, c->id0, c->id1, "gm_pool_checkpoint_restore");
+    uint16_t s = slot_of(d, p);
+    size_t nrevive;
+    if ((rc = restore_check(d, p, s, c, &nrevive)) != GM_OK) return leave(d, rc);
+    gm__fe_dev *fe = d->fe;
+    /* live now, not in the checkpoint: freed (one at a time: a free may
+     * change the map) */
+    for (bool again = true; again && rc == GM_OK;) {
+        again = false;
+        for (uint64_t i = 0; i <= fe->map.mask; i++) {
+            gm__block_hdr *b = fe->map.slots[i].key ? fe->map.slots[i].block : NULL;
+            if (!b || b->mpool != s || in_checkpoint(c, b->ptr)) continue;
+            gm_devptr ptr = b->ptr;
+            uint64_t size = b->size;
+            if ((rc = gm__free_block(d, b, i)) == GM_OK) cb(ptr, size, false, arg);
+            again = true;
+            break;
+        }
+    }
+    /* the checkpoint's blocks: live ones stay (freed and allocated again, in
+     * torch's terms), held ones are handed out again */
+    for (size_t i = 0; i < c->n && rc == GM_OK; i++) {
+        gm__block_hdr *b = live_in(d, s, c->ptr[i]);
+        if (b) {
+            cb(b->ptr, b->size, false, arg);
+        } else {
+            size_t h = held_at(p, c->ptr[i]);
+            b = p->held[h];
+            p->held[h] = p->held[--p->nheld];
+            gm__block_revive(d, b);
+        }
+        cb(b->ptr, b->size, true, arg);
+    }
+    return leave(d, rc);
 }

@@ -274,6 +274,24 @@ GM__TORCH_POOL_CALL(release, "releasePool")
 GM__TORCH_POOL_CALL(empty_cache, "emptyCache(mempool_id)")
 #undef GM__TORCH_POOL_CALL
 
+int gpumem_torch_pool_checkpoint(int device, uint64_t id0, uint64_t id1, gm_pool_checkpoint **out) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_pool_checkpoint_take(a, device, id0, id1, out);
+    return st == GM_OK ? GM_OK : fail_lib(st, "getCheckpointState");
+}
+
+int gpumem_torch_pool_restore(gm_pool_checkpoint *c, gm_pool_restore_cb cb, void *arg) {
+    gm_allocator *a = __atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE);
+    int st = gm_pool_checkpoint_restore(a, c, cb, arg);
+    return st == GM_OK ? GM_OK : fail_lib(st, "setCheckpointPoolState");
+}
+
+void gpumem_torch_pool_checkpoint_free(gm_pool_checkpoint *c) {
+    gm_pool_checkpoint_free(__atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE), c);
+}
+
 int gpumem_torch_pool_use_count(int device, uint64_t id0, uint64_t id1, int *out) {
     if (!out) return fail(GM_EINVAL, "gpumem: pool_use_count: NULL out");
     gm_allocator *a;

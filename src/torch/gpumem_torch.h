@@ -50,6 +50,12 @@ extern "C" {
     X(int, gpumem_torch_pool_release, (int device, uint64_t id0, uint64_t id1), "i:iQQ")                \
     X(int, gpumem_torch_pool_use_count, (int device, uint64_t id0, uint64_t id1, int *out), "i:iQQI")   \
     X(int, gpumem_torch_pool_empty_cache, (int device, uint64_t id0, uint64_t id1), "i:iQQ")            \
+    /* gm_pool_checkpoint_take / _restore / _free (torch's getCheckpointState,                          \
+     * setCheckpointPoolState: CUDA graph trees); free after shutdown frees only the handle. */          \
+    X(int, gpumem_torch_pool_checkpoint, (int device, uint64_t id0, uint64_t id1,                       \
+                                          gm_pool_checkpoint **out), "i:iQQp")                          \
+    X(int, gpumem_torch_pool_restore, (gm_pool_checkpoint *c, gm_pool_restore_cb cb, void *arg), "i:ppp") \
+    X(void, gpumem_torch_pool_checkpoint_free, (gm_pool_checkpoint *c), "v:p")                          \
     X(int, gpumem_torch_record_stream, (uint64_t ptr, uint64_t stream), "i:QQ")                         \
     X(int, gpumem_torch_empty_cache, (int device), "i:i")                                               \
     /* gm_step_mark: one step of the training loop ended (gpumem_plan:on). */                           \

@@ -174,8 +174,8 @@ def test_compile_reduce_overhead():
 
 
 def test_compile_training_step():
-    """reduce-overhead on a training step: graph trees record the backward after the forward, which
-    restores the pool's checkpoint; gpumem cannot restore one yet and says so (a SKIP naming it)."""
+    """reduce-overhead on a training step learns: graph trees record the backward after the forward,
+    restoring the pool's checkpoint (getCheckpointState / setCheckpointPoolState) in between."""
     import torch
     torch.manual_seed(2)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).cuda()
@@ -191,10 +191,6 @@ def test_compile_training_step():
             loss.backward()
             opt.step()
             losses.append(float(loss))
-    except RuntimeError as e:
-        if "checkpoint" in str(e) and "gpumem" in str(e):
-            return "SKIP known gap: %s" % str(e)[:160]
-        raise
     finally:
         del f
         torch._dynamo.reset()
@@ -257,7 +253,7 @@ def test_mempool():
     return "pool %s: %d segment(s), %.1f MiB; use_count %s; gone with the pool" % (pid, len(snap), in_pool / MIB, n)
 
 
-# the compiled training step last: if gpumem refuses its checkpoint restore, what torch left is not reused
+# the compiled training step last: it is the one that restores pool checkpoints
 TESTS = [test_graph_forward, test_graph_training_step, test_compile_reduce_overhead, test_shared_pool, test_mempool,
          test_compile_training_step]
 
