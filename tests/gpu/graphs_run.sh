@@ -31,9 +31,9 @@ rc=0
 for mode in native gpumem torch; do
   echo "== test_graphs.py: $mode"
   if [ "$mode" = native ]; then
-    timeout 120 python3 "$TEST" --json "$OUT/graphs-$mode.json" "$@" >"$OUT/graphs-$mode.txt" 2>&1
+    timeout 170 python3 "$TEST" --json "$OUT/graphs-$mode.json" "$@" >"$OUT/graphs-$mode.txt" 2>&1
   else
-    timeout 120 python3 -m gpumem run --conf "policy:$mode" -- python3 "$TEST" --json "$OUT/graphs-$mode.json" "$@" \
+    timeout 170 python3 -m gpumem run --conf "policy:$mode" -- python3 "$TEST" --json "$OUT/graphs-$mode.json" "$@" \
       >"$OUT/graphs-$mode.txt" 2>&1
   fi
   r=$?; echo "exit $r"; [ $r -ne 0 ] && rc=1

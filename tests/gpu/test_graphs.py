@@ -127,14 +127,17 @@ def test_graph_training_step():
     static_x = torch.randn(512, 64, device="cuda")
     static_t = static_x @ w_true
 
-    def step():
-        opt.zero_grad(set_to_none=True)
+    def step():  # torch's recipe: grads set to None before, so the captured backward makes them
         loss = torch.nn.functional.mse_loss(model(static_x), static_t)
         loss.backward()
         opt.step()
         return loss
 
-    _warm(step)
+    def eager_step():
+        opt.zero_grad(set_to_none=True)
+        return step()
+
+    _warm(eager_step)
     g = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
     with capture_calls("training step"):
