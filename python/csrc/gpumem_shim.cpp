@@ -23,7 +23,7 @@
 // are any, asks them for each allocation's stream and sends a match to the
 // library's pool (gpumem_torch_alloc_pool); the library keeps the pools
 // (src/core/mempool.c). With no capture under way an allocation pays one
-// relaxed load for this.
+// atomic load (a plain load on x86) for this.
 //
 // Not supported (each fails with a message naming gpumem): IPC handles,
 // MemPool(allocator=...), use_on_oom and no_split pools.
@@ -123,7 +123,7 @@ class GpumemAllocator : public PA {
     uint64_t p = 0;
     int st;
     c10::MempoolId_t pool{0, 0};
-    if (C10_UNLIKELY(ncaptures_.load(std::memory_order_relaxed) > 0) && (pool = pool_for(device, stream)) !=
+    if (C10_UNLIKELY(ncaptures_.load(std::memory_order_acquire) > 0) && (pool = pool_for(device, stream)) !=
                                                                               c10::MempoolId_t{0, 0})
       st = api.alloc_pool(static_cast<int64_t>(n), device, reinterpret_cast<uint64_t>(stream), pool.first,
                           pool.second, &p);
@@ -245,7 +245,7 @@ class GpumemAllocator : public PA {
     check(api.pool_begin(device, mempool_id.first, mempool_id.second), "beginAllocateToPool");
     std::lock_guard<std::mutex> g(cap_mu_);
     captures_.push_back(Capture{device, mempool_id, std::move(filter)});
-    ncaptures_.store(static_cast<int>(captures_.size()), std::memory_order_relaxed);
+    ncaptures_.store(static_cast<int>(captures_.size()), std::memory_order_release);
   }
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
     {
@@ -254,7 +254,7 @@ class GpumemAllocator : public PA {
         return c.device == device && c.pool == mempool_id;
       });
       if (it != captures_.end()) captures_.erase(it);
-      ncaptures_.store(static_cast<int>(captures_.size()), std::memory_order_relaxed);
+      ncaptures_.store(static_cast<int>(captures_.size()), std::memory_order_release);
     }
     check(api.pool_end(device, mempool_id.first, mempool_id.second), "endAllocateToPool");
   }
