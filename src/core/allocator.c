@@ -118,6 +118,7 @@ static inline int get_device(gm_allocator *a, int device, gm__device **out) {
 }
 
 int gm__device_get(gm_allocator *a, int device, gm__device **out) { return get_device(a, device, out); }
+void gm__device_publish(gm__device *d) { publish(d); }
 
 /* Resolve `device` (-1 = every created device) into a list. */
 static int device_list(gm_allocator *a, int device, gm__device **list, int *n) {

@@ -188,6 +188,8 @@ static inline void gm__policy_free(gm__device *d, gm__block_hdr *b) {
 
 /* allocator.c: the device (created on first use), for the pool entry points. */
 int gm__device_get(gm_allocator *a, int device, gm__device **out);
+/* The device's stats to the monitor's sink, if one is set (lock held). */
+void gm__device_publish(gm__device *d);
 /* allocator.c, lock held: gm_free's work on live block b at pointer-map
  * slot `slot`; a block freed by the program and held back from its policy
  * (a private pool's checkpoint) handed out again as it was (the pointer

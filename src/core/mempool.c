@@ -327,6 +327,7 @@ static int enter(gm_allocator *a, int device, uint64_t id0, uint64_t id1, const 
 }
 
 static int leave(gm__device *d, int rc) {
+    gm__device_publish(d); /* a release or a restore may have changed the stats */
     gm__devlock_unlock(&d->lock);
     return rc;
 }
@@ -438,6 +439,7 @@ int gm_pool_empty_cache(gm_allocator *a, int device, uint64_t id0, uint64_t id1)
             gm__devlock_lock(&e->lock);
             gm__mempool *p = gm__mempool_find(e, id0, id1);
             if (p) rc = empty_one(e, p);
+            gm__device_publish(e);
             gm__devlock_unlock(&e->lock);
         }
         return rc;
@@ -575,6 +577,7 @@ void gm_pool_checkpoint_free(gm_allocator *a, gm_pool_checkpoint *c) {
             p->ncheckpoints--;
             give_back_unpinned(d, p);
         }
+        gm__device_publish(d);
         gm__devlock_unlock(&d->lock);
     }
     free(c->ptr);
