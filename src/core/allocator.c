@@ -509,7 +509,9 @@ int gm_step_mark(gm_allocator *a, int device) {
         gm__device *d = list[i];
         if (!d->pops->step_mark) continue;
         gm__devlock_lock(&d->lock);
-        d->pops->step_mark(d->pstate);
+        /* a step inside a capture (an optimizer step being recorded) is no
+         * step of the device's own pools, and a plan switch would sync */
+        if (!d->capturing) d->pops->step_mark(d->pstate);
         gm__devlock_unlock(&d->lock);
     }
     return rc;
