@@ -361,6 +361,7 @@ typedef struct gm_segment_info {
     gm_stream stream;
     int pool; /* GM_POOL_SMALL / GM_POOL_LARGE */
     bool expandable;
+    uint64_t pool_id[2]; /* the private pool holding it (torch's segment_pool_id), 0, 0: the device's own */
 } gm_segment_info;
 typedef int (*gm_segment_cb)(const gm_segment_info *seg, void *arg);
 GM_API int gm_walk_segments(gm_allocator *a, int device, gm_segment_cb cb, void *arg);
@@ -382,6 +383,7 @@ typedef struct gm_block_info {
     int pool;           /* GM_POOL_SMALL / GM_POOL_LARGE */
     bool live;
     int16_t category;   /* gm_category set by gm_block_set_category, -1 unknown (in what was padding) */
+    uint64_t pool_id[2]; /* the private pool it came from, 0, 0: the device's own pools */
 } gm_block_info;
 typedef int (*gm_block_cb)(const gm_block_info *b, void *arg);
 /* The live block that starts at ptr, and its device (device may be NULL).
@@ -390,6 +392,51 @@ GM_API int gm_block_lookup(gm_allocator *a, gm_devptr ptr, int *device, gm_block
 /* Every block of `device` (-1 = all), in no particular order; cb runs under
  * the device lock and must not call the allocator; a nonzero return stops. */
 GM_API int gm_walk_blocks(gm_allocator *a, int device, gm_block_cb cb, void *arg);
+
+/* ---- private pools: CUDA graphs, torch.cuda.MemPool (src/core/mempool.c) --
+ * A private pool is memory of its own on one device, named by a pool id
+ * (torch's MempoolId_t, a pair of integers; (0, 0) names the device's own
+ * pools and is refused): blocks placed in it come from its own segments and,
+ * freed, are reused only by it. The device's statistics count every pool.
+ *
+ * retain creates the pool or adds a use (torch's createOrIncrefPool: a
+ * MemPool, a graph sharing a pool); begin does the same and starts a
+ * capture into it (beginAllocateToPool); end stops it; release drops a use:
+ * when the last goes, the pool's cached memory is given back, and the pool
+ * goes with its last block. While any pool of a device is between begin and
+ * end, the device frees nothing, synchronises with no event and refuses
+ * gm_empty_cache: a CUDA graph capture allows none of it.
+ * gm_malloc_pool places an allocation in the pool (which must hold a use);
+ * gm_free returns it to the pool it came from. Each call changes nothing
+ * when it fails: an unknown pool is GM_EINVAL, a release with no use left,
+ * a second begin or an end without begin GM_ESTATE. */
+GM_API int gm_pool_retain(gm_allocator *a, int device, uint64_t id0, uint64_t id1);
+GM_API int gm_pool_begin(gm_allocator *a, int device, uint64_t id0, uint64_t id1);
+GM_API int gm_pool_end(gm_allocator *a, int device, uint64_t id0, uint64_t id1);
+GM_API int gm_pool_release(gm_allocator *a, int device, uint64_t id0, uint64_t id1);
+GM_API int gm_pool_use_count(gm_allocator *a, int device, uint64_t id0, uint64_t id1, int *out);
+/* Give back the pool's cached memory (torch's emptyCache(mempool_id)); device
+ * -1: on every device that has the pool (none: nothing to do). */
+GM_API int gm_pool_empty_cache(gm_allocator *a, int device, uint64_t id0, uint64_t id1);
+GM_API int gm_malloc_pool(gm_allocator *a, int device, size_t size, gm_stream stream, uint64_t id0, uint64_t id1,
+                          gm_devptr *out);
+/* Checkpoints of a private pool (torch's getCheckpointState /
+ * setCheckpointPoolState; CUDA graph trees restore one before recording a
+ * graph that follows another). take records the pool's live blocks; while
+ * a checkpoint holding a block is not freed, a free of that block keeps it
+ * from reuse (allocated in the pool, not live). restore makes the pool's
+ * live blocks exactly the checkpoint's: blocks live now and not in it are
+ * freed (cb(ptr, size, false)), each block of it is reported freed and
+ * allocated again if live (cb false, then true) or handed out again if
+ * held (cb true); callbacks run under the device lock and must not call the
+ * allocator. Free every checkpoint before destroying the allocator. */
+typedef struct gm_pool_checkpoint gm_pool_checkpoint;
+typedef void (*gm_pool_restore_cb)(gm_devptr ptr, uint64_t size, bool allocated, void *arg);
+GM_API int gm_pool_checkpoint_take(gm_allocator *a, int device, uint64_t id0, uint64_t id1,
+                                   gm_pool_checkpoint **out);
+GM_API int gm_pool_checkpoint_restore(gm_allocator *a, const gm_pool_checkpoint *c, gm_pool_restore_cb cb,
+                                      void *arg);
+GM_API void gm_pool_checkpoint_free(gm_allocator *a, gm_pool_checkpoint *c);
 
 /* ---- publication for out-of-process monitors --------------------------- */
 

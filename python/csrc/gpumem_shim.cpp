@@ -16,9 +16,17 @@
 // or memory history is on; otherwise an allocation is one call into the
 // library, as with the plain pluggable entry points.
 //
-// Not supported (each fails with a message naming gpumem): CUDA graph
-// capture into a private pool (torch.cuda.graph, torch.compile's
-// reduce-overhead mode), IPC handles, checkpointed pool state.
+// CUDA graphs and private pools (torch.cuda.graph, torch.compile's
+// reduce-overhead mode, torch.cuda.MemPool / use_mem_pool): torch hands the
+// allocator a pool id and a stream filter at beginAllocateToPool; the shim
+// keeps the filters of the captures under way per device and, while there
+// are any, asks them for each allocation's stream and sends a match to the
+// library's pool (gpumem_torch_alloc_pool); the library keeps the pools
+// (src/core/mempool.c). With no capture under way an allocation pays one
+// atomic load (a plain load on x86) for this.
+//
+// Not supported (each fails with a message naming gpumem): IPC handles,
+// MemPool(allocator=...), use_on_oom and no_split pools.
 #include <torch/extension.h>
 
 #include <c10/core/Allocator.h>
@@ -38,6 +46,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "gpumem/gpumem.h"
@@ -56,7 +65,10 @@ using PA = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
   X(alloc_raw) X(free_raw) X(record_stream) X(empty_cache)                    \
   X(set_memory_fraction) X(mem_get_info) X(device_count) X(reset_peak)        \
   X(reset_accumulated) X(last_error) X(get_stats) X(block) X(walk_segments)   \
-  X(walk_blocks) X(config) X(note_failed_free) X(set_segment_observer)
+  X(walk_blocks) X(config) X(note_failed_free) X(set_segment_observer)        \
+  X(alloc_pool) X(pool_retain) X(pool_begin) X(pool_end) X(pool_release)     \
+  X(pool_use_count) X(pool_empty_cache) X(pool_checkpoint) X(pool_restore)    \
+  X(pool_checkpoint_free)
 
 struct Api {
 #define GM_SHIM_FIELD(n) decltype(&gpumem_torch_##n) n;
@@ -109,7 +121,14 @@ class GpumemAllocator : public PA {
   // Allocation and free: the hot path.
   void* gm_alloc(size_t n, c10::DeviceIndex device, cudaStream_t stream) {
     uint64_t p = 0;
-    int st = api.alloc_raw(static_cast<int64_t>(n), device, reinterpret_cast<uint64_t>(stream), &p);
+    int st;
+    c10::MempoolId_t pool{0, 0};
+    if (C10_UNLIKELY(ncaptures_.load(std::memory_order_acquire) > 0) && (pool = pool_for(device, stream)) !=
+                                                                              c10::MempoolId_t{0, 0})
+      st = api.alloc_pool(static_cast<int64_t>(n), device, reinterpret_cast<uint64_t>(stream), pool.first,
+                          pool.second, &p);
+    else
+      st = api.alloc_raw(static_cast<int64_t>(n), device, reinterpret_cast<uint64_t>(stream), &p);
     if (C10_UNLIKELY(st != 0)) on_alloc_failure(st, n, device, stream);
     if (C10_UNLIKELY(p && (history_on_.load(std::memory_order_relaxed) || c10::memoryProfilingEnabled())))
       after_alloc(p, n, device, stream);
@@ -167,7 +186,12 @@ class GpumemAllocator : public PA {
     std::lock_guard<std::mutex> g(mu_);
     fraction_[device] = fraction;
   }
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override { check(api.empty_cache(-1), "empty_cache"); }
+  // torch's emptyCache(mempool_id): {0, 0} the whole cache, else that pool's
+  // (on every device holding it; a pool already gone has nothing cached)
+  void emptyCache(c10::MempoolId_t mempool_id) override {
+    if (mempool_id == c10::MempoolId_t{0, 0}) check(api.empty_cache(-1), "empty_cache");
+    else check(api.pool_empty_cache(-1, mempool_id.first, mempool_id.second), "empty_cache(mempool_id)");
+  }
   // torch: the largest free cached block, at least the device's free memory
   // (cuDNN's benchmark mode sizes its workspace with this). gpumem keeps no
   // per-block free list to ask, so: max(device free, reserved - allocated).
@@ -206,17 +230,76 @@ class GpumemAllocator : public PA {
   }
   void resetPeakStats(c10::DeviceIndex device) override { check(api.reset_peak(device), "reset_peak_memory_stats"); }
 
-  // CUDA graphs: refused (gpumem has no graph-private pools yet).
-  void beginAllocateToPool(c10::DeviceIndex, c10::MempoolId_t, std::function<bool(cudaStream_t)>) override {
-    TORCH_CHECK(false,
-                "gpumem: CUDA graph capture (torch.cuda.graph, torch.compile(mode=\"reduce-overhead\")) needs "
-                "graph-private memory pools, which gpumem's allocator does not have yet. Run this process with "
-                "PyTorch's own allocator: `gpumem run --native -- python ...` (or do not call "
-                "gpumem.torch.install()), or compile without CUDA graphs (mode=\"default\" or "
-                "\"max-autotune-no-cudagraphs\").");
+  // CUDA graphs and MemPools: private pools (src/core/mempool.c). The
+  // library creates the pool or adds a use and starts the capture; the
+  // filter stays here, asked by gm_alloc while any capture is under way.
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    check(api.pool_begin(device, mempool_id.first, mempool_id.second), "beginAllocateToPool");
+    std::lock_guard<std::mutex> g(cap_mu_);
+    captures_.push_back(Capture{device, mempool_id, std::move(filter)});
+    ncaptures_.store(static_cast<int>(captures_.size()), std::memory_order_release);
   }
-  void endAllocateToPool(c10::DeviceIndex, c10::MempoolId_t) override {}
-  void releasePool(c10::DeviceIndex, c10::MempoolId_t) override {}
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    {
+      std::lock_guard<std::mutex> g(cap_mu_);
+      auto it = std::find_if(captures_.begin(), captures_.end(), [&](const Capture& c) {
+        return c.device == device && c.pool == mempool_id;
+      });
+      if (it != captures_.end()) captures_.erase(it);
+      ncaptures_.store(static_cast<int>(captures_.size()), std::memory_order_release);
+    }
+    check(api.pool_end(device, mempool_id.first, mempool_id.second), "endAllocateToPool");
+  }
+  // Called from destructors (CUDAGraph::reset, ~MemPool): a failure is a
+  // warning, never an exception.
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    if (api.pool_release(device, mempool_id.first, mempool_id.second) != 0)
+      TORCH_WARN(last_error("releasePool"));
+  }
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
+    int n = 0;
+    check(api.pool_use_count(device, mempool_id.first, mempool_id.second, &n), "getPoolUseCount");
+    return n;
+  }
+  // torch.cuda.MemPool(): its pool, made or given one more use. The type of
+  // the allocator argument changed between torch releases (a shared_ptr,
+  // a raw pointer): both are declared, the one matching the base's virtual
+  // overrides it (no `override`, so that the other compiles too).
+#ifdef __clang__
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Winconsistent-missing-override"
+#endif
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) {
+    retain_pool(device, mempool_id, allocator != nullptr);
+  }
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, cca::CUDAAllocator* allocator) {
+    retain_pool(device, mempool_id, allocator != nullptr);
+  }
+  // CUDA graph trees (torch.compile reduce-overhead) take a checkpoint of
+  // the pool after every recording, and restore one before recording a
+  // graph that follows another (a backward after its forward, a new
+  // branch): the library's gm_pool_checkpoint_* (src/core/mempool.c). The
+  // device argument was an int in older torch releases: both are declared,
+  // as for createOrIncrefPool.
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device, c10::MempoolId_t id) {
+    return checkpoint(device, id);
+  }
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(int device, c10::MempoolId_t id) {
+    return checkpoint(static_cast<c10::DeviceIndex>(device), id);
+  }
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> pps) {
+    return restore(device, std::move(pps));
+  }
+  cca::CheckpointDelta setCheckpointPoolState(int device, std::shared_ptr<cca::AllocatorState> pps) {
+    return restore(static_cast<c10::DeviceIndex>(device), std::move(pps));
+  }
+#ifdef __clang__
+#pragma clang diagnostic pop
+#endif
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                const std::unordered_set<void*>& expected_live_allocations) override;
 
   // History and snapshot.
   bool isHistoryEnabled() override { return history_on_.load(); }
@@ -248,6 +331,64 @@ class GpumemAllocator : public PA {
   std::string name() override { return "gpumem"; }
 
  private:
+  struct Capture {
+    c10::DeviceIndex device;
+    c10::MempoolId_t pool;
+    std::function<bool(cudaStream_t)> filter;
+  };
+  // The pool whose capture claims this allocation, or {0, 0}. Torch asks
+  // the filters under its allocator lock too; a filter queries the stream's
+  // capture state (a graph) or the calling thread (use_mem_pool).
+  c10::MempoolId_t pool_for(c10::DeviceIndex device, cudaStream_t stream) {
+    std::lock_guard<std::mutex> g(cap_mu_);
+    for (const auto& c : captures_)
+      if (c.device == device && c.filter(stream)) return c.pool;
+    return {0, 0};
+  }
+  // The library's checkpoint, freed with the last reference torch holds.
+  struct PoolCheckpoint : cca::AllocatorState {
+    gm_pool_checkpoint* c = nullptr;
+    ~PoolCheckpoint() override {
+      if (c) api.pool_checkpoint_free(c);
+    }
+  };
+  std::shared_ptr<cca::AllocatorState> checkpoint(c10::DeviceIndex device, c10::MempoolId_t id) {
+    auto st = std::make_shared<PoolCheckpoint>();
+    check(api.pool_checkpoint(device, id.first, id.second, &st->c), "getCheckpointState");
+    return st;
+  }
+  struct Restored {
+    std::vector<uint64_t> freed, allocd;
+  };
+  // runs under the library's device lock: only appends
+  static void restored(gm_devptr ptr, uint64_t, bool allocated, void* arg) noexcept {
+    auto* r = static_cast<Restored*>(arg);
+    try {
+      (allocated ? r->allocd : r->freed).push_back(ptr);
+    } catch (...) {
+    }
+  }
+  // torch's delta: every block of the pool freed, every block of the
+  // checkpoint allocated again; the DataPtrs free through gpumem.
+  cca::CheckpointDelta restore(c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> pps) {
+    auto* st = dynamic_cast<PoolCheckpoint*>(pps.get());
+    TORCH_CHECK(st && st->c, "gpumem: setCheckpointPoolState: not a checkpoint gpumem took");
+    Restored r;
+    check(api.pool_restore(st->c, &restored, &r), "setCheckpointPoolState");
+    cca::CheckpointDelta delta;
+    for (uint64_t p : r.freed) delta.ptrs_freed.push_back(reinterpret_cast<void*>(p));
+    for (uint64_t p : r.allocd)
+      delta.dataptrs_allocd.emplace_back(reinterpret_cast<void*>(p), reinterpret_cast<void*>(p), &gm_deleter,
+                                         c10::Device(c10::DeviceType::CUDA, device));
+    return delta;
+  }
+  void retain_pool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool own_allocator) {
+    TORCH_CHECK(!own_allocator, "gpumem: torch.cuda.MemPool(allocator=...) allocates with another allocator, "
+                "which gpumem does not call; create the MemPool without one (gpumem's pool), or run with "
+                "PyTorch's allocator (`gpumem run --native`)");
+    check(api.pool_retain(device, mempool_id.first, mempool_id.second), "createOrIncrefPool");
+  }
+
   template <class S>
   static void cp(S& d, const gm_stat& s) {
     d.current = s.current;
@@ -272,8 +413,8 @@ class GpumemAllocator : public PA {
     size_t next = 0;
   };
   void record(cca::TraceEntry::Action action, int device, uint64_t addr, uint64_t size, cudaStream_t stream,
-              std::shared_ptr<c10::GatheredContext> ctx) {
-    cca::TraceEntry te(action, static_cast<c10::DeviceIndex>(device), addr, size, stream, c10::MempoolId_t{0, 0},
+              std::shared_ptr<c10::GatheredContext> ctx, c10::MempoolId_t pool = {0, 0}) {
+    cca::TraceEntry te(action, static_cast<c10::DeviceIndex>(device), addr, size, stream, pool,
                        c10::getApproximateTime(), std::move(ctx));
     te.time_.t_ = now_us(); // snapshot() hands times out in microseconds
     if (device < 0 || std::find(skip_.begin(), skip_.end(), action) != skip_.end()) return;
@@ -314,7 +455,11 @@ class GpumemAllocator : public PA {
     gm_block_info bi{};
     bi.size_of = sizeof bi;
     uint64_t size = n;
-    if (api.block(p, nullptr, &bi) == 0) size = bi.size;
+    c10::MempoolId_t pool{0, 0};
+    if (api.block(p, nullptr, &bi) == 0) {
+      size = bi.size;
+      pool = {bi.pool_id[0], bi.pool_id[1]};
+    }
     if (c10::memoryProfilingEnabled()) {
       gm_stats s = stats(device);
       c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(p), static_cast<int64_t>(size),
@@ -335,7 +480,7 @@ class GpumemAllocator : public PA {
       if (!history_on_.load()) return;
       if (ctx) contexts_[p] = ctx;
       record(cca::TraceEntry::ALLOC, device, p, size, stream,
-             when == cca::RecordContext::ALLOC || when == cca::RecordContext::ALL ? ctx : nullptr);
+             when == cca::RecordContext::ALLOC || when == cca::RecordContext::ALL ? ctx : nullptr, pool);
     }
   }
 
@@ -359,10 +504,11 @@ class GpumemAllocator : public PA {
       contexts_.erase(p);
       if (!history_on_.load()) return;
       auto stream = reinterpret_cast<cudaStream_t>(bi.stream);
-      record(cca::TraceEntry::FREE_REQUESTED, device, p, bi.size, stream, ctx);
+      c10::MempoolId_t pool{bi.pool_id[0], bi.pool_id[1]};
+      record(cca::TraceEntry::FREE_REQUESTED, device, p, bi.size, stream, ctx, pool);
       // gpumem does not report when a free held back by record_stream
       // completes; the trace marks it complete at once
-      record(cca::TraceEntry::FREE_COMPLETED, device, p, bi.size, stream, ctx);
+      record(cca::TraceEntry::FREE_COMPLETED, device, p, bi.size, stream, ctx, pool);
     }
   }
 
@@ -394,6 +540,10 @@ class GpumemAllocator : public PA {
     TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
   }
 
+  std::mutex cap_mu_; // captures_
+  std::vector<Capture> captures_;
+  std::atomic<int> ncaptures_{0};
+
   std::mutex mu_; // fraction_, observers_
   std::unordered_map<int, double> fraction_;
   std::vector<cca::OutOfMemoryObserver> observers_;
@@ -423,12 +573,27 @@ int blk_cb(const gm_block_info* b, void* arg) {
   return 0;
 }
 
+// cudagraph trees' check: the pool's live blocks are exactly the expected ones.
+bool GpumemAllocator::checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                               const std::unordered_set<void*>& expected_live_allocations) {
+  std::vector<gm_block_info> blks;
+  check(api.walk_blocks(device, blk_cb, &blks), "checkPoolLiveAllocations");
+  size_t n = 0;
+  for (const auto& b : blks) {
+    if (!b.live || c10::MempoolId_t{b.pool_id[0], b.pool_id[1]} != mempool_id) continue;
+    if (!expected_live_allocations.count(reinterpret_cast<void*>(b.address))) return false;
+    n++;
+  }
+  return n == expected_live_allocations.size();
+}
+
 // Segments are gpumem's (gm_walk_segments: a cudaMalloc'd segment under
 // policy:torch, a run of mapped memory in an arena under policy:gpumem, as
 // torch reports expandable segments); blocks are the
 // live and stream-waiting allocations in each, with the gaps between them as
 // inactive blocks, so each segment's blocks tile it as torch's viewer expects.
-cca::SnapshotInfo GpumemAllocator::snapshot(c10::MempoolId_t, bool include_traces) {
+// torch's snapshot(mempool_id): {0, 0} every segment, else that pool's only.
+cca::SnapshotInfo GpumemAllocator::snapshot(c10::MempoolId_t mempool_id, bool include_traces) {
   cca::SnapshotInfo r;
   int ndev = 0;
   check(api.device_count(&ndev), "device_count");
@@ -452,7 +617,10 @@ cca::SnapshotInfo GpumemAllocator::snapshot(c10::MempoolId_t, bool include_trace
     std::sort(blks.begin(), blks.end(), [](auto& a, auto& b) { return a.address < b.address; });
     size_t bi = 0;
     for (const auto& s : segs) {
+      c10::MempoolId_t owner{s.pool_id[0], s.pool_id[1]};
+      if (mempool_id != c10::MempoolId_t{0, 0} && owner != mempool_id) continue;
       cca::SegmentInfo si;
+      si.owner_private_pool_id = owner;
       si.device = static_cast<c10::DeviceIndex>(d);
       si.address = s.address;
       si.total_size = s.total_size;

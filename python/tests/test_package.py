@@ -127,6 +127,32 @@ class SimBackendTest(unittest.TestCase):
             _lib.configure("", "sim")  # the allocator exists now
         self.assertEqual(cm.exception.status_name, "GM_ESTATE")
 
+    def test_private_pools(self):
+        """Issue 28: the pool entry points the shim calls (graphs, MemPool)."""
+        import ctypes
+        lib = _lib.load()
+        for policy in ("policy:torch", "policy:gpumem"):
+            lib.gpumem_torch_shutdown()
+            _lib.configure(policy, "sim")
+            own = _lib.alloc_raw(MIB, 0, 0)
+            _lib.check(lib.gpumem_torch_pool_begin(0, 1, 2), "pool_begin")
+            out = ctypes.c_uint64(0)
+            _lib.check(lib.gpumem_torch_alloc_pool(3 * MIB, 0, 0, 1, 2, ctypes.byref(out)), "alloc_pool")
+            self.assertNotEqual(out.value, 0)
+            _lib.check(lib.gpumem_torch_pool_end(0, 1, 2), "pool_end")
+            n = ctypes.c_int(0)
+            _lib.check(lib.gpumem_torch_pool_use_count(0, 1, 2, ctypes.byref(n)), "pool_use_count")
+            self.assertEqual(n.value, 1)
+            self.assertGreaterEqual(gt.memory_allocated(0), 4 * MIB)  # the device's stats count the pool
+            _lib.free_raw(out.value)
+            _lib.check(lib.gpumem_torch_pool_release(0, 1, 2), "pool_release")
+            with self.assertRaises(_lib.GpumemError) as cm:  # gone with its last use and block
+                _lib.check(lib.gpumem_torch_pool_release(0, 1, 2), "pool_release")
+            self.assertEqual(cm.exception.status_name, "GM_EINVAL")
+            self.assertIn("no private pool (1, 2)", str(cm.exception))
+            _lib.free_raw(own)
+            self.assertEqual(gt.check(0), "")
+
     def test_summary_and_usage_line(self):
         _lib.configure("policy:gpumem", "sim")
         p = _lib.alloc_raw(5 * MIB, 0, 0)

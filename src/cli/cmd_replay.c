@@ -48,6 +48,8 @@ static void print_json(const char *path, const gm_trace *t, const gm_config *cfg
            (unsigned long long)r->allocs, (unsigned long long)r->frees,
            (unsigned long long)r->unknown_frees, (unsigned long long)r->double_allocs,
            r->oom ? "true" : "false");
+    if (r->private_pools) /* only then, as below */
+        printf(",\"private_pools\":%u", (unsigned)r->private_pools);
     if (r->bad_events) { /* only then: a well-formed trace's output is unchanged */
         printf(",\"bad_events\":%llu,\"bad_event\":", (unsigned long long)r->bad_events);
         cli_json_string(stdout, r->bad_first);
@@ -116,6 +118,9 @@ static void print_text(const char *path, const gm_trace *t, const gm_config *cfg
         printf("trace anomalies %llu frees of unknown addresses, %llu allocs of live addresses "
                "(skipped)\n", (unsigned long long)r->unknown_frees,
                (unsigned long long)r->double_allocs);
+    if (r->private_pools)
+        printf("private pools   %u (CUDA graphs, MemPools: allocations in their segments replay into them)\n",
+               (unsigned)r->private_pools);
     if (r->bad_events)
         printf("trace anomalies %llu events no device could have made (skipped); first: %s\n",
                (unsigned long long)r->bad_events, r->bad_first);

@@ -43,6 +43,13 @@ static void set_fraction(gm__device *d, double fraction) {
     d->memory_fraction = fraction;
     d->fraction_set = true;
     d->allowed_memory_maximum = (uint64_t)(fraction * (double)d->total_memory);
+    for (uint32_t i = 0; d->mp && i < d->mp->n; i++) /* the private pools' views */
+        if (d->mp->slot[i]) {
+            gm__device *v = &d->mp->slot[i]->view;
+            v->memory_fraction = fraction;
+            v->fraction_set = true;
+            v->allowed_memory_maximum = d->allowed_memory_maximum;
+        }
 }
 
 static int device_create(gm_allocator *a, int index, gm__device **out) {
@@ -110,6 +117,9 @@ static inline int get_device(gm_allocator *a, int device, gm__device **out) {
     return get_device_slow(a, device, out);
 }
 
+int gm__device_get(gm_allocator *a, int device, gm__device **out) { return get_device(a, device, out); }
+void gm__device_publish(gm__device *d) { publish(d); }
+
 /* Resolve `device` (-1 = every created device) into a list. */
 static int device_list(gm_allocator *a, int device, gm__device **list, int *n) {
     *n = 0;
@@ -164,6 +174,7 @@ static void device_destroy(gm__device *d) {
         if (fe->map.slots[i].key) gm__uses_free(fe->map.slots[i].block);
     d->pops->destroy(d->pstate);
     d->pstate = NULL;
+    gm__mempool_destroy_all(d);
     gm__devlock_unlock(&d->lock);
     device_free(d);
 }
@@ -262,6 +273,47 @@ static int explain_oom(gm__device *d, uint64_t size) {
         fmt_size((uint64_t)(resv - alloc), s5, sizeof s5), advice, tail);
 }
 
+/* A failed placement (lock held; released here): the OOM explanation or
+ * the error, the history. */
+__attribute__((noinline)) static int alloc_failed(gm__device *d, int rc, size_t size, gm_stream stream) {
+    if (rc == GM_ENOMEM) {
+        d->stats.num_ooms++;
+        explain_oom(d, size);
+    } else {
+        gm__set_error(rc, "gm_malloc of %zu bytes on device %d failed: %s", size, d->index, gm_strerror(rc));
+    }
+    publish(d);
+    gm__devlock_unlock(&d->lock);
+    if (rc == GM_ENOMEM) gm__history_oom(d->index, size, stream);
+    return rc;
+}
+
+/* A placed block handed out (lock held; the pointer map has room). */
+static inline void hand_out(gm__device *d, gm__block_hdr *b, size_t size, gm_stream stream, uint16_t mpool) {
+    gm__fe_dev *fe = d->fe;
+    b->live = 1;
+    b->category = 0;
+    b->mpool = mpool;
+    b->requested = size;
+    b->uses = NULL;
+    gm__ptrmap_insert(&fe->map, b);
+    account_alloc(d, b);
+    gm__history_note(d->index, GM_TA_ALLOC, b->ptr, size, stream);
+    if (b->ptr < atomic_load_explicit(&fe->lo, memory_order_relaxed))
+        atomic_store_explicit(&fe->lo, b->ptr, memory_order_release);
+    if (b->ptr + b->size > atomic_load_explicit(&fe->hi, memory_order_relaxed))
+        atomic_store_explicit(&fe->hi, b->ptr + b->size, memory_order_release);
+}
+
+/* The same, then the lock released. */
+static inline void alloc_done(gm__device *d, gm__block_hdr *b, size_t size, gm_stream stream, uint16_t mpool) {
+    hand_out(d, b, size, stream, mpool);
+    publish(d);
+    gm__devlock_unlock(&d->lock);
+}
+
+void gm__block_revive(gm__device *d, gm__block_hdr *b) { hand_out(d, b, b->requested, b->stream, b->mpool); }
+
 int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_devptr *out) {
     gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a || !out) return gm__set_error(GM_EINVAL, "gm_malloc: NULL argument");
@@ -276,31 +328,42 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
     if (fe->npending) rc = gm__device_process_events(d, false);
     if (rc == GM_OK) rc = gm__ptrmap_reserve(&fe->map);
     if (rc == GM_OK) rc = d->pops->malloc(d->pstate, size, stream, &b);
-    if (rc != GM_OK) {
-        if (rc == GM_ENOMEM) {
-            d->stats.num_ooms++;
-            explain_oom(d, size);
-        } else {
-            gm__set_error(rc, "gm_malloc of %zu bytes on device %d failed: %s", size, device, gm_strerror(rc));
-        }
-        publish(d);
+    if (rc != GM_OK) return alloc_failed(d, rc, size, stream);
+    alloc_done(d, b, size, stream, 0);
+    *out = b->ptr;
+    return GM_OK;
+}
+
+int gm_malloc_pool(gm_allocator *a, int device, size_t size, gm_stream stream, uint64_t id0, uint64_t id1,
+                   gm_devptr *out) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    if (!a || !out) return gm__set_error(GM_EINVAL, "gm_malloc_pool: NULL argument");
+    *out = 0;
+    if (size == 0) return GM_OK;
+    gm__device *d;
+    int rc = get_device(a, device, &d);
+    if (rc != GM_OK) return rc;
+    gm__fe_dev *fe = d->fe;
+    gm__block_hdr *b = NULL;
+    gm__devlock_lock(&d->lock);
+    if (fe->npending) rc = gm__device_process_events(d, false);
+    gm__mempool *p = gm__mempool_find(d, id0, id1);
+    if (rc == GM_OK && (!p || p->use_count == 0)) {
         gm__devlock_unlock(&d->lock);
-        if (rc == GM_ENOMEM) gm__history_oom(device, size, stream);
-        return rc;
+        return gm__set_error(GM_EINVAL, "gm_malloc_pool: device %d has no private pool (%llu, %llu) in use; "
+                             "gm_pool_begin or gm_pool_retain it first", device, (unsigned long long)id0,
+                             (unsigned long long)id1);
     }
-    b->live = 1;
-    b->category = 0;
-    b->requested = size;
-    b->uses = NULL;
-    gm__ptrmap_insert(&fe->map, b);
-    account_alloc(d, b);
-    gm__history_note(d->index, GM_TA_ALLOC, b->ptr, size, stream);
-    if (b->ptr < atomic_load_explicit(&fe->lo, memory_order_relaxed))
-        atomic_store_explicit(&fe->lo, b->ptr, memory_order_release);
-    if (b->ptr + b->size > atomic_load_explicit(&fe->hi, memory_order_relaxed))
-        atomic_store_explicit(&fe->hi, b->ptr + b->size, memory_order_release);
-    publish(d);
-    gm__devlock_unlock(&d->lock);
+    if (rc == GM_OK) rc = gm__ptrmap_reserve(&fe->map);
+    if (rc == GM_OK) {
+        rc = d->pops->malloc(p->view.pstate, size, stream, &b);
+        gm__mempool_sync(d, p);
+    }
+    if (rc != GM_OK) return alloc_failed(d, rc, size, stream);
+    uint16_t slot = 0;
+    while (d->mp->slot[slot] != p) slot++;
+    p->blocks++;
+    alloc_done(d, b, size, stream, (uint16_t)(slot + 1));
     *out = b->ptr;
     return GM_OK;
 }
@@ -345,8 +408,11 @@ static int classify_unknown(gm_allocator *a, gm_devptr ptr, const char *what) {
         gm__device *d = dev_peek(a, i);
         if (!d) continue;
         gm__devlock_lock(&d->lock);
-        if (d->pops->owns) ia.inside = d->pops->owns(d->pstate, ptr);
-        else d->pops->walk_segments(d->pstate, inside_cb, &ia);
+        if (d->pops->owns) ia.inside = d->pops->owns(d->pstate, ptr) || gm__mempool_owns(d, ptr);
+        else {
+            d->pops->walk_segments(d->pstate, inside_cb, &ia);
+            gm__mempool_walk_segments(d, inside_cb, &ia);
+        }
         gm__devlock_unlock(&d->lock);
     }
     if (ia.inside)
@@ -358,6 +424,29 @@ static int classify_unknown(gm_allocator *a, gm_devptr ptr, const char *what) {
                          (unsigned long long)ptr);
 }
 
+/* The caller frees live block b (pointer-map slot `slot`; lock held). */
+static inline int free_block(gm__device *d, gm__block_hdr *b, uint64_t slot) {
+    gm__fe_dev *fe = d->fe;
+    struct gm__stream_uses *u = b->uses;
+    bool wait = u && u->n; /* used on other streams: events first */
+    if (wait) {
+        /* record first: if that fails the block stays live and unchanged */
+        int rc = d->capturing ? gm__events_defer(d, b) : gm__events_record(d, b);
+        if (rc != GM_OK) return gm__set_error(rc, "gm_free: recording a stream event failed: %s", gm_strerror(rc));
+    }
+    gm__ptrmap_remove_at(&fe->map, slot);
+    b->live = 0;
+    account_free(d, b); /* request-level stats drop at free time, like torch */
+    gm__history_note_free(d->index, b->ptr, b->requested, b->stream, !wait);
+    if (!wait) {
+        if (u) gm__uses_free(b);
+        gm__policy_free(d, b);
+    }
+    return GM_OK;
+}
+
+int gm__free_block(gm__device *d, gm__block_hdr *b, uint64_t slot) { return free_block(d, b, slot); }
+
 int gm_free(gm_allocator *a, gm_devptr ptr) {
     gm__clear_error(); /* a call that succeeds leaves no stale detail */
     if (!a) return gm__set_error(GM_EINVAL, "gm_free: NULL allocator");
@@ -366,28 +455,10 @@ int gm_free(gm_allocator *a, gm_devptr ptr) {
     uint64_t slot;
     gm__device *d = gm__lock_owner(a, ptr, &b, &slot);
     if (!d) return classify_unknown(a, ptr, "gm_free");
-    gm__fe_dev *fe = d->fe;
-    struct gm__stream_uses *u = b->uses;
-    bool wait = u && u->n; /* used on other streams: events first */
-    if (wait) {
-        /* record first: if that fails the block stays live and unchanged */
-        int rc = gm__events_record(d, b);
-        if (rc != GM_OK) {
-            gm__devlock_unlock(&d->lock);
-            return gm__set_error(rc, "gm_free: recording a stream event failed: %s", gm_strerror(rc));
-        }
-    }
-    gm__ptrmap_remove_at(&fe->map, slot);
-    b->live = 0;
-    account_free(d, b); /* request-level stats drop at free time, like torch */
-    gm__history_note_free(d->index, b->ptr, b->requested, b->stream, !wait);
-    if (!wait) {
-        if (u) gm__uses_free(b);
-        d->pops->free(d->pstate, b);
-    }
-    publish(d);
+    int rc = free_block(d, b, slot);
+    if (rc == GM_OK) publish(d);
     gm__devlock_unlock(&d->lock);
-    return GM_OK;
+    return rc;
 }
 
 int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream) {
@@ -414,8 +485,15 @@ int gm_empty_cache(gm_allocator *a, int device) {
     for (int i = 0; i < n && rc == GM_OK; i++) {
         gm__device *d = list[i];
         gm__devlock_lock(&d->lock);
+        if (d->capturing) {
+            gm__devlock_unlock(&d->lock);
+            return gm__set_error(GM_ESTATE, "gm_empty_cache: device %d is capturing (a private pool is between "
+                                 "gm_pool_begin and gm_pool_end, e.g. a CUDA graph capture): nothing is freed "
+                                 "during a capture; call it after the capture ends", d->index);
+        }
         rc = gm__device_process_events(d, true);
         if (rc == GM_OK) rc = d->pops->empty_cache(d->pstate);
+        if (rc == GM_OK) rc = gm__mempool_empty_released(d);
         publish(d);
         gm__devlock_unlock(&d->lock);
     }
@@ -431,7 +509,9 @@ int gm_step_mark(gm_allocator *a, int device) {
         gm__device *d = list[i];
         if (!d->pops->step_mark) continue;
         gm__devlock_lock(&d->lock);
-        d->pops->step_mark(d->pstate);
+        /* a step inside a capture (an optimizer step being recorded) is no
+         * step of the device's own pools, and a plan switch would sync */
+        if (!d->capturing) d->pops->step_mark(d->pstate);
         gm__devlock_unlock(&d->lock);
     }
     return rc;
@@ -607,7 +687,7 @@ static int check_device(gm__device *d, char *err, size_t errlen) {
         CHECK(!gm__ptrmap_find(&fe->map, b->ptr), "device %d: pending block 0x%llx still in the pointer map",
               d->index, (unsigned long long)b->ptr);
     }
-    return d->pops->check(d->pstate, err, errlen);
+    return gm__mempool_check(d, err, errlen);
 }
 
 int gm_check(gm_allocator *a, int device, char *err, size_t errlen) {
@@ -633,6 +713,7 @@ int gm_walk_segments(gm_allocator *a, int device, gm_segment_cb cb, void *arg) {
     for (int i = 0; i < n && rc == GM_OK; i++) {
         gm__devlock_lock(&list[i]->lock);
         rc = list[i]->pops->walk_segments(list[i]->pstate, cb, arg);
+        if (rc == GM_OK) rc = gm__mempool_walk_segments(list[i], cb, arg);
         gm__devlock_unlock(&list[i]->lock);
     }
     return rc;

@@ -9,7 +9,7 @@
 
 static gm__device *dev_peek(gm_allocator *a, int i) { return __atomic_load_n(&a->devices[i], __ATOMIC_ACQUIRE); }
 
-static void fill(gm_block_info *o, const gm__block_hdr *b) {
+static void fill(gm_block_info *o, const gm__device *d, const gm__block_hdr *b) {
     memset(o, 0, sizeof *o);
     o->size_of = sizeof *o;
     o->address = b->ptr;
@@ -19,6 +19,7 @@ static void fill(gm_block_info *o, const gm__block_hdr *b) {
     o->pool = b->pool;
     o->live = b->live != 0;
     o->category = (int16_t)(b->category ? (int)b->category - 1 : -1);
+    gm__mempool_block_id(d, b, o->pool_id);
 }
 
 int gm_block_lookup(gm_allocator *a, gm_devptr ptr, int *device, gm_block_info *out) {
@@ -28,7 +29,7 @@ int gm_block_lookup(gm_allocator *a, gm_devptr ptr, int *device, gm_block_info *
     uint64_t slot;
     gm__device *d = ptr ? gm__lock_owner(a, ptr, &b, &slot) : NULL;
     if (d) {
-        fill(out, b);
+        fill(out, d, b);
         gm__devlock_unlock(&d->lock);
         if (device) *device = d->index;
         return GM_OK;
@@ -52,11 +53,11 @@ int gm_walk_blocks(gm_allocator *a, int device, gm_block_cb cb, void *arg) {
         gm__devlock_lock(&d->lock);
         for (uint64_t s = 0; s <= fe->map.mask && fe->map.slots && rc == GM_OK; s++) {
             if (!fe->map.slots[s].key) continue;
-            fill(&bi, fe->map.slots[s].block);
+            fill(&bi, d, fe->map.slots[s].block);
             rc = cb(&bi, arg);
         }
         for (size_t k = 0; k < fe->npending && rc == GM_OK; k++) {
-            fill(&bi, fe->pending[k]);
+            fill(&bi, d, fe->pending[k]);
             rc = cb(&bi, arg);
         }
         gm__devlock_unlock(&d->lock);
@@ -80,6 +81,8 @@ int gm_block_set_category(gm_allocator *a, gm_devptr ptr, int category) {
     return GM_OK;
 }
 
-/* category sits in what was padding: the struct keeps the size older callers built with */
-_Static_assert(sizeof(gm_block_info) == 48 && offsetof(gm_block_info, category) == 46,
+/* category sits in what was padding; pool_id was appended (issue 28): the
+ * shim, the one caller outside the library, is built with the library */
+_Static_assert(sizeof(gm_block_info) == 64 && offsetof(gm_block_info, category) == 46 &&
+                   offsetof(gm_block_info, pool_id) == 48,
                "gm_block_info layout (x86-64/aarch64)");

@@ -49,24 +49,39 @@ int gm__events_reserve_pending(gm__fe_dev *fe) {
     return GM_OK;
 }
 
-int gm__events_record(gm__device *d, gm__block_hdr *b) {
-    gm__fe_dev *fe = d->fe;
-    struct gm__stream_uses *u = b->uses;
-    int rc = gm__events_reserve_pending(fe);
-    if (rc != GM_OK) return rc;
+/* One event per stream of u; on error none is left recorded. */
+static int record_events(gm__device *d, struct gm__stream_uses *u) {
     /* sized to the streams recorded so far (record_stream may have added
      * streams since an earlier attempt failed) */
     gm_event *ev = realloc(u->events, u->n * sizeof *ev);
     if (!ev) return GM_ENOHOSTMEM;
     u->events = ev;
     for (uint32_t i = 0; i < u->n; i++) {
-        rc = gm__be_event_record(d, u->streams[i], &u->events[i]);
+        int rc = gm__be_event_record(d, u->streams[i], &u->events[i]);
         if (rc != GM_OK) {
             while (i-- > 0) (void)gm__be_cleanup_event_destroy(d, u->events[i]);
             return rc;
         }
     }
     u->done = 0;
+    u->deferred = false;
+    return GM_OK;
+}
+
+int gm__events_record(gm__device *d, gm__block_hdr *b) {
+    gm__fe_dev *fe = d->fe;
+    int rc = gm__events_reserve_pending(fe);
+    if (rc == GM_OK) rc = record_events(d, b->uses);
+    if (rc == GM_OK) fe->pending[fe->npending++] = b;
+    return rc;
+}
+
+int gm__events_defer(gm__device *d, gm__block_hdr *b) {
+    gm__fe_dev *fe = d->fe;
+    int rc = gm__events_reserve_pending(fe);
+    if (rc != GM_OK) return rc;
+    b->uses->done = 0;
+    b->uses->deferred = true;
     fe->pending[fe->npending++] = b;
     return GM_OK;
 }
@@ -94,7 +109,13 @@ static int advance(gm__device *d, struct gm__stream_uses *u, bool synchronize, b
 }
 
 int gm__device_process_events(gm__device *d, bool synchronize) {
+    if (d->owner) d = d->owner; /* a private pool's policy asks for its device */
+    /* no event is queried or waited for during a capture (torch: not while
+     * captures are under way); the blocks wait for its end */
+    if (d->capturing) return GM_OK;
     gm__fe_dev *fe = d->fe;
+    if (fe->in_events) return GM_OK;
+    fe->in_events = true;
     int rc = GM_OK;
     size_t j = 0, i = 0;
     /* stable compaction: blocks reach the policy in the order they were
@@ -102,16 +123,19 @@ int gm__device_process_events(gm__device *d, bool synchronize) {
     for (; i < fe->npending; i++) {
         gm__block_hdr *b = fe->pending[i];
         bool complete = false;
+        /* freed during a capture: its events are recorded now it is over */
+        if (rc == GM_OK && b->uses->deferred) rc = record_events(d, b->uses);
         if (rc == GM_OK) rc = advance(d, b->uses, synchronize, &complete);
         if (complete) {
             gm__history_note(d->index, GM_TA_FREE_COMPLETED, b->ptr, b->requested, b->stream);
             gm__uses_free(b);
-            d->pops->free(d->pstate, b);
+            gm__policy_free(d, b);
         } else {
             fe->pending[j++] = b;
         }
     }
     fe->npending = j;
+    fe->in_events = false;
     return rc;
 }
 
@@ -120,12 +144,12 @@ void gm__events_drain(gm__device *d) {
     for (size_t i = 0; i < fe->npending; i++) {
         gm__block_hdr *b = fe->pending[i];
         struct gm__stream_uses *u = b->uses;
-        for (uint32_t k = u->done; k < u->n; k++) {
+        for (uint32_t k = u->done; k < u->n && !u->deferred; k++) {
             (void)gm__be_event_sync(d, u->events[k]);
             (void)gm__be_cleanup_event_destroy(d, u->events[k]);
         }
         gm__uses_free(b);
-        d->pops->free(d->pstate, b);
+        gm__policy_free(d, b);
     }
     fe->npending = 0;
     free(fe->pending);

@@ -87,6 +87,8 @@ typedef struct gm__block_hdr {
     uint8_t pool;       /* GM_POOL_SMALL or GM_POOL_LARGE */
     uint8_t live;       /* front end: handed out and not yet freed by the caller */
     uint8_t category;   /* front end: 1 + gm_category set by gm_block_set_category, 0 = unknown */
+    uint16_t mpool;     /* front end: 0 = the device's own pools, else 1 + the slot of the
+                         * private pool (mempool.c) whose policy instance placed it */
     struct gm__stream_uses *uses; /* front end: NULL unless record_stream was called */
 } gm__block_hdr;
 
@@ -109,7 +111,21 @@ struct gm__device {
     bool fraction_set;           /* torch: set_fraction */
     uint64_t allowed_memory_maximum; /* total * fraction when fraction_set */
     void *fe;                    /* front end private (pending events, ...) */
+    /* Private pools (CUDA graphs, torch.cuda.MemPool; mempool.c). Each is a
+     * policy instance of its own that sees a view of this device: a
+     * gm__device whose owner is this one, with its own stats (folded into
+     * these after every call) and the same backend, index and limits. */
+    gm__device *owner;           /* a pool's view: the device; NULL for the device itself */
+    struct gm__mempools *mp;     /* the device's private pools, NULL before the first */
+    uint32_t capturing;          /* pools between gm_pool_begin and gm_pool_end */
 };
+
+/* A capture is under way on d's device (a private pool is being allocated
+ * into): no device free, no event synchronisation, no cache release, as
+ * torch's allocator does while captures_underway is not empty. */
+static inline bool gm__device_capturing(const gm__device *d) {
+    return (d->owner ? d->owner : d)->capturing != 0;
+}
 
 /* Front-end services a policy may call (device lock held):
  * complete blocks whose stream events are done; with synchronize, wait for

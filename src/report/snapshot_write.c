@@ -144,6 +144,10 @@ static int encode(const gm_trace *t, pw *w) {
         kstr(w, "segment_type", s->large ? "large" : "small");
         pstr(w, "is_expandable");
         op(w, s->expandable ? 0x88 : 0x89);
+        pstr(w, "segment_pool_id");
+        pu64(w, s->pool_id[0]);
+        pu64(w, s->pool_id[1]);
+        op(w, 0x86); /* TUPLE2, as torch writes the pool id */
         pstr(w, "blocks");
         op(w, ']');
         op(w, 'u');

@@ -212,14 +212,15 @@ int gpumem_torch_backend_calls(int device, uint64_t *out, int n) {
     return GM_BCALL_COUNT;
 }
 
-static int alloc_raw(int64_t size, int device, uint64_t stream, uint64_t *out) {
+static int alloc_raw(int64_t size, int device, uint64_t stream, uint64_t id0, uint64_t id1, uint64_t *out) {
     gm_allocator *a;
     *out = 0;
     int st = get(&a);
     if (st != GM_OK) return st;
     if (size < 0) return fail(GM_EINVAL, "gpumem: negative allocation size %" PRId64, size);
     gm_devptr p = 0;
-    st = gm_malloc(a, device, (size_t)size, (gm_stream)stream, &p);
+    if (__builtin_expect(id0 == 0 && id1 == 0, 1)) st = gm_malloc(a, device, (size_t)size, (gm_stream)stream, &p);
+    else st = gm_malloc_pool(a, device, (size_t)size, (gm_stream)stream, id0, id1, &p);
     if (st == GM_ENOMEM) {
         /* the core's detail already says what was asked for and what is held;
          * under gpumem run --oom-report DIR the evidence goes to DIR first
@@ -243,11 +244,60 @@ static int alloc_raw(int64_t size, int device, uint64_t stream, uint64_t *out) {
 
 int gpumem_torch_alloc_raw(int64_t size, int device, uint64_t stream, uint64_t *out) {
     if (__builtin_expect(!__atomic_load_n(&g_profile, __ATOMIC_RELAXED), 1))
-        return alloc_raw(size, device, stream, out);
+        return alloc_raw(size, device, stream, 0, 0, out);
     uint64_t t0 = now_ns();
-    int st = alloc_raw(size, device, stream, out);
+    int st = alloc_raw(size, device, stream, 0, 0, out);
     prof_add(PROF_ALLOC, now_ns() - t0);
     return st;
+}
+
+int gpumem_torch_alloc_pool(int64_t size, int device, uint64_t stream, uint64_t id0, uint64_t id1, uint64_t *out) {
+    if (!out) return fail(GM_EINVAL, "gpumem: alloc_pool: NULL out");
+    return alloc_raw(size, device, stream, id0, id1, out);
+}
+
+/* The pool entry points: the allocator is made on first use, as for an
+ * allocation (a MemPool may come before any tensor). */
+#define GM__TORCH_POOL_CALL(name, what)                                                        \
+    int gpumem_torch_pool_##name(int device, uint64_t id0, uint64_t id1) {                     \
+        gm_allocator *a;                                                                       \
+        int st = get(&a);                                                                      \
+        if (st != GM_OK) return st;                                                            \
+        st = gm_pool_##name(a, device, id0, id1);                                              \
+        return st == GM_OK ? (gm__clear_error(), GM_OK) : fail_lib(st, what);                  \
+    }
+GM__TORCH_POOL_CALL(retain, "createOrIncrefPool")
+GM__TORCH_POOL_CALL(begin, "beginAllocateToPool")
+GM__TORCH_POOL_CALL(end, "endAllocateToPool")
+GM__TORCH_POOL_CALL(release, "releasePool")
+GM__TORCH_POOL_CALL(empty_cache, "emptyCache(mempool_id)")
+#undef GM__TORCH_POOL_CALL
+
+int gpumem_torch_pool_checkpoint(int device, uint64_t id0, uint64_t id1, gm_pool_checkpoint **out) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_pool_checkpoint_take(a, device, id0, id1, out);
+    return st == GM_OK ? GM_OK : fail_lib(st, "getCheckpointState");
+}
+
+int gpumem_torch_pool_restore(gm_pool_checkpoint *c, gm_pool_restore_cb cb, void *arg) {
+    gm_allocator *a = __atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE);
+    int st = gm_pool_checkpoint_restore(a, c, cb, arg);
+    return st == GM_OK ? GM_OK : fail_lib(st, "setCheckpointPoolState");
+}
+
+void gpumem_torch_pool_checkpoint_free(gm_pool_checkpoint *c) {
+    gm_pool_checkpoint_free(__atomic_load_n(&g_alloc, __ATOMIC_ACQUIRE), c);
+}
+
+int gpumem_torch_pool_use_count(int device, uint64_t id0, uint64_t id1, int *out) {
+    if (!out) return fail(GM_EINVAL, "gpumem: pool_use_count: NULL out");
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_pool_use_count(a, device, id0, id1, out);
+    return st == GM_OK ? GM_OK : fail_lib(st, "getPoolUseCount");
 }
 
 static int free_raw(uint64_t ptr) {

@@ -38,6 +38,24 @@ extern "C" {
     X(void, gpumem_torch_shutdown, (void), "v:")                                                        \
     X(int, gpumem_torch_alloc_raw, (int64_t size, int device, uint64_t stream, uint64_t *out), "i:qiQU") \
     X(int, gpumem_torch_free_raw, (uint64_t ptr), "i:Q")                                                \
+    /* Private pools (CUDA graphs, torch.cuda.MemPool; gm_pool_* in gpumem.h): an                     \
+     * allocation into pool (id0, id1), torch's MempoolId_t; create-or-add-a-use                        \
+     * (createOrIncrefPool); begin / end allocating into it (beginAllocateToPool:                       \
+     * also adds a use); drop a use (releasePool); its use count; its cache back. */                    \
+    X(int, gpumem_torch_alloc_pool, (int64_t size, int device, uint64_t stream, uint64_t id0, uint64_t id1, \
+                                     uint64_t *out), "i:qiQQQU")                                          \
+    X(int, gpumem_torch_pool_retain, (int device, uint64_t id0, uint64_t id1), "i:iQQ")                 \
+    X(int, gpumem_torch_pool_begin, (int device, uint64_t id0, uint64_t id1), "i:iQQ")                  \
+    X(int, gpumem_torch_pool_end, (int device, uint64_t id0, uint64_t id1), "i:iQQ")                    \
+    X(int, gpumem_torch_pool_release, (int device, uint64_t id0, uint64_t id1), "i:iQQ")                \
+    X(int, gpumem_torch_pool_use_count, (int device, uint64_t id0, uint64_t id1, int *out), "i:iQQI")   \
+    X(int, gpumem_torch_pool_empty_cache, (int device, uint64_t id0, uint64_t id1), "i:iQQ")            \
+    /* gm_pool_checkpoint_take / _restore / _free (torch's getCheckpointState,                          \
+     * setCheckpointPoolState: CUDA graph trees); free after shutdown frees only the handle. */          \
+    X(int, gpumem_torch_pool_checkpoint, (int device, uint64_t id0, uint64_t id1,                       \
+                                          gm_pool_checkpoint **out), "i:iQQp")                          \
+    X(int, gpumem_torch_pool_restore, (gm_pool_checkpoint *c, gm_pool_restore_cb cb, void *arg), "i:ppp") \
+    X(void, gpumem_torch_pool_checkpoint_free, (gm_pool_checkpoint *c), "v:p")                          \
     X(int, gpumem_torch_record_stream, (uint64_t ptr, uint64_t stream), "i:QQ")                         \
     X(int, gpumem_torch_empty_cache, (int device), "i:i")                                               \
     /* gm_step_mark: one step of the training loop ended (gpumem_plan:on). */                           \
@@ -82,6 +100,7 @@ GPUMEM_TORCH_CTYPES_ENTRY_POINTS(GPUMEM_TORCH__DECLARE)
  * with their signatures (letters as above; b bool). */
 #define GPUMEM_TORCH_CTYPES_GM_FUNCTIONS(X)                                    \
     X(gm_status_name, "s:i")                                                   \
+    X(gm_bcall_name, "s:i")                                                    \
     X(gm_last_error_detail, "s:")                                              \
     X(gm_scope_push, "i:s")                                                    \
     X(gm_scope_pop, "i:")                                                      \

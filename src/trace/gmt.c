@@ -95,7 +95,12 @@ static void encode_body(const gm_trace *t, wbuf *w) {
         w_var(w, g->requested_size);
         w_var(w, g->stream);
         w_var(w, g->nblocks);
-        w_var(w, (g->large ? 1u : 0u) | (g->expandable ? 2u : 0u));
+        bool pooled = g->pool_id[0] || g->pool_id[1];
+        w_var(w, (g->large ? 1u : 0u) | (g->expandable ? 2u : 0u) | (pooled ? 4u : 0u));
+        if (pooled) {
+            w_var(w, g->pool_id[0]);
+            w_var(w, g->pool_id[1]);
+        }
     }
     uint64_t addr = 0, stream = 0;
     int64_t time = 0;
@@ -362,6 +367,11 @@ static int decode_events(rbuf *r, gm__trace_builder *b, uint64_t nsegs, uint64_t
         g.nblocks = (uint32_t)nb;
         g.large = fl & 1;
         g.expandable = (fl & 2) != 0;
+        if (fl & 4) { /* a private pool's segment: its id follows */
+            g.pool_id[0] = r_var(r);
+            g.pool_id[1] = r_var(r);
+            if (r->bad) return bad(r, "bad segment pool id");
+        }
         int rc = gm__tb_segment(b, &g);
         if (rc) return rc;
     }

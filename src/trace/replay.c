@@ -38,6 +38,13 @@ struct gm_replay_prog {
      * equal size break by address as they did on the device */
     uint64_t *hint_size, *hint_addr;
     size_t nhints;
+    /* private pools (CUDA graphs, MemPools): the distinct nonzero
+     * segment_pool_ids of the device's final segments, and for each op
+     * 1 + the pool its alloc goes to (0: the device's own); NULL when the
+     * trace has no pool */
+    uint64_t (*pools)[2];
+    uint32_t npools;
+    uint16_t *op_pool;
 };
 
 /* An event the replay cannot take as it is: counted, the first described,
@@ -50,6 +57,37 @@ static void bad_event(gm_replay_prog *p, size_t i, const char *what, uint64_t si
 }
 
 #define SKIPPED_SLOT UINT64_MAX /* sizes[] of an alloc skipped as bad */
+
+/* The device's pools, from its final segments: p->pools, p->op_pool. */
+static int collect_pools(gm_replay_prog *p, const gm_trace *t, int device, size_t n) {
+    for (size_t i = 0; i < t->nsegments; i++) {
+        const gm_trace_segment *s = &t->segments[i];
+        if (s->device != device || (!s->pool_id[0] && !s->pool_id[1])) continue;
+        uint32_t k = 0;
+        while (k < p->npools && (p->pools[k][0] != s->pool_id[0] || p->pools[k][1] != s->pool_id[1])) k++;
+        if (k < p->npools) continue;
+        if (p->npools == UINT16_MAX) return gm__set_error(GM_EINVAL, "trace has more private pools than gpumem keeps");
+        uint64_t(*np)[2] = realloc(p->pools, (p->npools + 1) * sizeof *np);
+        if (!np) return GM_ENOHOSTMEM;
+        p->pools = np;
+        p->pools[p->npools][0] = s->pool_id[0];
+        p->pools[p->npools++][1] = s->pool_id[1];
+    }
+    if (p->npools && !(p->op_pool = calloc(n ? n : 1, sizeof *p->op_pool))) return GM_ENOHOSTMEM;
+    return GM_OK;
+}
+
+/* 1 + the pool whose final segment holds addr on the device, or 0. */
+static uint16_t pool_of(const gm_replay_prog *p, const gm_trace *t, int device, uint64_t addr) {
+    for (size_t i = 0; i < t->nsegments; i++) {
+        const gm_trace_segment *s = &t->segments[i];
+        if (s->device != device || (!s->pool_id[0] && !s->pool_id[1])) continue;
+        if (addr < s->address || addr - s->address >= s->total_size) continue;
+        for (uint32_t k = 0; k < p->npools; k++)
+            if (p->pools[k][0] == s->pool_id[0] && p->pools[k][1] == s->pool_id[1]) return (uint16_t)(k + 1);
+    }
+    return 0;
+}
 
 static int compile_events(gm_replay_prog *p, const gm_trace_event *ev, size_t n, int free_action) {
     gm__idmap m = {0}; /* address -> slot */
@@ -163,7 +201,10 @@ int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out) {
     }
     if (!any_completed && any_requested) free_action = GM_TA_FREE_REQUESTED;
     int rc = collect_hints(p, ev, n);
+    if (!rc) rc = collect_pools(p, t, device, n);
     if (!rc) rc = compile_events(p, ev, n, free_action);
+    for (size_t i = 0; !rc && p->op_pool && i < p->nops; i++)
+        if (!(p->ops[i].ev & OP_FREE)) p->op_pool[i] = pool_of(p, t, device, ev[p->ops[i].ev].addr);
     if (rc) {
         gm_replay_prog_free(p);
         return rc == GM_ENOHOSTMEM ? gm__set_error(rc, "out of host memory compiling a replay") : rc;
@@ -177,11 +218,14 @@ void gm_replay_prog_free(gm_replay_prog *p) {
     free(p->ops);
     free(p->hint_size);
     free(p->hint_addr);
+    free(p->pools);
+    free(p->op_pool);
     free(p);
 }
 
 size_t gm_replay_prog_ops(const gm_replay_prog *p) { return p->nops; }
 int64_t gm_replay_prog_peak_requested(const gm_replay_prog *p) { return p->trace_peak_requested; }
+uint32_t gm_replay_prog_pools(const gm_replay_prog *p) { return p->npools; }
 uint64_t gm_replay_prog_bad_events(const gm_replay_prog *p, const char **first) {
     if (first) *first = p->bad_first;
     return p->bad_events;
@@ -284,7 +328,11 @@ static void run_ops(const gm_replay_prog *p, gm_allocator *a, gm_devptr *ptrs, g
             rc = gm_free(a, ptr);
             r->frees++;
         } else {
-            rc = gm_malloc(a, 0, o->size, o->stream, &ptrs[o->slot]);
+            uint16_t pool = p->op_pool ? p->op_pool[i] : 0;
+            if (pool)
+                rc = gm_malloc_pool(a, 0, o->size, o->stream, p->pools[pool - 1][0], p->pools[pool - 1][1],
+                                    &ptrs[o->slot]);
+            else rc = gm_malloc(a, 0, o->size, o->stream, &ptrs[o->slot]);
             r->allocs++;
             if (rc == GM_ENOMEM) {
                 r->oom = true;
@@ -318,6 +366,7 @@ int gm_replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t
     r->unknown_frees = p->unknown_frees;
     r->double_allocs = p->double_allocs;
     r->bad_events = p->bad_events;
+    r->private_pools = p->npools;
     snprintf(r->bad_first, sizeof r->bad_first, "%s", p->bad_first);
     r->trace_peak_requested = p->trace_peak_requested;
     gm_sim_options so;
@@ -331,6 +380,8 @@ int gm_replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t
     if (!rc) rc = gm__allocator_create(&a, be, cfg, NULL); /* a simulation: publishes nothing */
     if (!rc && cfg && cfg->per_process_memory_fraction < 1.0)
         rc = gm_set_memory_fraction(a, 0, cfg->per_process_memory_fraction);
+    for (uint32_t k = 0; !rc && k < p->npools; k++) /* each pool held for the whole run, as its graph held it */
+        rc = gm_pool_retain(a, 0, p->pools[k][0], p->pools[k][1]);
     gm_devptr *ptrs = rc ? NULL : calloc(p->nslots ? p->nslots : 1, sizeof *ptrs);
     if (!rc && !ptrs) rc = gm__set_error(GM_ENOHOSTMEM, "out of host memory for a replay");
     if (rc) {

@@ -211,6 +211,11 @@ static int read_segments(reader *r, gm__pval segs) {
         bool ex = false;
         gm__pv_bool(gm__pv_dict_get(s, "is_expandable"), &ex);
         g.expandable = ex;
+        gm__pval pid = gm__pv_dict_get(s, "segment_pool_id"); /* a tuple of two ints */
+        for (size_t k = 0; k < 2 && gm__pv_len(pid) == 2; k++) {
+            int64_t x = 0;
+            if (gm__pv_int(gm__pv_item(pid, k), &x)) g.pool_id[k] = (uint64_t)x;
+        }
         int rc = budget(r);
         if (!rc) rc = gm__tb_segment(r->b, &g);
         if (rc) return rc;

@@ -40,6 +40,7 @@ typedef struct gm_trace_segment {
     uint32_t nblocks;
     uint8_t device;
     bool large, expandable;
+    uint64_t pool_id[2]; /* torch's segment_pool_id: the private pool (CUDA graph, MemPool), 0, 0: none */
 } gm_trace_segment;
 
 typedef struct gm_trace {
@@ -131,6 +132,9 @@ int64_t gm_replay_prog_peak_requested(const gm_replay_prog *p);
  * GM_LIMIT_ALLOC_BYTES, a segment at address 0, ...); *first (may be NULL)
  * describes the first. */
 uint64_t gm_replay_prog_bad_events(const gm_replay_prog *p, const char **first);
+/* Private pools the program allocates into (the trace's nonzero
+ * segment_pool_ids on its device); each is retained for the whole run. */
+uint32_t gm_replay_prog_pools(const gm_replay_prog *p);
 
 /* The device calls whose cost depends on their size, as gm_bcall kinds, and
  * their names in replay's JSON. */
@@ -172,6 +176,7 @@ typedef struct gm_replay_result {
     uint64_t allocs, frees;          /* replayed */
     uint64_t unknown_frees;          /* free_completed of an address never allocated */
     uint64_t double_allocs;          /* alloc of an address still live in the trace */
+    uint32_t private_pools;          /* pools allocated into (segment_pool_id; CUDA graphs, MemPools) */
     uint64_t bad_events;             /* events no device could have made (skipped): */
     char bad_first[160];             /* the first of them, described */
     uint64_t events;                 /* trace events of the device */

@@ -321,10 +321,8 @@ def test_cuda_graph():
     assert rc == 0, err[-3000:]
     r = json.loads(out.strip().splitlines()[-1])
     assert r["after"] == 20.0, r
-    if r["captured"]:
-        return "torch.cuda.graph works under gpumem"
-    assert r["error"] and "gpumem" in r["error"] and "--native" in r["error"], r
-    return "refused with a clear error: " + r["error"][:200]
+    assert r["captured"], r  # issue 28: private pools (tests/gpu/test_graphs.py tests them in depth)
+    return "torch.cuda.graph works under gpumem"
 
 
 def _launch(args, env=None):

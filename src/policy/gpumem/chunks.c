@@ -336,6 +336,7 @@ static int32_t any_chunk(gp_state *st, uint8_t list, const gp_arena *a, uint64_t
 static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
                         uint64_t pg1, bool release_first, int32_t *out) {
     uint64_t freed = 0;
+    if (gm__device_capturing(st->d)) release_first = false; /* no unmap during a capture */
     while (release_first && freed < n) {
         int32_t i = any_chunk(st, GP_LIST_LOOSE, a, pg0, pg1);
         if (i < 0) i = any_chunk(st, GP_LIST_IDLE, a, pg0, pg1);
@@ -406,12 +407,14 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
             if (rc && rc != GM_ENOMEM) return rc;
             if (rc) i = -1;
         }
-        if (i < 0) gm__gp_live_sync(st); /* pressure: idle chunks must be known */
-        if (i < 0) i = take_le(st, GP_LIST_IDLE, n, a, pg0, pg1);
+        /* an idle chunk moves by an unmap, which a capture does not allow */
+        bool may_move = !gm__device_capturing(st->d);
+        if (i < 0 && may_move) gm__gp_live_sync(st); /* pressure: idle chunks must be known */
+        if (i < 0 && may_move) i = take_le(st, GP_LIST_IDLE, n, a, pg0, pg1);
         /* gpumem_chunks:auto: a chunk spilling past the run could end up
          * under more than one block (see split_partial) */
         if (i < 0 && cap > 1 && !st->autoc) i = take_over(st, GP_LIST_LOOSE, a, g, n, pg0, pg1, &at);
-        if (i < 0 && cap > 1 && !st->autoc) i = take_over(st, GP_LIST_IDLE, a, g, n, pg0, pg1, &at);
+        if (i < 0 && cap > 1 && !st->autoc && may_move) i = take_over(st, GP_LIST_IDLE, a, g, n, pg0, pg1, &at);
         if (i < 0) {
             uint64_t want = n < cap ? n : cap;
             int rc = chunk_create(st, want, a, pg0, pg1, true, &i);
@@ -546,6 +549,7 @@ int gm__gp_split_partial_at(gp_state *st, gp_arena *a, const gp_block *r, gm_dev
     uint64_t ig0 = (off + st->gran - 1) >> st->gshift, ig1 = (off + bytes) >> st->gshift;
     uint64_t edge[2] = {pg0, pg1};
     int split = 0;
+    if (gm__device_capturing(st->d)) return 0; /* a cut unmaps: not during a capture */
     for (int k = 0; k < 2; k++) {
         int32_t i = a->gran[edge[k]];
         if (i < 0) continue;

@@ -177,7 +177,8 @@ static inline __attribute__((always_inline)) int take(gp_state *st, gp_arena *a,
         b->state = GP_USED;
     } else {
         int rc = place(st, a, units, &b);
-        if (rc == GM_ENOMEM) {
+        /* during a capture nothing is synchronised or given back */
+        if (rc == GM_ENOMEM && !gm__device_capturing(st->d)) {
             st->d->stats.num_alloc_retries++;
             gm__gp_flush_quick(st);
             gm__device_process_events(st->d, true);

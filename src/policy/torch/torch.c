@@ -356,6 +356,8 @@ static int find_or_allocate(tp_state *st, tp_params *p) {
     if ((rc = alloc_block(st, p, 0)) != 0) return rc;
     if ((rc = release_available_cached_blocks(st, p)) < 0) return rc;
     if (rc > 0 && (rc = alloc_block(st, p, 0)) != 0) return rc;
+    /* torch: the whole cache is not released while a capture is under way */
+    if (gm__device_capturing(st->d)) return 0;
     if ((rc = release_cached_blocks(st)) < 0) return rc;
     if ((rc = tp_reserve(st, TP_RESERVE_OP)) < 0) return rc;
     return alloc_block(st, p, 1);

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One device run for issue 28 (CUDA graphs, torch.compile reduce-overhead,
+# MemPool on gpumem's private pools): a fresh `pip install
+# --no-build-isolation ./python` (offline, as tests/gpu/dropin_run.sh does),
+# then tests/gpu/test_graphs.py from another directory under PyTorch's own
+# allocator (native), `gpumem run --conf policy:gpumem` and
+# `gpumem run --conf policy:torch`, and a table: each test's status, its
+# peak reserved memory against native's, and the device calls gpumem made
+# during its captures. Writes pip.log, graphs-*.txt/json into $OUT.
+#   tests/gpu/graphs_run.sh [--only test,test]
+set -u
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-/tmp/gpumem-out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 GPUMEM_BUILD_JOBS=$(nproc)
+T0=$(date +%s)
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+git -C "$SRC" log --oneline -1 2>/dev/null || true
+python3 -m pip uninstall -y torch-gpumem gpumem >/dev/null 2>&1
+if python3 -m pip install -v --no-deps --no-build-isolation --no-index "$SRC/python" >"$OUT/pip.log" 2>&1; then
+  echo "pip install: ok ($(( $(date +%s) - T0 )) s)"
+else
+  echo "pip install FAILED ($(( $(date +%s) - T0 )) s); errors:"; grep -E "error|Error" "$OUT/pip.log" | head -40
+  exit 1
+fi
+cd /tmp  # not the source tree: the installed package must stand alone
+python3 -c 'import torch, gpumem, gpumem._C' || exit 1
+TEST="$SRC/tests/gpu/test_graphs.py"
+rc=0
+for mode in native gpumem torch; do
+  echo "== test_graphs.py: $mode"
+  if [ "$mode" = native ]; then
+    timeout 170 python3 "$TEST" --json "$OUT/graphs-$mode.json" "$@" >"$OUT/graphs-$mode.txt" 2>&1
+  else
+    timeout 170 python3 -m gpumem run --conf "policy:$mode" -- python3 "$TEST" --json "$OUT/graphs-$mode.json" "$@" \
+      >"$OUT/graphs-$mode.txt" 2>&1
+  fi
+  r=$?; echo "exit $r"; [ $r -ne 0 ] && rc=1
+  grep -E "^(PASS|FAIL|SKIP|==|torch )" "$OUT/graphs-$mode.txt"
+done
+python3 - "$OUT" <<'EOF'
+import json, os, sys
+out = sys.argv[1]
+runs = {}
+for m in ("native", "gpumem", "torch"):
+    try:
+        runs[m] = {r["test"]: r for r in json.load(open(os.path.join(out, "graphs-%s.json" % m)))["results"]}
+    except (OSError, ValueError):
+        runs[m] = {}
+tests = list(runs["native"] or runs["gpumem"] or runs["torch"])
+mib = lambda n: "%.1f" % (n / 2**20) if n is not None else "-"
+print("\n%-24s %-6s %-6s %-6s %10s %10s %10s  %s" % ("test", "native", "gpumem", "torch", "res MiB nat",
+                                                     "gpumem", "torch", "device calls in captures (gpumem | torch)"))
+for t in tests:
+    row = [runs[m].get(t, {}) for m in ("native", "gpumem", "torch")]
+    res = [r.get("max_reserved") for r in row]
+    flag = "".join(" >native(%s)" % m for m, v in zip(("gpumem", "torch"), res[1:])
+                   if v is not None and res[0] is not None and v > res[0])
+    calls = " | ".join(",".join("%s=%d" % kv for kv in sorted((r.get("capture_calls") or {}).items())) or "none"
+                       for r in row[1:])
+    print("%-24s %-6s %-6s %-6s %10s %10s %10s  %s%s" % (t, *(r.get("status", "-") for r in row),
+                                                        *(mib(v) for v in res), calls, flag))
+EOF
+echo "total $(( $(date +%s) - T0 )) s"
+exit $rc

@@ -1,0 +1,644 @@
+/* test_mempool.c — private pools (CUDA graphs, torch.cuda.MemPool; issue
+ * 28, src/core/mempool.c) on the sim backend, for both policies:
+ * allocations made into a pool land in its own segments; a block freed in a
+ * pool is reused by that pool only; the pool's memory goes when its last
+ * use and its last block go; two users share a pool; the device's stats sum
+ * every pool; a capture makes no free, unmap or event synchronisation; bad
+ * input (unknown pool, the id (0, 0), a release with no use left, a second
+ * begin, an end without begin) is refused with a clear error and changes
+ * nothing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "gm_test.h"
+#include "gpumem/backend.h"
+#include "report/report.h"
+#include "trace/trace.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KIB GM_TEST_KIB
+#define MIB GM_TEST_MIB
+
+static gm_policy_kind kind_of(void **state) { return *(gm_policy_kind *)*state; }
+
+static void make(void **state, bool manual, gm_backend **b, gm_allocator **a) {
+    int rc = gm_test_make(kind_of(state), NULL, 0, manual, b, a);
+    if (rc != GM_OK) fail_msg("gm_test_make: %s %s", gm_status_name(rc), gm_last_error_detail());
+}
+
+#define OK(call)                                                                                          \
+    do {                                                                                                  \
+        int rc_ = (call);                                                                                 \
+        if (rc_ != GM_OK) fail_msg("%s: %s %s", #call, gm_status_name(rc_), gm_last_error_detail());    \
+    } while (0)
+
+/* ---- segments by pool -------------------------------------------------- */
+
+#define MAX_SEGS 256
+typedef struct segs {
+    int n;
+    gm_segment_info s[MAX_SEGS];
+} segs;
+
+static int seg_cb(const gm_segment_info *s, void *arg) {
+    segs *v = arg;
+    if (v->n < MAX_SEGS) v->s[v->n++] = *s;
+    return 0;
+}
+
+static segs walk(gm_allocator *a) {
+    segs v = {0};
+    OK(gm_walk_segments(a, 0, seg_cb, &v));
+    return v;
+}
+
+/* The pool id of the segment holding p: 1 + id0 (0 when none holds it). */
+static uint64_t pool_at(const segs *v, gm_devptr p) {
+    for (int i = 0; i < v->n; i++)
+        if (p >= v->s[i].address && p < v->s[i].address + v->s[i].total_size)
+            return 1 + v->s[i].pool_id[0];
+    return 0;
+}
+
+/* Bytes of segments of pool (id0, id1). */
+static uint64_t pool_bytes(const segs *v, uint64_t id0, uint64_t id1) {
+    uint64_t n = 0;
+    for (int i = 0; i < v->n; i++)
+        if (v->s[i].pool_id[0] == id0 && v->s[i].pool_id[1] == id1) n += v->s[i].total_size;
+    return n;
+}
+
+static uint64_t all_bytes(const segs *v) {
+    uint64_t n = 0;
+    for (int i = 0; i < v->n; i++) n += v->s[i].total_size;
+    return n;
+}
+
+/* ---- the tests --------------------------------------------------------- */
+
+static void test_lands_in_pool(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, false, &b, &a);
+    gm_devptr d0, p[3], d1;
+    OK(gm_malloc(a, 0, 3 * MIB, 0, &d0));
+    OK(gm_pool_begin(a, 0, 7, 1));
+    OK(gm_malloc_pool(a, 0, 1000, 0, 7, 1, &p[0]));
+    OK(gm_malloc_pool(a, 0, 5 * MIB, 0, 7, 1, &p[1]));
+    OK(gm_malloc_pool(a, 0, 30 * MIB, 0, 7, 1, &p[2]));
+    OK(gm_malloc(a, 0, 4 * MIB, 0, &d1)); /* a stream outside the capture: the device's own */
+    OK(gm_pool_end(a, 0, 7, 1));
+    segs v = walk(a);
+    for (int i = 0; i < 3; i++) assert_int_equal(pool_at(&v, p[i]), 1 + 7);
+    assert_int_equal(pool_at(&v, d0), 1);
+    assert_int_equal(pool_at(&v, d1), 1);
+    gm_block_info bi = {.size_of = sizeof bi};
+    OK(gm_block_lookup(a, p[1], NULL, &bi));
+    assert_true(bi.pool_id[0] == 7 && bi.pool_id[1] == 1);
+    OK(gm_block_lookup(a, d1, NULL, &bi));
+    assert_true(bi.pool_id[0] == 0 && bi.pool_id[1] == 0);
+    gm_test_check(a);
+    for (int i = 0; i < 3; i++) OK(gm_free(a, p[i]));
+    OK(gm_free(a, d0));
+    OK(gm_free(a, d1));
+    OK(gm_pool_release(a, 0, 7, 1));
+    gm_test_check(a);
+    gm_test_destroy(b, a);
+}
+
+static void test_reuse_only_within(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, false, &b, &a);
+    gm_devptr x, y, z, w;
+    OK(gm_pool_begin(a, 0, 3, 3));
+    OK(gm_malloc_pool(a, 0, 2 * MIB, 0, 3, 3, &x));
+    OK(gm_free(a, x)); /* freed inside the capture: cached in the pool */
+    OK(gm_malloc(a, 0, 2 * MIB, 0, &y));
+    assert_true(y != x);
+    segs v = walk(a);
+    assert_int_equal(pool_at(&v, y), 1);
+    OK(gm_malloc_pool(a, 0, 2 * MIB, 0, 3, 3, &z));
+    v = walk(a);
+    assert_int_equal(pool_at(&v, z), 1 + 3); /* the pool reuses its own memory */
+    OK(gm_free(a, y));
+    /* the device's freed block is not taken by the pool either */
+    OK(gm_malloc_pool(a, 0, 2 * MIB, 0, 3, 3, &w));
+    assert_true(w != y);
+    OK(gm_pool_end(a, 0, 3, 3));
+    gm_test_check(a);
+    OK(gm_free(a, z));
+    OK(gm_free(a, w));
+    OK(gm_pool_release(a, 0, 3, 3));
+    gm_test_destroy(b, a);
+}
+
+static void test_release_gives_back(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, false, &b, &a);
+    gm_sim_live live0 = {.size = sizeof live0}, live = {.size = sizeof live};
+    OK(gm_sim_live_objects(b, 0, &live0));
+    gm_devptr x, y;
+    OK(gm_pool_begin(a, 0, 9, 0));
+    OK(gm_malloc_pool(a, 0, 8 * MIB, 0, 9, 0, &x));
+    OK(gm_malloc_pool(a, 0, 100 * KIB, 0, 9, 0, &y));
+    OK(gm_pool_end(a, 0, 9, 0));
+    OK(gm_free(a, x));
+    segs v = walk(a);
+    assert_true(pool_bytes(&v, 9, 0) >= 8 * MIB);
+    /* the last use goes while y is live: the pool stays for y */
+    OK(gm_pool_release(a, 0, 9, 0));
+    v = walk(a);
+    assert_true(pool_bytes(&v, 9, 0) > 0);
+    gm_test_check(a);
+    OK(gm_free(a, y)); /* its last block: the pool and its memory go */
+    v = walk(a);
+    assert_int_equal(pool_bytes(&v, 9, 0), 0);
+    gm_stats s = gm_test_stats(a);
+    assert_int_equal(s.reserved_bytes[GM_POOL_ALL].current, 0);
+    assert_int_equal(s.segment[GM_POOL_ALL].current, 0);
+    OK(gm_sim_live_objects(b, 0, &live));
+    assert_int_equal(live.used_bytes, live0.used_bytes);
+    int n;
+    assert_int_equal(gm_pool_use_count(a, 0, 9, 0, &n), GM_EINVAL); /* gone */
+    gm_test_check(a);
+    gm_test_destroy(b, a);
+}
+
+static void test_shared_pool(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, false, &b, &a);
+    int n = 0;
+    gm_devptr g1, g2;
+    OK(gm_pool_begin(a, 0, 5, 5)); /* graph 1 */
+    OK(gm_malloc_pool(a, 0, 4 * MIB, 0, 5, 5, &g1));
+    OK(gm_free(a, g1));
+    OK(gm_pool_end(a, 0, 5, 5));
+    OK(gm_pool_begin(a, 0, 5, 5)); /* graph 2, pool=g1.pool() */
+    OK(gm_pool_use_count(a, 0, 5, 5, &n));
+    assert_int_equal(n, 2);
+    OK(gm_malloc_pool(a, 0, 4 * MIB, 0, 5, 5, &g2));
+    assert_true(g2 == g1); /* what graph 1 freed serves graph 2 */
+    OK(gm_free(a, g2));
+    OK(gm_pool_end(a, 0, 5, 5));
+    OK(gm_pool_retain(a, 0, 5, 5)); /* a MemPool handle too */
+    OK(gm_pool_use_count(a, 0, 5, 5, &n));
+    assert_int_equal(n, 3);
+    uint64_t held = pool_bytes(&(segs){0}, 5, 5);
+    segs v = walk(a);
+    held = pool_bytes(&v, 5, 5);
+    assert_true(held >= 4 * MIB);
+    OK(gm_pool_release(a, 0, 5, 5));
+    OK(gm_pool_release(a, 0, 5, 5));
+    v = walk(a);
+    assert_int_equal(pool_bytes(&v, 5, 5), held); /* one user left: kept */
+    OK(gm_pool_release(a, 0, 5, 5));
+    v = walk(a);
+    assert_int_equal(pool_bytes(&v, 5, 5), 0);
+    gm_test_check(a);
+    gm_test_destroy(b, a);
+}
+
+static void test_stats_sum(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, false, &b, &a);
+    gm_devptr d0, p0, q0;
+    OK(gm_malloc(a, 0, 6 * MIB, 0, &d0));
+    gm_stats s0 = gm_test_stats(a);
+    OK(gm_pool_retain(a, 0, 1, 2));
+    OK(gm_pool_retain(a, 0, 2, 1));
+    OK(gm_malloc_pool(a, 0, 6 * MIB, 0, 1, 2, &p0));
+    OK(gm_malloc_pool(a, 0, 512, 0, 2, 1, &q0));
+    gm_stats s = gm_test_stats(a);
+    segs v = walk(a);
+    assert_int_equal(s.reserved_bytes[GM_POOL_ALL].current, (int64_t)all_bytes(&v));
+    assert_true(pool_bytes(&v, 1, 2) > 0 && pool_bytes(&v, 2, 1) > 0 && pool_bytes(&v, 0, 0) > 0);
+    assert_int_equal(s.allocation[GM_POOL_ALL].current, 3);
+    assert_int_equal(s.allocation[GM_POOL_SMALL].current, 1);
+    assert_int_equal(s.requested_bytes[GM_POOL_ALL].current, 12 * MIB + 512);
+    if (kind_of(state) == GM_POLICY_TORCH) /* gpumem's segments are chunks; the walk shows mapped runs */
+        assert_int_equal(s.segment[GM_POOL_ALL].current, v.n);
+    assert_true(s.reserved_bytes[GM_POOL_ALL].peak >= s.reserved_bytes[GM_POOL_ALL].current);
+    assert_true(s.num_device_alloc + s.num_map > s0.num_device_alloc + s0.num_map);
+    gm_test_check(a);
+    OK(gm_free(a, p0));
+    OK(gm_free(a, q0));
+    OK(gm_pool_release(a, 0, 1, 2));
+    OK(gm_pool_release(a, 0, 2, 1));
+    s = gm_test_stats(a);
+    assert_int_equal(s.reserved_bytes[GM_POOL_ALL].current, s0.reserved_bytes[GM_POOL_ALL].current);
+    assert_int_equal(s.allocation[GM_POOL_ALL].current, 1);
+    gm_test_check(a);
+    OK(gm_free(a, d0));
+    gm_test_destroy(b, a);
+}
+
+/* device calls that free, unmap or wait */
+static uint64_t releasing_calls(gm_backend *b) {
+    static const int kinds[] = {GM_BCALL_FREE, GM_BCALL_UNMAP, GM_BCALL_PHYS_RELEASE, GM_BCALL_VA_RELEASE,
+                                GM_BCALL_EVENT_SYNC, GM_BCALL_EVENT_QUERY};
+    uint64_t n = 0;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) n += gm_backend_call_count(b, 0, kinds[i]);
+    return n;
+}
+
+static void test_capture_frees_nothing(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, true, &b, &a);
+    gm_devptr keep[8], x, r;
+    /* the device's cache holds memory, and a block waits for another stream */
+    for (int i = 0; i < 8; i++) OK(gm_malloc(a, 0, (size_t)(i + 1) * 3 * MIB, 0, &keep[i]));
+    for (int i = 0; i < 8; i += 2) OK(gm_free(a, keep[i]));
+    OK(gm_malloc(a, 0, 1 * MIB, 0, &r));
+    OK(gm_record_stream(a, r, 5));
+    OK(gm_free(a, r));
+    uint64_t before = releasing_calls(b);
+    OK(gm_pool_begin(a, 0, 4, 4));
+    for (int i = 0; i < 20; i++) {
+        OK(gm_malloc_pool(a, 0, (size_t)(i % 5 + 1) * 7 * MIB, 0, 4, 4, &x));
+        OK(gm_free(a, x));
+        OK(gm_malloc(a, 0, (size_t)(i % 3 + 1) * 5 * MIB, 1, &x));
+        OK(gm_free(a, x));
+        OK(gm_step_mark(a, 0)); /* an optimizer step being recorded: no plan switch, no sync */
+    }
+    assert_int_equal(gm_empty_cache(a, 0), GM_ESTATE);
+    assert_non_null(strstr(gm_last_error_detail(), "capturing"));
+    assert_int_equal(gm_pool_empty_cache(a, 0, 4, 4), GM_ESTATE);
+    if (getenv("GM_TEST_VERBOSE"))
+        for (int k = 0; k < GM_BCALL_COUNT; k++) fprintf(stderr, "kind %d: %llu\n", k, (unsigned long long)gm_backend_call_count(b, 0, k));
+    assert_int_equal(releasing_calls(b), before);
+    OK(gm_pool_end(a, 0, 4, 4));
+    OK(gm_pool_release(a, 0, 4, 4));
+    gm_test_check(a);
+    OK(gm_sim_complete_events(b, 0, UINT64_MAX));
+    OK(gm_empty_cache(a, 0));
+    for (int i = 1; i < 8; i += 2) OK(gm_free(a, keep[i]));
+    gm_test_check(a);
+    gm_test_destroy(b, a);
+}
+
+
+/* A block used on another stream and freed during a capture records no
+ * event then (torch defers them too); its events come after the capture,
+ * and the pool reuses it once they completed. */
+static void test_deferred_events(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, true, &b, &a);
+    gm_devptr p, q, x;
+    OK(gm_pool_begin(a, 0, 2, 9));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 2, 9, &p));
+    OK(gm_record_stream(a, p, 9));
+    uint64_t rec0 = gm_backend_call_count(b, 0, GM_BCALL_EVENT_RECORD);
+    OK(gm_free(a, p));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 2, 9, &q));
+    assert_true(q != p); /* still in use on stream 9 */
+    assert_int_equal(gm_backend_call_count(b, 0, GM_BCALL_EVENT_RECORD), rec0);
+    gm_test_check(a);
+    OK(gm_pool_end(a, 0, 2, 9));
+    OK(gm_malloc(a, 0, 512, 0, &x)); /* the pending list is processed: the event is recorded */
+    assert_int_equal(gm_backend_call_count(b, 0, GM_BCALL_EVENT_RECORD), rec0 + 1);
+    OK(gm_sim_complete_events(b, 0, UINT64_MAX));
+    OK(gm_free(a, x));
+    OK(gm_malloc(a, 0, 512, 0, &x)); /* events are processed outside captures, as torch does */
+    OK(gm_free(a, x));
+    OK(gm_pool_begin(a, 0, 2, 9));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 2, 9, &x));
+    assert_true(x == p); /* back in its pool */
+    OK(gm_pool_end(a, 0, 2, 9));
+    gm_test_check(a);
+    OK(gm_free(a, x));
+    OK(gm_free(a, q));
+    OK(gm_pool_release(a, 0, 2, 9));
+    OK(gm_pool_release(a, 0, 2, 9));
+    gm_test_check(a);
+    gm_test_destroy(b, a);
+}
+
+
+/* A released pool's last block waits for another stream's event: the pool
+ * goes once it is back; a pool released during another's capture gives its
+ * memory back when the capture ends. */
+static void test_release_waits(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, true, &b, &a);
+    gm_devptr p, x, y;
+    OK(gm_pool_retain(a, 0, 3, 1));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 3, 1, &p));
+    OK(gm_record_stream(a, p, 5));
+    OK(gm_free(a, p)); /* pending on stream 5 */
+    OK(gm_pool_release(a, 0, 3, 1));
+    gm_test_check(a);
+    OK(gm_sim_complete_events(b, 0, UINT64_MAX));
+    OK(gm_malloc(a, 0, 512, 0, &x)); /* the pending list is processed */
+    int n;
+    assert_int_equal(gm_pool_use_count(a, 0, 3, 1, &n), GM_EINVAL); /* gone with its last block */
+    segs v = walk(a);
+    assert_int_equal(pool_bytes(&v, 3, 1), 0);
+    gm_test_check(a);
+    /* released while pool (4, 1) captures: kept until the capture ends */
+    OK(gm_pool_retain(a, 0, 5, 1));
+    OK(gm_pool_begin(a, 0, 4, 1));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 5, 1, &y));
+    OK(gm_free(a, y));
+    OK(gm_pool_release(a, 0, 5, 1));
+    v = walk(a);
+    assert_true(pool_bytes(&v, 5, 1) > 0);
+    OK(gm_pool_end(a, 0, 4, 1));
+    v = walk(a);
+    assert_int_equal(pool_bytes(&v, 5, 1), 0);
+    OK(gm_pool_release(a, 0, 4, 1));
+    OK(gm_free(a, x));
+    OK(gm_empty_cache(a, 0));
+    gm_stats s = gm_test_stats(a);
+    assert_int_equal(s.reserved_bytes[GM_POOL_ALL].current, 0);
+    gm_test_check(a);
+    gm_test_destroy(b, a);
+}
+
+
+/* ---- checkpoints (CUDA graph trees) ------------------------------------- */
+
+typedef struct restored {
+    int nfreed, nallocd;
+    gm_devptr freed[16], allocd[16];
+} restored;
+
+static void restore_cb(gm_devptr ptr, uint64_t size, bool allocated, void *arg) {
+    restored *r = arg;
+    assert_true(size > 0);
+    if (allocated && r->nallocd < 16) r->allocd[r->nallocd++] = ptr;
+    if (!allocated && r->nfreed < 16) r->freed[r->nfreed++] = ptr;
+}
+
+static bool has(const gm_devptr *v, int n, gm_devptr p) {
+    for (int i = 0; i < n; i++)
+        if (v[i] == p) return true;
+    return false;
+}
+
+static void test_checkpoint_restore(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, false, &b, &a);
+    gm_devptr a0, a1, x, y;
+    gm_pool_checkpoint *c = NULL;
+    OK(gm_pool_retain(a, 0, 1, 9));
+    OK(gm_malloc_pool(a, 0, 2 * MIB, 0, 1, 9, &a0));
+    OK(gm_malloc_pool(a, 0, 1 * MIB, 0, 1, 9, &a1));
+    OK(gm_pool_checkpoint_take(a, 0, 1, 9, &c));
+    OK(gm_free(a, a1)); /* pinned by c: held, not reused */
+    gm_stats s = gm_test_stats(a);
+    assert_int_equal(s.allocation[GM_POOL_ALL].current, 1);
+    OK(gm_malloc_pool(a, 0, 1 * MIB, 0, 1, 9, &x));
+    assert_true(x != a1);
+    gm_test_check(a);
+    restored r = {0};
+    OK(gm_pool_checkpoint_restore(a, c, restore_cb, &r));
+    /* x (not in the checkpoint) freed; a0 freed and allocated again; a1 handed out again */
+    assert_int_equal(r.nfreed, 2);
+    assert_true(has(r.freed, r.nfreed, x) && has(r.freed, r.nfreed, a0));
+    assert_int_equal(r.nallocd, 2);
+    assert_true(has(r.allocd, r.nallocd, a0) && has(r.allocd, r.nallocd, a1));
+    gm_block_info bi = {.size_of = sizeof bi};
+    OK(gm_block_lookup(a, a1, NULL, &bi));
+    assert_true(bi.live && bi.pool_id[0] == 1 && bi.pool_id[1] == 9);
+    assert_int_equal(gm_block_lookup(a, x, NULL, &bi), GM_EFOREIGN);
+    gm_test_check(a);
+    /* restoring again changes nothing: both are live */
+    memset(&r, 0, sizeof r);
+    OK(gm_pool_checkpoint_restore(a, c, restore_cb, &r));
+    assert_int_equal(r.nfreed, 2);
+    assert_int_equal(r.nallocd, 2);
+    OK(gm_free(a, a0));
+    OK(gm_free(a, a1));
+    OK(gm_pool_release(a, 0, 1, 9)); /* the last use: the pool waits for its held blocks */
+    segs v = walk(a);
+    assert_true(pool_bytes(&v, 1, 9) > 0);
+    gm_test_check(a);
+    gm_pool_checkpoint_free(a, c); /* held blocks go back; the pool goes with them */
+    v = walk(a);
+    assert_int_equal(pool_bytes(&v, 1, 9), 0);
+    assert_int_equal(gm_pool_checkpoint_take(a, 0, 1, 9, &c), GM_EINVAL);
+    assert_true(c == NULL);
+    /* another allocator cannot restore it */
+    OK(gm_pool_retain(a, 0, 2, 9));
+    OK(gm_malloc_pool(a, 0, 1 * MIB, 0, 2, 9, &y));
+    OK(gm_pool_checkpoint_take(a, 0, 2, 9, &c));
+    gm_allocator *other = NULL;
+    gm_backend *ob = NULL;
+    make(state, false, &ob, &other);
+    assert_int_equal(gm_pool_checkpoint_restore(other, c, restore_cb, &r), GM_EINVAL);
+    gm_test_destroy(ob, other);
+    OK(gm_free(a, y));
+    OK(gm_pool_release(a, 0, 2, 9));
+    gm_pool_checkpoint_free(a, c);
+    assert_int_equal(gm_pool_use_count(a, 0, 2, 9, &(int){0}), GM_EINVAL);
+    gm_test_check(a);
+    OK(gm_empty_cache(a, 0));
+    s = gm_test_stats(a);
+    assert_int_equal(s.reserved_bytes[GM_POOL_ALL].current, 0);
+    gm_test_destroy(b, a);
+}
+
+static void test_bad_input(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, false, &b, &a);
+    gm_devptr x = 0, p;
+    int n = -1;
+    OK(gm_pool_retain(a, 0, 1, 1));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 1, 1, &p));
+    gm_stats s0 = gm_test_stats(a);
+    assert_int_equal(gm_malloc_pool(a, 0, 1 * MIB, 0, 8, 8, &x), GM_EINVAL);
+    assert_non_null(strstr(gm_last_error_detail(), "no private pool (8, 8)"));
+    assert_true(x == 0);
+    assert_int_equal(gm_pool_release(a, 0, 8, 8), GM_EINVAL);
+    assert_int_equal(gm_pool_end(a, 0, 8, 8), GM_EINVAL);
+    assert_int_equal(gm_pool_use_count(a, 0, 8, 8, &n), GM_EINVAL);
+    assert_int_equal(gm_pool_empty_cache(a, 0, 8, 8), GM_EINVAL);
+    OK(gm_pool_empty_cache(a, -1, 8, 8)); /* every device that has it: none */
+    assert_int_equal(gm_pool_begin(a, 0, 0, 0), GM_EINVAL); /* the device's own pools */
+    assert_non_null(strstr(gm_last_error_detail(), "(0, 0)"));
+    assert_int_equal(gm_malloc_pool(a, 0, 1 * MIB, 0, 0, 0, &x), GM_EINVAL);
+    assert_int_equal(gm_pool_end(a, 0, 1, 1), GM_ESTATE); /* never begun */
+    assert_int_equal(gm_pool_begin(a, 7, 1, 1), GM_EDEVICE);
+    OK(gm_pool_begin(a, 0, 1, 1));
+    assert_int_equal(gm_pool_begin(a, 0, 1, 1), GM_ESTATE); /* begun twice */
+    OK(gm_pool_end(a, 0, 1, 1));
+    assert_int_equal(gm_pool_end(a, 0, 1, 1), GM_ESTATE);
+    OK(gm_pool_release(a, 0, 1, 1)); /* the begin's use */
+    OK(gm_pool_release(a, 0, 1, 1)); /* the retain's use: released, p still out */
+    assert_int_equal(gm_pool_release(a, 0, 1, 1), GM_ESTATE); /* released twice */
+    assert_non_null(strstr(gm_last_error_detail(), "released twice"));
+    assert_int_equal(gm_pool_retain(a, 0, 1, 1), GM_ESTATE); /* released, waiting for p */
+    assert_int_equal(gm_malloc_pool(a, 0, 1 * MIB, 0, 1, 1, &x), GM_EINVAL);
+    gm_stats s = gm_test_stats(a);
+    assert_int_equal(s.reserved_bytes[GM_POOL_ALL].current, s0.reserved_bytes[GM_POOL_ALL].current);
+    assert_int_equal(s.allocation[GM_POOL_ALL].current, s0.allocation[GM_POOL_ALL].current);
+    assert_int_equal(s.num_device_alloc + s.num_map, s0.num_device_alloc + s0.num_map);
+    gm_test_check(a);
+    /* a pointer of a pool freed twice is a double free, as anywhere */
+    OK(gm_free(a, p));
+    assert_int_equal(gm_free(a, p), GM_EFOREIGN); /* the pool went with p: not ours any more */
+    gm_test_check(a);
+    gm_test_destroy(b, a);
+}
+
+static void test_double_free_in_pool(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, false, &b, &a);
+    gm_devptr p, q;
+    OK(gm_pool_retain(a, 0, 2, 2));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 2, 2, &p));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 2, 2, &q));
+    OK(gm_free(a, p));
+    gm_stats s0 = gm_test_stats(a);
+    assert_int_equal(gm_free(a, p), GM_EDOUBLEFREE);
+    gm_stats s = gm_test_stats(a);
+    assert_int_equal(s.allocation[GM_POOL_ALL].current, s0.allocation[GM_POOL_ALL].current);
+    gm_test_check(a);
+    OK(gm_free(a, q));
+    OK(gm_pool_release(a, 0, 2, 2));
+    gm_test_destroy(b, a);
+}
+
+/* Destroying the allocator with pools in use (and blocks live) leaves nothing. */
+static void test_destroy_with_pools(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, false, &b, &a);
+    gm_devptr p;
+    OK(gm_pool_begin(a, 0, 6, 6));
+    OK(gm_malloc_pool(a, 0, 3 * MIB, 0, 6, 6, &p));
+    OK(gm_pool_retain(a, 0, 6, 7));
+    gm_allocator_destroy(a);
+    gm_sim_live live = {.size = sizeof live};
+    OK(gm_sim_live_objects(b, 0, &live));
+    assert_int_equal(live.used_bytes, 0);
+    assert_int_equal(live.allocations + live.reservations + live.phys, 0);
+    gm_test_destroy(b, NULL);
+}
+
+
+/* ---- traces: segment_pool_id read, written and replayed ---------------- */
+
+#define POOL_SEG 0x7f0000000000ull
+#define OWN_SEG 0x7e0000000000ull
+
+/* A graphed program as torch records it: a graph's pool takes 2 MiB and
+ * frees it inside the capture; then the program allocates 2 MiB outside
+ * the graph, which torch cannot serve from the pool's memory. */
+static gm_trace *pooled_trace(bool with_pool) {
+    gm__trace_builder *tb = gm__tb_new();
+    assert_non_null(tb);
+    gm_trace_event ev[] = {
+        {.action = GM_TA_SEGMENT_ALLOC, .addr = POOL_SEG, .size = 2 * MIB},
+        {.action = GM_TA_ALLOC, .addr = POOL_SEG, .size = 2 * MIB},
+        {.action = GM_TA_FREE_REQUESTED, .addr = POOL_SEG, .size = 2 * MIB},
+        {.action = GM_TA_FREE_COMPLETED, .addr = POOL_SEG, .size = 2 * MIB},
+        {.action = GM_TA_SEGMENT_ALLOC, .addr = OWN_SEG, .size = 2 * MIB},
+        {.action = GM_TA_ALLOC, .addr = OWN_SEG, .size = 2 * MIB},
+    };
+    for (size_t i = 0; i < sizeof ev / sizeof ev[0]; i++) OK(gm__tb_event(tb, &ev[i]));
+    gm_trace_segment pool = {.address = POOL_SEG, .total_size = 2 * MIB, .nblocks = 1, .large = true,
+                             .pool_id = {with_pool ? 1 : 0, with_pool ? 3 : 0}};
+    gm_trace_segment own = {.address = OWN_SEG, .total_size = 2 * MIB, .allocated_size = 2 * MIB,
+                            .requested_size = 2 * MIB, .nblocks = 1, .large = true};
+    OK(gm__tb_segment(tb, &pool));
+    OK(gm__tb_segment(tb, &own));
+    gm_trace *t = NULL;
+    OK(gm__tb_finish(tb, "pytorch-snapshot", &t));
+    return t;
+}
+
+static void test_trace_pool_ids(void **state) {
+    (void)state;
+    gm_trace *t = pooled_trace(true), *back = NULL;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    OK(gm_trace_encode_snapshot(t, &buf, &len)); /* segment_pool_id as torch pickles it: a pair */
+    OK(gm_trace_from_snapshot(buf, len, &back));
+    assert_int_equal(back->nsegments, 2);
+    assert_true(back->segments[0].pool_id[0] == 1 && back->segments[0].pool_id[1] == 3);
+    assert_true(back->segments[1].pool_id[0] == 0 && back->segments[1].pool_id[1] == 0);
+    free(buf);
+    gm_trace_free(back);
+    OK(gm_trace_encode_gmt(t, &buf, &len));
+    OK(gm_trace_decode_gmt(buf, len, &back));
+    assert_true(back->segments[0].pool_id[0] == 1 && back->segments[0].pool_id[1] == 3);
+    assert_true(back->segments[1].pool_id[0] == 0 && back->segments[1].pool_id[1] == 0);
+    free(buf);
+    gm_trace_free(back);
+    gm_trace_free(t);
+}
+
+static gm_replay_result replay(gm_trace *t, gm_policy_kind kind, uint32_t *npools) {
+    gm_replay_prog *p = NULL;
+    OK(gm_replay_compile(t, 0, &p));
+    *npools = gm_replay_prog_pools(p);
+    gm_config c;
+    gm_config_init(&c);
+    c.policy = kind;
+    gm_replay_result r;
+    OK(gm_replay_run(p, &c, 0, &r));
+    gm_replay_prog_free(p);
+    return r;
+}
+
+static void test_replay_pools(void **state) {
+    gm_trace *pooled = pooled_trace(true), *plain = pooled_trace(false);
+    uint32_t np = 0, np0 = 0;
+    gm_replay_result r = replay(pooled, kind_of(state), &np);
+    gm_replay_result r0 = replay(plain, kind_of(state), &np0);
+    assert_int_equal(np, 1);
+    assert_int_equal(np0, 0);
+    assert_int_equal(r.error, 0);
+    assert_false(r.oom);
+    assert_int_equal(r.allocs, 2);
+    /* the pool's freed memory is not reused outside it, as on the device */
+    assert_true(r.peak_reserved >= (int64_t)(4 * MIB));
+    assert_true(r0.peak_reserved < r.peak_reserved);
+    if (kind_of(state) == GM_POLICY_TORCH) {
+        assert_int_equal(r.segments, 2); /* the device's two segments */
+        assert_int_equal(r0.segments, 1);
+    }
+    gm_trace_free(pooled);
+    gm_trace_free(plain);
+}
+
+static gm_policy_kind k_torch = GM_POLICY_TORCH, k_gpumem = GM_POLICY_GPUMEM;
+
+#define TESTS(k)                                                                                          \
+    {                                                                                                     \
+        cmocka_unit_test_prestate(test_lands_in_pool, &k), cmocka_unit_test_prestate(test_reuse_only_within, &k), \
+        cmocka_unit_test_prestate(test_release_gives_back, &k), cmocka_unit_test_prestate(test_shared_pool, &k), \
+        cmocka_unit_test_prestate(test_stats_sum, &k), cmocka_unit_test_prestate(test_capture_frees_nothing, &k), \
+        cmocka_unit_test_prestate(test_bad_input, &k), cmocka_unit_test_prestate(test_double_free_in_pool, &k), \
+        cmocka_unit_test_prestate(test_destroy_with_pools, &k), cmocka_unit_test_prestate(test_replay_pools, &k), \
+        cmocka_unit_test_prestate(test_deferred_events, &k), cmocka_unit_test_prestate(test_release_waits, &k), \
+        cmocka_unit_test_prestate(test_checkpoint_restore, &k), \
+    }
+
+/* GM_TEST_POLICY=torch or gpumem runs one policy only */
+int main(void) {
+    const char *only = getenv("GM_TEST_POLICY");
+    const struct CMUnitTest torch[] = TESTS(k_torch);
+    const struct CMUnitTest gpumem[] = TESTS(k_gpumem);
+    const struct CMUnitTest traces[] = {cmocka_unit_test(test_trace_pool_ids)};
+    int failed = cmocka_run_group_tests_name("traces", traces, NULL, NULL);
+    if (!only || !strcmp(only, "torch")) failed += cmocka_run_group_tests_name("policy torch", torch, NULL, NULL);
+    if (!only || !strcmp(only, "gpumem")) failed += cmocka_run_group_tests_name("policy gpumem", gpumem, NULL, NULL);
+    return failed;
+}
