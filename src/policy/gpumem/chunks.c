@@ -88,6 +88,14 @@ void gm__gp_loosen(gp_state *st) {
     gm__gp_live_drop(st);
 }
 
+void gm__gp_tighten(gp_state *st) {
+    if (!st->autoslack || st->warming) return;
+    st->warming = true;
+    st->slack = 0.0;
+    gm__gp_slack_modes(st);
+    gm__gp_live_sync(st);
+}
+
 /* ---- live counts, kept lazily at slack inf ---------------------------------
  * At gpumem_slack:inf idle chunks move only under memory pressure (or are
  * given back by empty_cache), so nothing on the hot path reads the chunks'
