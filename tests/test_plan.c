@@ -489,16 +489,30 @@ static void scale_step(tstep *out, const tstep *t, unsigned L) {
         if (t->size[j] > 1 * MIB) out->size[j] = 1 * MIB + (t->size[j] - 1 * MIB) * L / LMAX;
 }
 
+/* The default policy, a random step of blocks up to max_large at LMAX
+ * (seeded), and 200 MiB of weights under it. */
+static gm_devptr varlen_open(ctx *c, tstep *t, wl_rng *r, uint64_t seed, uint64_t max_large) {
+    ctx_open(c, 16 * 1024 * MIB, "policy:gpumem");
+    wl_seed(r, seed);
+    step_random(t, r, 0.3, max_large);
+    return alloc(c, 200 * MIB, 0);
+}
+
+static void varlen_close(ctx *c, gm_devptr weights) {
+    int64_t left = release_all(c, weights);
+    if (left) fail_msg("reserved %lld after freeing all", (long long)left);
+    wl_model_free(&c->m);
+    gm_allocator_destroy(c->al);
+    gm_backend_destroy(c->be);
+}
+
 static void plan_varlen(void **state) {
     (void)state;
     ctx c = {0};
-    ctx_open(&c, 16 * 1024 * MIB, "policy:gpumem");
     tstep t, v;
     wl_rng r;
-    wl_seed(&r, 41);
-    step_random(&t, &r, 0.3, 96 * MIB);
+    gm_devptr weights = varlen_open(&c, &t, &r, 41, 96 * MIB);
     t.death[3] = NSTEP + 2; /* alive across the step boundary */
-    gm_devptr weights = alloc(&c, 200 * MIB, 0);
     gp_state *st = c.al->devices[0]->pstate;
     /* lengths up to 3/4 of LMAX, one step missing an allocation */
     for (int s = 0; s < 16; s++) {
@@ -525,11 +539,29 @@ static void plan_varlen(void **state) {
     int64_t peak = s1.reserved_bytes[GM_POOL_ALL].peak, alloc_peak = s1.allocated_bytes[GM_POOL_ALL].peak;
     if (peak > alloc_peak + alloc_peak / 50 + (int64_t)NSTEP * 2 * (int64_t)MIB)
         fail_msg("peak reserved %lld, allocated %lld", (long long)peak, (long long)alloc_peak);
-    int64_t left = release_all(&c, weights);
-    if (left) fail_msg("reserved %lld after freeing all", (long long)left);
-    wl_model_free(&c.m);
-    gm_allocator_destroy(c.al);
-    gm_backend_destroy(c.be);
+    varlen_close(&c, weights);
+}
+
+/* Every step longer than the last (a generate loop's growing caches): an
+ * elastic plan would be laid out again each step, so after a few it is
+ * given up, and the steps are placed as without a plan. */
+static void plan_varlen_growing(void **state) {
+    (void)state;
+    ctx c = {0};
+    tstep t, v;
+    wl_rng r;
+    gm_devptr weights = varlen_open(&c, &t, &r, 43, 48 * MIB);
+    gp_state *st = c.al->devices[0]->pstate;
+    bool planned = false;
+    for (unsigned s = 0; s < 24; s++) {
+        scale_step(&v, &t, 128 + 16 * s);
+        run_step(&c, &v, 0);
+        planned |= gm__gp_plan_layout(st) != 0;
+    }
+    assert_true(planned);                           /* an elastic plan was made */
+    assert_int_equal(gm__gp_plan_layout(st), 0);    /* and given up */
+    assert_false(st->warming);                      /* loose, as without a plan */
+    varlen_close(&c, weights);
 }
 
 int main(void) {
@@ -542,6 +574,7 @@ int main(void) {
         cmocka_unit_test(plan_parity),
         cmocka_unit_test(plan_step_marks),
         cmocka_unit_test(plan_varlen),
+        cmocka_unit_test(plan_varlen_growing),
         cmocka_unit_test(plan_fault_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

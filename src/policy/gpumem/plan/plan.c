@@ -81,6 +81,7 @@
 #define PL_TRIES 8            /* plans made before the detector gives up */
 #define PL_RESYNC 8           /* positions searched ahead after a deviation */
 #define PL_RESYNC_ELASTIC 64  /* the same for an elastic plan (a short step may skip a few allocations) */
+#define PL_GROW_RUN 4         /* elastic: steps in a row that grew before variable shapes are given up */
 #ifndef PL_WARM
 #define PL_WARM (PL_HIST / 2) /* gpumem_slack:auto: allocations warmed up tight at most */
 #endif
@@ -285,7 +286,7 @@ static void note_alloc(gp_plan *pl, uint64_t units, gm_stream stream) {
     pl->fsig = pl->nfree = 0;
     pl->live += units;
     detect(pl, p);
-    if (pl->state != PL_ACTIVE) detect_elastic(pl, p);
+    if (pl->state != PL_ACTIVE && !pl->no_elastic) detect_elastic(pl, p);
 }
 
 /* ---- activation, settling, dropping ----------------------------------------- */
@@ -412,6 +413,7 @@ static void advance(gp_state *st) {
     gm__gp_loosen(st); /* a step served from the plan: the warm-up is over */
     if (pl->elastic) pl->eP = pl->P;
     if (pl->cur == 2 * pl->P) pl->cur = 0;
+    if (!pl->grew) pl->grow_run = 0;
     if (!pl->settled && pl->dev_step == 0 && !pl->grew) settle(st);
     pl->dev_step = 0;
 }
@@ -516,6 +518,16 @@ static void replan(gp_state *st) {
     for (uint64_t k = 0; k < P; k++)
         differ += rec(pl, n - 2 * P + k)->sig != rec(pl, n - P + k)->sig;
     if (differ > P / 16) return;
+    if (++pl->grow_run > PL_GROW_RUN) { /* every step longer (a generate loop's caches): no plan pays */
+        PLOG("elastic: %u steps in a row grew, given up at %llu\n", PL_GROW_RUN, (unsigned long long)n);
+        pl->eP = 0;
+        pl->no_elastic = true;
+        drop(st);
+        gm__gp_loosen(st);
+        quiesce(st);
+        (void)gm__gp_release_unused(st);
+        return;
+    }
     PLOG("elastic: a step grew, laid out again at %llu\n", (unsigned long long)n);
     pl->grew = false;
     drop(st);

@@ -58,6 +58,8 @@ typedef struct gp_plan {
     uint64_t vP;         /* elastic: tunits holds the largest units seen per position of a step of vP */
     uint64_t bound[3];   /* elastic: allocation numbers where the last three steps served began */
     uint64_t *tsig;      /* elastic: sig per position */
+    uint32_t grow_run;   /* elastic: steps in a row laid out again because they grew */
+    bool no_elastic;     /* elastic plans given up (every step grew) */
     uint64_t closed_at;  /* elastic: allocation at which closed() last looked */
     uint64_t eP;         /* elastic: the period of the last elastic plan that served a step (0: none yet) */
     int state;
