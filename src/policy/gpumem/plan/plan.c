@@ -473,6 +473,7 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_bl
     if (grown && !pl->growing) { /* tight for the rest of the step: what is new comes from idle memory */
         pl->grew = pl->growing = true;
         gm__gp_tighten(st);
+        st->steal_high = true; /* until gm__gp_loosen */
     }
     bool growing = pl->growing;
     advance(st); /* ends growing at the step's end */
