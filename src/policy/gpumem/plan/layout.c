@@ -675,6 +675,7 @@ static void solve_layouts(pl_solve *s) {
         int bestv = 0, nav = m > PL_ORDERS_MAXM ? 1 : m > PL_ROUNDS_MAXM ? 4 : (int)PL_AVARS;
         int nround = nav + (m > PL_ROUNDS_MAXM ? 0 : PL_ROUNDS);
         /* elastic: B is the plan (solve_adopt), so it gets A's variants */
+        if (!mode && pl->elastic && s->cost[1] != UINT64_MAX) break; /* B is the plan: A only if B fails */
         bool bv = mode && pl->elastic;
         int nrun = bv ? nav : mode ? (m > PL_ORDERS_MAXM ? 1 : 4) : nround + (m > PL_ROUNDS_MAXM || !s->big ? 0 : PL_SHAKES);
         for (int v = 0; v < nrun; v++) {
