@@ -477,6 +477,93 @@ static void plan_fault_sweep(void **state) {
     }
 }
 
+/* Variable shapes (a new sequence length every step): each step makes the
+ * same allocations in the same order and lifetimes, each large one scaled
+ * by the step's length L of LMAX. No two steps alike in size, so only an
+ * elastic plan forms: laid out for the longest step seen, it hosts every
+ * shorter one; a longer one is placed tight and laid out again. */
+#define LMAX 512
+static void scale_step(tstep *out, const tstep *t, unsigned L) {
+    *out = *t;
+    for (int j = 0; j < NSTEP; j++)
+        if (t->size[j] > 1 * MIB) out->size[j] = 1 * MIB + (t->size[j] - 1 * MIB) * L / LMAX;
+}
+
+/* The default policy, a random step of blocks up to max_large at LMAX
+ * (seeded), and 200 MiB of weights under it. */
+static gm_devptr varlen_open(ctx *c, tstep *t, wl_rng *r, uint64_t seed, uint64_t max_large) {
+    ctx_open(c, 16 * 1024 * MIB, "policy:gpumem");
+    wl_seed(r, seed);
+    step_random(t, r, 0.3, max_large);
+    return alloc(c, 200 * MIB, 0);
+}
+
+static void varlen_close(ctx *c, gm_devptr weights) {
+    int64_t left = release_all(c, weights);
+    if (left) fail_msg("reserved %lld after freeing all", (long long)left);
+    wl_model_free(&c->m);
+    gm_allocator_destroy(c->al);
+    gm_backend_destroy(c->be);
+}
+
+static void plan_varlen(void **state) {
+    (void)state;
+    ctx c = {0};
+    tstep t, v;
+    wl_rng r;
+    gm_devptr weights = varlen_open(&c, &t, &r, 41, 96 * MIB);
+    t.death[3] = NSTEP + 2; /* alive across the step boundary */
+    gp_state *st = c.al->devices[0]->pstate;
+    /* lengths up to 3/4 of LMAX, one step missing an allocation */
+    for (int s = 0; s < 16; s++) {
+        scale_step(&v, &t, 64 + (unsigned)wl_below(&r, LMAX * 3 / 4 - 64));
+        run_step(&c, &v, s == 12 ? 3 : 0);
+    }
+    assert_true(served(&c) > 0); /* no two steps alike, yet served */
+    assert_int_equal(gm__gp_plan_layout(st), 'B');
+    scale_step(&v, &t, LMAX); /* the longest: laid out again at its end */
+    for (int s = 0; s < 3; s++) run_step(&c, &v, 0);
+    /* from here no step is longer than one seen: no device call */
+    uint64_t before = served(&c), calls = device_calls(&c);
+    for (int s = 0; s < 16; s++) {
+        scale_step(&v, &t, 64 + (unsigned)wl_below(&r, LMAX - 64));
+        run_step(&c, &v, 0);
+    }
+    if (device_calls(&c) != calls)
+        fail_msg("%llu device calls in steps no longer than the longest", (unsigned long long)(device_calls(&c) - calls));
+    assert_true(served(&c) > before + 16 * 8);
+    /* the whole run, warm-up and growth included: within 2% and a granule
+     * per large block of the peak allocated */
+    gm_stats s1 = {.size = sizeof s1};
+    assert_int_equal(gm_get_stats(c.al, 0, &s1), GM_OK);
+    int64_t peak = s1.reserved_bytes[GM_POOL_ALL].peak, alloc_peak = s1.allocated_bytes[GM_POOL_ALL].peak;
+    if (peak > alloc_peak + alloc_peak / 50 + (int64_t)NSTEP * 2 * (int64_t)MIB)
+        fail_msg("peak reserved %lld, allocated %lld", (long long)peak, (long long)alloc_peak);
+    varlen_close(&c, weights);
+}
+
+/* Every step longer than the last (a generate loop's growing caches): an
+ * elastic plan would be laid out again each step, so after a few it is
+ * given up, and the steps are placed as without a plan. */
+static void plan_varlen_growing(void **state) {
+    (void)state;
+    ctx c = {0};
+    tstep t, v;
+    wl_rng r;
+    gm_devptr weights = varlen_open(&c, &t, &r, 43, 48 * MIB);
+    gp_state *st = c.al->devices[0]->pstate;
+    bool planned = false;
+    for (unsigned s = 0; s < 24; s++) {
+        scale_step(&v, &t, 128 + 16 * s);
+        run_step(&c, &v, 0);
+        planned |= gm__gp_plan_layout(st) != 0;
+    }
+    assert_true(planned);                           /* an elastic plan was made */
+    assert_int_equal(gm__gp_plan_layout(st), 0);    /* and given up */
+    assert_false(st->warming);                      /* loose, as without a plan */
+    varlen_close(&c, weights);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(plan_steps),
@@ -486,6 +573,8 @@ int main(void) {
         cmocka_unit_test(plan_layouts_sound),
         cmocka_unit_test(plan_parity),
         cmocka_unit_test(plan_step_marks),
+        cmocka_unit_test(plan_varlen),
+        cmocka_unit_test(plan_varlen_growing),
         cmocka_unit_test(plan_fault_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

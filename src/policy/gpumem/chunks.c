@@ -81,11 +81,20 @@ void gm__gp_slack_modes(gp_state *st) {
 }
 
 void gm__gp_loosen(gp_state *st) {
+    st->steal_high = false;
     if (!st->warming) return;
     st->warming = false;
     st->slack = INFINITY;
     gm__gp_slack_modes(st);
     gm__gp_live_drop(st);
+}
+
+void gm__gp_tighten(gp_state *st) {
+    if (!st->autoslack || st->warming) return;
+    st->warming = true;
+    st->slack = 0.0;
+    gm__gp_slack_modes(st);
+    gm__gp_live_sync(st);
 }
 
 /* ---- live counts, kept lazily at slack inf ---------------------------------
@@ -267,6 +276,12 @@ static bool excluded(const gp_chunk *c, const gp_arena *a, uint64_t pg0, uint64_
            (uint64_t)c->g0 + c->n - 1 >= pg0;
 }
 
+/* steal_high: x before y, as the idle chunk to move into arena a: the
+ * higher in a first, a's before other arenas'. */
+static inline bool higher(const gp_chunk *x, const gp_chunk *y, const gp_arena *a) {
+    return (x->arena == a->index ? x->g0 : -1) > (y->arena == a->index ? y->g0 : -1);
+}
+
 /* The largest chunk of `list` with at most n granules, not under the placement. */
 static int32_t take_le(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a,
                        uint64_t pg0, uint64_t pg1) {
@@ -275,6 +290,12 @@ static int32_t take_le(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a
         int32_t h = list == GP_LIST_IDLE ? st->idle[o] : st->loose[o];
         for (int32_t i = h; i >= 0; i = st->chunks[i].lnext) {
             const gp_chunk *c = &st->chunks[i];
+            if (st->steal_high && list == GP_LIST_IDLE) { /* the whole list: see steal_high */
+                if (c->n <= n && !excluded(c, a, pg0, pg1) &&
+                    (best < 0 || c->n > st->chunks[best].n || (c->n == st->chunks[best].n && higher(c, &st->chunks[best], a))))
+                    best = i;
+                continue;
+            }
             if (c->n <= n && !excluded(c, a, pg0, pg1) &&
                 (best < 0 || c->n > st->chunks[best].n)) {
                 best = i;

@@ -123,6 +123,10 @@ typedef struct gp_state {
     uint64_t held_bytes;       /* physical bytes held (chunks, or plain mallocs) */
     double slack;              /* cfg gpumem_slack: may hold (1 + slack) x peak live granules */
     bool warming;              /* gpumem_slack:auto, not loosened yet: slack is 0 (gm__gp_loosen) */
+    bool steal_high;           /* gpumem_plan, a step growing past an elastic plan: an idle chunk moved
+                                * is the highest of the arena placed in, not the one idle longest
+                                * (fewer moves, measured: bench/gpumem_policy_tradeoff.md) */
+    bool autoslack;            /* gpumem_slack:auto with a plan: may be tight again (gm__gp_tighten) */
     bool runs;                 /* gpumem_chunks:run at slack inf: one chunk per run of unmapped granules */
     bool autoc;                /* gpumem_chunks:auto at slack inf (runs is set too) */
     bool lazy_ok;              /* slack inf: live counts may go stale between pressure events */

@@ -21,6 +21,9 @@ void gm__gp_slack_modes(gp_state *st);
 /* gpumem_slack:auto: the warm-up is over (a plan served a step, or none
  * came): from now on idle chunks stay mapped, as at gpumem_slack:inf. */
 void gm__gp_loosen(gp_state *st);
+/* gpumem_slack:auto, loosened: tight again (slack 0, exact live counts) until
+ * the next gm__gp_loosen, while a step grows past the plan (variable shapes). */
+void gm__gp_tighten(gp_state *st);
 void gm__gp_live_sync(gp_state *st);
 void gm__gp_live_drop_now(gp_state *st);
 int gm__gp_split_partial_at(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p, uint64_t bytes);

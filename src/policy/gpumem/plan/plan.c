@@ -45,6 +45,19 @@
  *    into it and gives the rest back when it starts; after the first step
  *    served with no deviation, idle chunks outside the plan's footprint are
  *    given back once. These are the plan's only device calls.
+ *  - Variable shapes (elastic plans): a step that allocates in the same
+ *    order and with the same lifetimes as the last, only smaller or larger
+ *    (a new sequence length every step), matches on each allocation's
+ *    signature (pl_rec: its stream and the frees since the last one), not
+ *    its size. A second detector confirms such a period (detect_elastic);
+ *    the plan lays each position out at the largest size it has had, in
+ *    an arena of its own (layout B), and serves a block of the same
+ *    signature at any size up to that, so every step no longer than the
+ *    longest seen makes no device call. A step that grows past its slots
+ *    is placed best fit in the plan's arena, tight (gm__gp_tighten), and
+ *    laid out again at its end (replan); a dropped elastic plan stays
+ *    tight until it is made again. Measured: bench/gpumem_policy_tradeoff.md
+ *    ("Variable shapes").
  *  - Streams: the plan serves its own stream from that stream's arena, so a
  *    range is reused only by the stream that freed it (stream order makes
  *    that safe, as for every arena); the front end hands a block with
@@ -67,6 +80,8 @@
 #define PL_TAB (1u << 14)     /* hash table of windows (256 KiB: stays in cache) */
 #define PL_TRIES 8            /* plans made before the detector gives up */
 #define PL_RESYNC 8           /* positions searched ahead after a deviation */
+#define PL_RESYNC_ELASTIC 64  /* the same for an elastic plan (a short step may skip a few allocations) */
+#define PL_GROW_RUN 4         /* elastic: steps in a row that grew before variable shapes are given up */
 #ifndef PL_WARM
 #define PL_WARM (PL_HIST / 2) /* gpumem_slack:auto: allocations warmed up tight at most */
 #endif
@@ -76,7 +91,8 @@ int gm__gp_plan_create(gp_state *st) {
     if (!pl) return GM_ENOHOSTMEM;
     pl->hist = calloc(PL_HIST, sizeof *pl->hist);
     pl->tab = calloc(PL_TAB, sizeof *pl->tab);
-    if (!pl->hist || !pl->tab) {
+    pl->tab2 = calloc(PL_TAB, sizeof *pl->tab2);
+    if (!pl->hist || !pl->tab || !pl->tab2) {
         st->plan = pl;
         gm__gp_plan_destroy(st);
         return GM_ENOHOSTMEM;
@@ -101,6 +117,8 @@ void gm__gp_plan_destroy(gp_state *st) {
 #endif
     free(pl->hist);
     free(pl->tab);
+    free(pl->tab2);
+    free(pl->tsig);
     free(pl->tunits);
     free(pl->off);
     free(pl->tstream);
@@ -127,20 +145,34 @@ static void plan_stream(gp_plan *pl, uint64_t from, uint64_t P) {
     }
 }
 
+/* Elastic, a plan made again: the phase of the last one (its first
+ * PL_W signatures), so that the largest sizes it kept per position
+ * (tunits) stay in place; none found: least_live, and they are forgotten. */
+static uint64_t same_phase(gp_plan *pl, uint64_t p, uint64_t P, uint64_t least_live) {
+    for (uint64_t i = p - P + 1; i + PL_W <= p + 1; i++) {
+        uint64_t j = 0;
+        while (j < PL_W && rec(pl, i + j)->sig == pl->tsig[j]) j++;
+        if (j == PL_W) return i;
+    }
+    pl->vP = 0;
+    return least_live;
+}
+
 /* Period P confirmed at allocation p: the plan starts at the phase with the
  * least memory live, one step after the last time it was there. */
-static void make_plan(gp_plan *pl, uint64_t p) {
-    uint64_t P = pl->cand;
-    pl->tries++;
+static void make_plan(gp_plan *pl, uint64_t p, uint64_t P, bool elastic) {
+    pl->tries += !(elastic && pl->eP);
     uint64_t phi = p;
     for (uint64_t i = p - P + 1; i < p; i++)
         if (rec(pl, i)->live < rec(pl, phi)->live) phi = i;
+    if (elastic && pl->vP == P) phi = same_phase(pl, p, P, phi);
     if (phi < 2 * P) return; /* the layout needs the whole step before phi */
     plan_stream(pl, phi - P, P);
     pl->P = P;
     pl->start = phi + P;
     pl->state = PL_PENDING;
-    PLOG("period %llu confirmed at %llu: least live at %llu, plan from %llu\n", (unsigned long long)P, (unsigned long long)p, (unsigned long long)phi, (unsigned long long)pl->start);
+    pl->elastic = elastic;
+    PLOG("%speriod %llu confirmed at %llu: least live at %llu, plan from %llu\n", elastic ? "elastic " : "", (unsigned long long)P, (unsigned long long)p, (unsigned long long)phi, (unsigned long long)pl->start);
 }
 
 /* ---- detection ------------------------------------------------------------- */
@@ -152,27 +184,31 @@ static inline uint64_t mix(uint64_t units, gm_stream stream) {
     return x ^ (x >> 31);
 }
 
+/* A cyclic polynomial (buzhash) over the window of the last PL_W tokens
+ * (token in enters at p, out leaves), O(1) per allocation: the allocation
+ * number + 1 at which the same window was last seen in tab (0: never). */
+static uint64_t window_seen(struct pl_slot *tab, uint64_t *wh, uint64_t in, uint64_t out, uint64_t p) {
+    *wh = rotl64(*wh, 1) ^ in;
+    if (p >= PL_W) *wh ^= rotl64(out, PL_W);
+    if (p + 1 < PL_W) return 0;
+    uint64_t h = *wh * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+    struct pl_slot *sl = &tab[h & (PL_TAB - 1)];
+    uint64_t q = sl->key == h ? sl->pos : 0;
+    sl->key = h;
+    sl->pos = p + 1;
+    return q;
+}
+
 static void detect(gp_plan *pl, uint64_t p) {
     if (pl->cand && same(pl, p, p - pl->cand)) {
         pl->run++;
     } else {
         pl->cand = pl->run = 0;
-        if (pl->state == PL_PENDING) pl->state = PL_NONE, PLOG("step changed at %llu before the plan began\n", (unsigned long long)p); /* the step changed before it began */
+        if (pl->state == PL_PENDING && !pl->elastic) pl->state = PL_NONE, PLOG("step changed at %llu before the plan began\n", (unsigned long long)p); /* the step changed before it began */
     }
-    /* a cyclic polynomial (buzhash) over the window: O(1) per allocation */
-    const pl_rec *in = rec(pl, p);
-    pl->wh = rotl64(pl->wh, 1) ^ mix(in->units, in->stream);
-    if (p >= PL_W) {
-        const pl_rec *out = rec(pl, p - PL_W);
-        pl->wh ^= rotl64(mix(out->units, out->stream), PL_W);
-    }
-    if (p + 1 < PL_W) return;
-    uint64_t h = pl->wh * 0x9e3779b97f4a7c15ull;
-    h ^= h >> 29;
-    struct pl_slot *sl = &pl->tab[h & (PL_TAB - 1)];
-    uint64_t q = sl->key == h ? sl->pos : 0;
-    sl->key = h;
-    sl->pos = p + 1;
+    const pl_rec *in = rec(pl, p), *out = p >= PL_W ? rec(pl, p - PL_W) : NULL;
+    uint64_t q = window_seen(pl->tab, &pl->wh, mix(in->units, in->stream), out ? mix(out->units, out->stream) : 0, p);
     if (!pl->cand && q) {
         uint64_t P = p + 1 - q;
         if (P >= PL_MINP && P <= PL_MAXP && p >= 2 * P) {
@@ -184,26 +220,89 @@ static void detect(gp_plan *pl, uint64_t p) {
     }
     if (pl->state == PL_NONE && !pl->marked && pl->cand && pl->run >= pl->cand && pl->run >= PL_MINRUN &&
         pl->tries < PL_TRIES && p >= 2 * pl->cand && rec(pl, p)->live == rec(pl, p - pl->cand)->live)
-        make_plan(pl, p);
+        make_plan(pl, p, pl->cand, false);
 }
+
+/* A step frees what it allocates: of the allocations of the step before
+ * the last, at most one in eight still lives. A layer loop (its sizes may
+ * differ layer by layer) keeps its activations for the backward pass.
+ * O(P): looked at once every PL_MINRUN allocations at most. */
+static bool closed(gp_plan *pl, uint64_t p, uint64_t P) {
+    if (pl->closed_at && p < pl->closed_at + PL_MINRUN) return false;
+    pl->closed_at = p;
+    uint64_t alive = 0;
+    for (uint64_t i = p - 2 * P + 1; i <= p - P; i++) alive += rec(pl, i)->death < 0;
+    return alive * 8 <= P;
+}
+
+/* Variable shapes: the same detector over the allocations' signatures
+ * (pl_rec: stream and frees, not units), so that steps with other sizes
+ * match. A period whose units all repeat is the exact detector's (or a
+ * layer loop's, whose live memory grows: the exact detector refuses it), so
+ * a period counts here only if some allocation of its last step differs in
+ * size, and only if the step is closed(). */
+static void detect_elastic(gp_plan *pl, uint64_t p) {
+    const pl_rec *in = rec(pl, p);
+    if (pl->eP && pl->cand2 != pl->eP && p >= 2 * pl->eP) { /* the period known: windows of layer loops mislead */
+        pl->cand2 = pl->eP;
+        pl->run2 = pl->diff2 = 0;
+    }
+    if (pl->cand2 && rec(pl, p - pl->cand2)->sig == in->sig) {
+        pl->run2++;
+        if (rec(pl, p - pl->cand2)->units != in->units) pl->diff2 = p;
+    } else {
+        pl->cand2 = pl->run2 = 0;
+        if (pl->eP) pl->cand2 = pl->eP;
+        if (pl->state == PL_PENDING && pl->elastic) pl->state = PL_NONE, PLOG("elastic step changed at %llu before the plan began\n", (unsigned long long)p);
+    }
+    uint64_t q = window_seen(pl->tab2, &pl->wh2, in->sig, p >= PL_W ? rec(pl, p - PL_W)->sig : 0, p);
+    if (!pl->cand2 && q) {
+        uint64_t P = p + 1 - q;
+        if (P >= PL_MINP && P <= PL_MAXP && p >= 2 * P) {
+            uint64_t i = p;
+            pl->diff2 = 0;
+            for (; i > p - P - 1 && rec(pl, i)->sig == rec(pl, i - P)->sig; i--)
+                if (!pl->diff2 && rec(pl, i)->units != rec(pl, i - P)->units) pl->diff2 = i;
+            pl->cand2 = P;
+            pl->run2 = p - i;
+        }
+    }
+    /* once an elastic plan served a step, only that period again (and
+     * without counting tries): a dropped plan comes back, a layer loop
+     * whose sizes differ never replaces it */
+    if (pl->state == PL_NONE && !pl->marked && pl->cand2 && pl->run2 >= pl->cand2 && pl->run2 >= PL_MINRUN &&
+        (pl->eP ? pl->cand2 == pl->eP : pl->tries < PL_TRIES) && p >= 2 * pl->cand2 && pl->diff2 + pl->cand2 > p &&
+        closed(pl, p, pl->cand2))
+        make_plan(pl, p, pl->cand2, true);
+}
+
+/* An allocation's signatures now (pl_rec): from its stream and the frees since the last one. */
+static inline uint64_t cur_sig0(const gp_plan *pl, gm_stream stream) { return mix((pl->nfree < 8 ? pl->nfree : 8) + 1, stream); }
+static inline uint64_t cur_sig(const gp_plan *pl, gm_stream stream) { return mix(pl->fsig ^ cur_sig0(pl, stream), stream); }
 
 static void note_alloc(gp_plan *pl, uint64_t units, gm_stream stream) {
     uint64_t p = pl->n++;
-    *rec(pl, p) = (pl_rec){units, stream, pl->op++, -1, pl->live};
+    *rec(pl, p) = (pl_rec){units, stream, pl->op++, -1, pl->live, cur_sig0(pl, stream), cur_sig(pl, stream)};
+    pl->fsig = pl->nfree = 0;
     pl->live += units;
     detect(pl, p);
+    if (pl->state != PL_ACTIVE && !pl->no_elastic) detect_elastic(pl, p);
 }
 
 /* ---- activation, settling, dropping ----------------------------------------- */
 
 static void drop(gp_state *st) {
     gp_plan *pl = st->plan;
-    PLOG("drop at %llu\n", (unsigned long long)pl->n);
+    PLOG("drop at %llu: peak %.1f MiB held %.1f MiB\n", (unsigned long long)pl->n, st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0, st->held_bytes / 1048576.0);
     if (pl->ra) (void)gm__gp_va_index(pl->ra, false);
     if (pl->ma) (void)gm__gp_va_index(pl->ma, false);
     pl->ra = pl->ma = NULL;
     pl->state = PL_NONE;
     pl->cand = pl->run = 0;
+    pl->grew = pl->growing = false;
+    /* elastic: the plan's arena holds the longest step's memory, which the
+     * usual placement cannot use: tight until the plan is made again */
+    if (pl->eP) gm__gp_tighten(st);
 }
 
 /* Small blocks back into their arenas and every arena's frees synced, so
@@ -220,7 +319,10 @@ static bool keep_planned(void *arg, const gp_chunk *c) {
     gp_state *st = arg;
     const gp_plan *pl = st->plan;
     if (c->arena < 0 || pl->state != PL_ACTIVE) return false;
-    if (pl->rebase) return c->arena == pl->ra->index;
+    /* B: its own arena, up to the layout's top (an elastic plan's arena
+     * may have grown past it while a step grew) */
+    if (pl->rebase)
+        return c->arena == pl->ra->index && (!pl->elastic || ((uint64_t)c->g0 << (st->gshift - GP_ALIGN_SHIFT)) < pl->top_units);
     if (c->arena != pl->ma->index) return false;
     for (uint64_t g = (uint64_t)c->g0; g < (uint64_t)c->g0 + c->n && g / 64 < pl->fp_words; g++)
         if (pl->fp[g / 64] >> (g % 64) & 1) return true;
@@ -279,7 +381,8 @@ static void activate(gp_state *st) {
     pl->ma = a;
     pl->state = PL_ACTIVE;
     pl->cur = pl->dev_step = 0;
-    pl->settled = false;
+    pl->settled = pl->grew = pl->growing = false;
+    pl->bound[2] = pl->n, pl->bound[1] = pl->n - pl->P, pl->bound[0] = pl->n - 2 * pl->P; /* laid out from those */
 }
 
 /* Memory the plan does not need: idle chunks, given back once. */
@@ -302,18 +405,48 @@ static void settle(gp_state *st) {
 static void advance(gp_state *st) {
     gp_plan *pl = st->plan;
     if (++pl->cur % pl->P) return;
+    pl->growing = false;
+    pl->bound[0] = pl->bound[1], pl->bound[1] = pl->bound[2], pl->bound[2] = pl->n + 1; /* the next step's first */
+    PLOG("step end at %llu: peak %.1f MiB calls %llu held %.1f MiB dev %llu grew %d\n", (unsigned long long)pl->n, st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0,
+         (unsigned long long)(st->d->stats.num_map + st->d->stats.num_unmap + st->d->stats.num_phys_create + st->d->stats.num_phys_release),
+         st->held_bytes / 1048576.0, (unsigned long long)pl->dev_step, pl->grew);
     gm__gp_loosen(st); /* a step served from the plan: the warm-up is over */
+    if (pl->elastic) pl->eP = pl->P;
     if (pl->cur == 2 * pl->P) pl->cur = 0;
-    if (!pl->settled && pl->dev_step == 0) settle(st);
+    if (!pl->grew) pl->grow_run = 0;
+    if (!pl->settled && pl->dev_step == 0 && !pl->grew) settle(st);
     pl->dev_step = 0;
 }
 
 static void deviation(gp_state *st) {
     gp_plan *pl = st->plan;
-    if (++pl->dev_step > pl->P / 4 + 4) drop(st);
+    /* elastic: a short step may skip allocations, and the ones after differ in signature for a while */
+    if (++pl->dev_step > (pl->elastic ? pl->P / 2 : pl->P / 4) + 4) drop(st);
 }
 
 /* ---- ops ------------------------------------------------------------------- */
+
+/* Position c of the plan takes this allocation: the same units and stream,
+ * or (elastic) the same signature and at most the planned units. */
+static inline bool fits(const gp_plan *pl, uint64_t c, uint64_t units, gm_stream stream, uint64_t sig) {
+    if (pl->tstream[c] != stream) return false;
+    return pl->elastic ? pl->tsig[c] == sig && units <= pl->tunits[c] : pl->tunits[c] == units;
+}
+
+/* Elastic, the rest of a step that grew past the plan: its large blocks of
+ * the plan's stream go best fit into the plan's own arena, over the memory
+ * it maps already (the slots of the longest step so far, mostly idle), and
+ * past its end only for what is new; the step is laid out again at its end.
+ * Else (0) the usual placement. */
+static int unplanned(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out) {
+    gp_plan *pl = st->plan;
+    if (!pl->growing || !pl->rebase || stream != pl->pstream || units <= GP_SMALL_UNITS) return 0;
+    gp_block *b;
+    if (gm__gp_va_place(st, pl->ra, units, &b) != GM_OK) return 0;
+    b->h.pool = (uint8_t)pool;
+    *out = b;
+    return 1;
+}
 
 static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out) {
     gp_plan *pl = st->plan;
@@ -321,18 +454,31 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_bl
         drop(st);
         return 0;
     }
-    uint64_t c = pl->cur;
-    if (pl->tunits[c] != units || pl->tstream[c] != stream) {
+    uint64_t c = pl->cur, sig = cur_sig(pl, stream);
+    bool grown = false;
+    if (!fits(pl, c, units, stream, sig)) {
         PLOG("mismatch at %llu pos %llu: %llu units, plan %llu\n", (unsigned long long)pl->n, (unsigned long long)c, (unsigned long long)units, (unsigned long long)pl->tunits[c]);
-        deviation(st);
-        if (pl->state != PL_ACTIVE) return 0;
-        uint64_t k = 1;
-        while (k <= PL_RESYNC && c + k < 2 * pl->P && (pl->tunits[c + k] != units || pl->tstream[c + k] != stream)) k++;
-        if (k > PL_RESYNC || c + k >= 2 * pl->P) return 0;
-        pl->cur = c = c + k;
+        /* elastic: the position, larger than any step before: the step
+         * grows (unplanned(), tight), and is laid out again at its end */
+        grown = pl->elastic && pl->tsig[c] == sig && pl->tstream[c] == stream;
+        if (!grown) {
+            deviation(st);
+            if (pl->state != PL_ACTIVE) return 0;
+            uint64_t k = 1, ahead = pl->elastic ? PL_RESYNC_ELASTIC : PL_RESYNC;
+            while (k <= ahead && c + k < 2 * pl->P && !fits(pl, c + k, units, stream, sig)) k++;
+            if (k > ahead || c + k >= 2 * pl->P) return unplanned(st, units, pool, stream, out);
+            pl->cur = c = c + k;
+        }
     }
-    advance(st);
-    if (!pl->planned[c]) return 0;
+    if (grown && !pl->growing) { /* tight for the rest of the step: what is new comes from idle memory */
+        pl->grew = pl->growing = true;
+        gm__gp_tighten(st);
+        st->steal_high = true; /* until gm__gp_loosen */
+    }
+    bool growing = pl->growing;
+    advance(st); /* ends growing at the step's end */
+    if (growing) return unplanned(st, units, pool, stream, out);
+    if (!pl->planned[c] || (pl->elastic && units <= GP_SMALL_UNITS)) return 0; /* small blocks stay small */
     gp_block *b;
     /* laid over the mapped memory (layout A), the plan maps nothing of its
      * own before it settled: a plan that falls apart in its first step then
@@ -359,11 +505,44 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_bl
     return 1;
 }
 
+/* Elastic, at a step's end: a step grew past the plan, so the last two
+ * steps (if they allocated alike) are laid out anew, with each position at
+ * the largest size it has had. Else the plan serves on, and this is tried
+ * again at the next step's end. */
+static void replan(gp_state *st) {
+    gp_plan *pl = st->plan;
+    uint64_t P = pl->P, n = pl->n;
+    /* the last two steps as the cursor followed them, each P allocations
+     * (a short step skipped some: its positions would not align) */
+    if (pl->bound[2] != n || pl->bound[1] + P != n || pl->bound[0] + P != pl->bound[1]) return;
+    uint64_t differ = 0; /* positions the layout leaves out */
+    for (uint64_t k = 0; k < P; k++)
+        differ += rec(pl, n - 2 * P + k)->sig != rec(pl, n - P + k)->sig;
+    if (differ > P / 16) return;
+    if (++pl->grow_run > PL_GROW_RUN) { /* every step longer (a generate loop's caches): no plan pays */
+        PLOG("elastic: %u steps in a row grew, given up at %llu\n", PL_GROW_RUN, (unsigned long long)n);
+        pl->eP = 0;
+        pl->no_elastic = true;
+        drop(st);
+        gm__gp_loosen(st);
+        quiesce(st);
+        (void)gm__gp_release_unused(st);
+        return;
+    }
+    PLOG("elastic: a step grew, laid out again at %llu\n", (unsigned long long)n);
+    pl->grew = false;
+    drop(st);
+    pl->start = n;
+    activate(st);
+}
+
 int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out) {
     gp_plan *pl = st->plan;
+    if (pl->state == PL_ACTIVE && pl->grew && pl->cur % pl->P == 0) replan(st);
     if (pl->state == PL_PENDING && pl->n == pl->start) {
         const pl_rec *r = rec(pl, pl->start - pl->P); /* the step must begin as the last one did */
-        if (r->units == units && r->stream == stream) activate(st);
+        bool alike = pl->elastic ? r->sig == cur_sig(pl, stream) : r->units == units;
+        if (alike && r->stream == stream) activate(st);
         else pl->state = PL_NONE, PLOG("the step begins otherwise at %llu: %llu units, the last %llu\n", (unsigned long long)pl->n, (unsigned long long)units, (unsigned long long)r->units);
     }
     if (pl->state != PL_ACTIVE) return 0;
@@ -385,7 +564,7 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
      * given back then, once: kept where the tight steps left them, they sat
      * under the later steps' new placements and the run held more
      * (bench/gpumem_policy_tradeoff.md, "Tight warm-up, then the plan") */
-    if (st->warming && pl->state != PL_ACTIVE && (pl->tries >= PL_TRIES || pl->n >= PL_WARM)) {
+    if (st->warming && pl->state != PL_ACTIVE && !pl->eP && (pl->tries >= PL_TRIES || pl->n >= PL_WARM)) {
         gm__gp_loosen(st);
         quiesce(st);
         (void)gm__gp_release_unused(st);
@@ -395,7 +574,10 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
 void gm__gp_plan_free(gp_state *st, const gp_block *b) {
     gp_plan *pl = st->plan;
     pl->live -= b->h.size >> GP_ALIGN_SHIFT;
-    if (b->serial < pl->n && pl->n - b->serial <= PL_HIST) rec(pl, b->serial)->death = pl->op;
+    uint64_t s0 = 1; /* what the freed block's allocation looked like, whatever its size */
+    if (b->serial < pl->n && pl->n - b->serial <= PL_HIST) rec(pl, b->serial)->death = pl->op, s0 = rec(pl, b->serial)->sig0;
+    pl->fsig = rotl64(pl->fsig, 5) ^ s0 * 0x9e3779b97f4a7c15ull;
+    pl->nfree++;
     pl->op++;
 }
 

@@ -25,6 +25,11 @@ typedef struct pl_rec {
     gm_stream stream;
     int64_t birth, death; /* operation numbers; death -1 while alive */
     uint64_t live;        /* units live just before this allocation */
+    /* shape-free signatures, alike in a longer or shorter step: sig0, its
+     * stream and how many frees came since the last allocation; sig, that
+     * and the sig0 of each block freed since (not how far back they were
+     * made: a short step that skips a few allocations would shift them all) */
+    uint64_t sig0, sig;
 } pl_rec;
 
 typedef struct pl_item {
@@ -43,6 +48,20 @@ typedef struct gp_plan {
     struct pl_slot { uint64_t key, pos; } *tab; /* window hash -> allocation number + 1 */
     uint64_t wh;  /* rolling hash of the last PL_W allocations */
     uint64_t cand, run;
+    /* variable shapes (elastic): steps that allocate alike in order and lifetimes (sig) but not in size */
+    uint64_t fsig, nfree; /* the frees since the last allocation: their blocks' sig0 hashed, and how many */
+    struct pl_slot *tab2; /* window hash of sigs -> allocation number + 1 */
+    uint64_t wh2, cand2, run2, diff2; /* diff2: last allocation of the run whose units differ a period back */
+    bool elastic;        /* the plan hosts each position's block at any size up to its planned units */
+    bool grew;           /* elastic: a step allocated past a planned size; laid out again at its end */
+    bool growing;        /* elastic: this step did: the rest of it is placed best fit in the plan's arena */
+    uint64_t vP;         /* elastic: tunits holds the largest units seen per position of a step of vP */
+    uint64_t bound[3];   /* elastic: allocation numbers where the last three steps served began */
+    uint64_t *tsig;      /* elastic: sig per position */
+    uint32_t grow_run;   /* elastic: steps in a row laid out again because they grew */
+    bool no_elastic;     /* elastic plans given up (every step grew) */
+    uint64_t closed_at;  /* elastic: allocation at which closed() last looked */
+    uint64_t eP;         /* elastic: the period of the last elastic plan that served a step (0: none yet) */
     int state;
     uint64_t P, start; /* step length; allocation number where serving starts */
     uint64_t *tunits, *off;
