@@ -14,6 +14,7 @@
 
 #include "gm_test.h"
 #include "gpumem/backend.h"
+#include "policy/gpumem/plan/plan.h"
 #include "report/report.h"
 #include "trace/trace.h"
 
@@ -352,6 +353,78 @@ static void test_capture_after_warmup(void **state) {
     OK(gm_pool_release(a, 0, 11, 0));
     gm_test_check(a);
     gm_test_destroy(b, a);
+}
+
+/* The gpumem policy's plan acts on allocations, not only on step marks: the
+ * end of its tight warm-up (after PL_WARM = 16384 allocations) gives idle
+ * chunks back after syncing the arenas, a plan starts (a switch syncs and
+ * gives back) at the first allocation of a step, and settles at the end of
+ * a served one. Allocations in the device's own pools during a capture
+ * (another stream's, the shim's filter not claiming them) must do none of
+ * it then: each waits for an allocation after the capture. */
+static void plan_steps(gm_allocator *a, int n, bool mark) {
+    static const int mib[] = {3, 5, 1, 9, 2, 7, 4, 6, 8, 3, 2, 5, 12, 1, 6, 4};
+    gm_devptr p[16];
+    for (int s = 0; s < n; s++) {
+        for (int i = 0; i < 16; i++) { /* each block lives two allocations */
+            OK(gm_malloc(a, 0, (size_t)mib[i] * MIB + 100 * KIB, 0, &p[i]));
+            if (i >= 2) OK(gm_free(a, p[i - 2]));
+        }
+        OK(gm_free(a, p[14]));
+        OK(gm_free(a, p[15]));
+        if (mark) OK(gm_step_mark(a, 0));
+    }
+}
+
+static void test_capture_plan_paths(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    gm_devptr x;
+    /* the warm-up's end falls inside a capture */
+    make(state, true, &b, &a);
+    uint64_t rng = 88172645463325252ull; /* sizes with no period: the detector makes no plan */
+    gm_devptr y = 0;
+    for (int i = 0; i < 16384 - 20; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        OK(gm_malloc(a, 0, (size_t)(rng % (12 * MIB)) + 1, 0, &x));
+        if (y) OK(gm_free(a, y));
+        y = x;
+    }
+    OK(gm_free(a, y));
+    uint64_t ra = releasing_calls(b);
+    OK(gm_pool_begin(a, 0, 13, 0));
+    for (int i = 0; i < 60; i++) {
+        OK(gm_malloc(a, 0, (size_t)(i % 9 + 1) * MIB, 0, &x));
+        OK(gm_free(a, x));
+    }
+    assert_int_equal(capture_forbidden(a, 0) + capture_forbidden(a, 1), 0);
+    OK(gm_pool_end(a, 0, 13, 0));
+    assert_int_equal(releasing_calls(b), ra);
+    plan_steps(a, 2, false); /* the deferred warm-up end happens now */
+    if (kind_of(state) == GM_POLICY_GPUMEM) assert_true(releasing_calls(b) > ra);
+    gm_test_check(a);
+    OK(gm_pool_release(a, 0, 13, 0));
+    gm_test_destroy(b, a);
+    /* a plan is pending (steps alike, marked) when a capture begins; the
+     * steps go on inside it */
+    if (getenv("GM_TEST_VERBOSE")) fprintf(stderr, "phase B\n");
+    gm__gp_plan_force = 'B'; /* a switch to layout B syncs and gives idle memory back */
+    make(state, true, &b, &a);
+    OK(gm_malloc(a, 0, 200 * MIB, 0, &x)); /* weights */
+    plan_steps(a, 3, true); /* three marks alike: the plan starts at the next step's first allocation */
+    uint64_t r0 = releasing_calls(b);
+    if (getenv("GM_TEST_VERBOSE")) fprintf(stderr, "capture\n");
+    OK(gm_pool_begin(a, 0, 14, 0));
+    plan_steps(a, 6, true);
+    assert_int_equal(capture_forbidden(a, 0) + capture_forbidden(a, 1), 0);
+    assert_int_equal(releasing_calls(b), r0);
+    OK(gm_pool_end(a, 0, 14, 0));
+    plan_steps(a, 6, true);
+    gm_test_check(a);
+    OK(gm_free(a, x));
+    OK(gm_pool_release(a, 0, 14, 0));
+    gm_test_destroy(b, a);
+    gm__gp_plan_force = 0;
 }
 
 /* A capture that failed: torch never calls endAllocateToPool after a failed
@@ -732,6 +805,7 @@ static gm_policy_kind k_torch = GM_POLICY_TORCH, k_gpumem = GM_POLICY_GPUMEM;
         cmocka_unit_test_prestate(test_deferred_events, &k), cmocka_unit_test_prestate(test_release_waits, &k), \
         cmocka_unit_test_prestate(test_checkpoint_restore, &k), \
         cmocka_unit_test_prestate(test_capture_after_warmup, &k), cmocka_unit_test_prestate(test_failed_capture, &k), \
+        cmocka_unit_test_prestate(test_capture_plan_paths, &k), \
     }
 
 /* GM_TEST_POLICY=torch or gpumem runs one policy only */

@@ -304,7 +304,8 @@ static void advance(gp_state *st) {
     if (++pl->cur % pl->P) return;
     gm__gp_loosen(st); /* a step served from the plan: the warm-up is over */
     if (pl->cur == 2 * pl->P) pl->cur = 0;
-    if (!pl->settled && pl->dev_step == 0) settle(st);
+    /* settling syncs and gives back: not during a capture (a later step settles) */
+    if (!pl->settled && pl->dev_step == 0 && !gm__device_capturing(st->d)) settle(st);
     pl->dev_step = 0;
 }
 
@@ -363,7 +364,10 @@ int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream,
     gp_plan *pl = st->plan;
     if (pl->state == PL_PENDING && pl->n == pl->start) {
         const pl_rec *r = rec(pl, pl->start - pl->P); /* the step must begin as the last one did */
-        if (r->units == units && r->stream == stream) activate(st);
+        /* a switch syncs and gives back, which a capture does not allow: the
+         * plan is not started (the detector tries again at later marks) */
+        if (gm__device_capturing(st->d)) pl->state = PL_NONE, PLOG("no switch during a capture at %llu\n", (unsigned long long)pl->n);
+        else if (r->units == units && r->stream == stream) activate(st);
         else pl->state = PL_NONE, PLOG("the step begins otherwise at %llu: %llu units, the last %llu\n", (unsigned long long)pl->n, (unsigned long long)units, (unsigned long long)r->units);
     }
     if (pl->state != PL_ACTIVE) return 0;
@@ -385,7 +389,8 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
      * given back then, once: kept where the tight steps left them, they sat
      * under the later steps' new placements and the run held more
      * (bench/gpumem_policy_tradeoff.md, "Tight warm-up, then the plan") */
-    if (st->warming && pl->state != PL_ACTIVE && (pl->tries >= PL_TRIES || pl->n >= PL_WARM)) {
+    if (st->warming && pl->state != PL_ACTIVE && (pl->tries >= PL_TRIES || pl->n >= PL_WARM) &&
+        !gm__device_capturing(st->d)) { /* it syncs and gives back: the first allocation after a capture */
         gm__gp_loosen(st);
         quiesce(st);
         (void)gm__gp_release_unused(st);
