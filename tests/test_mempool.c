@@ -427,6 +427,35 @@ static void test_capture_plan_paths(void **state) {
     gm__gp_plan_force = 0;
 }
 
+/* Out of memory in a capture, with oversize blocks cached in the pool
+ * (max_split_size_mb) and garbage collection on: torch frees cached blocks
+ * there, which would invalidate the capture; gpumem frees nothing and the
+ * allocation fails (or is served without a free). */
+static void test_capture_oom_frees_nothing(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    bool torch = kind_of(state) == GM_POLICY_TORCH; /* the settings are torch's */
+    int rc = gm_test_make(kind_of(state), torch ? "max_split_size_mb:20,garbage_collection_threshold:0.5" : NULL,
+                          128 * MIB, true, &b, &a);
+    if (rc != GM_OK) fail_msg("gm_test_make: %s %s", gm_status_name(rc), gm_last_error_detail());
+    OK(gm_set_memory_fraction(a, 0, 1.0));
+    gm_devptr p[3], x = 0;
+    OK(gm_pool_begin(a, 0, 15, 0));
+    for (int i = 0; i < 3; i++) OK(gm_malloc_pool(a, 0, 24 * MIB, 0, 15, 0, &p[i]));
+    for (int i = 0; i < 3; i++) OK(gm_free(a, p[i]));
+    uint64_t r0 = releasing_calls(b);
+    rc = gm_malloc_pool(a, 0, 64 * MIB, 0, 15, 0, &x);
+    assert_true(rc == GM_OK || rc == GM_ENOMEM);
+    assert_int_equal(releasing_calls(b), r0);
+    assert_int_equal(capture_forbidden(a, 0) + capture_forbidden(a, 1), 0);
+    if (x) OK(gm_free(a, x));
+    OK(gm_pool_end(a, 0, 15, 0));
+    gm_test_check(a);
+    OK(gm_pool_release(a, 0, 15, 0));
+    gm_test_check(a);
+    gm_test_destroy(b, a);
+}
+
 /* A capture that failed: torch never calls endAllocateToPool after a failed
  * cudaStreamEndCapture, so the device stays capturing. empty_cache (the
  * test's next torch.cuda.empty_cache()) and a pool's empty_cache (a
@@ -806,6 +835,7 @@ static gm_policy_kind k_torch = GM_POLICY_TORCH, k_gpumem = GM_POLICY_GPUMEM;
         cmocka_unit_test_prestate(test_checkpoint_restore, &k), \
         cmocka_unit_test_prestate(test_capture_after_warmup, &k), cmocka_unit_test_prestate(test_failed_capture, &k), \
         cmocka_unit_test_prestate(test_capture_plan_paths, &k), \
+        cmocka_unit_test_prestate(test_capture_oom_frees_nothing, &k), \
     }
 
 /* GM_TEST_POLICY=torch or gpumem runs one policy only */
