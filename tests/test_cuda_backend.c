@@ -26,7 +26,9 @@ static struct fake {
     int events_created, events_destroyed, unmaps, sets;
     CUresult alloc_result, set_access_result, query_result;
     int vmm_attr;
+    int alloc_mode, exchanges; /* the capture mode cuMemAlloc ran in; mode swaps */
 } F;
+static _Thread_local int capture_mode; /* the thread's stream capture mode (0: global) */
 static char ctx_tag[NDEV]; /* the fake contexts are the addresses of these */
 static _Thread_local CUcontext cur;
 static char ev_tag[64];
@@ -49,8 +51,16 @@ static CUresult f_setcur(CUcontext c) { cur = c; F.sets++; return 0; }
 /* Like the real driver: device calls need a current context. */
 static CUresult f_alloc(CUdeviceptr *p, size_t s) {
     if (cur_dev() < 0) return GM__CUDA_ERROR_INVALID_CONTEXT;
+    F.alloc_mode = capture_mode;
     if (F.alloc_result) return F.alloc_result;
     *p = 0x7f0000000000ull + (uint64_t)cur_dev() * 0x100000000ull;
+    return 0;
+}
+static CUresult f_exchange(int *mode) {
+    int was = capture_mode;
+    capture_mode = *mode;
+    *mode = was;
+    F.exchanges++;
     return 0;
 }
 static CUresult f_free(CUdeviceptr p) { return cur_dev() < 0 ? GM__CUDA_ERROR_INVALID_CONTEXT : 0; }
@@ -111,7 +121,7 @@ static gm__cuda_driver fake_driver(void) {
         .cuMemRelease = f_mrelease, .cuMemMap = f_map, .cuMemUnmap = f_unmap,
         .cuMemSetAccess = f_access, .cuEventCreate = f_ev_create, .cuEventRecord = f_ev_record,
         .cuEventQuery = f_ev_query, .cuEventSynchronize = f_ev_sync, .cuEventDestroy = f_ev_destroy,
-        .cuGetErrorName = f_errname,
+        .cuGetErrorName = f_errname, .cuThreadExchangeStreamCaptureMode = f_exchange,
     };
     return d;
 }
@@ -220,6 +230,37 @@ static void oom_is_enomem_with_detail(void **state) {
     ops->destroy(ctx);
 }
 
+/* cuMemAlloc runs in relaxed capture mode, as torch's
+ * cudaMallocMaybeCapturing: in global mode (torch.cuda.graph's) it would
+ * fail and invalidate the capture. The thread's mode is given back, on
+ * failure too; without the driver entry it allocates as before. */
+static void malloc_relaxed_capture_mode(void **state) {
+    gm__cuda_driver d = fake_driver();
+    const gm_backend_ops *ops;
+    void *ctx;
+    open_fake(&d, &ops, &ctx);
+    gm_devptr p = 0;
+    capture_mode = 0; /* global */
+    assert_int_equal(ops->malloc(ctx, 0, 4096, &p), GM_OK);
+    assert_int_equal(F.alloc_mode, GM__CU_STREAM_CAPTURE_MODE_RELAXED);
+    assert_int_equal(capture_mode, 0);
+    assert_int_equal(F.exchanges, 2);
+    capture_mode = 1; /* thread-local */
+    F.alloc_result = GM__CUDA_ERROR_OUT_OF_MEMORY;
+    assert_int_equal(ops->malloc(ctx, 0, 4096, &p), GM_ENOMEM);
+    assert_int_equal(F.alloc_mode, GM__CU_STREAM_CAPTURE_MODE_RELAXED);
+    assert_int_equal(capture_mode, 1);
+    ops->destroy(ctx);
+    capture_mode = 0;
+    F.alloc_result = 0;
+    d.cuThreadExchangeStreamCaptureMode = NULL; /* an old driver */
+    open_fake(&d, &ops, &ctx);
+    assert_int_equal(ops->malloc(ctx, 0, 4096, &p), GM_OK);
+    assert_int_equal(F.alloc_mode, 0);
+    assert_int_equal(F.exchanges, 4);
+    ops->destroy(ctx);
+}
+
 static void vmm_paths(void **state) {
     gm__cuda_driver d = fake_driver();
     const gm_backend_ops *ops;
@@ -312,6 +353,7 @@ int main(void) {
         cmocka_unit_test_setup(no_gpu_is_enodriver, setup),
         cmocka_unit_test_setup(primary_context_made_current_and_restored, setup),
         cmocka_unit_test_setup(oom_is_enomem_with_detail, setup),
+        cmocka_unit_test_setup(malloc_relaxed_capture_mode, setup),
         cmocka_unit_test_setup(vmm_paths, setup),
         cmocka_unit_test_setup(events_are_pooled, setup),
         cmocka_unit_test_setup(backend_object_wraps_ops, setup),

@@ -324,7 +324,8 @@ GM_API int gm_free(gm_allocator *a, gm_devptr ptr);
 /* Mark `ptr` as used on `stream`: its memory is not reused until the work
  * queued on `stream` at free time has completed. */
 GM_API int gm_record_stream(gm_allocator *a, gm_devptr ptr, gm_stream stream);
-/* Release cached, unused device memory. device -1 = every device. */
+/* Release cached, unused device memory. device -1 = every device. A
+ * device where a capture is under way (gm_pool_begin) releases nothing. */
 GM_API int gm_empty_cache(gm_allocator *a, int device);
 /* The program finished one step of a repeating loop (e.g. after
  * optimizer.step()). With gpumem_plan:on the gpumem policy takes the marks
@@ -404,8 +405,10 @@ GM_API int gm_walk_blocks(gm_allocator *a, int device, gm_block_cb cb, void *arg
  * capture into it (beginAllocateToPool); end stops it; release drops a use:
  * when the last goes, the pool's cached memory is given back, and the pool
  * goes with its last block. While any pool of a device is between begin and
- * end, the device frees nothing, synchronises with no event and refuses
- * gm_empty_cache: a CUDA graph capture allows none of it.
+ * end, the device frees nothing and synchronises with no event (a CUDA
+ * graph capture allows none of it): gm_empty_cache and gm_pool_empty_cache
+ * then release nothing and return GM_OK, as torch's emptyCache does while
+ * captures are under way.
  * gm_malloc_pool places an allocation in the pool (which must hold a use);
  * gm_free returns it to the pool it came from. Each call changes nothing
  * when it fails: an unknown pool is GM_EINVAL, a release with no use left,
@@ -420,6 +423,14 @@ GM_API int gm_pool_use_count(gm_allocator *a, int device, uint64_t id0, uint64_t
 GM_API int gm_pool_empty_cache(gm_allocator *a, int device, uint64_t id0, uint64_t id1);
 GM_API int gm_malloc_pool(gm_allocator *a, int device, size_t size, gm_stream stream, uint64_t id0, uint64_t id1,
                           gm_devptr *out);
+/* Device calls attempted on `device` while a capture was under way there (a
+ * private pool between gm_pool_begin and gm_pool_end), one counter per
+ * gm_bcall kind (gpumem/backend.h), counted since the allocator was made:
+ * `who` 0 the calls of the device's own pools, 1 those of private pools.
+ * Copies up to n counters into out; returns GM_BCALL_COUNT, or an error.
+ * A capture must make no FREE, UNMAP, PHYS_RELEASE, VA_RELEASE, EVENT_SYNC
+ * or EVENT_QUERY (tests/gpu/test_graphs.py asserts it on the GPU). */
+GM_API int gm_pool_capture_calls(gm_allocator *a, int device, int who, uint64_t *out, int n);
 /* Checkpoints of a private pool (torch's getCheckpointState /
  * setCheckpointPoolState; CUDA graph trees restore one before recording a
  * graph that follows another). take records the pool's live blocks; while

@@ -188,9 +188,12 @@ class GpumemAllocator : public PA {
   }
   // torch's emptyCache(mempool_id): {0, 0} the whole cache, else that pool's
   // (on every device holding it; a pool already gone has nothing cached)
+  // A pool's comes from ~MemPool (after releasePool): a destructor, so a
+  // failure is a warning there. During a capture neither frees anything.
   void emptyCache(c10::MempoolId_t mempool_id) override {
     if (mempool_id == c10::MempoolId_t{0, 0}) check(api.empty_cache(-1), "empty_cache");
-    else check(api.pool_empty_cache(-1, mempool_id.first, mempool_id.second), "empty_cache(mempool_id)");
+    else if (api.pool_empty_cache(-1, mempool_id.first, mempool_id.second) != 0)
+      TORCH_WARN(last_error("empty_cache(mempool_id)"));
   }
   // torch: the largest free cached block, at least the device's free memory
   // (cuDNN's benchmark mode sizes its workspace with this). gpumem keeps no
@@ -256,6 +259,36 @@ class GpumemAllocator : public PA {
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
     if (api.pool_release(device, mempool_id.first, mempool_id.second) != 0)
       TORCH_WARN(last_error("releasePool"));
+  }
+  // torch.cuda.MemPool's constructor calls setUseOnOOM(true) for
+  // MemPool(use_on_oom=True) and setNoSplit for MemPool(no_split=True); its
+  // destructor (torch 2.11) calls setUseOnOOM(false) on every pool, then
+  // releasePool and emptyCache(id). gpumem never serves an out-of-memory
+  // retry from a private pool, so false has nothing to undo and must not
+  // throw (a throw from ~MemPool terminates the process: the first H200 run
+  // of issue 28 aborted at exit so); true and no_split are refused with a
+  // message, from the constructor only. Declared without `override`: an
+  // older torch has a two-argument setUseOnOOM, or neither.
+#ifdef __clang__
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Winconsistent-missing-override"
+#endif
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) {
+    if (use_on_oom) refuse_use_on_oom();
+  }
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id) { refuse_use_on_oom(); }
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
+    TORCH_CHECK(false, "gpumem: torch.cuda.MemPool(no_split=True) is not supported: gpumem's pools place "
+                "blocks by its own policy; create the MemPool without no_split, or run with PyTorch's "
+                "allocator (`gpumem run --native`)");
+  }
+#ifdef __clang__
+#pragma clang diagnostic pop
+#endif
+  static void refuse_use_on_oom() {
+    TORCH_CHECK(false, "gpumem: torch.cuda.MemPool(use_on_oom=True) is not supported: gpumem never serves an "
+                "out-of-memory retry from a private pool; create the MemPool without use_on_oom, or run with "
+                "PyTorch's allocator (`gpumem run --native`)");
   }
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
     int n = 0;

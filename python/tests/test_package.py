@@ -135,11 +135,25 @@ class SimBackendTest(unittest.TestCase):
             lib.gpumem_torch_shutdown()
             _lib.configure(policy, "sim")
             own = _lib.alloc_raw(MIB, 0, 0)
+            _lib.free_raw(_lib.alloc_raw(9 * MIB, 0, 0))  # cached by the device's own pools
             _lib.check(lib.gpumem_torch_pool_begin(0, 1, 2), "pool_begin")
             out = ctypes.c_uint64(0)
             _lib.check(lib.gpumem_torch_alloc_pool(3 * MIB, 0, 0, 1, 2, ctypes.byref(out)), "alloc_pool")
             self.assertNotEqual(out.value, 0)
+            # torch.cuda.empty_cache() during a capture: nothing freed, no error (as torch)
+            _lib.check(lib.gpumem_torch_empty_cache(-1), "empty_cache")
             _lib.check(lib.gpumem_torch_pool_end(0, 1, 2), "pool_end")
+            # the device calls made during the capture, by whose pools (tests/gpu/test_graphs.py)
+            buf = (ctypes.c_uint64 * 32)()
+            names = [lib.gm_bcall_name(k).decode() for k in range(lib.gpumem_torch_capture_calls(0, 0, buf, 32))]
+            by_own = dict(zip(names, list(buf)))
+            self.assertEqual(lib.gpumem_torch_capture_calls(0, 1, buf, 32), len(names))
+            pools = dict(zip(names, list(buf)))
+            self.assertGreater(pools["MALLOC"] + pools["PHYS_CREATE"], 0, pools)  # the pool's first segment
+            for k in ("FREE", "UNMAP", "PHYS_RELEASE", "VA_RELEASE", "EVENT_SYNC", "EVENT_QUERY"):
+                self.assertEqual(by_own[k] + pools[k], 0, (k, by_own, pools))
+            self.assertLess(lib.gpumem_torch_capture_calls(0, 2, buf, 32), 0)
+            self.assertIn("who 2", _lib.last_error())
             n = ctypes.c_int(0)
             _lib.check(lib.gpumem_torch_pool_use_count(0, 1, 2, ctypes.byref(n)), "pool_use_count")
             self.assertEqual(n.value, 1)

@@ -158,7 +158,18 @@ static int cu_malloc(void *ctx, int dev, uint64_t size, gm_devptr *out) {
     int st = enter(c, dev, &d, &g);
     if (st != GM_OK) return st;
     CUdeviceptr p = 0;
+    /* A cuMemAlloc while a stream is being captured is legal (the graph
+     * records the new memory; replays do not allocate) but "potentially
+     * unsafe" in the global and thread-local capture modes: there it fails
+     * and invalidates the capture, and torch.cuda.graph captures in global
+     * mode (the first H200 run of issue 28: policy:torch's first segment of a
+     * graph's pool failed, cudaErrorStreamCaptureInvalidated). Torch's
+     * cudaMallocMaybeCapturing allocates in relaxed mode; so does this. */
+    int mode = GM__CU_STREAM_CAPTURE_MODE_RELAXED;
+    bool relaxed = c->drv.cuThreadExchangeStreamCaptureMode &&
+                   c->drv.cuThreadExchangeStreamCaptureMode(&mode) == GM__CUDA_SUCCESS;
     CUresult r = c->drv.cuMemAlloc(&p, (size_t)size);
+    if (relaxed) (void)c->drv.cuThreadExchangeStreamCaptureMode(&mode); /* back to the caller's mode */
     leave(c, &g);
     if (r != GM__CUDA_SUCCESS) return cu_fail(c, r, "cuMemAlloc", dev, size);
     *out = p;
@@ -580,6 +591,7 @@ static void drv_load(void *dl, gm__cuda_driver *d) {
     LOAD(cuEventQuery, "cuEventQuery");
     LOAD(cuEventSynchronize, "cuEventSynchronize");
     LOAD(cuEventDestroy, "cuEventDestroy_v2");
+    LOAD(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
     LOAD(cuGetErrorName, "cuGetErrorName");
     LOAD(cuGetErrorString, "cuGetErrorString");
 #undef LOAD

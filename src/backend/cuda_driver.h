@@ -36,6 +36,7 @@ enum {
 #define GM__CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
 #define GM__CU_MEM_ALLOC_GRANULARITY_MINIMUM 0x0
 #define GM__CU_DEVICE_ATTRIBUTE_VMM_SUPPORTED 102
+#define GM__CU_STREAM_CAPTURE_MODE_RELAXED 2 /* CUstreamCaptureMode: GLOBAL 0, THREAD_LOCAL 1 */
 
 /* Same layout as cuda.h's CUmemLocation / CUmemAllocationProp / CUmemAccessDesc. */
 typedef struct gm__cu_mem_location {
@@ -92,6 +93,8 @@ typedef struct gm__cuda_driver {
     CUresult (*cuEventQuery)(CUevent ev);
     CUresult (*cuEventSynchronize)(CUevent ev);
     CUresult (*cuEventDestroy)(CUevent ev);
+    /* optional: the calling thread's stream capture mode, swapped (CUDA 10.1+) */
+    CUresult (*cuThreadExchangeStreamCaptureMode)(int *mode);
     /* messages: optional */
     CUresult (*cuGetErrorName)(CUresult r, const char **name);
     CUresult (*cuGetErrorString)(CUresult r, const char **msg);

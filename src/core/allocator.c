@@ -485,11 +485,14 @@ int gm_empty_cache(gm_allocator *a, int device) {
     for (int i = 0; i < n && rc == GM_OK; i++) {
         gm__device *d = list[i];
         gm__devlock_lock(&d->lock);
+        /* during a capture nothing is freed and no event waited for: torch's
+         * emptyCache releases nothing of its own pools while captures are
+         * under way, and says nothing. A capture that failed (torch never
+         * calls endAllocateToPool after a failed cudaStreamEndCapture)
+         * leaves the device capturing: empty_cache must not raise then. */
         if (d->capturing) {
             gm__devlock_unlock(&d->lock);
-            return gm__set_error(GM_ESTATE, "gm_empty_cache: device %d is capturing (a private pool is between "
-                                 "gm_pool_begin and gm_pool_end, e.g. a CUDA graph capture): nothing is freed "
-                                 "during a capture; call it after the capture ends", d->index);
+            continue;
         }
         rc = gm__device_process_events(d, true);
         if (rc == GM_OK) rc = d->pops->empty_cache(d->pstate);

@@ -15,6 +15,7 @@
 #define GM__BE_CALL_THEN(d, kind, on_ok, op, ...)                              \
     do {                                                                       \
         gm_backend *b_ = (d)->backend;                                         \
+        gm__capture_note((d), GM_BCALL_##kind);                                \
         int rc_ = gm__bt_enter(b_, (d)->index, GM_BCALL_##kind);                      \
         if (rc_ != GM_OK) return rc_;                                          \
         if (!b_->ops.op) return GM_ENOTSUP;                                    \

@@ -118,6 +118,10 @@ struct gm__device {
     gm__device *owner;           /* a pool's view: the device; NULL for the device itself */
     struct gm__mempools *mp;     /* the device's private pools, NULL before the first */
     uint32_t capturing;          /* pools between gm_pool_begin and gm_pool_end */
+    /* Device calls attempted while capturing, per kind: [0] by the device's
+     * own policy instance, [1] by a private pool's (gm_pool_capture_calls;
+     * kept on the device, never on a view). */
+    uint64_t capture_calls[2][GM_BCALL_COUNT];
 };
 
 /* A capture is under way on d's device (a private pool is being allocated
@@ -125,6 +129,12 @@ struct gm__device {
  * torch's allocator does while captures_underway is not empty. */
 static inline bool gm__device_capturing(const gm__device *d) {
     return (d->owner ? d->owner : d)->capturing != 0;
+}
+
+/* Count a device call made during a capture, by whose instance made it. */
+static inline void gm__capture_note(gm__device *d, int kind) {
+    gm__device *o = d->owner ? d->owner : d;
+    if (__builtin_expect(o->capturing != 0, 0)) o->capture_calls[d->owner != NULL][kind]++;
 }
 
 /* Front-end services a policy may call (device lock held):

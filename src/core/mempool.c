@@ -22,7 +22,9 @@
  * While any pool of a device is between begin and end (a capture), the
  * device makes no free, unmap or event synchronisation: gm_malloc skips
  * the stream events, the policies skip their out-of-memory release,
- * gm_empty_cache refuses, and released pools wait for the capture's end. */
+ * gm_empty_cache and gm_pool_empty_cache release nothing (and succeed, as
+ * torch's emptyCache does), and released pools wait for the capture's end.
+ * Calls made anyway are counted (gm_pool_capture_calls). */
 #include "frontend.h"
 
 #include <math.h>
@@ -418,12 +420,26 @@ int gm_pool_use_count(gm_allocator *a, int device, uint64_t id0, uint64_t id1, i
     return leave(d, GM_OK);
 }
 
+int gm_pool_capture_calls(gm_allocator *a, int device, int who, uint64_t *out, int n) {
+    gm__clear_error();
+    if (!a || !out || n < 0 || (who != 0 && who != 1))
+        return gm__set_error(GM_EINVAL, "gm_pool_capture_calls: NULL allocator or buffer, negative length, or "
+                             "who %d (0: the device's own pools, 1: private pools)", who);
+    gm__device *d;
+    int rc = gm__device_get(a, device, &d);
+    if (rc != GM_OK) return rc;
+    gm__devlock_lock(&d->lock);
+    for (int k = 0; k < n && k < GM_BCALL_COUNT; k++) out[k] = d->capture_calls[who][k];
+    gm__devlock_unlock(&d->lock);
+    return GM_BCALL_COUNT;
+}
+
 /* One device's part of gm_pool_empty_cache (lock held). */
 static int empty_one(gm__device *d, gm__mempool *p) {
-    if (gm__device_capturing(d))
-        return gm__set_error(GM_ESTATE, "gm_pool_empty_cache: device %d is capturing (a private pool is between "
-                             "gm_pool_begin and gm_pool_end): nothing is freed during a capture; call it after",
-                             d->index);
+    /* nothing is freed during a capture (as gm_empty_cache): ~MemPool calls
+     * this, and a destructor must not fail; a released pool's memory goes
+     * when the capture ends (gm_pool_end) */
+    if (gm__device_capturing(d)) return GM_OK;
     int rc = empty_pool(d, p);
     if (p->use_count == 0 && p->blocks == 0) trim(d, p);
     return rc;

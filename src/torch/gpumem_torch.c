@@ -212,6 +212,14 @@ int gpumem_torch_backend_calls(int device, uint64_t *out, int n) {
     return GM_BCALL_COUNT;
 }
 
+int gpumem_torch_capture_calls(int device, int who, uint64_t *out, int n) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_pool_capture_calls(a, device, who, out, n);
+    return st < 0 ? fail_lib(st, "capture_calls") : st;
+}
+
 static int alloc_raw(int64_t size, int device, uint64_t stream, uint64_t id0, uint64_t id1, uint64_t *out) {
     gm_allocator *a;
     *out = 0;

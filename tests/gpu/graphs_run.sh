@@ -51,14 +51,22 @@ for m in ("native", "gpumem", "torch"):
 tests = list(runs["native"] or runs["gpumem"] or runs["torch"])
 mib = lambda n: "%.1f" % (n / 2**20) if n is not None else "-"
 print("\n%-24s %-6s %-6s %-6s %10s %10s %10s  %s" % ("test", "native", "gpumem", "torch", "res MiB nat",
-                                                     "gpumem", "torch", "device calls in captures (gpumem | torch)"))
+                                                     "gpumem", "torch", "device calls while capturing, by whose pools (gpumem | torch)"))
 for t in tests:
     row = [runs[m].get(t, {}) for m in ("native", "gpumem", "torch")]
     res = [r.get("max_reserved") for r in row]
     flag = "".join(" >native(%s)" % m for m, v in zip(("gpumem", "torch"), res[1:])
                    if v is not None and res[0] is not None and v > res[0])
-    calls = " | ".join(",".join("%s=%d" % kv for kv in sorted((r.get("capture_calls") or {}).items())) or "none"
-                       for r in row[1:])
+    def fmt(cc):  # {who: {kind: n}} (test_graphs.py): the calls made while capturing, by whose pools
+        cc = cc or {}
+        if cc and not isinstance(next(iter(cc.values())), dict):
+            cc = {"device": cc}  # an older test_graphs.py: device-wide only
+        parts = []
+        for who, tag in (("the device's own pools", "own"), ("private pools", "pools"), ("device", "device")):
+            if cc.get(who) and (tag != "device" or len(cc) == 1):
+                parts.append(tag + ":" + ",".join("%s=%d" % kv for kv in sorted(cc[who].items())))
+        return " ".join(parts) or "none"
+    calls = " | ".join(fmt(r.get("capture_calls")) for r in row[1:])
     print("%-24s %-6s %-6s %-6s %10s %10s %10s  %s%s" % (t, *(r.get("status", "-") for r in row),
                                                         *(mib(v) for v in res), calls, flag))
 EOF

@@ -352,12 +352,16 @@ static int find_or_allocate(tp_state *st, tp_params *p) {
     p->block = get_free_block(st, p->pool, p->stream, p->size);
     if (p->block) return 1;
     int rc;
-    if (tp_gc_enabled(st) && (rc = garbage_collect_cached_blocks(st)) < 0) return rc;
+    /* torch runs its garbage collection and frees oversize cached blocks
+     * here even while a capture is under way, where a cudaFree invalidates
+     * the capture; gpumem frees nothing during one (the allocation may fail
+     * instead: out of memory, the capture intact) */
+    bool capturing = gm__device_capturing(st->d);
+    if (!capturing && tp_gc_enabled(st) && (rc = garbage_collect_cached_blocks(st)) < 0) return rc;
     if ((rc = alloc_block(st, p, 0)) != 0) return rc;
+    if (capturing) return 0; /* torch: nor is the whole cache released while a capture is under way */
     if ((rc = release_available_cached_blocks(st, p)) < 0) return rc;
     if (rc > 0 && (rc = alloc_block(st, p, 0)) != 0) return rc;
-    /* torch: the whole cache is not released while a capture is under way */
-    if (gm__device_capturing(st->d)) return 0;
     if ((rc = release_cached_blocks(st)) < 0) return rc;
     if ((rc = tp_reserve(st, TP_RESERVE_OP)) < 0) return rc;
     return alloc_block(st, p, 1);

@@ -414,7 +414,8 @@ static void advance(gp_state *st) {
     if (pl->elastic) pl->eP = pl->P;
     if (pl->cur == 2 * pl->P) pl->cur = 0;
     if (!pl->grew) pl->grow_run = 0;
-    if (!pl->settled && pl->dev_step == 0 && !pl->grew) settle(st);
+    /* settling syncs and gives back: not during a capture (a later step settles) */
+    if (!pl->settled && pl->dev_step == 0 && !pl->grew && !gm__device_capturing(st->d)) settle(st);
     pl->dev_step = 0;
 }
 
@@ -538,11 +539,15 @@ static void replan(gp_state *st) {
 
 int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out) {
     gp_plan *pl = st->plan;
-    if (pl->state == PL_ACTIVE && pl->grew && pl->cur % pl->P == 0) replan(st);
+    /* a re-layout syncs and gives back: not during a capture (the next step's end tries again) */
+    if (pl->state == PL_ACTIVE && pl->grew && pl->cur % pl->P == 0 && !gm__device_capturing(st->d)) replan(st);
     if (pl->state == PL_PENDING && pl->n == pl->start) {
         const pl_rec *r = rec(pl, pl->start - pl->P); /* the step must begin as the last one did */
         bool alike = pl->elastic ? r->sig == cur_sig(pl, stream) : r->units == units;
-        if (alike && r->stream == stream) activate(st);
+        /* a switch syncs and gives back, which a capture does not allow: the
+         * plan is not started (the detector tries again at later marks) */
+        if (gm__device_capturing(st->d)) pl->state = PL_NONE, PLOG("no switch during a capture at %llu\n", (unsigned long long)pl->n);
+        else if (alike && r->stream == stream) activate(st);
         else pl->state = PL_NONE, PLOG("the step begins otherwise at %llu: %llu units, the last %llu\n", (unsigned long long)pl->n, (unsigned long long)units, (unsigned long long)r->units);
     }
     if (pl->state != PL_ACTIVE) return 0;
@@ -564,7 +569,8 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
      * given back then, once: kept where the tight steps left them, they sat
      * under the later steps' new placements and the run held more
      * (bench/gpumem_policy_tradeoff.md, "Tight warm-up, then the plan") */
-    if (st->warming && pl->state != PL_ACTIVE && !pl->eP && (pl->tries >= PL_TRIES || pl->n >= PL_WARM)) {
+    if (st->warming && pl->state != PL_ACTIVE && !pl->eP && (pl->tries >= PL_TRIES || pl->n >= PL_WARM) &&
+        !gm__device_capturing(st->d)) { /* it syncs and gives back: the first allocation after a capture */
         gm__gp_loosen(st);
         quiesce(st);
         (void)gm__gp_release_unused(st);
