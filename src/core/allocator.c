@@ -314,18 +314,34 @@ static inline void alloc_done(gm__device *d, gm__block_hdr *b, size_t size, gm_s
 
 void gm__block_revive(gm__device *d, gm__block_hdr *b) { hand_out(d, b, b->requested, b->stream, b->mpool); }
 
-int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_devptr *out) {
+/* The start of gm_malloc and gm_malloc_pool: the arguments checked, *out
+ * zeroed, the device locked and its pending events processed. *dp is NULL
+ * when there is nothing more to do (an error, or size 0: the return value
+ * says which); otherwise the device is locked and the return value is the
+ * events' status, which the caller hands to alloc_failed if it is not OK. */
+static inline int malloc_enter(gm_allocator *a, int device, size_t size, gm_devptr *out, const char *fn,
+                               gm__device **dp) {
     gm__clear_error(); /* a call that succeeds leaves no stale detail */
-    if (!a || !out) return gm__set_error(GM_EINVAL, "gm_malloc: NULL argument");
+    *dp = NULL;
+    if (!a || !out) return gm__set_error(GM_EINVAL, "%s: NULL argument", fn);
     *out = 0;
     if (size == 0) return GM_OK;
     gm__device *d;
     int rc = get_device(a, device, &d);
     if (rc != GM_OK) return rc;
     gm__fe_dev *fe = d->fe;
-    gm__block_hdr *b = NULL;
     gm__devlock_lock(&d->lock);
     if (fe->npending) rc = gm__device_process_events(d, false);
+    *dp = d;
+    return rc;
+}
+
+int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_devptr *out) {
+    gm__device *d;
+    int rc = malloc_enter(a, device, size, out, "gm_malloc", &d);
+    if (!d) return rc;
+    gm__fe_dev *fe = d->fe;
+    gm__block_hdr *b = NULL;
     if (rc == GM_OK) rc = gm__ptrmap_reserve(&fe->map);
     if (rc == GM_OK) rc = d->pops->malloc(d->pstate, size, stream, &b);
     if (rc != GM_OK) return alloc_failed(d, rc, size, stream);
@@ -336,17 +352,11 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
 
 int gm_malloc_pool(gm_allocator *a, int device, size_t size, gm_stream stream, uint64_t id0, uint64_t id1,
                    gm_devptr *out) {
-    gm__clear_error(); /* a call that succeeds leaves no stale detail */
-    if (!a || !out) return gm__set_error(GM_EINVAL, "gm_malloc_pool: NULL argument");
-    *out = 0;
-    if (size == 0) return GM_OK;
     gm__device *d;
-    int rc = get_device(a, device, &d);
-    if (rc != GM_OK) return rc;
+    int rc = malloc_enter(a, device, size, out, "gm_malloc_pool", &d);
+    if (!d) return rc;
     gm__fe_dev *fe = d->fe;
     gm__block_hdr *b = NULL;
-    gm__devlock_lock(&d->lock);
-    if (fe->npending) rc = gm__device_process_events(d, false);
     gm__mempool *p = gm__mempool_find(d, id0, id1);
     if (rc == GM_OK && (!p || p->use_count == 0)) {
         gm__devlock_unlock(&d->lock);

@@ -18,13 +18,8 @@ git -C "$SRC" log --oneline -1 2>/dev/null || true
 mkdir -p "$OUT/hdr"
 cp "$TORCH_DIR"/include/torch/csrc/cuda/CUDAPluggableAllocator.h "$TORCH_DIR"/include/c10/cuda/CUDACachingAllocator.h \
    "$TORCH_DIR"/include/c10/core/CachingDeviceAllocator.h "$OUT/hdr/" 2>/dev/null
-python3 -m pip uninstall -y torch-gpumem gpumem >/dev/null 2>&1  # the distribution is torch-gpumem now
-if python3 -m pip install -v --no-deps --no-build-isolation --no-index "$SRC/python" >"$OUT/pip.log" 2>&1; then
-  echo "pip install: ok ($(( $(date +%s) - T0 )) s)"
-else
-  echo "pip install FAILED ($(( $(date +%s) - T0 )) s); errors:"; grep -E "error|Error" "$OUT/pip.log" | head -40
-  exit 1
-fi
+. "$SRC/tests/gpu/pip_install.sh"
+gpumem_pip_install "$SRC" "$OUT/pip.log" "$T0" || exit 1
 cd /tmp  # not the source tree: the installed package must stand alone
 python3 -c 'import torch, gpumem, gpumem._C, gpumem._lib as l; print("installed:", gpumem.__file__, l.find_library())' || exit 1
 for conf in "" policy:torch; do

@@ -17,13 +17,8 @@ T0=$(date +%s)
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 git -C "$SRC" log --oneline -1 2>/dev/null || true
-python3 -m pip uninstall -y torch-gpumem gpumem >/dev/null 2>&1
-if python3 -m pip install -v --no-deps --no-build-isolation --no-index "$SRC/python" >"$OUT/pip.log" 2>&1; then
-  echo "pip install: ok ($(( $(date +%s) - T0 )) s)"
-else
-  echo "pip install FAILED ($(( $(date +%s) - T0 )) s); errors:"; grep -E "error|Error" "$OUT/pip.log" | head -40
-  exit 1
-fi
+. "$SRC/tests/gpu/pip_install.sh"
+gpumem_pip_install "$SRC" "$OUT/pip.log" "$T0" || exit 1
 cd /tmp  # not the source tree: the installed package must stand alone
 python3 -c 'import torch, gpumem, gpumem._C' || exit 1
 TEST="$SRC/tests/gpu/test_graphs.py"

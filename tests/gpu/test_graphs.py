@@ -18,8 +18,9 @@ import gc
 import json
 import os
 import sys
-import time
-import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_runner import parse_args, run_one, summary  # noqa: E402 (the loop the GPU test scripts share)
 
 MIB = 1 << 20
 # device-call kinds a capture must not make (gm_bcall_name names)
@@ -360,17 +361,7 @@ TESTS = [test_graph_forward, test_graph_training_step, test_compile_reduce_overh
 
 
 def main():
-    args = sys.argv[1:]
-    only, jpath = None, None
-    while args:
-        a = args.pop(0)
-        if a == "--only":
-            only = set(args.pop(0).split(","))
-        elif a == "--json":
-            jpath = args.pop(0)
-        else:
-            print("usage: test_graphs.py [--only a,b] [--json FILE]", file=sys.stderr)
-            return 2
+    only, jpath = parse_args(sys.argv[1:], "test_graphs.py")
     import torch
     lib = _gpumem()
     mode = "native"
@@ -388,15 +379,8 @@ def main():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         ncap = len(_STATE["captures"])
-        t0 = time.time()
-        try:
-            detail = t() or ""
-            status = "SKIP" if str(detail).startswith("SKIP") else "PASS"
-        except Exception as e:  # noqa: BLE001
-            status, detail = "FAIL", "%s: %s" % (type(e).__name__, e)
-            traceback.print_exc()
+        status, detail, dt = run_one(t)
         torch.cuda.synchronize()
-        dt = time.time() - t0
         caps = _STATE["captures"][ncap:]
         calls = {}
         for c in caps:
@@ -408,9 +392,7 @@ def main():
                         "max_allocated": torch.cuda.max_memory_allocated(),
                         "capture_calls": calls if lib is not None else None})
         print("%-4s %-26s %5.1fs  %s" % (status, name, dt, str(detail)[:300]), flush=True)
-    nfail = sum(r["status"] == "FAIL" for r in results)
-    print("== %d passed, %d failed, %d skipped" % (sum(r["status"] == "PASS" for r in results), nfail,
-                                                  sum(r["status"] == "SKIP" for r in results)))
+    nfail = summary(results)
     if jpath:
         with open(jpath, "w") as f:
             json.dump({"mode": mode, "results": results, "captures": _STATE["captures"]}, f, indent=1)

@@ -21,8 +21,9 @@ import pickle
 import subprocess
 import sys
 import tempfile
-import time
-import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_runner import parse_args, run_one, summary  # noqa: E402 (the loop the GPU test scripts share)
 
 HERE = os.path.abspath(__file__)
 MIB = 1 << 20
@@ -413,17 +414,7 @@ def main():
     if args[:1] == ["--child"]:
         child(args[1])
         return 0
-    only = None
-    jpath = None
-    while args:
-        a = args.pop(0)
-        if a == "--only":
-            only = set(args.pop(0).split(","))
-        elif a == "--json":
-            jpath = args.pop(0)
-        else:
-            print("usage: test_torch_dropin.py [--only a,b] [--json FILE]", file=sys.stderr)
-            return 2
+    only, jpath = parse_args(args, "test_torch_dropin.py")
     import torch
     import gpumem.torch as gt
     gt.install(os.environ.get("GPUMEM_CONF") or None)
@@ -434,19 +425,10 @@ def main():
         name = t.__name__[5:]
         if only and name not in only:
             continue
-        t0 = time.time()
-        try:
-            detail = t() or ""
-            status = "SKIP" if str(detail).startswith("SKIP") else "PASS"
-        except Exception as e:  # noqa: BLE001
-            status, detail = "FAIL", "%s: %s" % (type(e).__name__, e)
-            traceback.print_exc()
-        dt = time.time() - t0
+        status, detail, dt = run_one(t)
         results.append({"test": name, "status": status, "detail": str(detail), "seconds": round(dt, 1)})
         print("%-4s %-36s %5.1fs  %s" % (status, name, dt, str(detail)[:300]), flush=True)
-    nfail = sum(r["status"] == "FAIL" for r in results)
-    print("== %d passed, %d failed, %d skipped" % (sum(r["status"] == "PASS" for r in results), nfail,
-                                                  sum(r["status"] == "SKIP" for r in results)))
+    nfail = summary(results)
     if jpath:
         with open(jpath, "w") as f:
             json.dump({"results": results, "profile": _STATE.get("profile")}, f, indent=1)

@@ -1,0 +1,14 @@
+# tests/gpu/pip_install.sh — sourced by the GPU run scripts (dropin_run.sh,
+# graphs_run.sh): install the package as a user does, offline, from a fresh
+# state, and say how long it took.
+#   gpumem_pip_install SRC LOG T0    (T0: the script's start, date +%s)
+# Prints "pip install: ok (N s)", or the errors and returns 1.
+gpumem_pip_install() {
+  python3 -m pip uninstall -y torch-gpumem gpumem >/dev/null 2>&1  # the distribution is torch-gpumem now
+  if python3 -m pip install -v --no-deps --no-build-isolation --no-index "$1/python" >"$2" 2>&1; then
+    echo "pip install: ok ($(( $(date +%s) - $3 )) s)"
+  else
+    echo "pip install FAILED ($(( $(date +%s) - $3 )) s); errors:"; grep -E "error|Error" "$2" | head -40
+    return 1
+  fi
+}
