@@ -134,6 +134,13 @@ int cmd_doctor(int argc, char **argv) {
     bool shm = access("/dev/shm", W_OK | X_OK) == 0;
     line(&c, shm, "publication", shm ? "/dev/shm is writable (smi/top/log/exporter see processes)" : "/dev/shm is not writable",
          "mount a tmpfs on /dev/shm (docker: --ipc=host or --shm-size)");
+#ifdef GM_HAVE_CJSON
+    line(&c, true, "config.json", "cJSON built in: gpumem estimate --config reads Hugging Face config.json", NULL);
+#else
+    line(&c, false, "config.json", "built without cJSON: gpumem estimate --config cannot read config.json",
+         "install cJSON (Debian/Ubuntu: apt install libcjson-dev) and rebuild or reinstall "
+         "(pip install --no-build-isolation ./python); meanwhile use gpumem estimate --model");
+#endif
     const char *conf = getenv("GPUMEM_CONF");
     snprintf(what, sizeof what, "policy:%s for gpumem run and install() unless the settings name one; GPUMEM_CONF=%s",
              CLI_RUN_DEFAULT_POLICY, conf && *conf ? conf : "(unset)");

@@ -61,15 +61,16 @@ def=$("$GPUMEM" config --list --json | sed -n 's/.*"default_policy":"\([a-z]*\)"
 # doctor: every check, each ok or with its fix; exit 0 only when all are ok
 "$GPUMEM" doctor >"${TMPDIR:-/tmp}/doctor.$$" 2>&1; rc=$?
 out=$(cat "${TMPDIR:-/tmp}/doctor.$$"); rm -f "${TMPDIR:-/tmp}/doctor.$$"
-for check in library "python package" "torch library" shim torch "cuda driver" nvml publication "default policy"; do
+for check in library "python package" "torch library" shim torch "cuda driver" nvml publication config.json \
+    "default policy"; do
     echo "$out" | grep -Eq "^  (ok|no) +$check " || fail "doctor has no '$check' line: $out"
 done
 nno=$(echo "$out" | grep -c "^  no ")
 [ "$nno" = "$(echo "$out" | grep -c "^ *fix: ")" ] || fail "doctor: a failed check without its fix: $out"
 { [ "$nno" = 0 ] && [ $rc = 0 ]; } || { [ "$nno" -gt 0 ] && [ $rc = 1 ]; } || fail "doctor exit $rc with $nno failed checks"
 if command -v python3 >/dev/null; then
-    "$GPUMEM" doctor --json | python3 -c 'import json, sys; j = json.load(sys.stdin); assert len(j["checks"]) == 9, j' ||
-        fail "doctor --json is not 9 checks of JSON"
+    "$GPUMEM" doctor --json | python3 -c 'import json, sys; j = json.load(sys.stdin); assert len(j["checks"]) == 10, j' ||
+        fail "doctor --json is not 10 checks of JSON"
     py=$(PYTHONPATH="$GPUMEM_SOURCE/python" python3 -c 'from gpumem.torch import DEFAULT_POLICY; print(DEFAULT_POLICY)')
     [ "$py" = "policy:$def" ] || fail "python's DEFAULT_POLICY is $py, the CLI's policy:$def"
     pv=$(PYTHONPATH="$GPUMEM_SOURCE/python" python3 -c 'import gpumem; print(gpumem.__version__)')
