@@ -334,10 +334,16 @@ static int leave(gm__device *d, int rc) {
     return rc;
 }
 
-static int unknown(gm__device *d, uint64_t id0, uint64_t id1, const char *what) {
-    return leave(d, gm__set_error(GM_EINVAL, "%s: device %d has no private pool (%llu, %llu) (never created, or "
-                                  "released and gone); create it with gm_pool_retain or gm_pool_begin first",
-                                  what, d->index, (unsigned long long)id0, (unsigned long long)id1));
+/* enter() for a call on a pool that must exist: *pp is the pool, the device
+ * locked; GM_EINVAL (unlocked) if the device has no such pool. */
+static int enter_pool(gm_allocator *a, int device, uint64_t id0, uint64_t id1, const char *what, gm__device **out,
+                      gm__mempool **pp) {
+    int rc = enter(a, device, id0, id1, what, out);
+    if (rc != GM_OK) return rc;
+    if ((*pp = gm__mempool_find(*out, id0, id1))) return GM_OK;
+    return leave(*out, gm__set_error(GM_EINVAL, "%s: device %d has no private pool (%llu, %llu) (never created, or "
+                                     "released and gone); create it with gm_pool_retain or gm_pool_begin first",
+                                     what, (*out)->index, (unsigned long long)id0, (unsigned long long)id1));
 }
 
 int gm_pool_retain(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
@@ -376,10 +382,9 @@ int gm_pool_begin(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
 
 int gm_pool_end(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
     gm__device *d;
-    int rc = enter(a, device, id0, id1, "gm_pool_end", &d);
+    gm__mempool *p;
+    int rc = enter_pool(a, device, id0, id1, "gm_pool_end", &d, &p);
     if (rc != GM_OK) return rc;
-    gm__mempool *p = gm__mempool_find(d, id0, id1);
-    if (!p) return unknown(d, id0, id1, "gm_pool_end");
     if (!p->allocating)
         return leave(d, gm__set_error(GM_ESTATE, "gm_pool_end: device %d is not allocating to private pool "
                                       "(%llu, %llu): gm_pool_begin was not called, or gm_pool_end twice",
@@ -393,10 +398,9 @@ int gm_pool_end(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
 
 int gm_pool_release(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
     gm__device *d;
-    int rc = enter(a, device, id0, id1, "gm_pool_release", &d);
+    gm__mempool *p;
+    int rc = enter_pool(a, device, id0, id1, "gm_pool_release", &d, &p);
     if (rc != GM_OK) return rc;
-    gm__mempool *p = gm__mempool_find(d, id0, id1);
-    if (!p) return unknown(d, id0, id1, "gm_pool_release");
     if (p->use_count == 0)
         return leave(d, gm__set_error(GM_ESTATE, "gm_pool_release: private pool (%llu, %llu) on device %d has no "
                                       "use left to release (released twice?)", (unsigned long long)id0,
@@ -412,10 +416,9 @@ int gm_pool_release(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
 int gm_pool_use_count(gm_allocator *a, int device, uint64_t id0, uint64_t id1, int *out) {
     gm__device *d;
     if (!out) return gm__set_error(GM_EINVAL, "gm_pool_use_count: NULL argument");
-    int rc = enter(a, device, id0, id1, "gm_pool_use_count", &d);
+    gm__mempool *p;
+    int rc = enter_pool(a, device, id0, id1, "gm_pool_use_count", &d, &p);
     if (rc != GM_OK) return rc;
-    gm__mempool *p = gm__mempool_find(d, id0, id1);
-    if (!p) return unknown(d, id0, id1, "gm_pool_use_count");
     *out = p->use_count;
     return leave(d, GM_OK);
 }
@@ -460,10 +463,9 @@ int gm_pool_empty_cache(gm_allocator *a, int device, uint64_t id0, uint64_t id1)
         }
         return rc;
     }
-    int rc = enter(a, device, id0, id1, "gm_pool_empty_cache", &d);
+    gm__mempool *p;
+    int rc = enter_pool(a, device, id0, id1, "gm_pool_empty_cache", &d, &p);
     if (rc != GM_OK) return rc;
-    gm__mempool *p = gm__mempool_find(d, id0, id1);
-    if (!p) return unknown(d, id0, id1, "gm_pool_empty_cache");
     return leave(d, empty_one(d, p));
 }
 
@@ -533,10 +535,9 @@ int gm_pool_checkpoint_take(gm_allocator *a, int device, uint64_t id0, uint64_t 
     if (!out) return gm__set_error(GM_EINVAL, "gm_pool_checkpoint_take: NULL out");
     *out = NULL;
     gm__device *d;
-    int rc = enter(a, device, id0, id1, "gm_pool_checkpoint_take", &d);
+    gm__mempool *p;
+    int rc = enter_pool(a, device, id0, id1, "gm_pool_checkpoint_take", &d, &p);
     if (rc != GM_OK) return rc;
-    gm__mempool *p = gm__mempool_find(d, id0, id1);
-    if (!p) return unknown(d, id0, id1, "gm_pool_checkpoint_take");
     gm__fe_dev *fe = d->fe;
     uint16_t s = slot_of(d, p);
     gm_pool_checkpoint *c = calloc(1, sizeof *c);
@@ -625,10 +626,9 @@ int gm_pool_checkpoint_restore(gm_allocator *a, const gm_pool_checkpoint *c, gm_
     if (a != c->alloc)
         return gm__set_error(GM_EINVAL, "gm_pool_checkpoint_restore: the checkpoint was taken on another allocator");
     gm__device *d;
-    int rc = enter(a, c->device, c->id0, c->id1, "gm_pool_checkpoint_restore", &d);
+    gm__mempool *p;
+    int rc = enter_pool(a, c->device, c->id0, c->id1, "gm_pool_checkpoint_restore", &d, &p);
     if (rc != GM_OK) return rc;
-    gm__mempool *p = gm__mempool_find(d, c->id0, c->id1);
-    if (!p) return unknown(d, c->id0, c->id1, "gm_pool_checkpoint_restore");
     uint16_t s = slot_of(d, p);
     size_t nrevive;
     if ((rc = restore_check(d, p, s, c, &nrevive)) != GM_OK) return leave(d, rc);
