@@ -13,22 +13,12 @@ import sys
 import tempfile
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from gpumem import _lib  # noqa: E402
+from _support import unusable  # the source tree's gpumem on sys.path
+from gpumem import _lib
 
 GIB = 1 << 30
 
-
-def _usable():
-    try:
-        _lib.load()
-        return ""
-    except (OSError, FileNotFoundError) as e:
-        return str(e)
-
-
-WHY = _usable()
+WHY = unusable()
 
 
 @unittest.skipUnless(not WHY, "libgpumem_torch.so not usable: %s" % WHY)

@@ -7,20 +7,13 @@ import os
 import sys
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from gpumem import _lib  # noqa: E402
-import gpumem.torch as gt  # noqa: E402
+from _support import unusable  # the source tree's gpumem on sys.path
+from gpumem import _lib
+import gpumem.torch as gt
 
 MIB = 1 << 20
 
-
-def _loadable():
-    try:
-        _lib.load()
-        return True, ""
-    except (OSError, FileNotFoundError) as e:
-        return False, str(e)
+WHY = unusable()
 
 
 class LoaderTest(unittest.TestCase):
@@ -50,7 +43,7 @@ class LoaderTest(unittest.TestCase):
         self.assertTrue(gt.is_oom(e))
 
 
-@unittest.skipUnless(_loadable()[0], "libgpumem_torch.so not loadable: %s" % _loadable()[1])
+@unittest.skipUnless(not WHY, "libgpumem_torch.so not loadable: %s" % WHY)
 class SimBackendTest(unittest.TestCase):
     def setUp(self):
         _lib.load().gpumem_torch_shutdown()

@@ -8,37 +8,16 @@ import os
 import sys
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from gpumem import _lib  # noqa: E402
+from _support import unusable  # the source tree's gpumem on sys.path
+from gpumem import _lib
 
 MIB = 1 << 20
 FIELDS = ("alloc_calls", "alloc_ns", "alloc_max_ns", "alloc_slow", "free_calls", "free_ns", "free_max_ns", "free_slow")
 BCALLS = ("MALLOC", "FREE", "MEM_INFO", "VA_RESERVE", "VA_RELEASE", "PHYS_CREATE", "PHYS_RELEASE", "MAP", "UNMAP",
           "EVENT_RECORD", "EVENT_QUERY", "EVENT_SYNC", "EVENT_DESTROY")
 
-
-def _setup():
-    """The library with the profile functions' signatures, or (None, why)."""
-    try:
-        lib = _lib.load()
-    except (OSError, FileNotFoundError) as e:
-        return None, str(e)
-    try:
-        lib.gpumem_torch_profile_enable.restype = ctypes.c_int
-        lib.gpumem_torch_profile_enable.argtypes = [ctypes.c_int]
-        lib.gpumem_torch_profile_reset.restype = None
-        lib.gpumem_torch_profile_reset.argtypes = []
-        lib.gpumem_torch_profile.restype = ctypes.c_int
-        lib.gpumem_torch_profile.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
-        lib.gpumem_torch_backend_calls.restype = ctypes.c_int
-        lib.gpumem_torch_backend_calls.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
-    except AttributeError as e:
-        return None, "library without the profile functions (stale build?): %s" % e
-    return lib, ""
-
-
-LIB, WHY = _setup()
+WHY = unusable()
+LIB = None if WHY else _lib.load()  # signatures from the library's own table (gpumem_torch_signatures)
 
 
 def profile():

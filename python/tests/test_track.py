@@ -15,24 +15,16 @@ import tempfile
 import threading
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from gpumem import _lib  # noqa: E402
-from gpumem import track as tk  # noqa: E402
+from _support import unusable  # the source tree's gpumem on sys.path
+from gpumem import _lib
+from gpumem import track as tk
 
 MIB = 1 << 20
 
-
-def _loadable():
-    try:
-        _lib.load()
-        tk._c()
-        return True, ""
-    except (OSError, FileNotFoundError) as e:
-        return False, str(e)
+WHY = unusable(tk._c)
 
 
-@unittest.skipUnless(_loadable()[0], "libgpumem_torch.so not loadable: %s" % _loadable()[1])
+@unittest.skipUnless(not WHY, "libgpumem_torch.so not loadable: %s" % WHY)
 class _OnTheSimLibrary(unittest.TestCase):
     """A fresh gpumem on the sim backend for each test; history and the
     global scope switched off after it."""
