@@ -370,10 +370,8 @@ int gm_malloc_pool(gm_allocator *a, int device, size_t size, gm_stream stream, u
         gm__mempool_sync(d, p);
     }
     if (rc != GM_OK) return alloc_failed(d, rc, size, stream);
-    uint16_t slot = 0;
-    while (d->mp->slot[slot] != p) slot++;
     p->blocks++;
-    alloc_done(d, b, size, stream, (uint16_t)(slot + 1));
+    alloc_done(d, b, size, stream, p->slot);
     *out = b->ptr;
     return GM_OK;
 }

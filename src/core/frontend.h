@@ -134,6 +134,7 @@ gm__device *gm__lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **out, 
  * do. Every function here runs with the device lock held. */
 typedef struct gm__mempool {
     uint64_t id0, id1;
+    uint16_t slot;     /* its index in gm__mempools.slot + 1: what its blocks' mpool holds */
     int use_count;     /* graphs and MemPool handles holding it (createOrIncrefPool) */
     bool allocating;   /* between gm_pool_begin and gm_pool_end */
     bool emptying;     /* its policy is giving its cache back (mempool.c: empty_pool) */

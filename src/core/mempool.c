@@ -120,15 +120,10 @@ static int create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **out) 
         return gm__set_error(rc, "creating a private pool on device %d failed: %s", d->index, gm_strerror(rc));
     }
     p->use_count = 1;
+    p->slot = (uint16_t)(i + 1);
     d->mp->slot[i] = p;
     *out = p;
     return GM_OK;
-}
-
-static uint16_t slot_of(const gm__device *d, const gm__mempool *p) {
-    for (uint32_t i = 0; i < d->mp->n; i++)
-        if (d->mp->slot[i] == p) return (uint16_t)(i + 1);
-    return 0;
 }
 
 /* The pool's policy gives its cache back. Its release may process the
@@ -148,7 +143,7 @@ static void trim(gm__device *d, gm__mempool *p) {
     if (p->use_count > 0 || p->emptying) return;
     (void)empty_pool(d, p);
     if (p->blocks) return;
-    d->mp->slot[slot_of(d, p) - 1] = NULL;
+    d->mp->slot[p->slot - 1] = NULL;
     d->pops->destroy(p->view.pstate);
     /* whatever the policy still held is gone with it: out of the device's stats */
 #define GM__MP_GONE(s) (s).freed += (s).current > 0 ? (s).current : 0, (s).current = 0;
@@ -539,7 +534,7 @@ int gm_pool_checkpoint_take(gm_allocator *a, int device, uint64_t id0, uint64_t 
     int rc = enter_pool(a, device, id0, id1, "gm_pool_checkpoint_take", &d, &p);
     if (rc != GM_OK) return rc;
     gm__fe_dev *fe = d->fe;
-    uint16_t s = slot_of(d, p);
+    uint16_t s = p->slot;
     gm_pool_checkpoint *c = calloc(1, sizeof *c);
     size_t n = 0;
     for (uint64_t i = 0; i <= fe->map.mask; i++) n += fe->map.slots[i].key && fe->map.slots[i].block->mpool == s;
@@ -629,7 +624,7 @@ int gm_pool_checkpoint_restore(gm_allocator *a, const gm_pool_checkpoint *c, gm_
     gm__mempool *p;
     int rc = enter_pool(a, c->device, c->id0, c->id1, "gm_pool_checkpoint_restore", &d, &p);
     if (rc != GM_OK) return rc;
-    uint16_t s = slot_of(d, p);
+    uint16_t s = p->slot;
     size_t nrevive;
     if ((rc = restore_check(d, p, s, c, &nrevive)) != GM_OK) return leave(d, rc);
     gm__fe_dev *fe = d->fe;
