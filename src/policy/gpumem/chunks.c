@@ -285,22 +285,18 @@ static inline bool higher(const gp_chunk *x, const gp_chunk *y, const gp_arena *
 /* The largest chunk of `list` with at most n granules, not under the placement. */
 static int32_t take_le(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a,
                        uint64_t pg0, uint64_t pg1) {
+    /* steal_high: the whole list is read, and of equal sizes the higher wins */
+    bool high = st->steal_high && list == GP_LIST_IDLE;
     for (int o = (int)gm__gp_order(n); o >= 0; o--) {
         int32_t best = -1;
         int32_t h = list == GP_LIST_IDLE ? st->idle[o] : st->loose[o];
         for (int32_t i = h; i >= 0; i = st->chunks[i].lnext) {
             const gp_chunk *c = &st->chunks[i];
-            if (st->steal_high && list == GP_LIST_IDLE) { /* the whole list: see steal_high */
-                if (c->n <= n && !excluded(c, a, pg0, pg1) &&
-                    (best < 0 || c->n > st->chunks[best].n || (c->n == st->chunks[best].n && higher(c, &st->chunks[best], a))))
-                    best = i;
-                continue;
-            }
-            if (c->n <= n && !excluded(c, a, pg0, pg1) &&
-                (best < 0 || c->n > st->chunks[best].n)) {
-                best = i;
-                if (c->n == n || c->n == ((uint64_t)2 << o) - 1) break; /* cannot do better */
-            }
+            if (c->n > n || excluded(c, a, pg0, pg1)) continue;
+            const gp_chunk *b = best >= 0 ? &st->chunks[best] : NULL;
+            if (b && !(c->n > b->n || (high && c->n == b->n && higher(c, b, a)))) continue;
+            best = i;
+            if (!high && (c->n == n || c->n == ((uint64_t)2 << o) - 1)) break; /* cannot do better */
         }
         if (best >= 0) return best;
     }
