@@ -219,6 +219,9 @@ def child(job, alloc, steps, cap, record):
     res["reserved_changed_steps"] = sum(meter.reserved_changed[10:])
     res["losses"] = meter.losses[:3] + meter.losses[-3:]
     res["nsteps"] = len(meter.times)
+    # per step, for reading which steps call the device (a new longest length) and what they cost
+    res["step_ms"] = [round(1e3 * t, 2) for t in meter.times]
+    res["step_calls"] = list(meter.calls)
     if record:
         snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
