@@ -13,8 +13,8 @@ set -u
 : "${GPUMEM:?GPUMEM must name the gpumem binary}" "${GPUMEM_SOURCE:?GPUMEM_SOURCE must name the source tree}"
 ex=$GPUMEM_SOURCE/examples
 fails=0
-ratio() { # TRACE CONF -> "ratio steady_calls"
-  "$GPUMEM" replay --conf "$2" --steady-from 0.3 --json "$1" |
+ratio() { # TRACE CONF [REPLAY OPTIONS] -> "ratio steady_calls"
+  "$GPUMEM" replay --conf "$2" "${@:3}" --steady-from 0.3 --json "$1" |
     python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.4f %d" % (r["peak_reserved"]/r["peak_allocated"], r["steady_device_calls"]))'
 }
 check() { # NAME EXPR-of-r,c,t,e
@@ -32,4 +32,14 @@ for name in gpt2_hf llama_ckpt resnet50_amp bert_varlen mlp_adam_fp32 cnn_sgd_am
     *) check "$name" "r <= 1.02 and c == 0" ;;
   esac
 done
+# bert_varlen at a per-process cap of 1.03x its peak allocated (issue 23,
+# goal 4): short steps (33-76 tokens) take another path, and a block of one
+# signature then met a smaller slot, was taken for a longer step and went
+# tight: 932 calls in 7 steps no longer than the longest, 8124 from 30% in
+# all. Now 226 in 7 and 7516 (bench/RESULTS.md, "short steps"); what is
+# left is the re-layout after each longer step.
+cap=$(python3 -c "print(int(13144518656 * 1.03))")
+read -r r c < <(ratio "$ex/steps40/bert_varlen.pickle.gz" policy:gpumem --capacity "${cap}B")
+echo "bert_varlen at 1.03x: default $r ($c calls from 30%)"
+python3 -c "import sys; sys.exit(0 if $r <= 1.02 and $c <= 7600 else 1)" || { echo "FAIL: bert_varlen at 1.03x: want <= 1.02 and <= 7600 calls"; fails=$((fails + 1)); }
 [ "$fails" = 0 ] && echo "ok" || { echo "$fails failed"; exit 1; }

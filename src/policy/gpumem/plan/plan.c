@@ -371,6 +371,19 @@ static void activate(gp_state *st) {
         /* idle chunks move into the plan's arena (unmap + map) rather than
          * being given back and made anew (4 calls; at 1.01x capacity, one
          * granule each); what is left idle is then given back */
+#ifdef GP_PLAN_DEBUG
+        {
+            uint64_t tg = (pl->top_units << GP_ALIGN_SHIFT) >> st->gshift, holes = 0, above = 0;
+            for (uint64_t g = 0; g < ra->ngran; g++) {
+                if (ra->gran[g] >= 0 && g >= tg) above++;
+                if (ra->gran[g] < 0 && g < tg) holes++;
+            }
+            PLOG("switch: top %llu granules, holes under it %llu, mapped above %llu; calls %llu\n", (unsigned long long)tg, (unsigned long long)holes, (unsigned long long)above,
+                 (unsigned long long)(st->d->stats.num_map + st->d->stats.num_unmap + st->d->stats.num_phys_create + st->d->stats.num_phys_release));
+            for (uint32_t k = 0; k < st->narenas; k++)
+                PLOG("  arena %u pool %d mapped %.1f MiB\n", k, st->arenas[k]->pool, st->arenas[k]->mapped_bytes / 1048576.0);
+        }
+#endif
         st->soft_cap = st->held_bytes;
         if (pl->top_units) (void)gm__gp_ensure_mapped(st, ra, ra->base, pl->top_units << GP_ALIGN_SHIFT);
         st->soft_cap = 0;
@@ -460,8 +473,13 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_bl
     if (!fits(pl, c, units, stream, sig)) {
         PLOG("mismatch at %llu pos %llu: %llu units, plan %llu\n", (unsigned long long)pl->n, (unsigned long long)c, (unsigned long long)units, (unsigned long long)pl->tunits[c]);
         /* elastic: the position, larger than any step before: the step
-         * grows (unplanned(), tight), and is laid out again at its end */
-        grown = pl->elastic && pl->tsig[c] == sig && pl->tstream[c] == stream;
+         * grows (unplanned(), tight), and is laid out again at its end.
+         * Not once the step deviated: the cursor may then be off (a short
+         * step that takes another path, bert_varlen at 33-76 tokens), and a
+         * signature is weak enough that a large block then matches a small
+         * slot; that false growth went tight and cost calls in steps no
+         * longer than the longest (bench/RESULTS.md, "short steps") */
+        grown = pl->elastic && pl->tsig[c] == sig && pl->tstream[c] == stream && pl->dev_step == 0;
         if (!grown) {
             deviation(st);
             if (pl->state != PL_ACTIVE) return 0;
