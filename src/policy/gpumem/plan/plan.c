@@ -385,7 +385,10 @@ static void activate(gp_state *st) {
         }
 #endif
         st->soft_cap = st->held_bytes;
-        if (pl->top_units) (void)gm__gp_ensure_mapped(st, ra, ra->base, pl->top_units << GP_ALIGN_SHIFT);
+        /* elastic, laid out again: the layout left the holes below
+         * hole_top out (solve_holes), so only what lies past it is mapped */
+        uint64_t from = pl->hole_top << st->gshift, top = pl->top_units << GP_ALIGN_SHIFT;
+        if (top > from) (void)gm__gp_ensure_mapped(st, ra, ra->base + from, top - from);
         st->soft_cap = 0;
         gm__gp_release_unused_but(st, keep_planned, st);
         gm__gp_live_drop(st);
@@ -447,6 +450,15 @@ static inline bool fits(const gp_plan *pl, uint64_t c, uint64_t units, gm_stream
     return pl->elastic ? pl->tsig[c] == sig && units <= pl->tunits[c] : pl->tunits[c] == units;
 }
 
+/* Elastic, resyncing after a deviation: a position of exactly this size
+ * (a block whose size does not scale, such as a weight's gradient) takes
+ * it whatever its signature: a short step that skipped kernels frees
+ * otherwise before it (bert_varlen's 90 MiB embedding gradient at 33-76
+ * tokens went to new memory: bench/RESULTS.md, "short steps"). */
+static inline bool same_size(const gp_plan *pl, uint64_t c, uint64_t units, gm_stream stream) {
+    return pl->elastic && pl->tunits[c] == units && pl->tstream[c] == stream && units > GP_SMALL_UNITS;
+}
+
 /* Elastic, the rest of a step that grew past the plan: its large blocks of
  * the plan's stream go best fit into the plan's own arena, over the memory
  * it maps already (the slots of the longest step so far, mostly idle), and
@@ -484,7 +496,7 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_bl
             deviation(st);
             if (pl->state != PL_ACTIVE) return 0;
             uint64_t k = 1, ahead = pl->elastic ? PL_RESYNC_ELASTIC : PL_RESYNC;
-            while (k <= ahead && c + k < 2 * pl->P && !fits(pl, c + k, units, stream, sig)) k++;
+            while (k <= ahead && c + k < 2 * pl->P && !fits(pl, c + k, units, stream, sig) && !same_size(pl, c + k, units, stream)) k++;
             if (k > ahead || c + k >= 2 * pl->P) return unplanned(st, units, pool, stream, out);
             pl->cur = c = c + k;
         }
