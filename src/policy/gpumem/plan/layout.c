@@ -322,8 +322,6 @@ typedef struct pl_solve {
     uint64_t m, unplanned;    /* intervals; large blocks of the stream left to the usual placement */
     pl_item *all, *obs;       /* obs: the blocks live now (obstacles), after the intervals' room */
     uint64_t no;
-    pl_item *holes;           /* B, elastic, laid out again: runs of the own arena not mapped (solve_holes) */
-    uint64_t nh;
     uint64_t limit, gu, ng, nw; /* arena end, granule, granules and their bitmap words (units) */
     uint64_t *pin, *bits;     /* granules the permanent obstacles pin; scratch */
     pl_item *pe;              /* runs of pinned granules (B places there first) */
@@ -445,36 +443,6 @@ static void solve_debug_result(const pl_solve *s) {
 }
 #endif
 
-/* Elastic, laid out again (the plan's own arena exists): a step that grew
- * took idle granules from under the old layout's top to above it (tight),
- * and a layout over [0, top) moved each of them back at the switch (an
- * unmap and a map each: about 1000 calls per re-layout on bert_varlen,
- * bench/RESULTS.md "short steps"). So B lays out around the granules not
- * mapped below the highest mapped one, as obstacles for the whole period,
- * over what is mapped, and maps only what it needs past that. */
-static int solve_holes(pl_solve *s) {
-    gp_plan *pl = s->pl;
-    const gp_arena *pa = pl->pa;
-    pl->hole_top = 0;
-    if (!pl->elastic || !pa || pa == s->a || !pa->gran) return GM_OK;
-    uint64_t hm = pa->ngran;
-    while (hm && pa->gran[hm - 1] < 0) hm--;
-    uint64_t n = 0;
-    for (uint64_t g = 0; g < hm; g++) n += pa->gran[g] < 0 && (g == 0 || pa->gran[g - 1] >= 0);
-    if (!n) return GM_OK;
-    s->holes = malloc(n * sizeof *s->holes);
-    if (!s->holes) return GM_ENOHOSTMEM;
-    for (uint64_t g = 0; g < hm; g++) {
-        if (pa->gran[g] >= 0) continue;
-        uint64_t e = g;
-        while (e < hm && pa->gran[e] < 0) e++;
-        s->holes[s->nh++] = (pl_item){(e - g) * s->gu, g * s->gu, 0, INT64_MAX, PL_OBST, 0};
-        g = e;
-    }
-    pl->hole_top = hm;
-    return GM_OK;
-}
-
 /* B also uses the memory the permanent obstacles pin: the free parts of
  * their chunks (whole chunks stay mapped while a block lives in them), for
  * blocks that fit there, in the obstacles' arena. pass 0: chunks of every
@@ -581,7 +549,7 @@ static uint64_t place_pinned(const pl_solve *s, const pl_item *it, uint64_t ns1)
 /* Where item it goes in the layout's own space: a shake's random place,
  * first fit or best fit; UINT64_MAX if nowhere. */
 static uint64_t place_fit(pl_solve *s, const pl_item *it, uint64_t ns0, int mode, int fit, bool shake) {
-    cit ci = {s->pl->items, s->sorted[0], ns0, 0, mode ? s->holes : s->obs, mode ? s->nh : s->no, 0, !mode || s->nh, it, 2 * s->T};
+    cit ci = {s->pl->items, s->sorted[0], ns0, 0, mode ? s->pl->holes : s->obs, mode ? s->pl->nh : s->no, 0, !mode || s->pl->nh, it, 2 * s->T};
     uint64_t pos;
     if (shake && s->big[it->k] &&
         (pos = shake_place(s->pl->items, s->sorted[0], ns0, s->obs, s->no, it, 2 * s->T, s->limit, &s->rng)) != UINT64_MAX)
@@ -811,7 +779,7 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
 #ifdef GP_PLAN_DEBUG
     solve_debug_problem(&s);
 #endif
-    if ((rc = solve_pins(&s)) != GM_OK || (rc = solve_arrays(&s)) != GM_OK || (rc = solve_holes(&s)) != GM_OK) goto out;
+    if ((rc = solve_pins(&s)) != GM_OK || (rc = solve_arrays(&s)) != GM_OK) goto out;
     s.rng = 0x9e3779b97f4a7c15ull ^ pl->start;
     pl_cont = s.cont;
     qsort(s.obs, s.no, sizeof *s.obs, cmp_off); /* in address order, merged with the placed intervals */
@@ -825,6 +793,6 @@ out:
     free(s.cont), free(s.boost), free(s.big);
     free(s.pin), free(s.bits), free(s.pe);
     free(s.sorted[0]), free(s.sorted[1]);
-    free(s.offa), free(s.all), free(s.holes);
+    free(s.offa), free(s.all);
     return rc;
 }

@@ -55,9 +55,12 @@
  *    signature at any size up to that, so every step no longer than the
  *    longest seen makes no device call. A step that grows past its slots
  *    is placed best fit in the plan's arena, tight (gm__gp_tighten), and
- *    laid out again at its end (replan); a dropped elastic plan stays
- *    tight until it is made again. Measured: bench/gpumem_policy_tradeoff.md
- *    ("Variable shapes").
+ *    laid out again at its end (replan), around the granules it left
+ *    unmapped (layout.c, solve_holes: nothing is moved back); a dropped
+ *    elastic plan stays tight until it is made again. After a deviation
+ *    the cursor resyncs on a signature, or on a block's exact size (a
+ *    short step may free otherwise before a gradient). Measured:
+ *    bench/gpumem_policy_tradeoff.md ("Variable shapes").
  *  - Streams: the plan serves its own stream from that stream's arena, so a
  *    range is reused only by the stream that freed it (stream order makes
  *    that safe, as for every arena); the front end hands a block with
@@ -127,6 +130,7 @@ void gm__gp_plan_destroy(gp_state *st) {
     free(pl->pend);
     free(pl->items);
     free(pl->fp);
+    free(pl->holes);
     free(pl);
     st->plan = NULL;
 }
@@ -329,6 +333,27 @@ static bool keep_planned(void *arg, const gp_chunk *c) {
     return false;
 }
 
+/* Elastic, laid out again: a step that grew (tight) moved idle granules of
+ * the plan's arena from under the old top to above it; laid out over [0,
+ * top), the switch moved each back, ~1000 calls on bert_varlen (RESULTS.md,
+ * "short steps and re-layouts"). So B goes around the unmapped runs below
+ * the highest mapped granule (hole_top), obstacles for the whole period. */
+static int find_holes(gp_state *st, gp_plan *pl) {
+    const gp_arena *pa = pl->pa;
+    uint64_t hm = pa && pa->gran && pl->elastic ? pa->ngran : 0, n = 0, gu = st->gran >> GP_ALIGN_SHIFT;
+    while (hm && pa->gran[hm - 1] < 0) hm--;
+    for (uint64_t g = 0; g < hm; g++) n += pa->gran[g] < 0 && (g == 0 || pa->gran[g - 1] >= 0);
+    pl->hole_top = pl->nh = 0;
+    if (n && !gm__realloc_array(&pl->holes, n, sizeof *pl->holes)) return GM_ENOHOSTMEM;
+    for (uint64_t g = 0, e; g < hm && n; g = e) {
+        for (e = g; e < hm && pa->gran[e] < 0; e++) {}
+        if (e == g) e++;
+        else pl->holes[pl->nh++] = (pl_item){(e - g) * gu, g * gu, 0, INT64_MAX, PL_OBST, 0};
+    }
+    pl->hole_top = pl->nh ? hm : 0;
+    return GM_OK;
+}
+
 static void activate(gp_state *st) {
     gp_plan *pl = st->plan;
     gp_arena *a, *ra;
@@ -340,12 +365,12 @@ static void activate(gp_state *st) {
 #ifdef GP_PLAN_DEBUG
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int lrc = gm__gp_plan_solve(st, pl, a);
+    int lrc = find_holes(st, pl) ? GM_ENOHOSTMEM : gm__gp_plan_solve(st, pl, a);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     PLOG("layout took %.1f ms\n", (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
     if (lrc) return;
 #else
-    if (gm__gp_plan_solve(st, pl, a)) return; /* served as before */
+    if (find_holes(st, pl) || gm__gp_plan_solve(st, pl, a)) return; /* served as before */
 #endif
     ra = a;
     if (pl->rebase) {

@@ -79,6 +79,8 @@ typedef struct gp_plan {
     uint64_t top_units; /* the layout's extent */
     uint64_t hole_top;  /* elastic, laid out again: granules of the own arena below this that were
                          * not mapped are left out of the layout (and stay unmapped) */
+    pl_item *holes;     /* their runs (plan.c, find_holes), obstacles to layout B */
+    uint64_t nh;
     uint64_t *fp, fp_words; /* layout A: granules of the stream's arena the plan uses */
     gp_arena *pa; /* the plan's own arena of pstream, once made (reused by later plans) */
     uint32_t tries;
