@@ -56,7 +56,7 @@
  *    longest seen makes no device call. A step that grows past its slots
  *    is placed best fit in the plan's arena, tight (gm__gp_tighten), and
  *    laid out again at its end (replan), around the granules it left
- *    unmapped (layout.c, solve_holes: nothing is moved back); a dropped
+ *    unmapped (find_holes: nothing is moved back); a dropped
  *    elastic plan stays tight until it is made again. After a deviation
  *    the cursor resyncs on a signature, or on a block's exact size (a
  *    short step may free otherwise before a gradient). Measured:
@@ -411,7 +411,7 @@ static void activate(gp_state *st) {
 #endif
         st->soft_cap = st->held_bytes;
         /* elastic, laid out again: the layout left the holes below
-         * hole_top out (solve_holes), so only what lies past it is mapped */
+         * hole_top out (find_holes), so only what lies past it is mapped */
         uint64_t from = pl->hole_top << st->gshift, top = pl->top_units << GP_ALIGN_SHIFT;
         if (top > from) (void)gm__gp_ensure_mapped(st, ra, ra->base + from, top - from);
         st->soft_cap = 0;
