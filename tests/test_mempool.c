@@ -213,6 +213,37 @@ static void test_stats_sum(void **state) {
     gm_test_destroy(b, a);
 }
 
+/* A memory fraction limits the device's own pools and its private pools
+ * together, as torch's one total_allocated_memory does: 80 MiB in a pool
+ * and 80 MiB outside it do not fit under a 128 MiB limit, whichever comes
+ * first; once the pool's memory goes, the second fits. */
+static void test_fraction_sums_pools(void **state) {
+    for (int pool_first = 0; pool_first < 2; pool_first++) {
+        gm_backend *b;
+        gm_allocator *a;
+        int rc = gm_test_make(kind_of(state), NULL, 512 * MIB, false, &b, &a);
+        if (rc != GM_OK) fail_msg("gm_test_make: %s %s", gm_status_name(rc), gm_last_error_detail());
+        OK(gm_set_memory_fraction(a, 0, 0.25));
+        OK(gm_pool_retain(a, 0, 7, 0));
+        gm_devptr first, second = 0, small;
+        if (pool_first) OK(gm_malloc_pool(a, 0, 80 * MIB, 0, 7, 0, &first));
+        else OK(gm_malloc(a, 0, 80 * MIB, 0, &first));
+        rc = pool_first ? gm_malloc(a, 0, 80 * MIB, 0, &second) : gm_malloc_pool(a, 0, 80 * MIB, 0, 7, 0, &second);
+        assert_int_equal(rc, GM_ENOMEM);
+        OK(pool_first ? gm_malloc(a, 0, 40 * MIB, 0, &small) : gm_malloc_pool(a, 0, 40 * MIB, 0, 7, 0, &small));
+        gm_test_check(a);
+        OK(gm_free(a, small));
+        OK(gm_free(a, first));
+        OK(gm_empty_cache(a, 0));
+        OK(gm_pool_empty_cache(a, 0, 7, 0));
+        OK(pool_first ? gm_malloc(a, 0, 80 * MIB, 0, &second) : gm_malloc_pool(a, 0, 80 * MIB, 0, 7, 0, &second));
+        OK(gm_free(a, second));
+        OK(gm_pool_release(a, 0, 7, 0));
+        gm_test_check(a);
+        gm_test_destroy(b, a);
+    }
+}
+
 /* A released pool's last block waits for another stream's event: the pool
  * goes once it is back; a pool released during another's capture gives its
  * memory back when the capture ends. */
@@ -510,7 +541,7 @@ static void test_replay_pools(void **state) {
     {                                                                                                     \
         cmocka_unit_test_prestate(test_lands_in_pool, &k), cmocka_unit_test_prestate(test_reuse_only_within, &k), \
         cmocka_unit_test_prestate(test_release_gives_back, &k), cmocka_unit_test_prestate(test_shared_pool, &k), \
-        cmocka_unit_test_prestate(test_stats_sum, &k), \
+        cmocka_unit_test_prestate(test_stats_sum, &k), cmocka_unit_test_prestate(test_fraction_sums_pools, &k), \
         cmocka_unit_test_prestate(test_bad_input, &k), cmocka_unit_test_prestate(test_double_free_in_pool, &k), \
         cmocka_unit_test_prestate(test_destroy_with_pools, &k), cmocka_unit_test_prestate(test_replay_pools, &k), \
         cmocka_unit_test_prestate(test_release_waits, &k), \

@@ -122,7 +122,22 @@ struct gm__device {
      * own policy instance, [1] by a private pool's (gm_pool_capture_calls;
      * kept on the device, never on a view). */
     uint64_t capture_calls[2][GM_BCALL_COUNT];
+    /* A memory fraction limits what all of a device's policy instances
+     * reserve together, as torch's one total_allocated_memory does
+     * (gm__device_others_reserved; mempool.c keeps these two). */
+    uint64_t pools_reserved;     /* the device: its private pools' reserved bytes, as last folded in */
+    const gm_stats *synced;      /* a pool's view: its stats as last folded into the owner's */
 };
+
+/* The bytes reserved on d's device by policy instances other than d's: the
+ * private pools for the device itself; the device and the other pools for
+ * a pool's view (the owner's stats hold all of them as last folded in,
+ * while the view's changes since then are its own). */
+static inline uint64_t gm__device_others_reserved(const gm__device *d) {
+    if (!d->owner) return d->pools_reserved;
+    return (uint64_t)(d->owner->stats.reserved_bytes[GM_POOL_ALL].current -
+                      d->synced->reserved_bytes[GM_POOL_ALL].current);
+}
 
 /* A capture is under way on d's device (a private pool is being allocated
  * into): no device free, no event synchronisation, no cache release, as

@@ -63,6 +63,7 @@ void gm__mempool_sync(gm__device *d, gm__mempool *p) {
 #undef GM__MP_SINGLE
 #undef GM__MP_COUNTER
     s->max_split_size = msplit;
+    d->pools_reserved += (uint64_t)(now->reserved_bytes[GM_POOL_ALL].current - was->reserved_bytes[GM_POOL_ALL].current);
     p->synced = *now;
 }
 
@@ -109,6 +110,8 @@ static int create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **out) 
     p->view.capturing = 0;
     p->view.pstate = NULL;
     p->view.cfg = &p->cfg;
+    p->view.pools_reserved = 0;
+    p->view.synced = &p->synced;
     memset(&p->view.stats, 0, sizeof p->view.stats);
     p->view.stats.size = sizeof p->view.stats;
     p->view.stats.max_split_size = d->stats.max_split_size;

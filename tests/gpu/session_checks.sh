@@ -4,10 +4,14 @@
 # installed once (pip, offline) and reused by the later stages:
 #   1. tests/gpu/graphs_run.sh: CUDA graphs, reduce-overhead, MemPool (issue 28)
 #   2. tests/gpu/dropin_run.sh: torch's memory API under both policies (kept)
-#   3. the allocator suite on the variable-shape jobs (issue 23), native /
-#      expandable / gpumem default, SUITE_ROUNDS rounds (1) in rotated order
+#   3. warm allocator ops, gpumem default against torch native, paired in one
+#      process (tests/gpu/variants_paired.sh on examples/steps40; issue 23
+#      goal 6; about a minute)
+#   4. the allocator suite on the variable-shape jobs (issue 23), native /
+#      expandable / gpumem default, SUITE_ROUNDS rounds (1) in rotated order,
+#      as many as the time left allows
 # $OUT gets run.txt (this output) and logs.tgz (every stage's logs and JSON:
-# the device returns at most 8 files). SKIP="graphs dropin suite" skips stages.
+# the device returns at most 8 files). SKIP="graphs dropin suite warm" skips stages.
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 FINAL=${OUT:-/tmp/gpumem-out}
@@ -29,8 +33,14 @@ if ! skip dropin; then
   OUT=$OUT/dropin timeout -k 5 "$(left ${DROPIN_S:-420})" bash "$SRC/tests/gpu/dropin_run.sh" >"$OUT/dropin.log" 2>&1
   echo "dropin exit $? [$(( $(date +%s) - START )) s]"; grep -E "^(PASS|FAIL|==|exit|total)" "$OUT/dropin.log"
 fi
+if ! skip warm; then
+  echo "== 3. warm ops"
+  OUT=$OUT/warm VARIANTS=base= ROUNDS=${WARM_ROUNDS:-1} timeout -k 5 "$(left ${WARM_S:-570})" \
+    bash "$SRC/tests/gpu/variants_paired.sh" "$SRC/examples/steps40" >"$OUT/warm.log" 2>&1
+  echo "warm exit $? [$(( $(date +%s) - START )) s]"; sed -n '/^paired warm/,$p' "$OUT/warm.log"
+fi
 if ! skip suite; then
-  echo "== 3. allocator suite"
+  echo "== 4. allocator suite"
   b=$(( $(left ${SUITE_S:-570}) - 25 ))
   OUT=$OUT/suite timeout -k 5 "$(left ${SUITE_S:-570})" bash "$SRC/tests/gpu/alloc_suite.sh" --steps 40 \
     --rounds "${SUITE_ROUNDS:-1}" --jobs "${SUITE_JOBS:-bert_varlen,gpt2_generate}" \

@@ -365,7 +365,7 @@ static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
     }
     uint64_t bytes = n << st->gshift;
     gm__device *d = st->d;
-    if (d->fraction_set && st->held_bytes + bytes > d->allowed_memory_maximum)
+    if (d->fraction_set && st->held_bytes + gm__device_others_reserved(d) + bytes > d->allowed_memory_maximum)
         return GM_ENOMEM;
     if (st->soft_cap && st->held_bytes + bytes > st->soft_cap) return GM_ENOMEM; /* gpumem_plan: move, do not grow */
     int32_t i = chunk_slot(st);

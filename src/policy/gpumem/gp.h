@@ -157,9 +157,12 @@ static inline void gm__gp_cached_inc(gp_state *st, const gp_block *b) {
 static inline void gm__gp_cached_dec(gp_state *st, const gp_block *b) {
     gm__stat_block_dec(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, b->h.pool, b->h.size);
 }
-/* The memory the policy may hold: the fraction's limit, else the device. */
+/* The memory the policy may hold: the fraction's limit, else the device,
+ * less what the device's other policy instances (private pools) reserve. */
 static inline uint64_t gm__gp_device_limit(const gp_state *st) {
-    return st->d->fraction_set ? st->d->allowed_memory_maximum : st->d->total_memory;
+    uint64_t lim = st->d->fraction_set ? st->d->allowed_memory_maximum : st->d->total_memory;
+    uint64_t others = gm__device_others_reserved(st->d);
+    return lim > others ? lim - others : 0;
 }
 /* gpumem_chunks:auto: physical memory held is past GP_AUTO_PERMILLE of the
  * limit, so the device may fill up: from here on no chunk may pin granules

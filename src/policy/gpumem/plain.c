@@ -9,7 +9,8 @@ int gm__gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **ou
     int pool = units <= GP_SMALL_UNITS ? GM_POOL_SMALL : GM_POOL_LARGE;
     if (pool == GM_POOL_LARGE) bytes = (bytes + 2 * GM__MIB - 1) & ~(2 * GM__MIB - 1);
     gm__device *d = st->d;
-    if (d->fraction_set && st->held_bytes + bytes > d->allowed_memory_maximum) return GM_ENOMEM;
+    if (d->fraction_set && st->held_bytes + gm__device_others_reserved(d) + bytes > d->allowed_memory_maximum)
+        return GM_ENOMEM;
     gp_block *b = gm__gp_block_new(st);
     if (!b) return GM_ENOHOSTMEM;
     int rc = gm__be_malloc(d, bytes, &b->h.ptr);

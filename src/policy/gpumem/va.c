@@ -97,7 +97,8 @@ static uint64_t fidx_lower(const gp_arena *a, gm_devptr p) {
     return lo;
 }
 
-__attribute__((noinline, cold)) static void fidx_add(gp_arena *a, gp_block *b) {
+/* Insert b at index i (the ranges before it start below it). */
+__attribute__((noinline, cold)) static void fidx_insert_at(gp_arena *a, uint64_t i, gp_block *b) {
     if (a->nfidx == a->fidx_cap) {
         uint64_t cap = a->fidx_cap * 2;
         gp_block **n = realloc(a->fidx, cap * sizeof *n);
@@ -110,18 +111,22 @@ __attribute__((noinline, cold)) static void fidx_add(gp_arena *a, gp_block *b) {
         a->fidx = n;
         a->fidx_cap = cap;
     }
-    uint64_t i = fidx_lower(a, b->h.ptr);
     memmove(&a->fidx[i + 1], &a->fidx[i], (a->nfidx - i) * sizeof *a->fidx);
     a->fidx[i] = b;
     a->nfidx++;
 }
 
-__attribute__((noinline, cold)) static void fidx_del(gp_arena *a, const gp_block *b) {
-    uint64_t i = fidx_lower(a, b->h.ptr);
-    if (i >= a->nfidx || a->fidx[i] != b) return; /* cannot happen: gm__gp_plan_check says so */
+static void fidx_delete_at(gp_arena *a, uint64_t i) {
     memmove(&a->fidx[i], &a->fidx[i + 1], (a->nfidx - i - 1) * sizeof *a->fidx);
     a->nfidx--;
 }
+
+/* The index of free range r; hint: where it may be (a lookup's answer). */
+static inline uint64_t fidx_of(const gp_arena *a, const gp_block *r, uint64_t hint) {
+    return hint < a->nfidx && a->fidx[hint] == r ? hint : fidx_lower(a, r->h.ptr);
+}
+
+static void fidx_add(gp_arena *a, gp_block *b) { fidx_insert_at(a, fidx_lower(a, b->h.ptr), b); }
 
 int gm__gp_va_index(gp_arena *a, bool on) {
     free(a->fidx);
@@ -143,9 +148,12 @@ int gm__gp_va_index(gp_arena *a, bool on) {
 
 /* ---- free ranges ------------------------------------------------------------ */
 
+/* A free range into the size bins (and the statistics); the address index,
+ * where there is one, is the caller's: carve and gm__gp_va_free keep it
+ * with the index they know, most often with no search and no move (a
+ * range that keeps its start keeps its place). */
 static void free_insert(gp_state *st, gp_arena *a, gp_block *b) {
     gm__gp_bin_insert(a, b);
-    if (__builtin_expect(a->fidx != NULL, 0)) fidx_add(a, b); /* plans only: off the warm path */
     b->split_cnt = b->next != NULL; /* the arena's top range is not a split */
     if (b->split_cnt)
         gm__stat_block_inc(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, b->h.size);
@@ -153,7 +161,6 @@ static void free_insert(gp_state *st, gp_arena *a, gp_block *b) {
 
 static inline __attribute__((always_inline)) void free_remove(gp_state *st, gp_arena *a, gp_block *b) {
     gm__gp_bin_remove(a, b);
-    if (__builtin_expect(a->fidx != NULL, 0)) fidx_del(a, b);
     if (b->split_cnt)
         gm__stat_block_dec(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, b->h.size);
     b->split_cnt = 0;
@@ -201,6 +208,7 @@ int gm__gp_arena_init_va(gp_state *st, gp_arena *a) {
     top->prev = top->next = NULL;
     a->head = top;
     free_insert(st, a, top);
+    if (a->fidx) fidx_add(a, top);
     return GM_OK;
 }
 
@@ -327,9 +335,10 @@ static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at
     return pick;
 }
 
-/* Split free range r so that [p, p+bytes) becomes a used block. */
+/* Split free range r so that [p, p+bytes) becomes a used block. fi: where
+ * r may be in the address index (a lookup's answer; checked). */
 static inline __attribute__((always_inline)) int carve(gp_state *st, gp_arena *a, gp_block *r, gm_devptr p, uint64_t bytes,
-                 gp_block **out) {
+                 uint64_t fi, gp_block **out) {
     uint64_t front = p - r->h.ptr, back = r->h.ptr + r->h.size - (p + bytes);
     gp_block *b = NULL, *tail = NULL;
     if (front && !(b = gm__gp_block_new(st))) return GM_ENOHOSTMEM;
@@ -338,6 +347,12 @@ static inline __attribute__((always_inline)) int carve(gp_state *st, gp_arena *a
         return GM_ENOHOSTMEM;
     }
     free_remove(st, a, r);
+    if (__builtin_expect(a->fidx != NULL, 0)) { /* plans only: off the warm path */
+        fi = fidx_of(a, r, fi);
+        if (front && back) fidx_insert_at(a, fi + 1, tail); /* r keeps its start, and its place */
+        else if (back) a->fidx[fi] = tail;                  /* the tail takes r's place */
+        else if (!front) fidx_delete_at(a, fi);
+    }
     uint64_t total = r->h.size;
     if (front) {
         r->h.size = front;
@@ -381,7 +396,7 @@ static int va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
             int rc = gm__gp_ensure_mapped(st, a, at, bytes);
             if (rc) return rc;
         }
-        return carve(st, a, r, at, bytes, out);
+        return carve(st, a, r, at, bytes, UINT64_MAX, out);
     }
 }
 
@@ -399,7 +414,7 @@ int gm__gp_va_place_at(gp_state *st, gp_arena *a, gm_devptr p, uint64_t units, b
     }
     int rc = gm__gp_split_partial(st, a, r, p, bytes);
     if (rc > 0 || (rc == 0 && unmapped)) rc = gm__gp_ensure_mapped(st, a, p, bytes);
-    if (rc == GM_OK) rc = carve(st, a, r, p, bytes, out);
+    if (rc == GM_OK) rc = carve(st, a, r, p, bytes, i - 1, out);
     gm__gp_live_drop(st);
     if (rc == GM_ENOMEM) return 0; /* the usual placement and its OOM retry decide */
     return rc ? rc : 1;
@@ -415,14 +430,24 @@ void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b) {
     gm__gp_touch_dec(st, a, b->h.ptr, b->h.size);
     b->state = GP_FREE;
     gp_block *p = b->prev, *n = b->next;
-    if (p && p->state == GP_FREE) {
+    bool pf = p && p->state == GP_FREE, nf = n && n->state == GP_FREE;
+    if (__builtin_expect(a->fidx != NULL, 0)) { /* plans only: a merged range keeps the lower one's place */
+        if (nf) {
+            uint64_t i = fidx_lower(a, n->h.ptr);
+            if (pf) fidx_delete_at(a, i);
+            else a->fidx[i] = b;
+        } else if (!pf) {
+            fidx_add(a, b);
+        }
+    }
+    if (pf) {
         free_remove(st, a, p);
         p->h.size += b->h.size;
         unlink_block(a, b);
         gm__gp_block_put(st, b);
         b = p;
     }
-    if (n && n->state == GP_FREE) {
+    if (nf) {
         free_remove(st, a, n);
         b->h.size += n->h.size;
         unlink_block(a, n);

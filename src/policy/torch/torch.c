@@ -161,7 +161,9 @@ typedef struct tp_params {
 static int alloc_block(tp_state *st, tp_params *p, int is_retry) {
     gm__device *d = st->d;
     if (is_retry) d->stats.num_alloc_retries++;
-    if (tp_limited(st) && st->total_allocated_memory + p->alloc_size > d->allowed_memory_maximum)
+    /* total_allocated_memory is the device's in torch: every private pool's segments count */
+    if (tp_limited(st) && st->total_allocated_memory + gm__device_others_reserved(d) + p->alloc_size >
+                              d->allowed_memory_maximum)
         return 0;
     if (st->cfg->expandable_segments) {
         int err = GM_OK;
@@ -266,8 +268,9 @@ static int garbage_collect_cached_blocks(tp_state *st) {
     tp_pool *p = &st->large;
     uint64_t threshold =
         (uint64_t)(st->cfg->garbage_collection_threshold * (double)st->d->allowed_memory_maximum);
-    if (st->total_allocated_memory <= threshold) return GM_OK;
-    uint64_t target = st->total_allocated_memory - threshold, reclaimed = 0;
+    uint64_t total = st->total_allocated_memory + gm__device_others_reserved(st->d); /* the device's, as torch's */
+    if (total <= threshold) return GM_OK;
+    uint64_t target = total - threshold, reclaimed = 0;
     uint64_t total_age = 0;
     int64_t count = 0;
     for (tp_block *b = tp_set_first(&p->blocks); b; b = tp_set_next(&p->blocks, b)) {
