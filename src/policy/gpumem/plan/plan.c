@@ -348,7 +348,7 @@ static int find_holes(gp_state *st, gp_plan *pl) {
     for (uint64_t g = 0, e; g < hm && n; g = e) {
         for (e = g; e < hm && pa->gran[e] < 0; e++) {}
         if (e == g) e++;
-        else pl->holes[pl->nh++] = (pl_item){(e - g) * gu, g * gu, 0, INT64_MAX, PL_OBST, 0};
+        else pl->holes[pl->nh++] = (pl_item){(e - g) * gu, g * gu, 0, INT64_MAX, PL_OBST, 0, ~(uint64_t)0};
     }
     pl->hole_top = pl->nh ? hm : 0;
     return GM_OK;
