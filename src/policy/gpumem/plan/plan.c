@@ -227,6 +227,27 @@ static void detect(gp_plan *pl, uint64_t p) {
         make_plan(pl, p, pl->cand, false);
 }
 
+/* While a plan serves, the exact detector rests: its hashing and table
+ * writes were about a sixth of the serving path's instructions (callgrind,
+ * bench/RESULTS.md "warm allocator ops of the default"). When the plan
+ * drops, the window hash and the table catch up over the history, so the
+ * detector goes on as if it had run throughout: the hash holds the last
+ * PL_W allocations only, and a table entry older than the history is never
+ * a period (P <= PL_MAXP). */
+static void detect_catch_up(gp_plan *pl) {
+    uint64_t from = pl->n > PL_HIST ? pl->n - PL_HIST : 0;
+    pl->wh = 0;
+    for (uint64_t p = from; p < pl->n; p++) {
+        const pl_rec *in = rec(pl, p);
+        if (p < from + PL_W && p >= PL_W) { /* its window starts before the history: the hash only */
+            pl->wh = rotl64(pl->wh, 1) ^ mix(in->units, in->stream);
+            continue;
+        }
+        (void)window_seen(pl->tab, &pl->wh, mix(in->units, in->stream),
+                          p >= PL_W ? mix(rec(pl, p - PL_W)->units, rec(pl, p - PL_W)->stream) : 0, p);
+    }
+}
+
 /* A step frees what it allocates: of the allocations of the step before
  * the last, at most one in eight still lives. A layer loop (its sizes may
  * differ layer by layer) keeps its activations for the backward pass.
@@ -289,8 +310,9 @@ static void note_alloc(gp_plan *pl, uint64_t units, gm_stream stream) {
     *rec(pl, p) = (pl_rec){units, stream, pl->op++, -1, pl->live, cur_sig0(pl, stream), cur_sig(pl, stream)};
     pl->fsig = pl->nfree = 0;
     pl->live += units;
+    if (pl->state == PL_ACTIVE) return; /* detect_catch_up when it drops */
     detect(pl, p);
-    if (pl->state != PL_ACTIVE && !pl->no_elastic) detect_elastic(pl, p);
+    if (!pl->no_elastic) detect_elastic(pl, p);
 }
 
 /* ---- activation, settling, dropping ----------------------------------------- */
@@ -303,6 +325,7 @@ static void drop(gp_state *st) {
     pl->ra = pl->ma = NULL;
     pl->state = PL_NONE;
     pl->cand = pl->run = 0;
+    detect_catch_up(pl);
     pl->grew = pl->growing = false;
     /* elastic: the plan's arena holds the longest step's memory, which the
      * usual placement cannot use: tight until the plan is made again */
