@@ -37,7 +37,7 @@ typedef struct pl_item {
     int64_t b, e;        /* operations since the step began; e may pass the step (circular) */
     uint32_t k;          /* position in the step; PL_OBST: an obstacle */
     uint32_t where;      /* layout B: 1 in a pinned chunk of the obstacles' arena */
-    uint64_t tm;         /* the 64ths of the period it is alive in (layout.c: time_mask) */
+    uint64_t tm;         /* the 64ths of the period it is alive in (intervals.h: time_mask) */
 } pl_item;
 #define PL_OBST UINT32_MAX
 
