@@ -12,11 +12,8 @@ START=$(date +%s)
 exec > >(tee "$OUT/suite.txt") 2>&1
 git -C "$SRC" log --oneline -1 2>/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-if ! (cd /tmp && python3 -c 'import torch, gpumem._C' 2>/dev/null); then
-  python3 -m pip install -q --no-deps --no-build-isolation --no-index "$SRC/python" >/tmp/pip.log 2>&1 ||
-    { echo "pip install FAILED"; grep -iE "error" /tmp/pip.log | head -30; exit 1; }
-fi
-echo "pip install: ok [$(( $(date +%s) - START )) s]"
+. "$SRC/tests/gpu/pip_install.sh" # an install that imports already is kept
+GPUMEM_PIP_REUSE=1 gpumem_pip_install "$SRC" /tmp/pip.log "$START" || exit 1
 cd /tmp
 rec=""
 for a in "$@"; do [ "${prev:-}" = --record ] && rec=$a; prev=$a; done

@@ -1,4 +1,4 @@
-# tests/gpu/pip_install.sh — sourced by the GPU run scripts (dropin_run.sh,
+# tests/gpu/pip_install.sh — sourced by the GPU run scripts (dropin_run.sh, alloc_suite.sh,
 # graphs_run.sh): install the package as a user does, offline, from a fresh
 # state, and say how long it took.
 #   gpumem_pip_install SRC LOG T0    (T0: the script's start, date +%s)
