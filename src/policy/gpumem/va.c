@@ -121,9 +121,15 @@ static void fidx_delete_at(gp_arena *a, uint64_t i) {
     a->nfidx--;
 }
 
-/* The index of free range r; hint: where it may be (a lookup's answer). */
-static inline uint64_t fidx_of(const gp_arena *a, const gp_block *r, uint64_t hint) {
-    return hint < a->nfidx && a->fidx[hint] == r ? hint : fidx_lower(a, r->h.ptr);
+/* The index of free range r in *i; hint: where it may be (a lookup's
+ * answer). An index without r cannot happen (gm__gp_plan_check says so);
+ * if it did, the index goes and with it the plan (it stops serving, as
+ * when the index cannot grow): false. */
+static inline bool fidx_find(gp_arena *a, const gp_block *r, uint64_t hint, uint64_t *i) {
+    *i = hint < a->nfidx && a->fidx[hint] == r ? hint : fidx_lower(a, r->h.ptr);
+    if (*i < a->nfidx && a->fidx[*i] == r) return true;
+    (void)gm__gp_va_index(a, false);
+    return false;
 }
 
 static void fidx_add(gp_arena *a, gp_block *b) { fidx_insert_at(a, fidx_lower(a, b->h.ptr), b); }
@@ -347,8 +353,7 @@ static inline __attribute__((always_inline)) int carve(gp_state *st, gp_arena *a
         return GM_ENOHOSTMEM;
     }
     free_remove(st, a, r);
-    if (__builtin_expect(a->fidx != NULL, 0)) { /* plans only: off the warm path */
-        fi = fidx_of(a, r, fi);
+    if (__builtin_expect(a->fidx != NULL, 0) && fidx_find(a, r, fi, &fi)) { /* plans only: off the warm path */
         if (front && back) fidx_insert_at(a, fi + 1, tail); /* r keeps its start, and its place */
         else if (back) a->fidx[fi] = tail;                  /* the tail takes r's place */
         else if (!front) fidx_delete_at(a, fi);
@@ -432,10 +437,12 @@ void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b) {
     gp_block *p = b->prev, *n = b->next;
     bool pf = p && p->state == GP_FREE, nf = n && n->state == GP_FREE;
     if (__builtin_expect(a->fidx != NULL, 0)) { /* plans only: a merged range keeps the lower one's place */
+        uint64_t i;
         if (nf) {
-            uint64_t i = fidx_lower(a, n->h.ptr);
-            if (pf) fidx_delete_at(a, i);
-            else a->fidx[i] = b;
+            if (fidx_find(a, n, UINT64_MAX, &i)) {
+                if (pf) fidx_delete_at(a, i);
+                else a->fidx[i] = b;
+            }
         } else if (!pf) {
             fidx_add(a, b);
         }
