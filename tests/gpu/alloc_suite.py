@@ -11,10 +11,13 @@ Allocators:
   expandable    torch's, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   gpumem        gpumem.torch.install() with no settings (the default policy)
   gpumem:CONF   gpumem.torch.install(CONF)
+  gpumem-prof   the default with GPUMEM_PROFILE=1: the time spent inside gpumem's alloc/free
+                entry points per step (two clock reads per call added)
 
 Per run (one JSON line, prefix RESULT): peak allocated / reserved over the whole run
 (warm-up included), NVML's peak used memory of the device, median step time from
-step 10 on, device calls per step after warm-up (gpumem: its num_* counters; torch:
+step 10 on (and the process's CPU time in the same steps: a step whose wall time
+grows with its CPU time is host-bound), allocations per step, device calls per step after warm-up (gpumem: its num_* counters; torch:
 num_device_alloc + num_device_free, and the steps whose reserved bytes changed, since
 torch does not count expandable segments' maps), losses.
 
@@ -46,27 +49,50 @@ CALL_KEYS = ("num_device_alloc", "num_device_free", "num_map", "num_unmap", "num
 
 
 class Meter:
-    """Step boundaries: wall time, device calls, reserved bytes, losses."""
+    """Step boundaries: wall and CPU time, allocations, device calls, reserved bytes, losses,
+    and (prof: a function returning gpumem's profile counters) the ns spent inside gpumem."""
 
-    def __init__(self, torch, stats):
-        self.torch, self.stats = torch, stats
-        self.times, self.calls, self.reserved_changed, self.losses = [], [], [], []
+    def __init__(self, torch, stats, prof=None):
+        self.torch, self.stats, self.prof = torch, stats, prof
+        self.times, self.cpu, self.allocs, self.inside = [], [], [], []
+        self.calls, self.reserved_changed, self.losses = [], [], []
         self.t0 = None
+        # SUITE_KERNELS=K: step K runs under torch's profiler, which reports the GPU's busy time in it
+        # (kernels, copies, sets): equal across allocators unless their memory makes kernels slower.
+        # That step is left out of the step times.
+        self.kernels_at = int(os.environ.get("SUITE_KERNELS", "-1"))
+        self.profiler, self.gpu_busy_ms = None, None
 
     def _calls(self):
         s = self.stats()
-        return sum(int(s.get(k, 0)) for k in CALL_KEYS), int(s.get("reserved_bytes.all.current", 0))
+        return (sum(int(s.get(k, 0)) for k in CALL_KEYS), int(s.get("reserved_bytes.all.current", 0)),
+                int(s.get("allocation.all.allocated", 0)))
 
     def begin(self):
         self.torch.cuda.synchronize()
-        self.c0, self.r0 = self._calls()
-        self.t0 = time.perf_counter()
+        if self.kernels_at == len(self.times):
+            self.profiler = self.torch.profiler.profile(
+                activities=[self.torch.profiler.ProfilerActivity.CPU, self.torch.profiler.ProfilerActivity.CUDA])
+            self.profiler.__enter__()
+        self.c0, self.r0, self.a0 = self._calls()
+        self.p0 = self.prof() if self.prof else 0
+        self.t0, self.cpu0 = time.perf_counter(), time.process_time()
 
     def end(self, loss=None):
         self.torch.cuda.synchronize()
+        if self.profiler is not None:
+            self.profiler.__exit__(None, None, None)
+            ev = self.profiler.key_averages()
+            self.gpu_busy_ms = 1e-3 * sum(e.self_device_time_total for e in ev)
+            self.profiler, self.kernels_at = None, -1
+            return
         self.times.append(time.perf_counter() - self.t0)
-        c1, r1 = self._calls()
+        self.cpu.append(time.process_time() - self.cpu0)
+        if self.prof:
+            self.inside.append(self.prof() - self.p0)
+        c1, r1, a1 = self._calls()
         self.calls.append(c1 - self.c0)
+        self.allocs.append(a1 - self.a0)
         self.reserved_changed.append(int(r1 != self.r0))
         if loss is not None:
             self.losses.append(float(loss))
@@ -170,6 +196,8 @@ def child(job, alloc, steps, cap, record):
     gt = None
     if alloc == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if alloc == "gpumem-prof":
+        os.environ["GPUMEM_PROFILE"] = "1"
     if alloc.startswith("gpumem"):
         import gpumem.torch as gt
         conf = alloc.split(":", 1)[1] if ":" in alloc else None
@@ -185,7 +213,7 @@ def child(job, alloc, steps, cap, record):
         torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
                                                  max_entries=5_000_000)
     stats = (lambda: gt.memory_stats(0)) if gt else (lambda: torch.cuda.memory_stats(0))
-    meter = Meter(torch, stats)
+    meter = Meter(torch, stats, profile_ns() if alloc == "gpumem-prof" else None)
     nvml_peak = [0]
     try:
         import pynvml
@@ -212,6 +240,10 @@ def child(job, alloc, steps, cap, record):
     res["nvml_peak"] = nvml_peak[0]
     late = meter.times[10:] or meter.times
     res["median_ms"] = 1e3 * statistics.median(late) if late else None
+    res["median_cpu_ms"] = 1e3 * statistics.median(meter.cpu[10:] or meter.cpu) if meter.cpu else None
+    res["allocs_per_step"] = statistics.median(meter.allocs[10:] or meter.allocs) if meter.allocs else None
+    if meter.inside:
+        res["inside_ms"] = 1e-6 * statistics.median(meter.inside[10:] or meter.inside)
     res["calls_per_step"] = statistics.mean(meter.calls[10:]) if meter.calls[10:] else None
     # the median too: a one-time give-back (the end of gpumem's warm-up) moves the mean alone
     res["calls_median"] = statistics.median(meter.calls[10:]) if meter.calls[10:] else None
@@ -221,6 +253,8 @@ def child(job, alloc, steps, cap, record):
     res["nsteps"] = len(meter.times)
     # per step, for reading which steps call the device (a new longest length) and what they cost
     res["step_ms"] = [round(1e3 * t, 2) for t in meter.times]
+    res["step_cpu_ms"] = [round(1e3 * t, 2) for t in meter.cpu]
+    res["gpu_busy_ms"] = meter.gpu_busy_ms
     res["step_calls"] = list(meter.calls)
     if record:
         snap = torch.cuda.memory._snapshot()
@@ -228,6 +262,21 @@ def child(job, alloc, steps, cap, record):
         with gzip.open(record, "wb", compresslevel=9) as f:
             pickle.dump(snap, f)
     print("RESULT " + json.dumps(res), flush=True)
+
+
+def profile_ns():
+    """A function returning the ns spent inside gpumem's alloc and free entry points so far
+    (GPUMEM_PROFILE=1; src/torch/gpumem_torch.c: fields calls, ns, max_ns, slow per kind)."""
+    import ctypes
+    from gpumem import _lib
+    lib = _lib.load()
+    buf = (ctypes.c_uint64 * 8)()
+    lib.gpumem_torch_profile.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+
+    def read():
+        lib.gpumem_torch_profile(buf, 8)
+        return int(buf[1]) + int(buf[5])
+    return read
 
 
 def spawn(job, alloc, steps, cap=0, record="", timeout=300):
@@ -243,21 +292,27 @@ def spawn(job, alloc, steps, cap=0, record="", timeout=300):
             "error": (p.stderr or p.stdout)[-400:].replace("\n", " | ")}
 
 
+def fmt(x, digits=1):
+    return "-" if x is None else round(x, digits)
+
+
 def table(rows, title):
     print("\n" + title)
-    print("| job | alloc | ok | reserved/allocated | peak alloc GiB | NVML peak GiB | median ms | calls/step mean (median) | reserved changed (steps>=10) | first loss / last loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| job | alloc | ok | reserved/allocated | peak alloc GiB | NVML peak GiB | median ms | CPU ms | allocs/step "
+          "| inside gpumem ms | calls/step mean (median) | reserved changed (steps>=10) | first loss / last loss |")
+    print("|---" * 13 + "|")
     for r in rows:
         gib = 2.0 ** 30
         if not r.get("ok") and "peak_allocated" not in r:
-            print(f"| {r['job']} | {r['alloc']} | FAIL | {r.get('error', '')[:120]} |||||||")
+            print(f"| {r['job']} | {r['alloc']} | FAIL | {r.get('error', '')[:120]} ||||||||||")
             continue
         ok = "yes" if r.get("ok") else f"OOM@{r.get('oom_step')}"
         losses = r.get("losses") or [float("nan")]
         ms = r.get("median_ms")
         cps = r.get("calls_per_step")
         print(f"| {r['job']} | {r['alloc']} | {ok} | {r['ratio']:.3f} | {r['peak_allocated'] / gib:.2f} | "
-              f"{r['nvml_peak'] / gib:.2f} | {ms if ms is None else round(ms, 1)} | "
+              f"{r['nvml_peak'] / gib:.2f} | {ms if ms is None else round(ms, 1)} | {fmt(r.get('median_cpu_ms'))} | "
+              f"{r.get('allocs_per_step')} | {fmt(r.get('inside_ms'), 2)} | "
               f"{cps if cps is None else round(cps, 1)} ({r.get('calls_median')}) | {r.get('reserved_changed_steps')} | "
               f"{losses[0]:.4f} / {losses[-1]:.4f} |")
 
@@ -300,7 +355,9 @@ def main():
                 r["round"] = rnd
                 results.append(r)
                 print(f"[{time.time() - t0:.0f} s] {job} {alloc} r{rnd}: ratio "
-                      f"{r.get('ratio', 0):.3f} ms {r.get('median_ms')} calls {r.get('calls_per_step')}",
+                      f"{r.get('ratio', 0):.3f} ms {r.get('median_ms')} cpu {r.get('median_cpu_ms')} "
+                      f"inside {r.get('inside_ms')} allocs {r.get('allocs_per_step')} gpu_busy {r.get('gpu_busy_ms')} "
+                      f"calls {r.get('calls_per_step')}",
                       flush=True)
     capped = []
     if a.cap_x:
@@ -319,9 +376,10 @@ def main():
     merged = []
     for (job, alloc), rs in by.items():
         m = dict(rs[0])
-        ms = [x["median_ms"] for x in rs if x.get("median_ms")]
-        if ms:
-            m["median_ms"] = statistics.median(ms)
+        for key in ("median_ms", "median_cpu_ms", "inside_ms"):
+            xs = [x[key] for x in rs if x.get(key)]
+            if xs:
+                m[key] = statistics.median(xs)
         merged.append(m)
     table(merged, f"uncapped, {a.rounds} round(s), {a.steps} steps")
     if capped:
