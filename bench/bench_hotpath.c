@@ -34,6 +34,7 @@
 #include "gpumem/gpumem.h"
 #include "util/idmap.h"
 #include "trace/trace.h"
+#include "steady_loop.h"
 
 #include <glob.h>
 #include <stdio.h>
@@ -58,6 +59,10 @@ typedef struct hp_prog {
     hp_op *ops;
     size_t nops;
     uint32_t nslots;
+    /* --loop (steady_loop.h): the cold pass runs ops [0, loop_end), the warm
+     * passes body[1], body[0], body[1], ... over slots 0 .. 2 * nslots - 1 */
+    size_t loop_end;
+    struct hp_prog *body[2];
 } hp_prog;
 
 static inline uint64_t now_ns(void) {
@@ -96,6 +101,43 @@ static int compile(const gm_trace *t, hp_prog *p) {
     }
     gm__idmap_free(&m);
     return 0;
+}
+
+/* The steady loop of p (--loop): p->body[0..1] and p->loop_end, or nothing
+ * (the whole trace is replayed) when the trace has none. */
+static void make_loop(hp_prog *p) {
+    uint32_t *slot = malloc((p->nops ? p->nops : 1) * sizeof *slot);
+    unsigned char *is_alloc = malloc(p->nops ? p->nops : 1);
+    bench_loop l;
+    int ok = slot && is_alloc;
+    for (size_t i = 0; ok && i < p->nops; i++) slot[i] = p->ops[i].slot, is_alloc[i] = p->ops[i].size != 0;
+    if (ok && bench_loop_make(p->nops, slot, is_alloc, p->nslots, &l) == 0) {
+        for (int q = 0; q < 2; q++) {
+            hp_prog *b = calloc(1, sizeof *b);
+            if (b) b->ops = malloc((l.e - l.s) * sizeof *b->ops);
+            if (!b || !b->ops) {
+                free(b);
+                continue;
+            }
+            b->nops = l.e - l.s;
+            b->nslots = 2 * p->nslots;
+            for (size_t i = l.s; i < l.e; i++) b->ops[i - l.s] = (hp_op){p->ops[i].size, l.slot[q][i - l.s]};
+            p->body[q] = b;
+        }
+        if (p->body[0] && p->body[1]) p->loop_end = l.e;
+        printf("steady loop: operations %zu..%zu of %zu\n", l.s, l.e, p->nops);
+        bench_loop_free(&l);
+    } else {
+        printf("steady loop: none found, the whole trace is replayed\n");
+    }
+    free(slot);
+    free(is_alloc);
+}
+
+static void free_prog(hp_prog *p) {
+    for (int q = 0; q < 2; q++)
+        if (p->body[q]) free(p->body[q]->ops), free(p->body[q]);
+    free(p->ops);
 }
 
 /* One pass; blocks still live at the end are freed, so passes start alike. */
@@ -201,29 +243,43 @@ static void bench_trace(const char *base, const hp_prog *p, const char *policy, 
              !strcmp(policy, "gpumem") ? g_conf : "");
     gm_backend *be;
     gm_allocator *a = make(conf, &be);
-    gm_devptr *ptr = calloc(p->nslots ? p->nslots : 1, sizeof *ptr);
+    const hp_prog *cold = p;
+    hp_prog head = *p;
+    bool loop = p->loop_end != 0;
+    if (loop) { /* warm passes run the loop, each on the live blocks the one before left */
+        head.nops = p->loop_end;
+        cold = &head;
+    }
+    uint32_t nslots = loop ? 2 * p->nslots : p->nslots;
+    gm_devptr *ptr = calloc(nslots ? nslots : 1, sizeof *ptr);
     uint32_t *ns = malloc((p->nops ? p->nops : 1) * sizeof *ns);
     if (!a || !ptr || !ns) {
         printf("%s %s: setup failed: %s\n", base, policy, gm_last_error_detail());
         goto out;
     }
     uint64_t n;
-    hp_cold_pass(a, p, ptr, &n);
-    finish_pass(a, ptr, p->nslots);
+    int parity = 1;
+#define WARM (loop ? p->body[parity] : p)
+#define FINISH() (loop ? (void)(parity ^= 1) : finish_pass(a, ptr, nslots))
+    hp_cold_pass(a, cold, ptr, &n);
+    if (!loop) finish_pass(a, ptr, nslots);
     hp_row r = {0};
     if (!cg) {
-        timed_pass(a, p, ptr, ns, &r);
-        finish_pass(a, ptr, p->nslots);
+        timed_pass(a, WARM, ptr, ns, &r);
+        FINISH();
     }
     double best = 1e30;
     for (int i = 0; i < reps; i++) {
         if (g_evict_bytes) hp_evict();
         uint64_t t0 = now_ns();
-        hp_untimed_pass(a, p, ptr, &n);
+        hp_untimed_pass(a, WARM, ptr, &n);
         double dt = (double)(now_ns() - t0);
-        finish_pass(a, ptr, p->nslots);
+        FINISH();
         if (dt / (double)n < best) best = dt / (double)n;
     }
+#undef WARM
+#undef FINISH
+    if (loop) finish_pass(a, ptr, nslots);
     gm_stats s = {.size = sizeof s};
     gm_get_stats(a, 0, &s);
     char err[256];
@@ -289,7 +345,7 @@ int main(int argc, char **argv) {
     int reps = 5;
     uint64_t synth = 2000000;
     const char *only = NULL;
-    bool cg = false, synth_only = false;
+    bool cg = false, synth_only = false, loop = false;
     int first = argc;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
@@ -298,6 +354,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cg")) cg = true;
         else if (!strcmp(argv[i], "--synth-only")) synth_only = true;
         else if (!strcmp(argv[i], "--stats")) g_stats_json = true;
+        else if (!strcmp(argv[i], "--loop")) loop = true;
         else if (!strcmp(argv[i], "--conf") && i + 1 < argc) g_conf = argv[++i];
         else if (!strcmp(argv[i], "--evict") && i + 1 < argc) {
             g_evict_bytes = strtoull(argv[++i], NULL, 10) << 20;
@@ -338,14 +395,16 @@ int main(int argc, char **argv) {
             printf("%s: %s\n", paths[k], gm_last_error_detail());
             continue;
         }
-        hp_prog p;
+        hp_prog p = {0};
         const char *base = strrchr(paths[k], '/') ? strrchr(paths[k], '/') + 1 : paths[k];
         char name[64];
         snprintf(name, sizeof name, "%.*s", (int)strcspn(base, "."), base);
-        if (compile(t, &p) == 0)
+        if (compile(t, &p) == 0) {
+            if (loop) make_loop(&p);
             for (int q = 0; q < 2; q++)
                 if (!only || !strcmp(only, policies[q])) bench_trace(name, &p, policies[q], reps, cg);
-        free(p.ops);
+        }
+        free_prog(&p);
         gm_trace_free(t);
     }
     for (int q = 0; q < 2; q++)

@@ -11,7 +11,7 @@
 // Input: event files from bench/trace_to_events.py.
 //
 //   gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc LIST] [--timeout S] [--pin CPU]
-//                    [--bulk N] [--perf] [--pair N] EVENTS.bin...
+//                    [--bulk N] [--perf] [--pair N] [--loop] EVENTS.bin...
 //
 // prints one "RESULT {json}" line per row, one "BULK {json}" line per
 // allocator (a third pass timed as a whole: mean ns/op without per-op clock reads),
@@ -30,7 +30,8 @@
 // (does a slow pass stay slow for the allocator's lifetime, or come and go?).
 // --pair N: instead of the rows above, the default gpumem policy against torch
 // native in alternating untimed passes, N rounds, one "PAIR {json}" line each
-// (see run_pair).
+// (see run_pair). --loop: those passes replay the trace's steady loop
+// (bench/steady_loop.h) instead of the whole trace, as a training loop runs.
 // --perf: each BULK line also gets the replay thread's user-space counters
 // over that pass (cycles, instructions, cache and dTLB misses, page faults,
 // context switches, CPU migrations: perf_event_open, each where the kernel
@@ -38,6 +39,7 @@
 // names the CPU the pass ended on.
 #include "gpumem/backend.h"
 #include "gpumem/gpumem.h"
+#include "steady_loop.h"
 
 #ifdef WITH_TORCH
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -155,8 +157,13 @@ struct Row {
 // timed on its own (median, p99, mean, max); otherwise the pass is timed as a
 // whole and only the mean is set: without the ~20-40 ns a clock read adds to
 // every per-operation sample, for both allocators alike.
-template <bool PerOp, class A, class F> static Row pass(const Trace &t, A alloc, F release) {
-    std::vector<uint64_t> ptr(t.slots, 0);
+// keep: the blocks live between passes (--loop): the pass starts from them
+// and leaves its own live, nothing is freed at its end.
+template <bool PerOp, class A, class F>
+static Row pass(const Trace &t, A alloc, F release, std::vector<uint64_t> *keep = nullptr) {
+    std::vector<uint64_t> own;
+    if (!keep) own.assign(t.slots, 0);
+    std::vector<uint64_t> &ptr = keep ? *keep : own;
     std::vector<uint32_t> ns;
     if (PerOp) ns.reserve(t.ev.size());
     Row r;
@@ -179,8 +186,8 @@ template <bool PerOp, class A, class F> static Row pass(const Trace &t, A alloc,
         if (PerOp) ns.push_back((uint32_t)std::min<uint64_t>(now_ns() - t0, UINT32_MAX));
     }
     uint64_t total = now_ns() - start;
-    for (uint64_t p : ptr)
-        if (p) release(p);
+    for (uint64_t &p : own)
+        if (p) release(p), p = 0;
     if (!r.ops) return r;
     if (!PerOp) {
         r.mean = (double)total / r.ops;
@@ -402,32 +409,90 @@ static void run_torch(const Trace &t) {
 // a few milliseconds apart, so whatever slows this host for a while (the other
 // tenants of its cores and caches) slows both; separate processes at separate
 // times do not share it.
-static int run_pair(gm_backend *b, const Trace &t, int rounds) {
+// --loop: every pass after the first replays the trace's steady loop
+// (bench/steady_loop.h) on the blocks the pass before it left live, as a
+// training loop runs; the first replays the trace up to the loop's end.
+struct Loop {
+    Trace head, body[2]; /* head.ev empty: no loop, replay the whole trace */
+};
+
+static void make_loop(const Trace &t, Loop &l) {
+    std::vector<uint32_t> slot(t.ev.size());
+    std::vector<unsigned char> is_alloc(t.ev.size());
+    for (size_t i = 0; i < t.ev.size(); i++) slot[i] = t.ev[i].slot, is_alloc[i] = t.ev[i].op == 0;
+    bench_loop bl;
+    if (bench_loop_make(t.ev.size(), slot.data(), is_alloc.data(), (uint32_t)t.slots, &bl) != 0) {
+        printf("steady loop: none in %s, the whole trace is replayed\n", t.name.c_str());
+        return;
+    }
+    l.head.name = t.name;
+    l.head.slots = 2 * t.slots;
+    l.head.ev.assign(t.ev.begin(), t.ev.begin() + bl.e);
+    for (int q = 0; q < 2; q++) {
+        l.body[q].name = t.name;
+        l.body[q].slots = 2 * t.slots;
+        for (size_t i = bl.s; i < bl.e; i++) l.body[q].ev.push_back({t.ev[i].op, bl.slot[q][i - bl.s], t.ev[i].size});
+    }
+    printf("steady loop: events %zu..%zu of %zu\n", bl.s, bl.e, t.ev.size());
+    bench_loop_free(&bl);
+}
+
+// One allocator's passes: the whole trace each time, or (a loop) its head
+// once and then the loop's two renamings in turn on the blocks kept live.
+template <class A, class F> struct Passes {
+    const Trace &t;
+    const Loop &l;
+    A al;
+    F fr;
+    std::vector<uint64_t> live;
+    int parity = -1; /* -1: the head not run yet */
+    Row next() {
+        if (l.head.ev.empty()) return pass<false>(t, al, fr);
+        if (parity < 0) {
+            live.assign(l.head.slots, 0);
+            parity = 1;
+            return pass<false>(l.head, al, fr, &live);
+        }
+        Row r = pass<false>(l.body[parity], al, fr, &live);
+        parity ^= 1;
+        return r;
+    }
+    ~Passes() {
+        for (uint64_t p : live)
+            if (p) fr(p);
+    }
+};
+
+static int run_pair(gm_backend *b, const Trace &t, int rounds, bool loop) {
     gm_allocator *a = make_gpumem(b, "policy:gpumem"); /* not NULL: the library's default is torch's model */
     if (!a) return 1;
     auto gal = [a](uint64_t size) { return gpumem_alloc(a, size); };
     auto gfr = [a](uint64_t p) { gm_free(a, p); };
-    auto nal = torch_alloc;
-    auto nfr = torch_free;
+    Loop l;
+    if (loop) make_loop(t, l);
     cca::emptyCache();
-    progress(t.name.c_str(), "pair", "cold+warm");
     uint64_t fails = 0;
-    for (int i = 0; i < 2; i++) fails += pass<false>(t, nal, nfr).fails + pass<false>(t, gal, gfr).fails;
-    for (int r = 0; r < rounds; r++) {
-        progress(t.name.c_str(), "pair", "round");
-        double n, g;
-        if (r % 2 == 0) {
-            n = pass<false>(t, nal, nfr).mean;
-            g = pass<false>(t, gal, gfr).mean;
-        } else {
-            g = pass<false>(t, gal, gfr).mean;
-            n = pass<false>(t, nal, nfr).mean;
+    {
+        Passes<decltype(torch_alloc) *, decltype(torch_free) *> np{t, l, torch_alloc, torch_free, {}};
+        Passes<decltype(gal), decltype(gfr)> gp{t, l, gal, gfr, {}};
+        progress(t.name.c_str(), "pair", "cold+warm");
+        for (int i = 0; i < 2; i++) fails += np.next().fails + gp.next().fails;
+        for (int r = 0; r < rounds; r++) {
+            progress(t.name.c_str(), "pair", "round");
+            double n, g;
+            if (r % 2 == 0) {
+                n = np.next().mean;
+                g = gp.next().mean;
+            } else {
+                g = gp.next().mean;
+                n = np.next().mean;
+            }
+            printf("PAIR {\"trace\": \"%s\", \"round\": %d, \"native_ns\": %.1f, \"gpumem_ns\": %.1f, "
+                   "\"speedup\": %.3f, \"fails\": %" PRIu64 ", \"loop\": %s}\n",
+                   t.name.c_str(), r, n, g, n / g, fails, l.head.ev.empty() ? "false" : "true");
+            fflush(stdout);
         }
-        printf("PAIR {\"trace\": \"%s\", \"round\": %d, \"native_ns\": %.1f, \"gpumem_ns\": %.1f, "
-               "\"speedup\": %.3f, \"fails\": %" PRIu64 "}\n",
-               t.name.c_str(), r, n, g, n / g, fails);
-        fflush(stdout);
-    }
+    } /* both keep their loops' blocks until here */
     gm_allocator_destroy(a);
     cca::emptyCache();
     return fails != 0;
@@ -465,6 +530,7 @@ static int make_backend(const char *kind, gm_backend **b) {
 
 int main(int argc, char **argv) {
     int reps = 1, timeout = 0, pin = -1, pair = 0;
+    bool loop = false;
     const char *backend = "cuda";
     std::string allocs;
     std::vector<const char *> files;
@@ -477,12 +543,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--bulk") && i + 1 < argc) g_bulk = std::max(1, atoi(argv[++i]));
         else if (!strcmp(argv[i], "--perf")) g_perf = true;
         else if (!strcmp(argv[i], "--pair") && i + 1 < argc) pair = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--loop")) loop = true;
         else files.push_back(argv[i]);
     }
     if (files.empty() || (strcmp(backend, "cuda") && strcmp(backend, "sim"))) {
         fprintf(stderr, "usage: gpu_replay_bench [--reps N] [--backend cuda|sim] [--alloc torch-native,"
                         "gpumem-torch,gpumem-gpumem,gpumem-run,gpumem-granule,gpumem-slack0] [--timeout S] [--pin CPU] [--bulk N] [--perf] [--pair N] "
-                        "EVENTS.bin...\n");
+                        "[--loop] EVENTS.bin...\n");
         return 2;
     }
 #ifdef PR_SET_PTRACER
@@ -548,7 +615,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s: %zu events, %" PRIu64 " slots\n", t.name.c_str(), t.ev.size(), t.slots);
         if (pair > 0) {
 #ifdef WITH_TORCH
-            if (native) rc |= run_pair(b, t, pair);
+            if (native) rc |= run_pair(b, t, pair, loop);
 #endif
             if (!native) fprintf(stderr, "--pair needs torch native (a cuda build with torch)\n"), rc = 1;
             continue;

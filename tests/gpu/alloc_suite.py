@@ -238,17 +238,18 @@ def child(job, alloc, steps, cap, record):
     res["peak_reserved"] = int(s.get("reserved_bytes.all.peak", 0))
     res["ratio"] = res["peak_reserved"] / max(1, res["peak_allocated"])
     res["nvml_peak"] = nvml_peak[0]
-    late = meter.times[10:] or meter.times
+    first = int(os.environ.get("SUITE_FROM", "10"))  # --from
+    late = meter.times[first:] or meter.times
     res["median_ms"] = 1e3 * statistics.median(late) if late else None
-    res["median_cpu_ms"] = 1e3 * statistics.median(meter.cpu[10:] or meter.cpu) if meter.cpu else None
-    res["allocs_per_step"] = statistics.median(meter.allocs[10:] or meter.allocs) if meter.allocs else None
+    res["median_cpu_ms"] = 1e3 * statistics.median(meter.cpu[first:] or meter.cpu) if meter.cpu else None
+    res["allocs_per_step"] = statistics.median(meter.allocs[first:] or meter.allocs) if meter.allocs else None
     if meter.inside:
-        res["inside_ms"] = 1e-6 * statistics.median(meter.inside[10:] or meter.inside)
-    res["calls_per_step"] = statistics.mean(meter.calls[10:]) if meter.calls[10:] else None
+        res["inside_ms"] = 1e-6 * statistics.median(meter.inside[first:] or meter.inside)
+    res["calls_per_step"] = statistics.mean(meter.calls[first:]) if meter.calls[first:] else None
     # the median too: a one-time give-back (the end of gpumem's warm-up) moves the mean alone
-    res["calls_median"] = statistics.median(meter.calls[10:]) if meter.calls[10:] else None
-    res["calls_first10"] = sum(meter.calls[:10])
-    res["reserved_changed_steps"] = sum(meter.reserved_changed[10:])
+    res["calls_median"] = statistics.median(meter.calls[first:]) if meter.calls[first:] else None
+    res["calls_first10"] = sum(meter.calls[:first])
+    res["reserved_changed_steps"] = sum(meter.reserved_changed[first:])
     res["losses"] = meter.losses[:3] + meter.losses[-3:]
     res["nsteps"] = len(meter.times)
     # per step, for reading which steps call the device (a new longest length) and what they cost
@@ -324,6 +325,7 @@ def main():
         return child(job, alloc, int(steps), int(cap), record)
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--from", dest="first", type=int, default=10, help="medians and calls from this step on")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--jobs", default=",".join(JOBS))
     ap.add_argument("--allocs", default="native,expandable,gpumem")
@@ -332,6 +334,7 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--budget", type=float, default=540, help="seconds; later runs are skipped")
     a = ap.parse_args()
+    os.environ["SUITE_FROM"] = str(a.first)  # read by the children
     jobs, allocs = a.jobs.split(","), a.allocs.split(",")
     t0 = time.time()
     results = []

@@ -12,6 +12,8 @@
 # converted once. Rounds visit the traces in turn and, per trace, every
 # variant in a rotated order. Prints one line per (variant, trace, round) and
 # a table of medians; reports only, never fails on the numbers.
+# PAIR_ARGS=--loop: the passes replay each trace's steady loop (a training
+# loop's warm steps, bench/steady_loop.h) instead of the whole run.
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/gpumem-out}
@@ -48,7 +50,7 @@ for r in $(seq 1 "$ROUNDS"); do
   for ev in "$WORK"/events/*.bin; do
     for k in $(seq 0 $((n - 1))); do
       name=${names[$(((k + r) % n))]}
-      med=$(timeout 120 "$WORK/$name/gpu_replay_bench" --pair "$PAIRS" --timeout 110 --pin "${cpus[0]}" "$ev" 2>/dev/null |
+      med=$(timeout 120 "$WORK/$name/gpu_replay_bench" --pair "$PAIRS" ${PAIR_ARGS:-} --timeout 110 --pin "${cpus[0]}" "$ev" 2>/dev/null |
         python3 -c '
 import json, sys
 sp = sorted(json.loads(l[5:])["speedup"] for l in sys.stdin if l.startswith("PAIR {"))
