@@ -26,8 +26,13 @@
  * (one core's L2), LL misses / ops in hp_untimed_pass count the cache lines
  * an operation brings in from further out.
  *
+ * --loop: the warm passes replay the trace's steady loop (bench/steady_loop.h:
+ * a training loop's warm steps on the blocks the previous pass left live)
+ * after one cold pass up to the loop's end, instead of the whole run, whose
+ * model build in every pass makes a plan drop and lay out again.
+ *
  * Usage: bench_hotpath [--reps N] [--synth N] [--synth-only] [--policy gpumem|torch] [--conf S] [--cg]
- *                      [--stats] [--evict MiB]
+ *                      [--stats] [--evict MiB] [--loop]
  *                      [TRACE...]   (default: $GPUMEM_SHARED/traces/\*.pickle.gz,
  *                      GPUMEM_SHARED defaulting to ../shared from the current directory)
  * Reports only; never fails on timing. */
@@ -237,6 +242,17 @@ __attribute__((noipa)) void hp_evict(void) {
     for (size_t i = 0; i < g_evict_bytes; i += 64) g_evict_buf[i] = (unsigned char)(g_evict_buf[i] + 1);
 }
 
+/* A warm pass's program: the whole trace, or the loop's renaming of this parity. */
+static const hp_prog *warm_prog(const hp_prog *p, int parity) { return p->loop_end ? p->body[parity] : p; }
+
+/* After a warm pass: the whole trace frees what is left; a loop keeps it for
+ * the next pass, which takes the other parity. */
+static int warm_done(gm_allocator *a, const hp_prog *p, gm_devptr *ptr, int parity) {
+    if (p->loop_end) return parity ^ 1;
+    finish_pass(a, ptr, p->nslots);
+    return parity;
+}
+
 static void bench_trace(const char *base, const hp_prog *p, const char *policy, int reps, bool cg) {
     char conf[256];
     snprintf(conf, sizeof conf, "policy:%s%s%s", policy, *g_conf && !strcmp(policy, "gpumem") ? "," : "",
@@ -259,26 +275,22 @@ static void bench_trace(const char *base, const hp_prog *p, const char *policy, 
     }
     uint64_t n;
     int parity = 1;
-#define WARM (loop ? p->body[parity] : p)
-#define FINISH() (loop ? (void)(parity ^= 1) : finish_pass(a, ptr, nslots))
     hp_cold_pass(a, cold, ptr, &n);
     if (!loop) finish_pass(a, ptr, nslots);
     hp_row r = {0};
     if (!cg) {
-        timed_pass(a, WARM, ptr, ns, &r);
-        FINISH();
+        timed_pass(a, warm_prog(p, parity), ptr, ns, &r);
+        parity = warm_done(a, p, ptr, parity);
     }
     double best = 1e30;
     for (int i = 0; i < reps; i++) {
         if (g_evict_bytes) hp_evict();
         uint64_t t0 = now_ns();
-        hp_untimed_pass(a, WARM, ptr, &n);
+        hp_untimed_pass(a, warm_prog(p, parity), ptr, &n);
         double dt = (double)(now_ns() - t0);
-        FINISH();
+        parity = warm_done(a, p, ptr, parity);
         if (dt / (double)n < best) best = dt / (double)n;
     }
-#undef WARM
-#undef FINISH
     if (loop) finish_pass(a, ptr, nslots);
     gm_stats s = {.size = sizeof s};
     gm_get_stats(a, 0, &s);
