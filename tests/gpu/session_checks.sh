@@ -5,8 +5,9 @@
 #   1. tests/gpu/graphs_run.sh: CUDA graphs, reduce-overhead, MemPool (issue 28)
 #   2. tests/gpu/dropin_run.sh: torch's memory API under both policies (kept)
 #   3. warm allocator ops, gpumem default against torch native, paired in one
-#      process (tests/gpu/variants_paired.sh on examples/steps40; issue 23
-#      goal 6; about a minute)
+#      process, on each trace's steady loop (tests/gpu/variants_paired.sh
+#      PAIR_ARGS=--loop on examples/steps40; issue 23 goal 6; about a minute;
+#      WARM_ARGS= for whole-run passes)
 #   4. the allocator suite on the variable-shape jobs (issue 23), native /
 #      expandable / gpumem default, SUITE_ROUNDS rounds (1) in rotated order,
 #      as many as the time left allows
@@ -35,7 +36,7 @@ if ! skip dropin; then
 fi
 if ! skip warm; then
   echo "== 3. warm ops"
-  OUT=$OUT/warm VARIANTS=base= ROUNDS=${WARM_ROUNDS:-1} timeout -k 5 "$(left ${WARM_S:-570})" \
+  OUT=$OUT/warm VARIANTS=base= ROUNDS=${WARM_ROUNDS:-1} PAIR_ARGS=${WARM_ARGS---loop} timeout -k 5 "$(left ${WARM_S:-570})" \
     bash "$SRC/tests/gpu/variants_paired.sh" "$SRC/examples/steps40" >"$OUT/warm.log" 2>&1
   echo "warm exit $? [$(( $(date +%s) - START )) s]"; sed -n '/^paired warm/,$p' "$OUT/warm.log"
 fi
