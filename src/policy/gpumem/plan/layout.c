@@ -288,6 +288,7 @@ static int solve_intervals(pl_solve *s) {
          * it, at the same phase), so a shorter step fits inside */
         if (pl->elastic && r0->sig == r1->sig && r0->units > u) u = r0->units;
         if (pl->elastic && pl->vP == P && pl->tunits[k] > u) u = pl->tunits[k];
+        if (pl->foresee) u = gm__gp_plan_foresee_units(pl, u, r0, r1, w0, w1);
         pl->tunits[k] = pl->tunits[k + P] = u;
         pl->tsig[k] = pl->tsig[k + P] = r1->sig;
         pl->tstream[k] = pl->tstream[k + P] = r1->stream;
@@ -582,7 +583,12 @@ static bool layout_cost(pl_solve *s, int mode, int ord, int fit, uint64_t *c) {
     /* elastic: a layout for the longest step, made while it runs tight,
      * may pass the peak a little (the layout's own waste) */
     uint64_t peak = (uint64_t)st->d->stats.reserved_bytes[GM_POOL_ALL].peak;
-    if (first > peak + (s->pl->elastic ? peak / 64 : 0)) {
+    uint64_t most = peak + (s->pl->elastic ? peak / 64 : 0);
+    if (s->pl->foresee) { /* a longer step than any before: its forecast, under the device's limit */
+        most = gm__gp_plan_foresee_bound(s->pl, most);
+        if (most > gm__gp_device_limit(st)) most = gm__gp_device_limit(st);
+    }
+    if (first > most) {
         PLOG("layout B (order %d fit %d): first step would hold %.1f MiB, the peak so far %.1f MiB\n", ord, fit, first / 1048576.0,
              st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0);
         return false;
@@ -671,7 +677,9 @@ static int solve_adopt(pl_solve *s) {
     /* the plan must hold less than the arena holds now, else it is not made
      * (elastic: with the plan's own arena, which a layout made again reuses) */
     uint64_t held = s->a->mapped_bytes + (pl->elastic && pl->pa && pl->pa != s->a ? pl->pa->mapped_bytes : 0);
-    if (cost[pl->rebase] * s->st->gran >= held + (pl->elastic ? held / 64 : 0) && !gm__gp_plan_force) {
+    uint64_t most = held + (pl->elastic ? held / 64 : 0);
+    if (pl->foresee) most = gm__gp_plan_foresee_bound(pl, most); /* for a longer step */
+    if (cost[pl->rebase] * s->st->gran >= most && !gm__gp_plan_force) {
         PLOG("layout at %llu: %llu granules, not less than the %.1f MiB mapped: no plan\n", (unsigned long long)pl->start, (unsigned long long)cost[pl->rebase], s->a->mapped_bytes / 1048576.0);
         return GM_ENOMEM;
     }

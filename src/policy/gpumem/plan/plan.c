@@ -131,6 +131,7 @@ void gm__gp_plan_destroy(gp_state *st) {
     free(pl->items);
     free(pl->fp);
     free(pl->holes);
+    free(pl->tmax);
     free(pl);
     st->plan = NULL;
 }
@@ -317,8 +318,15 @@ static void note_alloc(gp_plan *pl, uint64_t units, gm_stream stream) {
 
 /* ---- activation, settling, dropping ----------------------------------------- */
 
+/* A forecast laid out no more (foresee.c): the largest sizes seen come back. */
+static void unforesee(gp_plan *pl) {
+    for (uint64_t k = 0; k < pl->P; k++) pl->tunits[k] = pl->tunits[k + pl->P] = pl->tmax[k];
+    pl->foreseen = false;
+}
+
 static void drop(gp_state *st) {
     gp_plan *pl = st->plan;
+    if (pl->foreseen) unforesee(pl);
     PLOG("drop at %llu: peak %.1f MiB held %.1f MiB\n", (unsigned long long)pl->n, st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0, st->held_bytes / 1048576.0);
     if (pl->ra) (void)gm__gp_va_index(pl->ra, false);
     if (pl->ma) (void)gm__gp_va_index(pl->ma, false);
@@ -432,7 +440,10 @@ static void activate(gp_state *st) {
                 PLOG("  arena %u pool %d mapped %.1f MiB\n", k, st->arenas[k]->pool, st->arenas[k]->mapped_bytes / 1048576.0);
         }
 #endif
-        st->soft_cap = st->held_bytes;
+        /* a forecast (foresee.c) is for a longer step: it maps new memory,
+         * once what it does not keep is given back */
+        st->soft_cap = pl->foresee ? 0 : st->held_bytes;
+        if (pl->foresee) gm__gp_release_unused_but(st, keep_planned, st);
         /* elastic, laid out again: the layout left the holes below
          * hole_top out (find_holes), so only what lies past it is mapped */
         uint64_t from = pl->hole_top << st->gshift, top = pl->top_units << GP_ALIGN_SHIFT;
@@ -584,20 +595,26 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_bl
     return 1;
 }
 
+/* Elastic, at a step's end: may the last two steps be laid out anew? */
+static bool relayout_ok(const gp_plan *pl) {
+    uint64_t P = pl->P, n = pl->n;
+    /* the last two steps as the cursor followed them, each P allocations
+     * (a short step skipped some: its positions would not align) */
+    if (pl->bound[2] != n || pl->bound[1] + P != n || pl->bound[0] + P != pl->bound[1]) return false;
+    uint64_t differ = 0; /* positions the layout leaves out */
+    for (uint64_t k = 0; k < P; k++)
+        differ += rec(pl, n - 2 * P + k)->sig != rec(pl, n - P + k)->sig;
+    return differ <= P / 16;
+}
+
 /* Elastic, at a step's end: a step grew past the plan, so the last two
  * steps (if they allocated alike) are laid out anew, with each position at
  * the largest size it has had. Else the plan serves on, and this is tried
  * again at the next step's end. */
 static void replan(gp_state *st) {
     gp_plan *pl = st->plan;
-    uint64_t P = pl->P, n = pl->n;
-    /* the last two steps as the cursor followed them, each P allocations
-     * (a short step skipped some: its positions would not align) */
-    if (pl->bound[2] != n || pl->bound[1] + P != n || pl->bound[0] + P != pl->bound[1]) return;
-    uint64_t differ = 0; /* positions the layout leaves out */
-    for (uint64_t k = 0; k < P; k++)
-        differ += rec(pl, n - 2 * P + k)->sig != rec(pl, n - P + k)->sig;
-    if (differ > P / 16) return;
+    uint64_t n = pl->n;
+    if (!relayout_ok(pl)) return;
     if (++pl->grow_run > PL_GROW_RUN) { /* every step longer (a generate loop's caches): no plan pays */
         PLOG("elastic: %u steps in a row grew, given up at %llu\n", PL_GROW_RUN, (unsigned long long)n);
         pl->eP = 0;
@@ -615,6 +632,35 @@ static void replan(gp_state *st) {
     activate(st);
 }
 
+/* Elastic, a step's first allocation larger than its slot: the step is
+ * longer than any before, so it is laid out now at sizes foreseen from
+ * this one (foresee.c) rather than grown into the last layout; laid out
+ * again from its real sizes at its end (grew). */
+static void foresee(gp_state *st, uint64_t units, gm_stream stream) {
+    gp_plan *pl = st->plan;
+    uint64_t c = pl->cur, P = pl->P;
+    if (units <= pl->tunits[c] || pl->tsig[c] != cur_sig(pl, stream) || pl->tstream[c] != stream ||
+        gm__device_capturing(st->d) || !relayout_ok(pl) || !gm__realloc_array(&pl->tmax, P, sizeof *pl->tmax))
+        return;
+    pl->fref = c % P, pl->fx = units, pl->fX = pl->tunits[c];
+    if (!gm__gp_plan_foresee_ok(pl, pl->n - 2 * P, pl->n - P)) return;
+    memcpy(pl->tmax, pl->tunits, P * sizeof *pl->tmax);
+    PLOG("elastic: step longer than any at %llu (%llu units, planned %llu): laid out from a forecast\n", (unsigned long long)pl->n, (unsigned long long)units, (unsigned long long)pl->fX);
+    drop(st);
+    gm__gp_loosen(st); /* what the forecast needs past the last layout is new memory, not moved */
+    pl->start = pl->n;
+    pl->foresee = true;
+    activate(st);
+    pl->foresee = false;
+    pl->foreseen = true; /* the tunits are the forecast's, plan or not */
+    if (pl->state == PL_ACTIVE) {
+        pl->grew = true;
+    } else {
+        unforesee(pl);
+        gm__gp_tighten(st); /* as drop() left it */
+    }
+}
+
 int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out) {
     gp_plan *pl = st->plan;
     /* a re-layout syncs and gives back: not during a capture (the next step's end tries again) */
@@ -628,6 +674,7 @@ int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream,
         else if (alike && r->stream == stream) activate(st);
         else pl->state = PL_NONE, PLOG("the step begins otherwise at %llu: %llu units, the last %llu\n", (unsigned long long)pl->n, (unsigned long long)units, (unsigned long long)r->units);
     }
+    if (pl->state == PL_ACTIVE && pl->elastic && pl->rebase && pl->cur % pl->P == 0) foresee(st, units, stream);
     if (pl->state != PL_ACTIVE) return 0;
     int rc = serve(st, units, pool, stream, out);
     if (rc == 1) {

@@ -60,6 +60,13 @@ typedef struct gp_plan {
     uint64_t bound[3];   /* elastic: allocation numbers where the last three steps served began */
     uint64_t *tsig;      /* elastic: sig per position */
     uint32_t grow_run;   /* elastic: steps in a row laid out again because they grew */
+    /* elastic, a step that begins longer than any before (foresee.c): the
+     * position whose units tell (fref), its units now (fx) and the largest
+     * before (fX); foresee: the layout being made is a forecast; foreseen:
+     * the active one is; tmax: the largest units per position before it */
+    uint64_t fref, fx, fX;
+    bool foresee, foreseen;
+    uint64_t *tmax;
     bool no_elastic;     /* elastic plans given up (every step grew) */
     uint64_t closed_at;  /* elastic: allocation at which closed() last looked */
     uint64_t eP;         /* elastic: the period of the last elastic plan that served a step (0: none yet) */
@@ -92,12 +99,22 @@ typedef struct gp_plan {
     uint64_t served;
 } gp_plan;
 
-static inline pl_rec *rec(gp_plan *pl, uint64_t i) { return &pl->hist[i & (PL_HIST - 1)]; }
+static inline pl_rec *rec(const gp_plan *pl, uint64_t i) { return &pl->hist[i & (PL_HIST - 1)]; }
 
 /* Lay out the step [start - 2P, start - P) for the steps from pl->start on,
  * around the blocks live in arena a now (layout.c):
  * pl->off, planned, inmain, rebase, fp and top_units. GM_ENOMEM: no layout
  * holds less than the arena maps now. */
 int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a);
+
+/* foresee.c, a forecast of the step from pl->n on, told by position
+ * pl->fref (fx units now, fX at most before), from the last two steps
+ * (from w0 and w1): can it be made; a position's forecast units (u: the
+ * largest it has been; r0, r1: its records in those steps); the most a
+ * forecast layout may hold where the last layout could hold `most`. */
+bool gm__gp_plan_foresee_ok(const gp_plan *pl, uint64_t w0, uint64_t w1);
+uint64_t gm__gp_plan_foresee_units(const gp_plan *pl, uint64_t u, const pl_rec *r0, const pl_rec *r1, uint64_t w0,
+                                   uint64_t w1);
+uint64_t gm__gp_plan_foresee_bound(const gp_plan *pl, uint64_t most);
 
 #endif
