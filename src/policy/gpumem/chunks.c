@@ -89,6 +89,11 @@ void gm__gp_loosen(gp_state *st) {
     gm__gp_live_drop(st);
 }
 
+void gm__gp_loosen_granules(gp_state *st) {
+    gm__gp_loosen(st);
+    st->runs = st->autoc = false;
+}
+
 void gm__gp_tighten(gp_state *st) {
     if (!st->autoslack || st->warming) return;
     st->warming = true;

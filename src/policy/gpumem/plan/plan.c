@@ -647,7 +647,7 @@ static void foresee(gp_state *st, uint64_t units, gm_stream stream) {
     memcpy(pl->tmax, pl->tunits, P * sizeof *pl->tmax);
     PLOG("elastic: step longer than any at %llu (%llu units, planned %llu): laid out from a forecast\n", (unsigned long long)pl->n, (unsigned long long)units, (unsigned long long)pl->fX);
     drop(st);
-    gm__gp_loosen(st); /* what the forecast needs past the last layout is new memory, not moved */
+    gm__gp_loosen_granules(st); /* what the forecast needs past the last layout is new memory */
     pl->start = pl->n;
     pl->foresee = true;
     activate(st);
