@@ -646,6 +646,29 @@ static void plan_varlen_foreseen(void **state) {
     varlen_close(&c, weights);
 }
 
+/* Every step longer than the last, the step's first block among those
+ * that grow: each step is laid out from a forecast, and after a few in a
+ * row elastic plans are given up, as when each step grew past its plan. */
+static void plan_varlen_growing_foreseen(void **state) {
+    (void)state;
+    ctx c = {0};
+    tstep t, v;
+    wl_rng r;
+    gm_devptr weights = varlen_open(&c, &t, &r, 43, 48 * MIB);
+    t.size[0] = 8 * MIB;
+    gp_state *st = c.al->devices[0]->pstate;
+    bool planned = false;
+    for (unsigned s = 0; s < 24; s++) {
+        power_step(&v, &t, 256 + 8 * s);
+        run_step(&c, &v, 0);
+        planned |= gm__gp_plan_layout(st) != 0;
+    }
+    assert_true(planned);
+    assert_int_equal(gm__gp_plan_layout(st), 0);
+    assert_false(st->warming);
+    varlen_close(&c, weights);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(plan_steps),
@@ -658,6 +681,7 @@ int main(void) {
         cmocka_unit_test(plan_varlen),
         cmocka_unit_test(plan_varlen_growing),
         cmocka_unit_test(plan_varlen_foreseen),
+        cmocka_unit_test(plan_varlen_growing_foreseen),
         cmocka_unit_test(plan_fault_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

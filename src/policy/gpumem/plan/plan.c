@@ -488,7 +488,8 @@ static void advance(gp_state *st) {
     gm__gp_loosen(st); /* a step served from the plan: the warm-up is over */
     if (pl->elastic) pl->eP = pl->P;
     if (pl->cur == 2 * pl->P) pl->cur = 0;
-    if (!pl->grew) pl->grow_run = 0;
+    if (!pl->grew && !pl->foreseen) pl->grow_run = 0;
+    if (!pl->grew) pl->foreseen = false; /* a forecast that hosted its step: its sizes are the largest now */
     /* settling syncs and gives back: not during a capture (a later step settles) */
     if (!pl->settled && pl->dev_step == 0 && !pl->grew && !gm__device_capturing(st->d)) settle(st);
     pl->dev_step = 0;
@@ -611,20 +612,26 @@ static bool relayout_ok(const gp_plan *pl) {
  * steps (if they allocated alike) are laid out anew, with each position at
  * the largest size it has had. Else the plan serves on, and this is tried
  * again at the next step's end. */
+/* Elastic, a step that grew: after PL_GROW_RUN in a row (a generate
+ * loop's caches) no plan pays, and elastic plans are given up: true. */
+static bool give_up(gp_state *st) {
+    gp_plan *pl = st->plan;
+    if (++pl->grow_run <= PL_GROW_RUN) return false;
+    PLOG("elastic: %u steps in a row grew, given up at %llu\n", PL_GROW_RUN, (unsigned long long)pl->n);
+    pl->eP = 0;
+    pl->no_elastic = true;
+    drop(st);
+    gm__gp_loosen(st);
+    quiesce(st);
+    (void)gm__gp_release_unused(st);
+    return true;
+}
+
 static void replan(gp_state *st) {
     gp_plan *pl = st->plan;
     uint64_t n = pl->n;
     if (!relayout_ok(pl)) return;
-    if (++pl->grow_run > PL_GROW_RUN) { /* every step longer (a generate loop's caches): no plan pays */
-        PLOG("elastic: %u steps in a row grew, given up at %llu\n", PL_GROW_RUN, (unsigned long long)n);
-        pl->eP = 0;
-        pl->no_elastic = true;
-        drop(st);
-        gm__gp_loosen(st);
-        quiesce(st);
-        (void)gm__gp_release_unused(st);
-        return;
-    }
+    if (!pl->foreseen && give_up(st)) return; /* a forecast that fell short counted its step already */
     PLOG("elastic: a step grew, laid out again at %llu\n", (unsigned long long)n);
     pl->grew = false;
     drop(st);
@@ -634,8 +641,9 @@ static void replan(gp_state *st) {
 
 /* Elastic, a step's first allocation larger than its slot: the step is
  * longer than any before, so it is laid out now at sizes foreseen from
- * this one (foresee.c) rather than grown into the last layout; laid out
- * again from its real sizes at its end (grew). */
+ * this one (foresee.c) rather than grown into the last layout. A block
+ * that outgrows its forecast grows the step as before (laid out again at
+ * its end); else the forecast's sizes are the largest seen from then on. */
 static void foresee(gp_state *st, uint64_t units, gm_stream stream) {
     gp_plan *pl = st->plan;
     uint64_t c = pl->cur, P = pl->P;
@@ -643,7 +651,7 @@ static void foresee(gp_state *st, uint64_t units, gm_stream stream) {
         gm__device_capturing(st->d) || !relayout_ok(pl) || !gm__realloc_array(&pl->tmax, P, sizeof *pl->tmax))
         return;
     pl->fref = c % P, pl->fx = units, pl->fX = pl->tunits[c];
-    if (!gm__gp_plan_foresee_ok(pl, pl->n - 2 * P, pl->n - P)) return;
+    if (!gm__gp_plan_foresee_ok(pl, pl->n - 2 * P, pl->n - P) || give_up(st)) return;
     memcpy(pl->tmax, pl->tunits, P * sizeof *pl->tmax);
     PLOG("elastic: step longer than any at %llu (%llu units, planned %llu): laid out from a forecast\n", (unsigned long long)pl->n, (unsigned long long)units, (unsigned long long)pl->fX);
     drop(st);
@@ -653,9 +661,7 @@ static void foresee(gp_state *st, uint64_t units, gm_stream stream) {
     activate(st);
     pl->foresee = false;
     pl->foreseen = true; /* the tunits are the forecast's, plan or not */
-    if (pl->state == PL_ACTIVE) {
-        pl->grew = true;
-    } else {
+    if (pl->state != PL_ACTIVE) {
         unforesee(pl);
         gm__gp_tighten(st); /* as drop() left it */
     }
