@@ -33,15 +33,16 @@ for name in gpt2_hf llama_ckpt resnet50_amp bert_varlen mlp_adam_fp32 cnn_sgd_am
   esac
 done
 # bert_varlen at a per-process cap of 1.03x its peak allocated (issue 23,
-# goal 4). Short steps (33-76 tokens) take another path: a block of one
-# signature then met a smaller slot and was taken for a longer step (tight:
-# calls), and the 90 MiB embedding gradient went to new memory; each
-# re-layout after a longer step moved ~500 granules back under the new
-# top. 8124 calls from 30% before (932 in steps no longer than the
-# longest), 7158 now (34); bench/RESULTS.md, "short steps". What is left
-# is the steps that grow (expandable segments: 1577 in all).
+# goal 4): no more device calls than expandable segments at the same cap.
+# Short steps (33-76 tokens) took another path (same_size in plan.c) and
+# each re-layout after a longer step moved ~500 granules back under the
+# new top (find_holes): 8124 calls from 30% became 7158, nearly all in the
+# 3 steps that set a new longest length, each placed tight. Such a step is
+# now laid out before it runs from a forecast of its sizes (plan/foresee.c):
+# 1200; bench/RESULTS.md, "growing steps laid out from a forecast".
 cap=$(python3 -c "print(int(13144518656 * 1.03))")
 read -r r c < <(ratio "$ex/steps40/bert_varlen.pickle.gz" policy:gpumem --capacity "${cap}B")
-echo "bert_varlen at 1.03x: default $r ($c calls from 30%)"
-python3 -c "import sys; sys.exit(0 if $r <= 1.02 and $c <= 7300 else 1)" || { echo "FAIL: bert_varlen at 1.03x: want <= 1.02 and <= 7300 calls"; fails=$((fails + 1)); }
+read -r _ e < <(ratio "$ex/steps40/bert_varlen.pickle.gz" policy:torch,expandable_segments:True --capacity "${cap}B")
+echo "bert_varlen at 1.03x: default $r ($c calls from 30%), expandable $e calls"
+python3 -c "import sys; sys.exit(0 if $r <= 1.02 and $c <= $e else 1)" || { echo "FAIL: bert_varlen at 1.03x: want <= 1.02 and <= expandable's calls"; fails=$((fails + 1)); }
 [ "$fails" = 0 ] && echo "ok" || { echo "$fails failed"; exit 1; }

@@ -7,7 +7,8 @@
  *                       size-class cache, OOM retry
  *   check.c             invariant check, segment walk       (gp_check.h)
  *   plan/               gpumem_plan:on: plan.c serves a step,
- *                       layout.c lays one out                (plan/plan.h)
+ *                       layout.c lays one out, foresee.c
+ *                       sizes a longer step before it runs   (plan/plan.h)
  *   arena.c             per-stream arenas                    (gp_place.h)
  *   va.c, plain.c       placement: free-range index with VMM, plain
  *                       device allocations without           (gp_place.h)

@@ -53,7 +53,11 @@
  *    the plan lays each position out at the largest size it has had, in
  *    an arena of its own (layout B), and serves a block of the same
  *    signature at any size up to that, so every step no longer than the
- *    longest seen makes no device call. A step that grows past its slots
+ *    longest seen makes no device call. A step whose first allocation is
+ *    larger than its slot is longer than any before: it is laid out before
+ *    it runs at sizes foreseen from that one (foresee.c, foresee()), and
+ *    maps what it needs past the last layout as new memory. A step that
+ *    grows past its slots otherwise (or past its forecast)
  *    is placed best fit in the plan's arena, tight (gm__gp_tighten), and
  *    laid out again at its end (replan), around the granules it left
  *    unmapped (find_holes: nothing is moved back); a dropped
