@@ -665,9 +665,11 @@ static void foresee(gp_state *st, uint64_t units, gm_stream stream) {
     activate(st);
     pl->foresee = false;
     pl->foreseen = true; /* the tunits are the forecast's, plan or not */
-    if (pl->state != PL_ACTIVE) {
+    if (pl->state != PL_ACTIVE) { /* no forecast fits: the plan as it was, the step grows into it */
+        PLOG("elastic: no forecast fits at %llu\n", (unsigned long long)pl->n);
         unforesee(pl);
-        gm__gp_tighten(st); /* as drop() left it */
+        gm__gp_tighten(st);
+        activate(st);
     }
 }
 
