@@ -612,10 +612,6 @@ static bool relayout_ok(const gp_plan *pl) {
     return differ <= P / 16;
 }
 
-/* Elastic, at a step's end: a step grew past the plan, so the last two
- * steps (if they allocated alike) are laid out anew, with each position at
- * the largest size it has had. Else the plan serves on, and this is tried
- * again at the next step's end. */
 /* Elastic, a step that grew: after PL_GROW_RUN in a row (a generate
  * loop's caches) no plan pays, and elastic plans are given up: true. */
 static bool give_up(gp_state *st) {
@@ -631,6 +627,10 @@ static bool give_up(gp_state *st) {
     return true;
 }
 
+/* Elastic, at a step's end: a step grew past the plan, so the last two
+ * steps (if they allocated alike) are laid out anew, with each position at
+ * the largest size it has had. Else the plan serves on, and this is tried
+ * again at the next step's end. */
 static void replan(gp_state *st) {
     gp_plan *pl = st->plan;
     uint64_t n = pl->n;
@@ -669,6 +669,7 @@ static void foresee(gp_state *st, uint64_t units, gm_stream stream) {
         PLOG("elastic: no forecast fits at %llu\n", (unsigned long long)pl->n);
         unforesee(pl);
         gm__gp_tighten(st);
+        pl->grow_run--; /* the step counts when it is laid out again at its end */
         activate(st);
     }
 }
