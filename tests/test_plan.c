@@ -506,6 +506,17 @@ static void varlen_close(ctx *c, gm_devptr weights) {
     gm_backend_destroy(c->be);
 }
 
+/* The whole run, warm-up and growth included: within 2% and a granule per
+ * large block of the peak allocated; then varlen_close. */
+static void varlen_close_within(ctx *c, gm_devptr weights) {
+    gm_stats s1 = {.size = sizeof s1};
+    assert_int_equal(gm_get_stats(c->al, 0, &s1), GM_OK);
+    int64_t peak = s1.reserved_bytes[GM_POOL_ALL].peak, alloc_peak = s1.allocated_bytes[GM_POOL_ALL].peak;
+    if (peak > alloc_peak + alloc_peak / 50 + (int64_t)NSTEP * 2 * (int64_t)MIB)
+        fail_msg("peak reserved %lld, allocated %lld", (long long)peak, (long long)alloc_peak);
+    varlen_close(c, weights);
+}
+
 static void plan_varlen(void **state) {
     (void)state;
     ctx c = {0};
@@ -542,36 +553,7 @@ static void plan_varlen(void **state) {
     if (device_calls(&c) != calls)
         fail_msg("%llu device calls in steps no longer than the longest", (unsigned long long)(device_calls(&c) - calls));
     assert_true(served(&c) > before + 16 * 8);
-    /* the whole run, warm-up and growth included: within 2% and a granule
-     * per large block of the peak allocated */
-    gm_stats s1 = {.size = sizeof s1};
-    assert_int_equal(gm_get_stats(c.al, 0, &s1), GM_OK);
-    int64_t peak = s1.reserved_bytes[GM_POOL_ALL].peak, alloc_peak = s1.allocated_bytes[GM_POOL_ALL].peak;
-    if (peak > alloc_peak + alloc_peak / 50 + (int64_t)NSTEP * 2 * (int64_t)MIB)
-        fail_msg("peak reserved %lld, allocated %lld", (long long)peak, (long long)alloc_peak);
-    varlen_close(&c, weights);
-}
-
-/* Every step longer than the last (a generate loop's growing caches): an
- * elastic plan would be laid out again each step, so after a few it is
- * given up, and the steps are placed as without a plan. */
-static void plan_varlen_growing(void **state) {
-    (void)state;
-    ctx c = {0};
-    tstep t, v;
-    wl_rng r;
-    gm_devptr weights = varlen_open(&c, &t, &r, 43, 48 * MIB);
-    gp_state *st = c.al->devices[0]->pstate;
-    bool planned = false;
-    for (unsigned s = 0; s < 24; s++) {
-        scale_step(&v, &t, 128 + 16 * s);
-        run_step(&c, &v, 0);
-        planned |= gm__gp_plan_layout(st) != 0;
-    }
-    assert_true(planned);                           /* an elastic plan was made */
-    assert_int_equal(gm__gp_plan_layout(st), 0);    /* and given up */
-    assert_false(st->warming);                      /* loose, as without a plan */
-    varlen_close(&c, weights);
+    varlen_close_within(&c, weights);
 }
 
 /* Device calls of one kind so far. */
@@ -638,35 +620,41 @@ static void plan_varlen_foreseen(void **state) {
         run_step(&c, &v, 0);
     }
     if (device_calls(&c) != calls) fail_msg("%llu device calls in steps no longer than the longest", (unsigned long long)(device_calls(&c) - calls));
-    gm_stats s1 = {.size = sizeof s1};
-    assert_int_equal(gm_get_stats(c.al, 0, &s1), GM_OK);
-    int64_t peak = s1.reserved_bytes[GM_POOL_ALL].peak, alloc_peak = s1.allocated_bytes[GM_POOL_ALL].peak;
-    if (peak > alloc_peak + alloc_peak / 50 + (int64_t)NSTEP * 2 * (int64_t)MIB)
-        fail_msg("peak reserved %lld, allocated %lld", (long long)peak, (long long)alloc_peak);
-    varlen_close(&c, weights);
+    varlen_close_within(&c, weights);
 }
 
-/* Every step longer than the last, the step's first block among those
- * that grow: each step is laid out from a forecast, and after a few in a
- * row elastic plans are given up, as when each step grew past its plan. */
-static void plan_varlen_growing_foreseen(void **state) {
-    (void)state;
+/* Every step longer than the last (a generate loop's growing caches),
+ * scaled by `scale` from L0 on by dL a step, the first block 8 MiB if
+ * first8: an elastic plan would be laid out again each step (or laid out
+ * from a forecast, when the first block grows too), so after a few it is
+ * given up, and the steps are placed as without a plan. */
+static void growing_as(void (*scale)(tstep *, const tstep *, unsigned), unsigned L0, unsigned dL, bool first8) {
     ctx c = {0};
     tstep t, v;
     wl_rng r;
     gm_devptr weights = varlen_open(&c, &t, &r, 43, 48 * MIB);
-    t.size[0] = 8 * MIB;
+    if (first8) t.size[0] = 8 * MIB;
     gp_state *st = c.al->devices[0]->pstate;
     bool planned = false;
     for (unsigned s = 0; s < 24; s++) {
-        power_step(&v, &t, 256 + 8 * s);
+        scale(&v, &t, L0 + dL * s);
         run_step(&c, &v, 0);
         planned |= gm__gp_plan_layout(st) != 0;
     }
-    assert_true(planned);
-    assert_int_equal(gm__gp_plan_layout(st), 0);
-    assert_false(st->warming);
+    assert_true(planned);                           /* an elastic plan was made */
+    assert_int_equal(gm__gp_plan_layout(st), 0);    /* and given up */
+    assert_false(st->warming);                      /* loose, as without a plan */
     varlen_close(&c, weights);
+}
+
+static void plan_varlen_growing(void **state) {
+    (void)state;
+    growing_as(scale_step, 128, 16, false);
+}
+
+static void plan_varlen_growing_foreseen(void **state) {
+    (void)state;
+    growing_as(power_step, 256, 8, true);
 }
 
 int main(void) {
