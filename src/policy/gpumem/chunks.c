@@ -90,6 +90,7 @@ void gm__gp_loosen(gp_state *st) {
 }
 
 void gm__gp_loosen_granules(gp_state *st) {
+    if (!st->autoslack) return; /* a fixed gpumem_slack keeps its chunks */
     gm__gp_loosen(st);
     st->runs = st->autoc = false;
 }
