@@ -267,16 +267,13 @@ def child(job, alloc, steps, cap, record):
 
 def profile_ns():
     """A function returning the ns spent inside gpumem's alloc and free entry points so far
-    (GPUMEM_PROFILE=1; src/torch/gpumem_torch.c: fields calls, ns, max_ns, slow per kind)."""
-    import ctypes
-    from gpumem import _lib
-    lib = _lib.load()
-    buf = (ctypes.c_uint64 * 8)()
-    lib.gpumem_torch_profile.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+    (GPUMEM_PROFILE=1), read by ab_step_time.py's Profiler."""
+    from ab_step_time import Profiler
+    prof = Profiler()
 
     def read():
-        lib.gpumem_torch_profile(buf, 8)
-        return int(buf[1]) + int(buf[5])
+        p, _ = prof.read()
+        return p.get("alloc_ns", 0) + p.get("free_ns", 0)
     return read
 
 
