@@ -27,7 +27,7 @@ gp_block *gm__gp_block_new(gp_state *st) {
     }
     gp_block *b = st->pool;
     st->pool = b->fnext;
-    memset(b, 0, sizeof *b);
+    *b = (gp_block){0}; /* stores the compiler sees the size of, not a memset call */
     return b;
 }
 

@@ -86,15 +86,21 @@ static gp_block *best_fit(gp_arena *a, uint64_t bytes) {
 
 /* ---- free-range index by address (gpumem_plan:on, the plan's arena) ------- */
 
-/* First index whose range starts at or after p. */
+/* First index whose range starts at or after p. Without a branch on the
+ * comparison (a conditional move): a plan's every placement searches here,
+ * and the taken-or-not of a binary search is a coin toss that the branch
+ * predictor lost about twice per search (callgrind --branch-sim, the
+ * bert_varlen loop). */
 static uint64_t fidx_lower(const gp_arena *a, gm_devptr p) {
-    uint64_t lo = 0, hi = a->nfidx;
-    while (lo < hi) {
-        uint64_t m = (lo + hi) / 2;
-        if (a->fidx[m]->h.ptr < p) lo = m + 1;
-        else hi = m;
+    uint64_t n = a->nfidx;
+    if (!n) return 0;
+    gp_block *const *base = a->fidx;
+    while (n > 1) {
+        uint64_t half = n / 2;
+        base = base[half]->h.ptr < p ? base + half : base;
+        n -= half;
     }
-    return lo;
+    return (uint64_t)(base - a->fidx) + (base[0]->h.ptr < p);
 }
 
 /* Insert b at index i (the ranges before it start below it). */
@@ -172,11 +178,50 @@ static inline __attribute__((always_inline)) void free_remove(gp_state *st, gp_a
     b->split_cnt = 0;
 }
 
+/* Free range r now spans [ptr, ptr+size): a free_remove and free_insert of
+ * it, with the same statistics and the same bin order (r at the head of its
+ * bin), but the bitmaps touched only when its size class changes. The warm
+ * path moves one end of a range far more often than it makes or ends one:
+ * a block carved from a range's start, a block freed just below one. The
+ * caller keeps the address index (r keeps its place: no free range lies
+ * between its old and new start). */
+static void free_resize(gp_state *st, gp_arena *a, gp_block *r, gm_devptr ptr, uint64_t size) {
+    if (r->split_cnt) {
+        gm__stat_block_dec(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, r->h.size);
+        r->split_cnt = 0;
+    }
+    r->h.ptr = ptr;
+    r->h.size = size;
+    unsigned bin = gm__gp_bin_of(size >> GP_ALIGN_SHIFT);
+    if (bin != r->bin) {
+        gm__gp_bin_remove(a, r);
+        gm__gp_bin_insert(a, r);
+    } else if (r->fprev) { /* to the head, the bin stays non-empty */
+        r->fprev->fnext = r->fnext;
+        if (r->fnext) r->fnext->fprev = r->fprev;
+        r->fprev = NULL;
+        r->fnext = a->bins[bin];
+        a->bins[bin]->fprev = r;
+        a->bins[bin] = r;
+    }
+    r->split_cnt = r->next != NULL; /* as free_insert counts it */
+    if (r->split_cnt)
+        gm__stat_block_inc(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, r->h.size);
+}
+
 static void link_after(gp_block *pos, gp_block *b) {
     b->prev = pos;
     b->next = pos->next;
     if (pos->next) pos->next->prev = b;
     pos->next = b;
+}
+
+static void link_before(gp_arena *a, gp_block *pos, gp_block *b) {
+    b->next = pos;
+    b->prev = pos->prev;
+    if (pos->prev) pos->prev->next = b;
+    else a->head = b;
+    pos->prev = b;
 }
 
 static void unlink_block(gp_arena *a, gp_block *b) {
@@ -347,6 +392,12 @@ static inline __attribute__((always_inline)) int carve(gp_state *st, gp_arena *a
                  uint64_t fi, gp_block **out) {
     uint64_t front = p - r->h.ptr, back = r->h.ptr + r->h.size - (p + bytes);
     gp_block *b = NULL, *tail = NULL;
+    if (!front && back) { /* the most common cut: r stays free above the new block */
+        if (!(b = gm__gp_block_new(st))) return GM_ENOHOSTMEM;
+        free_resize(st, a, r, p + bytes, back);
+        link_before(a, r, b);
+        goto used;
+    }
     if (front && !(b = gm__gp_block_new(st))) return GM_ENOHOSTMEM;
     if (back && !(tail = gm__gp_block_new(st))) {
         if (b) gm__gp_block_put(st, b);
@@ -366,11 +417,6 @@ static inline __attribute__((always_inline)) int carve(gp_state *st, gp_arena *a
     } else {
         b = r;
     }
-    b->h.ptr = p;
-    b->h.size = bytes;
-    b->h.stream = a->stream;
-    b->state = GP_USED;
-    b->arena = (uint16_t)a->index;
     if (back) {
         tail->h.ptr = p + bytes;
         tail->h.size = total - front - bytes;
@@ -380,6 +426,12 @@ static inline __attribute__((always_inline)) int carve(gp_state *st, gp_arena *a
         link_after(b, tail);
         free_insert(st, a, tail);
     }
+used:
+    b->h.ptr = p;
+    b->h.size = bytes;
+    b->h.stream = a->stream;
+    b->state = GP_USED;
+    b->arena = (uint16_t)a->index;
     gm__gp_touch_inc(st, a, p, bytes);
     *out = b;
     return GM_OK;
@@ -436,6 +488,13 @@ void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b) {
     b->state = GP_FREE;
     gp_block *p = b->prev, *n = b->next;
     bool pf = p && p->state == GP_FREE, nf = n && n->state == GP_FREE;
+    if (nf && !pf) { /* the most common merge: the range above grows down over b, keeping its place */
+        free_resize(st, a, n, b->h.ptr, b->h.size + n->h.size);
+        unlink_block(a, b);
+        gm__gp_block_put(st, b);
+        a->dirty = true;
+        return;
+    }
     if (__builtin_expect(a->fidx != NULL, 0)) { /* plans only: a merged range keeps the lower one's place */
         uint64_t i;
         if (nf) {

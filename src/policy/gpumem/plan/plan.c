@@ -307,12 +307,18 @@ static void detect_elastic(gp_plan *pl, uint64_t p) {
 }
 
 /* An allocation's signatures now (pl_rec): from its stream and the frees since the last one. */
-static inline uint64_t cur_sig0(const gp_plan *pl, gm_stream stream) { return mix((pl->nfree < 8 ? pl->nfree : 8) + 1, stream); }
-static inline uint64_t cur_sig(const gp_plan *pl, gm_stream stream) { return mix(pl->fsig ^ cur_sig0(pl, stream), stream); }
+typedef struct sigs {
+    uint64_t s0, sig;
+} sigs;
+static inline sigs cur_sigs(const gp_plan *pl, gm_stream stream) {
+    uint64_t s0 = mix((pl->nfree < 8 ? pl->nfree : 8) + 1, stream);
+    return (sigs){s0, mix(pl->fsig ^ s0, stream)};
+}
 
-static void note_alloc(gp_plan *pl, uint64_t units, gm_stream stream) {
+/* s: cur_sigs() before this allocation, worked out once by the caller */
+static void note_alloc(gp_plan *pl, uint64_t units, gm_stream stream, sigs s) {
     uint64_t p = pl->n++;
-    *rec(pl, p) = (pl_rec){units, stream, pl->op++, -1, pl->live, cur_sig0(pl, stream), cur_sig(pl, stream)};
+    *rec(pl, p) = (pl_rec){units, stream, pl->op++, -1, pl->live, s.s0, s.sig};
     pl->fsig = pl->nfree = 0;
     pl->live += units;
     if (pl->state == PL_ACTIVE) return; /* detect_catch_up when it drops */
@@ -481,9 +487,15 @@ static void settle(gp_state *st) {
 #endif
 }
 
+/* The cursor at a step's first position (it runs over two steps, 0..2P-1):
+ * compared, not cur % P, as this runs on every allocation and a division
+ * costs tens of cycles. */
+static inline bool step_start(const gp_plan *pl) { return pl->cur == 0 || pl->cur == pl->P; }
+
 static void advance(gp_state *st) {
     gp_plan *pl = st->plan;
-    if (++pl->cur % pl->P) return;
+    ++pl->cur; /* at most 2P: a resync stays below 2P */
+    if (pl->cur != pl->P && pl->cur != 2 * pl->P) return;
     pl->growing = false;
     pl->bound[0] = pl->bound[1], pl->bound[1] = pl->bound[2], pl->bound[2] = pl->n + 1; /* the next step's first */
     PLOG("step end at %llu: peak %.1f MiB calls %llu held %.1f MiB dev %llu grew %d\n", (unsigned long long)pl->n, st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0,
@@ -543,13 +555,13 @@ static int unplanned(gp_state *st, uint64_t units, int pool, gm_stream stream, g
     return 1;
 }
 
-static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out) {
+static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, uint64_t sig, gp_block **out) {
     gp_plan *pl = st->plan;
     if (!pl->ra->fidx || !pl->ma->fidx) { /* an index could not grow */
         drop(st);
         return 0;
     }
-    uint64_t c = pl->cur, sig = cur_sig(pl, stream);
+    uint64_t c = pl->cur;
     bool grown = false;
     if (!fits(pl, c, units, stream, sig)) {
         PLOG("mismatch at %llu pos %llu: %llu units, plan %llu\n", (unsigned long long)pl->n, (unsigned long long)c, (unsigned long long)units, (unsigned long long)pl->tunits[c]);
@@ -648,10 +660,10 @@ static void replan(gp_state *st) {
  * this one (foresee.c) rather than grown into the last layout. A block
  * that outgrows its forecast grows the step as before (laid out again at
  * its end); else the forecast's sizes are the largest seen from then on. */
-static void foresee(gp_state *st, uint64_t units, gm_stream stream) {
+static void foresee(gp_state *st, uint64_t units, gm_stream stream, uint64_t sig) {
     gp_plan *pl = st->plan;
     uint64_t c = pl->cur, P = pl->P;
-    if (units <= pl->tunits[c] || pl->tsig[c] != cur_sig(pl, stream) || pl->tstream[c] != stream ||
+    if (units <= pl->tunits[c] || pl->tsig[c] != sig || pl->tstream[c] != stream ||
         gm__device_capturing(st->d) || !relayout_ok(pl) || !gm__realloc_array(&pl->tmax, P, sizeof *pl->tmax))
         return;
     pl->fref = c % P, pl->fx = units, pl->fX = pl->tunits[c];
@@ -676,23 +688,24 @@ static void foresee(gp_state *st, uint64_t units, gm_stream stream) {
 
 int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out) {
     gp_plan *pl = st->plan;
+    sigs s = cur_sigs(pl, stream); /* nothing below frees: they hold until note_alloc */
     /* a re-layout syncs and gives back: not during a capture (the next step's end tries again) */
-    if (pl->state == PL_ACTIVE && pl->grew && pl->cur % pl->P == 0 && !gm__device_capturing(st->d)) replan(st);
+    if (pl->state == PL_ACTIVE && pl->grew && step_start(pl) && !gm__device_capturing(st->d)) replan(st);
     if (pl->state == PL_PENDING && pl->n == pl->start) {
         const pl_rec *r = rec(pl, pl->start - pl->P); /* the step must begin as the last one did */
-        bool alike = pl->elastic ? r->sig == cur_sig(pl, stream) : r->units == units;
+        bool alike = pl->elastic ? r->sig == s.sig : r->units == units;
         /* a switch syncs and gives back, which a capture does not allow: the
          * plan is not started (the detector tries again at later marks) */
         if (gm__device_capturing(st->d)) pl->state = PL_NONE, PLOG("no switch during a capture at %llu\n", (unsigned long long)pl->n);
         else if (alike && r->stream == stream) activate(st);
         else pl->state = PL_NONE, PLOG("the step begins otherwise at %llu: %llu units, the last %llu\n", (unsigned long long)pl->n, (unsigned long long)units, (unsigned long long)r->units);
     }
-    if (pl->state == PL_ACTIVE && pl->elastic && pl->rebase && pl->cur % pl->P == 0) foresee(st, units, stream);
+    if (pl->state == PL_ACTIVE && pl->elastic && pl->rebase && step_start(pl)) foresee(st, units, stream, s.sig);
     if (pl->state != PL_ACTIVE) return 0;
-    int rc = serve(st, units, pool, stream, out);
+    int rc = serve(st, units, pool, stream, s.sig, out);
     if (rc == 1) {
         (*out)->serial = pl->n;
-        note_alloc(pl, units, stream);
+        note_alloc(pl, units, stream, s);
     }
     return rc;
 }
@@ -700,7 +713,8 @@ int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream,
 void gm__gp_plan_placed(gp_state *st, gp_block *b) {
     gp_plan *pl = st->plan;
     b->serial = pl->n;
-    note_alloc(pl, b->h.size >> GP_ALIGN_SHIFT, st->arenas[b->arena]->stream);
+    gm_stream stream = st->arenas[b->arena]->stream;
+    note_alloc(pl, b->h.size >> GP_ALIGN_SHIFT, stream, cur_sigs(pl, stream));
     /* gpumem_slack:auto and no plan serves yet: warming up tight costs
      * device calls in every step, so it ends when the detector gives up or
      * after PL_WARM allocations, whichever comes first. The idle chunks are
