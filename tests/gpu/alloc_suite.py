@@ -29,6 +29,7 @@ torch does not count expandable segments' maps), losses.
 (DIR/JOB.pickle.gz, for `gpumem replay`). --cap-x X: a second table with every run
 capped at X times the job's native peak allocated (set_per_process_memory_fraction).
 """
+import gc
 import gzip
 import json
 import os
@@ -61,7 +62,18 @@ class Meter:
         # (kernels, copies, sets): equal across allocators unless their memory makes kernels slower.
         # That step is left out of the step times.
         self.kernels_at = int(os.environ.get("SUITE_KERNELS", "-1"))
-        self.profiler, self.gpu_busy_ms = None, None
+        self.profiler, self.gpu_busy_ms, self.cpu_top = None, None, None
+        # Python's garbage collector, timed: a step slowed by collections is slowed by the
+        # objects the process makes, not by its allocator's calls
+        self.gc_s, self.gc_steps, self._gc0 = 0.0, [], None
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase, info):
+        if phase == "start":
+            self._gc0 = time.perf_counter()
+        elif self._gc0 is not None:
+            self.gc_s += time.perf_counter() - self._gc0
+            self._gc0 = None
 
     def _calls(self):
         s = self.stats()
@@ -75,6 +87,7 @@ class Meter:
                 activities=[self.torch.profiler.ProfilerActivity.CPU, self.torch.profiler.ProfilerActivity.CUDA])
             self.profiler.__enter__()
         self.c0, self.r0, self.a0 = self._calls()
+        self.gc0 = self.gc_s
         self.p0 = self.prof() if self.prof else 0
         self.t0, self.cpu0 = time.perf_counter(), time.process_time()
 
@@ -84,10 +97,15 @@ class Meter:
             self.profiler.__exit__(None, None, None)
             ev = self.profiler.key_averages()
             self.gpu_busy_ms = 1e-3 * sum(e.self_device_time_total for e in ev)
+            # the host side of the same step, by op: an allocator that slows the host shows in the
+            # ops that allocate (aten::empty*), a slower host in every op alike
+            top = sorted(ev, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
+            self.cpu_top = {e.key: round(1e-3 * e.self_cpu_time_total, 2) for e in top}
             self.profiler, self.kernels_at = None, -1
             return
         self.times.append(time.perf_counter() - self.t0)
         self.cpu.append(time.process_time() - self.cpu0)
+        self.gc_steps.append(self.gc_s - self.gc0)
         if self.prof:
             self.inside.append(self.prof() - self.p0)
         c1, r1, a1 = self._calls()
@@ -256,7 +274,10 @@ def child(job, alloc, steps, cap, record):
     res["step_ms"] = [round(1e3 * t, 2) for t in meter.times]
     res["step_cpu_ms"] = [round(1e3 * t, 2) for t in meter.cpu]
     res["gpu_busy_ms"] = meter.gpu_busy_ms
+    res["cpu_top_ms"] = meter.cpu_top
     res["step_calls"] = list(meter.calls)
+    res["step_gc_ms"] = [round(1e3 * t, 2) for t in meter.gc_steps]
+    res["step_inside_ms"] = [round(1e-6 * t, 2) for t in meter.inside]
     if record:
         snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -359,6 +380,8 @@ def main():
                       f"inside {r.get('inside_ms')} allocs {r.get('allocs_per_step')} gpu_busy {r.get('gpu_busy_ms')} "
                       f"calls {r.get('calls_per_step')}",
                       flush=True)
+                if r.get("cpu_top_ms"):
+                    print("    host ms by op, profiled step: " + json.dumps(r["cpu_top_ms"]), flush=True)
     capped = []
     if a.cap_x:
         peaks = {r["job"]: r["peak_allocated"] for r in results if r["alloc"] == "native" and r.get("ok")}
