@@ -50,12 +50,15 @@ for r in $(seq 1 "$ROUNDS"); do
   for ev in "$WORK"/events/*.bin; do
     for k in $(seq 0 $((n - 1))); do
       name=${names[$(((k + r) % n))]}
-      med=$(timeout 120 "$WORK/$name/gpu_replay_bench" --pair "$PAIRS" ${PAIR_ARGS:-} --timeout 110 --pin "${cpus[0]}" "$ev" 2>/dev/null |
+      # the median ratio, then each side's median ns per operation (which side moved between runs)
+      read -r med ns <<<"$(timeout 120 "$WORK/$name/gpu_replay_bench" --pair "$PAIRS" ${PAIR_ARGS:-} --timeout 110 --pin "${cpus[0]}" "$ev" 2>/dev/null |
         python3 -c '
-import json, sys
-sp = sorted(json.loads(l[5:])["speedup"] for l in sys.stdin if l.startswith("PAIR {"))
-print("%.3f" % sp[len(sp) // 2] if sp else "nan")')
-      echo "$name $(basename "$ev" .bin) $r $med" | tee -a "$WORK/pairs.txt"
+import json, statistics, sys
+rows = [json.loads(l[5:]) for l in sys.stdin if l.startswith("PAIR {")]
+m = lambda k: statistics.median(r[k] for r in rows)
+print("%.3f native %.1f ns, gpumem %.1f ns" % (m("speedup"), m("native_ns"), m("gpumem_ns")) if rows else "nan -")')"
+      echo "$name $(basename "$ev" .bin) $r $med" >>"$WORK/pairs.txt"
+      echo "$name $(basename "$ev" .bin) $r $med ($ns)"
     done
   done
 done
