@@ -65,15 +65,15 @@ class Meter:
         self.profiler, self.gpu_busy_ms, self.cpu_top = None, None, None
         # Python's garbage collector, timed: a step slowed by collections is slowed by the
         # objects the process makes, not by its allocator's calls
-        self.gc_s, self.gc_steps, self._gc0 = 0.0, [], None
+        self.gc_s, self.gc_steps, self._gc_start = 0.0, [], None
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase, info):
         if phase == "start":
-            self._gc0 = time.perf_counter()
-        elif self._gc0 is not None:
-            self.gc_s += time.perf_counter() - self._gc0
-            self._gc0 = None
+            self._gc_start = time.perf_counter()
+        elif self._gc_start is not None:
+            self.gc_s += time.perf_counter() - self._gc_start
+            self._gc_start = None
 
     def _calls(self):
         s = self.stats()

@@ -51,6 +51,18 @@ void gm__gp_bin_remove(gp_arena *a, gp_block *b) {
     }
 }
 
+/* b, in its bin, to the bin's head, where gm__gp_bin_insert puts a range:
+ * the bin stays non-empty, so its bitmaps stay as they are. */
+static inline void bin_to_head(gp_arena *a, gp_block *b) {
+    if (!b->fprev) return;
+    b->fprev->fnext = b->fnext;
+    if (b->fnext) b->fnext->fprev = b->fprev;
+    b->fprev = NULL;
+    b->fnext = a->bins[b->bin];
+    a->bins[b->bin]->fprev = b;
+    a->bins[b->bin] = b;
+}
+
 /* first non-empty bin >= bin, or -1 */
 static int next_bin(const gp_arena *a, unsigned bin) {
     if (bin >= GP_NBINS) return -1;
@@ -160,53 +172,54 @@ int gm__gp_va_index(gp_arena *a, bool on) {
 
 /* ---- free ranges ------------------------------------------------------------ */
 
+/* A free range counted in inactive_split (or no longer): every free range
+ * but the arena's top one is a split. */
+static inline void split_count(gp_state *st, gp_arena *a, gp_block *b) {
+    b->split_cnt = b->next != NULL;
+    if (b->split_cnt)
+        gm__stat_block_inc(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, b->h.size);
+}
+static inline __attribute__((always_inline)) void split_uncount(gp_state *st, gp_arena *a, gp_block *b) {
+    if (b->split_cnt)
+        gm__stat_block_dec(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, b->h.size);
+    b->split_cnt = 0;
+}
+
 /* A free range into the size bins (and the statistics); the address index,
  * where there is one, is the caller's: carve and gm__gp_va_free keep it
  * with the index they know, most often with no search and no move (a
  * range that keeps its start keeps its place). */
 static void free_insert(gp_state *st, gp_arena *a, gp_block *b) {
     gm__gp_bin_insert(a, b);
-    b->split_cnt = b->next != NULL; /* the arena's top range is not a split */
-    if (b->split_cnt)
-        gm__stat_block_inc(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, b->h.size);
+    split_count(st, a, b);
 }
 
 static inline __attribute__((always_inline)) void free_remove(gp_state *st, gp_arena *a, gp_block *b) {
     gm__gp_bin_remove(a, b);
-    if (b->split_cnt)
-        gm__stat_block_dec(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, b->h.size);
-    b->split_cnt = 0;
+    split_uncount(st, a, b);
 }
 
-/* Free range r now spans [ptr, ptr+size): a free_remove and free_insert of
- * it, with the same statistics and the same bin order (r at the head of its
- * bin), but the bitmaps touched only when its size class changes. The warm
- * path moves one end of a range far more often than it makes or ends one:
- * a block carved from a range's start, a block freed just below one. The
- * caller keeps the address index (r keeps its place: no free range lies
- * between its old and new start). */
+/* Free range r now spans [ptr, ptr+size), in place: a free_remove and
+ * free_insert of it (the same statistics, the same bin order), with the
+ * bin's bitmaps left alone while its size class stays. The warm path moves
+ * one end of a range far more often than it makes or ends one (a block
+ * carved from a range's start, a block freed just below one); with the
+ * bitmaps' branches each time, bert_varlen's loop missed 10% more branches
+ * (callgrind's model; bench/RESULTS.md, fifth session). r keeps its block
+ * and its place in the address index (no free range lies between its old
+ * and new start), so the caller has no index entry to move and no block to
+ * make or put. */
 static void free_resize(gp_state *st, gp_arena *a, gp_block *r, gm_devptr ptr, uint64_t size) {
-    if (r->split_cnt) {
-        gm__stat_block_dec(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, r->h.size);
-        r->split_cnt = 0;
-    }
+    split_uncount(st, a, r);
     r->h.ptr = ptr;
     r->h.size = size;
-    unsigned bin = gm__gp_bin_of(size >> GP_ALIGN_SHIFT);
-    if (bin != r->bin) {
+    if (gm__gp_bin_of(size >> GP_ALIGN_SHIFT) != r->bin) {
         gm__gp_bin_remove(a, r);
         gm__gp_bin_insert(a, r);
-    } else if (r->fprev) { /* to the head, the bin stays non-empty */
-        r->fprev->fnext = r->fnext;
-        if (r->fnext) r->fnext->fprev = r->fprev;
-        r->fprev = NULL;
-        r->fnext = a->bins[bin];
-        a->bins[bin]->fprev = r;
-        a->bins[bin] = r;
+    } else {
+        bin_to_head(a, r);
     }
-    r->split_cnt = r->next != NULL; /* as free_insert counts it */
-    if (r->split_cnt)
-        gm__stat_block_inc(st->d->stats.inactive_split, st->d->stats.inactive_split_bytes, a->pool, r->h.size);
+    split_count(st, a, r);
 }
 
 static void link_after(gp_block *pos, gp_block *b) {

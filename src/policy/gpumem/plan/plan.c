@@ -494,8 +494,8 @@ static inline bool step_start(const gp_plan *pl) { return pl->cur == 0 || pl->cu
 
 static void advance(gp_state *st) {
     gp_plan *pl = st->plan;
-    ++pl->cur; /* at most 2P: a resync stays below 2P */
-    if (pl->cur != pl->P && pl->cur != 2 * pl->P) return;
+    if (++pl->cur == 2 * pl->P) pl->cur = 0; /* a resync stays below 2P */
+    if (!step_start(pl)) return;
     pl->growing = false;
     pl->bound[0] = pl->bound[1], pl->bound[1] = pl->bound[2], pl->bound[2] = pl->n + 1; /* the next step's first */
     PLOG("step end at %llu: peak %.1f MiB calls %llu held %.1f MiB dev %llu grew %d\n", (unsigned long long)pl->n, st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0,
@@ -503,7 +503,6 @@ static void advance(gp_state *st) {
          st->held_bytes / 1048576.0, (unsigned long long)pl->dev_step, pl->grew);
     gm__gp_loosen(st); /* a step served from the plan: the warm-up is over */
     if (pl->elastic) pl->eP = pl->P;
-    if (pl->cur == 2 * pl->P) pl->cur = 0;
     if (!pl->grew && !pl->foreseen) pl->grow_run = 0;
     if (!pl->grew) pl->foreseen = false; /* a forecast that hosted its step: its sizes are the largest now */
     /* settling syncs and gives back: not during a capture (a later step settles) */
