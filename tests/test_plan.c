@@ -198,7 +198,12 @@ static void plan_steps_as(int force, const char *conf) {
     uint64_t before = served(&c);
     assert_true(before > 0); /* the step was learned and served */
     uint64_t calls = device_calls(&c);
+    gp_state *st = c.al->devices[0]->pstate;
+    uint64_t claimed = gm__gp_plan_claimed(st);
     for (int s = 0; s < 2; s++) run_step(&c, &t, 0);
+    /* parked blocks taken by the next planned block at their address: some
+     * in every layout of this step (gm_check after every call counts them) */
+    if (gm__gp_plan_claimed(st) == claimed) fail_msg("no planned block was served from a parked one");
     int nlarge = 0; /* small blocks stay in the small pool; some cross the plan's boundary */
     for (int j = 0; j < NSTEP; j++) nlarge += t.size[j] > 1 * MIB;
     /* every large block of both steps, those alive across the boundary too
@@ -218,6 +223,9 @@ static void plan_steps_as(int force, const char *conf) {
      * made again): gm_check and the no-overlap model after every call */
     for (int s = 0; s < 24; s++) run_step_random(&c, &t, &r, s < 12 ? 0.01 : 0.1);
     for (int s = 0; s < 4; s++) run_step(&c, &t, 0);
+    /* parked memory is cached memory: empty_cache gives it back too */
+    assert_int_equal(gm_empty_cache(c.al, 0), GM_OK);
+    for (uint32_t k = 0; k < st->narenas; k++) assert_int_equal(st->arenas[k]->nparked, 0);
 
     int64_t left = release_all(&c, weights);
     if (left) fail_msg("reserved %lld after freeing all", (long long)left);

@@ -20,7 +20,7 @@ static void count_add(int64_t arr[GM_POOL_COUNT], int pool, int64_t v) {
 static int check_arena(gp_state *st, gp_arena *a, uint32_t *live, gp_count *cnt,
                        char *err, size_t errlen) {
     gm_devptr at = a->base;
-    uint64_t nfree = 0;
+    uint64_t nfree = 0, nparked = 0;
     const gp_block *prev = NULL;
     for (const gp_block *b = a->head; b; prev = b, b = b->next) {
         if (b->prev != prev) return gm__check_fail(err, errlen, "arena %d: broken address list at 0x%llx", a->index, (unsigned long long)b->h.ptr);
@@ -40,11 +40,12 @@ static int check_arena(gp_state *st, gp_arena *a, uint32_t *live, gp_count *cnt,
             }
             continue;
         }
-        if (b->state != GP_USED && b->state != GP_CACHED) return gm__check_fail(err, errlen, "block 0x%llx has bad state", (unsigned long long)b->h.ptr);
+        if (b->state != GP_USED && b->state != GP_CACHED && b->state != GP_PARKED) return gm__check_fail(err, errlen, "block 0x%llx has bad state", (unsigned long long)b->h.ptr);
         if (b->state == GP_USED) {
             count_add(cnt->active, b->h.pool, 1);
             count_add(cnt->active_bytes, b->h.pool, (int64_t)b->h.size);
         }
+        nparked += b->state == GP_PARKED;
         uint64_t g = (b->h.ptr - a->base) >> st->gshift;
         uint64_t ge = (b->h.ptr - a->base + b->h.size - 1) >> st->gshift;
         while (g <= ge) {
@@ -55,6 +56,7 @@ static int check_arena(gp_state *st, gp_arena *a, uint32_t *live, gp_count *cnt,
         }
     }
     if (at != a->base + a->va_size) return gm__check_fail(err, errlen, "arena %d: blocks do not cover the range", a->index);
+    if (nparked != a->nparked) return gm__check_fail(err, errlen, "arena %d: %llu parked blocks, %llu listed", a->index, (unsigned long long)nparked, (unsigned long long)a->nparked);
     uint64_t inbins = 0;
     for (unsigned k = 0; k < GP_NBINS; k++) {
         bool bit = (a->bitmap[k >> 6] >> (k & 63)) & 1;
@@ -90,6 +92,14 @@ static int check_quick(gp_state *st, gp_arena *a, gp_count *cnt, char *err, size
         }
     }
     if (n != a->ncached) return gm__check_fail(err, errlen, "arena %d: %llu cached blocks, counter says %llu", a->index, (unsigned long long)n, (unsigned long long)a->ncached);
+    n = 0;
+    for (const gp_block *b = a->parked, *prev = NULL; b; prev = b, b = b->fnext, n++) {
+        if (b->state != GP_PARKED || b->arena != (uint16_t)a->index || b->fprev != prev || !b->slot)
+            return gm__check_fail(err, errlen, "arena %d: parked block 0x%llx listed wrong", a->index, (unsigned long long)b->h.ptr);
+        count_add(cnt->split, b->h.pool, 1);
+        count_add(cnt->split_bytes, b->h.pool, (int64_t)b->h.size);
+    }
+    if (n != a->nparked) return gm__check_fail(err, errlen, "arena %d: %llu parked blocks, counter says %llu", a->index, (unsigned long long)n, (unsigned long long)a->nparked);
     return GM_OK;
 }
 

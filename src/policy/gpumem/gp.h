@@ -7,8 +7,10 @@
  *                       size-class cache, OOM retry
  *   check.c             invariant check, segment walk       (gp_check.h)
  *   plan/               gpumem_plan:on: plan.c serves a step,
- *                       layout.c lays one out, foresee.c
- *                       sizes a longer step before it runs   (plan/plan.h)
+ *                       layout.c lays one out, park.c keeps a
+ *                       freed block for the next planned one,
+ *                       foresee.c sizes a longer step before
+ *                       it runs                              (plan/plan.h)
  *   arena.c             per-stream arenas                    (gp_place.h)
  *   va.c, plain.c       placement: free-range index with VMM, plain
  *                       device allocations without           (gp_place.h)
@@ -55,15 +57,19 @@
 #define GP_AUTO_HEADROOM 1024
 #endif
 
-enum { GP_FREE = 0, GP_USED = 1, GP_CACHED = 2 };
+/* GP_PARKED: gpumem_plan:on, a freed block kept whole at its address for
+ * the plan position that takes that very range next (plan.c, park) */
+enum { GP_FREE = 0, GP_USED = 1, GP_CACHED = 2, GP_PARKED = 3 };
 enum { GP_LIST_NONE = 0, GP_LIST_IDLE = 1, GP_LIST_LOOSE = 2 };
 
 typedef struct gp_block {
     gm__block_hdr h;              /* must be first: the front end sees this */
     struct gp_block *prev, *next; /* address order inside the arena */
     struct gp_block *fprev, *fnext; /* bin list, size-class list or pool */
-    uint32_t bin;
-    uint8_t state;      /* GP_FREE / GP_USED / GP_CACHED */
+    uint16_t bin;       /* free ranges: gm__gp_bin_of(units) */
+    uint16_t slot;      /* gpumem_plan:on: 1 + the plan position a used block was served at,
+                         * or a parked block waits for; 0: none (2 steps < 2^16 positions) */
+    uint8_t state;      /* GP_FREE / GP_USED / GP_CACHED / GP_PARKED */
     uint8_t split_cnt;  /* counted in inactive_split (free, not arena top) */
     uint16_t arena;
     uint64_t serial;    /* gpumem_plan:on only: allocation number (plan history) */
@@ -96,6 +102,8 @@ typedef struct gp_arena {
     gp_block *quick[GP_SMALL_UNITS + 1]; /* freed small blocks by units */
     uint64_t qmap[GP_QWORDS]; /* non-empty quick lists, so a flush visits only those */
     uint64_t ncached;
+    gp_block *parked; /* GP_PARKED blocks (va.c, gm__gp_park), linked by fprev/fnext */
+    uint64_t nparked;
     bool dirty;       /* a block was freed since the stream was last synced */
     gp_block *bins[GP_NBINS];
     uint64_t bitmap[GP_NWORDS];

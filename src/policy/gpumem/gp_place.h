@@ -29,6 +29,18 @@ void gm__gp_bin_remove(gp_arena *a, gp_block *b);
 unsigned gm__gp_bin_of(uint64_t units);
 /* Return every cached small block to its arena. Returns how many. */
 int gm__gp_flush_quick(gp_state *st);
+/* gpumem_plan:on: used block b of arena a parked for plan position
+ * slot - 1 (GP_PARKED, off the free ranges); back to used (release false)
+ * or into the free ranges (true). */
+void gm__gp_park(gp_state *st, gp_arena *a, gp_block *b, uint32_t slot);
+void gm__gp_unpark(gp_state *st, gp_arena *a, gp_block *b, bool release);
+/* Parked block b of arena a taken as the used block of `bytes` at its
+ * address: cut down, or grown over the free range above it; false (b left
+ * parked) when it cannot be. */
+bool gm__gp_unpark_to(gp_state *st, gp_arena *a, gp_block *b, uint64_t bytes);
+/* Every parked block into the free ranges (before memory is given back).
+ * Returns how many. */
+int gm__gp_unpark_all(gp_state *st);
 
 /* A block no longer used or cached, back to where it was placed. */
 static inline void gm__gp_block_release(gp_state *st, gp_arena *a, gp_block *b) {

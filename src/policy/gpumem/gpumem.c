@@ -181,6 +181,7 @@ static inline __attribute__((always_inline)) int take(gp_state *st, gp_arena *a,
         if (rc == GM_ENOMEM && !gm__device_capturing(st->d)) {
             st->d->stats.num_alloc_retries++;
             gm__gp_flush_quick(st);
+            gm__gp_unpark_all(st);
             gm__device_process_events(st->d, true);
             gm__gp_flush_quick(st);
             for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
@@ -232,8 +233,7 @@ __attribute__((noinline, cold)) static int gp_malloc_planned(gp_state *st, gp_ar
 }
 
 __attribute__((noinline, cold)) static void gp_free_planned(gp_state *st, gp_block *b) {
-    gm__gp_plan_free(st, b);
-    give(st, b);
+    if (!gm__gp_plan_free(st, b)) give(st, b);
 }
 
 static int gp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr **out) {
@@ -268,6 +268,7 @@ static int gp_empty_cache(void *state) {
     gp_state *st = state;
     gm__gp_flush_quick(st);
     if (!st->vmm) return GM_OK;
+    gm__gp_unpark_all(st);
     return gm__gp_release_unused(st);
 }
 

@@ -444,6 +444,7 @@ used:
     b->h.size = bytes;
     b->h.stream = a->stream;
     b->state = GP_USED;
+    b->slot = 0; /* the plan marks what it serves */
     b->arena = (uint16_t)a->index;
     gm__gp_touch_inc(st, a, p, bytes);
     *out = b;
@@ -470,13 +471,122 @@ static int va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
     }
 }
 
+/* ---- parked blocks (gpumem_plan:on) ------------------------------------------
+ * A planned block freed where the next planned block starts: it stays a
+ * block at its address, off the bins and the address index, so its free
+ * and the next malloc there touch them at most to move one free range's
+ * end (the plan's warm path: plan/park.c). It counts as a cached block (inactive_split,
+ * its granules live). It is the plan's: the usual placement does not see
+ * it (a block placed there would be in the plan's way). It goes back into
+ * the free ranges when a planned placement finds it in the way
+ * (gm__gp_va_place_at), when the plan drops, and with everything cached
+ * before memory is given back (gm__gp_unpark_all: OOM, empty_cache, the
+ * plan's quiesce). */
+
+void gm__gp_park(gp_state *st, gp_arena *a, gp_block *b, uint32_t slot) {
+    b->state = GP_PARKED;
+    b->slot = (uint16_t)slot;
+    b->fprev = NULL;
+    b->fnext = a->parked;
+    if (a->parked) a->parked->fprev = b;
+    a->parked = b;
+    a->nparked++;
+    a->dirty = true;
+    gm__gp_cached_inc(st, b);
+}
+
+void gm__gp_unpark(gp_state *st, gp_arena *a, gp_block *b, bool release) {
+    if (b->fprev) b->fprev->fnext = b->fnext;
+    else a->parked = b->fnext;
+    if (b->fnext) b->fnext->fprev = b->fprev;
+    b->fprev = b->fnext = NULL;
+    a->nparked--;
+    gm__gp_cached_dec(st, b);
+    b->state = GP_USED;
+    b->slot = 0;
+    if (release) gm__gp_va_free(st, a, b);
+}
+
+/* Parked block b taken as the used block [b->ptr, +bytes): cut down (its
+ * tail freed, into the free range above when there is one, as a free
+ * does) or grown over the free range above it (whose start moves up, in
+ * place: it keeps its place in the address index). false, and b parked as
+ * it was, when that range is not free, too short or not all mapped, or no
+ * block struct can be had. */
+bool gm__gp_unpark_to(gp_state *st, gp_arena *a, gp_block *b, uint64_t bytes) {
+    gp_block *n = b->next;
+    bool nf = n && n->state == GP_FREE;
+    uint64_t size = b->h.size;
+    /* growing: over mapped memory only, and (once multi-granule chunks may
+     * need cutting first: gm__gp_split_partial) not at all */
+    if (bytes > size && (!nf || n->h.size < bytes - size || unmapped_in(st, a, n->h.ptr, bytes - size) ||
+                         (st->autoc && st->nmulti && gm__gp_tight(st))))
+        return false;
+    gp_block *tail = NULL;
+    if (bytes < size && !nf && !(tail = gm__gp_block_new(st))) return false;
+    gm__gp_unpark(st, a, b, false);
+    if (bytes == size) return true;
+    gm__gp_touch_dec(st, a, b->h.ptr, size);
+    b->h.size = bytes;
+    gm__gp_touch_inc(st, a, b->h.ptr, bytes);
+    gm_devptr end = b->h.ptr + bytes;
+    if (bytes > size) { /* n gives up its start */
+        uint64_t left = n->h.size - (bytes - size);
+        if (left) {
+            free_resize(st, a, n, end, left);
+        } else {
+            uint64_t i;
+            free_remove(st, a, n);
+            if (a->fidx && fidx_find(a, n, UINT64_MAX, &i)) fidx_delete_at(a, i);
+            unlink_block(a, n);
+            gm__gp_block_put(st, n);
+        }
+    } else if (nf) { /* the tail joins the free range above */
+        free_resize(st, a, n, end, n->h.size + size - bytes);
+    } else {
+        *tail = (gp_block){.h = {.ptr = end, .size = size - bytes, .stream = a->stream}, .state = GP_FREE,
+                           .arena = (uint16_t)a->index};
+        link_after(b, tail);
+        free_insert(st, a, tail);
+        if (a->fidx) fidx_add(a, tail);
+    }
+    a->dirty = true;
+    return true;
+}
+
+int gm__gp_unpark_all(gp_state *st) {
+    int n = 0;
+    for (uint32_t k = 0; k < st->narenas; k++)
+        for (gp_arena *a = st->arenas[k]; a->parked; n++) gm__gp_unpark(st, a, a->parked, true);
+    return n;
+}
+
+/* A parked block overlapping [p, p+bytes) back into the free ranges: true,
+ * or false when a used block is in the way (or nothing is). r: the last
+ * free range starting at or before p, if any. */
+static bool unpark_in_way(gp_state *st, gp_arena *a, gp_block *r, gm_devptr p, uint64_t bytes) {
+    if (!a->nparked) return false;
+    for (gp_block *b = r ? r : a->head; b && b->h.ptr < p + bytes; b = b->next) {
+        if (b->h.ptr + b->h.size <= p || b->state == GP_FREE) continue;
+        if (b->state != GP_PARKED) return false;
+        gm__gp_unpark(st, a, b, true);
+        return true;
+    }
+    return false;
+}
+
 int gm__gp_va_place_at(gp_state *st, gp_arena *a, gm_devptr p, uint64_t units, bool map_ok, gp_block **out) {
     uint64_t bytes = units << GP_ALIGN_SHIFT;
     if (!a->fidx || p < a->base || p - a->base > a->va_size - bytes || bytes > a->va_size) return 0;
-    uint64_t i = fidx_lower(a, p + 1); /* the last free range starting at or before p */
-    if (i == 0) return 0;
-    gp_block *r = a->fidx[i - 1];
-    if (r->h.ptr + r->h.size < p + bytes) return 0; /* a live block is in the way */
+    uint64_t i;
+    gp_block *r;
+    for (;;) {
+        i = fidx_lower(a, p + 1); /* the last free range starting at or before p */
+        r = i ? a->fidx[i - 1] : NULL;
+        if (r && r->h.ptr + r->h.size >= p + bytes) break;
+        if (!unpark_in_way(st, a, r, p, bytes)) return 0; /* a live block is in the way */
+        if (!a->fidx) return 0; /* the index went (fidx_find) */
+    }
     bool unmapped = unmapped_in(st, a, p, bytes) != 0;
     if (unmapped) {
         if (!map_ok) return 2;

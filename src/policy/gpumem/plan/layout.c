@@ -140,6 +140,9 @@ static int grow(gp_plan *pl, uint64_t P) {
     failed += !gm__realloc_array(&pl->pend, P, sizeof *pl->pend);
     failed += !gm__realloc_array(&pl->items, P, sizeof *pl->items);
     failed += !gm__realloc_array(&pl->tsig, P, sizeof *pl->tsig);
+    failed += !gm__realloc_array(&pl->park_to, P, sizeof *pl->park_to);
+    failed += !gm__realloc_array(&pl->park_src, P, sizeof *pl->park_src);
+    failed += !gm__realloc_array(&pl->parked, P, sizeof *pl->parked);
     if (failed) return GM_ENOHOSTMEM;
     pl->cap = P;
     return GM_OK;
@@ -698,6 +701,7 @@ static int solve_adopt(pl_solve *s) {
     PLOG("layouts: around obstacles %llu granules (top %.1f MiB), apart %llu (own arena, %.1f MiB): %s\n",
          (unsigned long long)cost[0], s->top[0] / 2048.0, (unsigned long long)cost[1], s->top[1] / 2048.0,
          pl->rebase ? "apart" : "around");
+    gm__gp_plan_park_chains(pl, s->m, s->T);
     uint64_t topm = s->top[pl->rebase];
     pl->top_units = topm;
 #ifdef GP_PLAN_DEBUG

@@ -38,9 +38,10 @@
  *    needs; else the usual placement. Planned blocks are ordinary used
  *    blocks of the arena, so two live blocks never overlap whatever
  *    happened since the plan was made, and a plan that stops matching
- *    holds nothing of its own. One that does not match is a deviation (the
- *    cursor resyncs on a match a few positions ahead); more than a quarter
- *    of a step deviating drops the plan (the detector may make another).
+ *    holds nothing of its own. A block freed where the next planned block
+ *    starts stays there, parked for it (park.c). One that does not match
+ *    is a deviation (the cursor resyncs on a match a few positions ahead);
+ *    more than a quarter of a step deviating drops the plan.
  *  - Switching and settling: a plan in its own arena moves idle chunks
  *    into it and gives the rest back when it starts; after the first step
  *    served with no deviation, idle chunks outside the plan's footprint are
@@ -81,6 +82,7 @@
 #endif
 
 #define PL_MAXP (PL_HIST / 4) /* longest step, in allocations */
+_Static_assert(2 * PL_MAXP < UINT16_MAX, "gp_block.slot holds 1 + a position of two steps");
 #define PL_MINP 8             /* shortest step */
 #define PL_MINRUN 64          /* allocations matched before a period counts */
 #define PL_W 8                /* allocations hashed to propose a period */
@@ -122,20 +124,10 @@ void gm__gp_plan_destroy(gp_state *st) {
         fclose(hf);
     }
 #endif
-    free(pl->hist);
-    free(pl->tab);
-    free(pl->tab2);
-    free(pl->tsig);
-    free(pl->tunits);
-    free(pl->off);
-    free(pl->tstream);
-    free(pl->planned);
-    free(pl->inmain);
-    free(pl->pend);
-    free(pl->items);
-    free(pl->fp);
-    free(pl->holes);
-    free(pl->tmax);
+    free(pl->hist), free(pl->tab), free(pl->tab2);
+    free(pl->tsig), free(pl->tunits), free(pl->off), free(pl->tstream), free(pl->planned), free(pl->inmain);
+    free(pl->pend), free(pl->items), free(pl->fp), free(pl->holes), free(pl->tmax);
+    free(pl->park_to), free(pl->park_src), free(pl->parked);
     free(pl);
     st->plan = NULL;
 }
@@ -337,6 +329,7 @@ static void unforesee(gp_plan *pl) {
 static void drop(gp_state *st) {
     gp_plan *pl = st->plan;
     if (pl->foreseen) unforesee(pl);
+    gm__gp_plan_unpark_all(st, pl);
     PLOG("drop at %llu: peak %.1f MiB held %.1f MiB\n", (unsigned long long)pl->n, st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0, st->held_bytes / 1048576.0);
     if (pl->ra) (void)gm__gp_va_index(pl->ra, false);
     if (pl->ma) (void)gm__gp_va_index(pl->ma, false);
@@ -355,6 +348,7 @@ static void drop(gp_state *st) {
  * the end of the warm-up. */
 static void quiesce(gp_state *st) {
     gm__gp_flush_quick(st);
+    gm__gp_unpark_all(st);
     for (uint32_t k = 0; k < st->narenas; k++) gm__gp_sync_arena(st, st->arenas[k]);
 }
 
@@ -465,6 +459,7 @@ static void activate(gp_state *st) {
     pl->ra = ra;
     pl->ma = a;
     pl->state = PL_ACTIVE;
+    memset(pl->parked, 0, 2 * pl->P * sizeof *pl->parked);
     pl->cur = pl->dev_step = 0;
     pl->settled = pl->grew = pl->growing = false;
     pl->bound[2] = pl->n, pl->bound[1] = pl->n - pl->P, pl->bound[0] = pl->n - 2 * pl->P; /* laid out from those */
@@ -578,6 +573,7 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, uint6
     }
     if (grown && !pl->growing) { /* tight for the rest of the step: what is new comes from idle memory */
         pl->grew = pl->growing = true;
+        gm__gp_plan_unpark_all(st, pl); /* best fit places the rest: parked ranges are free memory again */
         gm__gp_tighten(st);
         st->steal_high = true; /* until gm__gp_loosen */
     }
@@ -589,23 +585,26 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, uint6
     /* laid over the mapped memory (layout A), the plan maps nothing of its
      * own before it settled: a plan that falls apart in its first step then
      * held no more than the usual placement would have */
-    gp_arena *a = pl->rebase && !pl->inmain[c] ? pl->ra : pl->ma;
-    int rc = gm__gp_va_place_at(st, a, a->base + (pl->off[c] << GP_ALIGN_SHIFT), units,
-                                pl->rebase || pl->settled || st->warming, &b);
+    gp_arena *a = gm__gp_plan_arena(pl, c);
+    gm_devptr at = a->base + (pl->off[c] << GP_ALIGN_SHIFT);
+    if (pl->parked[c] && (b = gm__gp_plan_claim(st, pl, a, c, at, units)) != NULL) {
+        pl->claimed++;
+        goto served;
+    }
+    int rc = gm__gp_va_place_at(st, a, at, units, pl->rebase || pl->settled || st->warming, &b);
     if (rc == 2) return 0;
     if (rc <= 0) {
 #ifdef GP_PLAN_DEBUG
-        if (rc == 0) {
-            gm_devptr p0 = a->base + (pl->off[c] << GP_ALIGN_SHIFT);
-            for (const gp_block *o = a->head; o; o = o->next)
-                if (o->state == GP_USED && o->h.ptr < p0 + (units << GP_ALIGN_SHIFT) && p0 < o->h.ptr + o->h.size)
-                    PLOG("slot %llu (%llu units) at %llu taken by serial %llu (pos %lld, %llu units)\n", (unsigned long long)c, (unsigned long long)units, (unsigned long long)pl->n, (unsigned long long)o->serial, (long long)(o->serial - pl->start) % (long long)pl->P, (unsigned long long)(o->h.size >> 9));
-        }
+        for (const gp_block *o = a->head; o && rc == 0; o = o->next)
+            if (o->state == GP_USED && o->h.ptr < at + (units << GP_ALIGN_SHIFT) && at < o->h.ptr + o->h.size)
+                PLOG("slot %llu (%llu units) at %llu taken by serial %llu (pos %lld, %llu units)\n", (unsigned long long)c, (unsigned long long)units, (unsigned long long)pl->n, (unsigned long long)o->serial, (long long)(o->serial - pl->start) % (long long)pl->P, (unsigned long long)(o->h.size >> 9));
 #endif
         if (rc == 0) deviation(st); /* something else is there */
         return rc;
     }
+served:
     b->h.pool = (uint8_t)pool;
+    b->slot = (uint16_t)(c + 1);
     pl->served++;
     *out = b;
     return 1;
@@ -728,7 +727,7 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
     }
 }
 
-void gm__gp_plan_free(gp_state *st, const gp_block *b) {
+bool gm__gp_plan_free(gp_state *st, gp_block *b) {
     gp_plan *pl = st->plan;
     pl->live -= b->h.size >> GP_ALIGN_SHIFT;
     uint64_t s0 = 1; /* what the freed block's allocation looked like, whatever its size */
@@ -736,6 +735,7 @@ void gm__gp_plan_free(gp_state *st, const gp_block *b) {
     pl->fsig = rotl64(pl->fsig, 5) ^ s0 * 0x9e3779b97f4a7c15ull;
     pl->nfree++;
     pl->op++;
+    return b->slot && pl->state == PL_ACTIVE && !pl->growing && gm__gp_plan_park(st, pl, b);
 }
 
 /* gm_step_mark: the marks are the step boundaries. Once the last two
@@ -763,6 +763,7 @@ void gm__gp_plan_step(gp_state *st) {
 }
 
 uint64_t gm__gp_plan_served(const gp_state *st) { return st->plan ? st->plan->served : 0; }
+uint64_t gm__gp_plan_claimed(const gp_state *st) { return st->plan ? st->plan->claimed : 0; }
 
 int gm__gp_plan_layout(const gp_state *st) {
     const gp_plan *pl = st->plan;

@@ -14,11 +14,14 @@ void gm__gp_plan_destroy(gp_state *st);
 int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream, gp_block **out);
 /* After the usual placement served it. */
 void gm__gp_plan_placed(gp_state *st, gp_block *b);
-/* Every free, before the block goes back to its arena as usual. */
-void gm__gp_plan_free(gp_state *st, const gp_block *b);
+/* Every free: true when the plan parked the block for its next planned
+ * use (it stays out of the free ranges), else it goes back to its arena
+ * as usual. */
+bool gm__gp_plan_free(gp_state *st, gp_block *b);
 /* A step boundary marked by the program (gm_step_mark). */
 void gm__gp_plan_step(gp_state *st);
 uint64_t gm__gp_plan_served(const gp_state *st); /* allocations served from a plan so far */
+uint64_t gm__gp_plan_claimed(const gp_state *st); /* of those, served from a parked block (park.c) */
 /* The active plan's layout: 'A' (around the live blocks), 'B' (own arena), 0 none. */
 int gm__gp_plan_layout(const gp_state *st);
 int gm__gp_plan_check(gp_state *st, char *err, size_t errlen);

@@ -96,10 +96,31 @@ typedef struct gp_plan {
     uint64_t mark[3];  /* allocation numbers at the last three marks */
     uint64_t nmarks;
     pl_item *items;
-    uint64_t served;
+    uint64_t served, claimed; /* claimed: served from a parked block */
+    /* parking (plan.c, park): per position, 1 + the position that takes
+     * its very range next (0: none; layout.c, park_chains), the block
+     * parked for it, and the position that parked it */
+    uint32_t *park_to, *park_src;
+    gp_block **parked;
 } gp_plan;
 
 static inline pl_rec *rec(const gp_plan *pl, uint64_t i) { return &pl->hist[i & (PL_HIST - 1)]; }
+
+/* The arena position c is served from. */
+static inline gp_arena *gm__gp_plan_arena(const gp_plan *pl, uint64_t c) {
+    return pl->rebase && !pl->inmain[c] ? pl->ra : pl->ma;
+}
+
+/* park.c: each planned position's next user of its range when that one
+ * starts there too (pl->park_to; the layout's m intervals over a period
+ * of 2T operations); a freed planned block parked for it (true) or not;
+ * the block parked for position c at `at`, taken at `units`, or NULL;
+ * every parked block back into the free ranges (the plan drops, or a
+ * step outgrows it). */
+void gm__gp_plan_park_chains(gp_plan *pl, uint64_t m, int64_t T);
+bool gm__gp_plan_park(gp_state *st, gp_plan *pl, gp_block *b);
+gp_block *gm__gp_plan_claim(gp_state *st, gp_plan *pl, gp_arena *a, uint64_t c, gm_devptr at, uint64_t units);
+void gm__gp_plan_unpark_all(gp_state *st, gp_plan *pl);
 
 /* Lay out the step [start - 2P, start - P) for the steps from pl->start on,
  * around the blocks live in arena a now (layout.c):
