@@ -72,7 +72,8 @@
  * allocation, counted in the pool of the arena it is mapped in (a chunk moved
  * to the other pool's arena moves its count and bytes). reserved_bytes =
  * physical bytes held. active counts blocks handed out. inactive_split counts
- * small blocks cached in size-class lists and free ranges of an arena other
+ * small blocks cached in size-class lists, blocks parked for the plan's next
+ * block (plan/park.c) and free ranges of an arena other
  * than its topmost one. gm_walk_segments reports, as torch's snapshot does
  * for expandable segments, one segment per maximal run of mapped granules in
  * an arena (total_size = mapped_size = the run's bytes; unmapped address
