@@ -38,32 +38,32 @@ static inline void gm__stat_pool_add(gm_stat arr[GM_POOL_COUNT], int pool, int64
     gm__stat_add(&arr[pool], delta);
 }
 /* The same for a delta whose sign the caller knows (v >= 0), without the
- * sign branch: hot paths (every malloc/free) use these. current <= peak
- * always holds (only these helpers and reset_peak write peak), so a
- * decrease never moves peak. */
-static inline void gm__stat_inc(gm_stat *s, int64_t v) {
+ * sign branch: hot paths (every malloc/free, about eight counters each)
+ * use these, always inlined: gcc made some of them calls of their own,
+ * 1.3% of the warm path's instructions (callgrind, bench_hotpath --loop;
+ * bench/RESULTS.md, "parking"). current <= peak always holds (only these
+ * helpers and reset_peak write peak), so a decrease never moves peak. */
+static inline __attribute__((always_inline)) void gm__stat_inc(gm_stat *s, int64_t v) {
     int64_t c = s->current + v;
     s->current = c;
     if (c > s->peak) s->peak = c; /* a branch, not a store each time: in a warm loop peaks stand (1 miss in 1300 on bench_hotpath --loop) */
     s->allocated += v;
 }
-static inline void gm__stat_dec(gm_stat *s, int64_t v) {
+static inline __attribute__((always_inline)) void gm__stat_dec(gm_stat *s, int64_t v) {
     s->current -= v;
     s->freed += v;
 }
-static inline void gm__stat_pool_inc(gm_stat arr[GM_POOL_COUNT], int pool, int64_t v) {
+static inline __attribute__((always_inline)) void gm__stat_pool_inc(gm_stat arr[GM_POOL_COUNT], int pool, int64_t v) {
     gm__stat_inc(&arr[GM_POOL_ALL], v);
     gm__stat_inc(&arr[pool], v);
 }
-static inline void gm__stat_pool_dec(gm_stat arr[GM_POOL_COUNT], int pool, int64_t v) {
+static inline __attribute__((always_inline)) void gm__stat_pool_dec(gm_stat arr[GM_POOL_COUNT], int pool, int64_t v) {
     gm__stat_dec(&arr[GM_POOL_ALL], v);
     gm__stat_dec(&arr[pool], v);
 }
 /* One block of `size` bytes entering / leaving a count-and-bytes pair of
  * stats (active / active_bytes, inactive_split / inactive_split_bytes,
- * allocation / allocated_bytes). Always inlined: gcc made it a call of
- * its own, and the call cost 0.5% of the warm path's instructions
- * (callgrind, bench_hotpath --loop; bench/RESULTS.md, "parking"). */
+ * allocation / allocated_bytes). */
 static inline __attribute__((always_inline)) void gm__stat_block_inc(gm_stat count[GM_POOL_COUNT], gm_stat bytes[GM_POOL_COUNT], int pool,
                                       uint64_t size) {
     gm__stat_pool_inc(count, pool, 1);
