@@ -475,13 +475,13 @@ static int va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
  * A planned block freed where the next planned block starts: it stays a
  * block at its address, off the bins and the address index, so its free
  * and the next malloc there touch them at most to move one free range's
- * end (the plan's warm path: plan/park.c). It counts as a cached block (inactive_split,
- * its granules live). It is the plan's: the usual placement does not see
- * it (a block placed there would be in the plan's way). It goes back into
- * the free ranges when a planned placement finds it in the way
- * (gm__gp_va_place_at), when the plan drops, and with everything cached
- * before memory is given back (gm__gp_unpark_all: OOM, empty_cache, the
- * plan's quiesce). */
+ * end (the plan's warm path: plan/park.c). It counts as a cached block
+ * (inactive_split, its granules live). It is the plan's: the usual
+ * placement does not see it (a block placed there would be in the plan's
+ * way). It goes back into the free ranges when a planned placement finds
+ * it in the way (gm__gp_va_place_at), when the plan drops, and with
+ * everything cached before memory is given back (gm__gp_unpark_all: OOM,
+ * empty_cache, the plan's quiesce). */
 
 void gm__gp_park(gp_state *st, gp_arena *a, gp_block *b, uint32_t slot) {
     b->state = GP_PARKED;
