@@ -57,8 +57,8 @@
 #define GP_AUTO_HEADROOM 1024
 #endif
 
-/* GP_PARKED: gpumem_plan:on, a freed block kept whole at its address for
- * the plan position that takes that very range next (plan.c, park) */
+/* GP_PARKED: gpumem_plan:on, a freed block kept at its address for the
+ * plan position that starts there next (plan/park.c) */
 enum { GP_FREE = 0, GP_USED = 1, GP_CACHED = 2, GP_PARKED = 3 };
 enum { GP_LIST_NONE = 0, GP_LIST_IDLE = 1, GP_LIST_LOOSE = 2 };
 

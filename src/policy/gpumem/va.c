@@ -229,6 +229,18 @@ static void link_after(gp_block *pos, gp_block *b) {
     pos->next = b;
 }
 
+/* Block struct tail made the free range [ptr, ptr+size) just above block
+ * pos (the bins and statistics; the address index is the caller's). */
+static void free_tail(gp_state *st, gp_arena *a, gp_block *pos, gp_block *tail, gm_devptr ptr, uint64_t size) {
+    tail->h.ptr = ptr;
+    tail->h.size = size;
+    tail->h.stream = a->stream;
+    tail->state = GP_FREE;
+    tail->arena = (uint16_t)a->index;
+    link_after(pos, tail);
+    free_insert(st, a, tail);
+}
+
 static void link_before(gp_arena *a, gp_block *pos, gp_block *b) {
     b->next = pos;
     b->prev = pos->prev;
@@ -430,15 +442,7 @@ static inline __attribute__((always_inline)) int carve(gp_state *st, gp_arena *a
     } else {
         b = r;
     }
-    if (back) {
-        tail->h.ptr = p + bytes;
-        tail->h.size = total - front - bytes;
-        tail->h.stream = a->stream;
-        tail->state = GP_FREE;
-        tail->arena = (uint16_t)a->index;
-        link_after(b, tail);
-        free_insert(st, a, tail);
-    }
+    if (back) free_tail(st, a, b, tail, p + bytes, total - front - bytes);
 used:
     b->h.ptr = p;
     b->h.size = bytes;
@@ -544,10 +548,7 @@ bool gm__gp_unpark_to(gp_state *st, gp_arena *a, gp_block *b, uint64_t bytes) {
     } else if (nf) { /* the tail joins the free range above */
         free_resize(st, a, n, end, n->h.size + size - bytes);
     } else {
-        *tail = (gp_block){.h = {.ptr = end, .size = size - bytes, .stream = a->stream}, .state = GP_FREE,
-                           .arena = (uint16_t)a->index};
-        link_after(b, tail);
-        free_insert(st, a, tail);
+        free_tail(st, a, b, tail, end, size - bytes);
         if (a->fidx) fidx_add(a, tail);
     }
     a->dirty = true;

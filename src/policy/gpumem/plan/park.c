@@ -16,24 +16,30 @@
 #define GP_PARK 1 /* 0: no parking (the A/B of bench/RESULTS.md, "parking") */
 #endif
 
-/* The chains: each planned position's next user of
- * its range, when that one starts at the same address (the same arena):
- * of the intervals laid out starting in the range, the first born after
- * this one dies (circularly, over the two steps). The block freed there
- * then waits for it, parked, and is cut down or grown to its size when it
- * comes (gm__gp_unpark_to). Starting elsewhere in the range, it would have
- * to be cut at both ends, and that measured slower than placing it
- * (bench/RESULTS.md, "parking"). Only intervals starting inside the range are looked
- * at (at most PL_PARK_SCAN): one starting below it that comes first is
- * caught when it is placed (gm__gp_va_place_at puts the parked block
- * back) and the plan drops that link (claim). Without memory for the
- * sort, no chains: every block is freed as before. */
+/* The chains: each planned position's next user of its range, when that
+ * one starts at the same address (the same arena): of the intervals laid
+ * out starting in the range, the first born after this one dies
+ * (circularly, over the two steps). The block freed there then waits for
+ * it, parked, and is cut down or grown to its size when it comes
+ * (gm__gp_unpark_to). Starting elsewhere in the range, it would have to
+ * be cut at both ends, and that measured slower than placing it
+ * (bench/RESULTS.md, "parking"). Only intervals starting inside the range
+ * are looked at (at most PL_PARK_SCAN): one starting below it that comes
+ * first is caught when it is placed (gm__gp_va_place_at puts the parked
+ * block back) and the plan drops that link (claim). Without memory for
+ * the sort, no chains: every block is freed as before. */
 #define PL_PARK_SCAN 256
 typedef struct pl_slotkey {
     uint64_t off, units;
     int64_t b, e;
     uint32_t k, where;
 } pl_slotkey;
+
+/* Operations from interval i's death to interval j's birth, circularly
+ * over the period of 2T (j may be i itself, two steps on). */
+static inline int64_t gap(const pl_slotkey *i, const pl_slotkey *j, int64_t T) {
+    return ((j->b - i->e) % (2 * T) + 2 * T) % (2 * T);
+}
 
 static int cmp_slotkey(const void *x, const void *y) {
     const pl_slotkey *a = x, *b = y;
@@ -57,12 +63,12 @@ void gm__gp_plan_park_chains(gp_plan *pl, uint64_t m, int64_t T) {
         uint64_t bj = i;
         for (uint64_t j = i, seen = 0; j < n && seen < PL_PARK_SCAN && v[j].where == v[i].where &&
                                        v[j].off < v[i].off + v[i].units; j++, seen++) {
-            int64_t d = ((v[j].b - v[i].e) % (2 * T) + 2 * T) % (2 * T); /* from its death to j's birth */
+            int64_t d = gap(&v[i], &v[j], T);
             if (d < best) best = d, bj = j;
         }
         /* the same start (a lower index of the same offset is a start too) */
         for (uint64_t j = i; j-- > 0 && v[j].where == v[i].where && v[j].off == v[i].off;) {
-            int64_t d = ((v[j].b - v[i].e) % (2 * T) + 2 * T) % (2 * T);
+            int64_t d = gap(&v[i], &v[j], T);
             if (d < best) best = d, bj = j;
         }
         if (v[bj].off == v[i].off) pl->park_to[v[i].k] = v[bj].k + 1;
