@@ -39,9 +39,17 @@ static inline uint64_t gm__ptrmap_home(const gm__ptrmap *m, gm_devptr key) {
     return ((key >> 9) * 0x9E3779B97F4A7C15ull) >> m->shift;
 }
 
+/* The table stays at most 1/PM_LOAD_DIV full. At 1/2, a probe's loop exit
+ * mispredicted often enough to cost more than its lines do: at 1/4 the warm
+ * path ran 5-12% faster, for 16 bytes a slot (bench/RESULTS.md, "pointer
+ * map"). */
+#ifndef PM_LOAD_DIV
+#define PM_LOAD_DIV 4
+#endif
+
 /* Make room for one more entry (the only call that may allocate). */
 static inline int gm__ptrmap_reserve(gm__ptrmap *m) {
-    if ((m->count + 1) * 2 <= m->mask + 1) return GM_OK; /* load <= 1/2 */
+    if ((m->count + 1) * PM_LOAD_DIV <= m->mask + 1) return GM_OK;
     return gm__ptrmap_grow(m);
 }
 
