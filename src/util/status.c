@@ -33,7 +33,12 @@ static _Thread_local char error_detail[GM__ERROR_DETAIL_MAX];
 
 const char *gm_last_error_detail(void) { return error_detail; }
 
-void gm__clear_error(void) { error_detail[0] = '\0'; }
+_Thread_local bool gm__error_set __attribute__((tls_model("initial-exec")));
+
+void gm__clear_error_now(void) {
+    error_detail[0] = '\0';
+    gm__error_set = false;
+}
 
 int gm__set_error(int status, const char *fmt, ...) {
     /* formatted apart first: an argument may point into error_detail */
@@ -43,6 +48,7 @@ int gm__set_error(int status, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     memcpy(error_detail, msg, strlen(msg) + 1);
+    gm__error_set = true;
     return status;
 }
 

@@ -31,7 +31,18 @@ static inline bool gm__realloc_array(void *arrp, size_t n, size_t elem) {
     memcpy(arrp, &nv, sizeof nv);
     return true;
 }
-void gm__clear_error(void);
+/* Empty the calling thread's detail; every API call starts with this, so it
+ * is inline and touches only a flag: in a shared library (libgpumem.so,
+ * libgpumem_torch.so, which torch dlopens) the detail's own thread-local
+ * array goes through __tls_get_addr, a call per access. The flag is
+ * initial-exec, one load off the thread pointer; one byte of the static
+ * TLS that glibc sets aside for dlopened libraries. It is true whenever
+ * the detail may be non-empty. */
+extern _Thread_local bool gm__error_set __attribute__((tls_model("initial-exec")));
+void gm__clear_error_now(void);
+static inline void gm__clear_error(void) {
+    if (__builtin_expect(gm__error_set, 0)) gm__clear_error_now();
+}
 /* For `check` ops: write the broken invariant into err; returns GM_ESTATE. */
 int gm__check_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
