@@ -33,11 +33,13 @@ static _Thread_local char error_detail[GM__ERROR_DETAIL_MAX];
 
 const char *gm_last_error_detail(void) { return error_detail; }
 
-_Thread_local bool gm__error_set __attribute__((tls_model("initial-exec")));
+/* threads whose error_detail is not empty (util.h, gm__clear_error) */
+int gm__errors_out;
 
 void gm__clear_error_now(void) {
+    if (!error_detail[0]) return;
     error_detail[0] = '\0';
-    gm__error_set = false;
+    __atomic_fetch_sub(&gm__errors_out, 1, __ATOMIC_RELAXED);
 }
 
 int gm__set_error(int status, const char *fmt, ...) {
@@ -47,8 +49,9 @@ int gm__set_error(int status, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    bool was_empty = !error_detail[0];
     memcpy(error_detail, msg, strlen(msg) + 1);
-    gm__error_set = true;
+    if (was_empty != !error_detail[0]) __atomic_fetch_add(&gm__errors_out, was_empty ? 1 : -1, __ATOMIC_RELAXED);
     return status;
 }
 

@@ -31,17 +31,19 @@ static inline bool gm__realloc_array(void *arrp, size_t n, size_t elem) {
     memcpy(arrp, &nv, sizeof nv);
     return true;
 }
-/* Empty the calling thread's detail; every API call starts with this, so it
- * is inline and touches only a flag: in a shared library (libgpumem.so,
- * libgpumem_torch.so, which torch dlopens) the detail's own thread-local
- * array goes through __tls_get_addr, a call per access. The flag is
- * initial-exec, one load off the thread pointer; one byte of the static
- * TLS that glibc sets aside for dlopened libraries. It is true whenever
- * the detail may be non-empty. */
-extern _Thread_local bool gm__error_set __attribute__((tls_model("initial-exec")));
+/* Empty the calling thread's detail. Every API call starts with this, so
+ * the common case touches no thread-local storage: in a shared library
+ * (libgpumem.so; libgpumem_torch.so, which torch dlopens) that goes through
+ * __tls_get_addr, a call per operation, and the initial-exec model, which
+ * avoids it, made torch's dlopen fail ("cannot allocate memory in static
+ * TLS block") once CUDA's libraries had taken the static TLS. Instead a
+ * global counts the threads whose detail is not empty: only while some
+ * thread has one does a call look at its own. A thread sees its own
+ * increments, so it never skips a detail it left. */
+extern int gm__errors_out;
 void gm__clear_error_now(void);
 static inline void gm__clear_error(void) {
-    if (__builtin_expect(gm__error_set, 0)) gm__clear_error_now();
+    if (__builtin_expect(__atomic_load_n(&gm__errors_out, __ATOMIC_RELAXED) != 0, 0)) gm__clear_error_now();
 }
 /* For `check` ops: write the broken invariant into err; returns GM_ESTATE. */
 int gm__check_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
