@@ -9,6 +9,8 @@
 
 #include "gm_test.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 static void test_stats_size(void **state) {
@@ -66,6 +68,48 @@ static void test_error_cleared_on_success(void **state) {
     gm_test_destroy(b, a);
 }
 
+/* Details are per thread: another thread's failure and success leave this
+ * one's as it was, and that thread's own success clears its own while this
+ * one still holds a detail (util.h: the library counts the threads that
+ * hold one). */
+typedef struct detail_arg {
+    gm_allocator *a;
+    bool failed_had_detail, success_left_none;
+} detail_arg;
+
+static void *detail_thread(void *v) {
+    detail_arg *t = v;
+    gm_devptr p;
+    t->failed_had_detail = gm_free(t->a, 777) == GM_EFOREIGN && gm_last_error_detail()[0] != '\0';
+    t->success_left_none = gm_malloc(t->a, 0, 4096, 0, &p) == GM_OK && gm_last_error_detail()[0] == '\0' &&
+                           gm_free(t->a, p) == GM_OK;
+    return NULL;
+}
+
+static void test_error_detail_per_thread(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    assert_int_equal(gm_test_make(GM_POLICY_GPUMEM, NULL, 1ull << 30, false, &b, &a), GM_OK);
+    assert_int_equal(gm_free(a, 12345), GM_EFOREIGN); /* this thread holds a detail */
+    char mine[256];
+    snprintf(mine, sizeof mine, "%s", gm_last_error_detail());
+    assert_true(mine[0] != '\0');
+    for (int round = 0; round < 2; round++) {
+        detail_arg t = {.a = a};
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, detail_thread, &t), 0);
+        assert_int_equal(pthread_join(th, NULL), 0);
+        assert_true(t.failed_had_detail);
+        assert_true(t.success_left_none);
+        assert_string_equal(gm_last_error_detail(), mine); /* untouched by the other thread */
+    }
+    gm_devptr p;
+    assert_int_equal(gm_malloc(a, 0, 4096, 0, &p), GM_OK);
+    assert_string_equal(gm_last_error_detail(), "");
+    assert_int_equal(gm_free(a, p), GM_OK);
+    gm_test_destroy(b, a);
+}
+
 /* The OOM text names the policy in use and never advises switching to it. */
 static void test_oom_names_policy(void **state) {
     for (int k = 0; k < 2; k++) {
@@ -117,6 +161,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stats_size),
         cmocka_unit_test(test_error_cleared_on_success),
+        cmocka_unit_test(test_error_detail_per_thread),
         cmocka_unit_test(test_oom_names_policy),
         cmocka_unit_test(test_oom_categories),
     };
