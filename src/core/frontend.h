@@ -39,10 +39,9 @@ static inline uint64_t gm__ptrmap_home(const gm__ptrmap *m, gm_devptr key) {
     return ((key >> 9) * 0x9E3779B97F4A7C15ull) >> m->shift;
 }
 
-/* The table stays at most 1/PM_LOAD_DIV full. At 1/2, a probe's loop exit
- * mispredicted often enough to cost more than its lines do: at 1/4 the warm
- * path ran 5-12% faster, for 16 bytes a slot (bench/RESULTS.md, "pointer
- * map"). */
+/* The table stays at most 1/PM_LOAD_DIV full: at 1/2, the probe loops'
+ * exits mispredicted often enough to cost more than the larger table's
+ * cache lines do (bench/RESULTS.md, "the pointer map", has the figures). */
 #ifndef PM_LOAD_DIV
 #define PM_LOAD_DIV 4
 #endif

@@ -39,11 +39,11 @@ static inline void gm__stat_pool_add(gm_stat arr[GM_POOL_COUNT], int pool, int64
 }
 /* The same for a delta whose sign the caller knows (v >= 0), without the
  * sign branch: hot paths (every malloc/free, about eight counters each)
- * use these, always inlined: gcc made some of them calls of their own,
- * 1.3% of the warm path's instructions, and the peak test misses one
- * branch in 1300 (callgrind, bench_hotpath --loop; bench/RESULTS.md,
- * "parking"). current <= peak always holds (only these
- * helpers and reset_peak write peak), so a decrease never moves peak. */
+ * use these, always inlined (gcc made some of them calls of their own),
+ * and the peak is tested before it is stored, as peaks stand in a warm
+ * loop (bench/RESULTS.md, "parking", has the figures). current <= peak
+ * always holds (only these helpers and reset_peak write peak), so a
+ * decrease never moves peak. */
 static inline __attribute__((always_inline)) void gm__stat_inc(gm_stat *s, int64_t v) {
     int64_t c = s->current + v;
     s->current = c;

@@ -39,7 +39,9 @@ static inline bool gm__realloc_array(void *arrp, size_t n, size_t elem) {
  * TLS block") once CUDA's libraries had taken the static TLS. Instead a
  * global counts the threads whose detail is not empty: only while some
  * thread has one does a call look at its own. A thread sees its own
- * increments, so it never skips a detail it left. */
+ * increments, so it never skips a detail it left. A thread that exits
+ * holding a detail keeps the count up: every call then looks, which is
+ * what every call did before, never wrong. */
 extern int gm__errors_out;
 void gm__clear_error_now(void);
 static inline void gm__clear_error(void) {
