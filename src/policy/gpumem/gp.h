@@ -103,6 +103,7 @@ typedef struct gp_arena {
     uint64_t qmap[GP_QWORDS]; /* non-empty quick lists, so a flush visits only those */
     uint64_t ncached;
     gp_block *parked; /* GP_PARKED blocks (va.c, gm__gp_park), linked by fprev/fnext */
+    gp_block sink;    /* takes the list links' stores that have no neighbour to go to (va.c, LINK_SET) */
     uint64_t nparked;
     bool dirty;       /* a block was freed since the stream was last synced */
     gp_block *bins[GP_NBINS];

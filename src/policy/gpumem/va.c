@@ -29,26 +29,33 @@ unsigned gm__gp_bin_of(uint64_t u) {
     return b < GP_NBINS ? b : GP_NBINS - 1;
 }
 
+/* The links of the arena's lists (address order, bins, parked) without
+ * branches on whether a neighbour exists, which on the warm path is a coin
+ * toss: such branches were an eighth of bert_varlen's mispredictions
+ * (callgrind; bench/RESULTS.md, "branchless lists"). LINK_SET: x->field =
+ * v, into the arena's sink when x is NULL. PREV_SET: p->field = v, or the
+ * list's head when p is NULL. Both are selects of an address. */
+#define LINK_SET(a, x, field, v) (((x) ? (x) : &(a)->sink)->field = (v))
+#define PREV_SET(p, field, head, v) (*((p) ? &(p)->field : &(head)) = (v))
+
 void gm__gp_bin_insert(gp_arena *a, gp_block *b) {
     unsigned bin = gm__gp_bin_of(b->h.size >> GP_ALIGN_SHIFT);
     b->bin = bin;
     b->fprev = NULL;
     b->fnext = a->bins[bin];
-    if (b->fnext) b->fnext->fprev = b;
+    LINK_SET(a, b->fnext, fprev, b);
     a->bins[bin] = b;
     a->bitmap[bin >> 6] |= (uint64_t)1 << (bin & 63);
     a->summary |= (uint64_t)1 << (bin >> 6);
 }
 
 void gm__gp_bin_remove(gp_arena *a, gp_block *b) {
-    if (b->fprev) b->fprev->fnext = b->fnext;
-    else a->bins[b->bin] = b->fnext;
-    if (b->fnext) b->fnext->fprev = b->fprev;
+    PREV_SET(b->fprev, fnext, a->bins[b->bin], b->fnext);
+    LINK_SET(a, b->fnext, fprev, b->fprev);
     b->fprev = b->fnext = NULL;
-    if (!a->bins[b->bin]) {
-        a->bitmap[b->bin >> 6] &= ~((uint64_t)1 << (b->bin & 63));
-        if (!a->bitmap[b->bin >> 6]) a->summary &= ~((uint64_t)1 << (b->bin >> 6));
-    }
+    unsigned w = b->bin >> 6; /* the bin's bit, and its word's, cleared if it is empty now */
+    a->bitmap[w] &= ~((uint64_t)(a->bins[b->bin] == NULL) << (b->bin & 63));
+    a->summary &= ~((uint64_t)(a->bitmap[w] == 0) << w);
 }
 
 /* b, in its bin, to the bin's head, where gm__gp_bin_insert puts a range:
@@ -56,7 +63,7 @@ void gm__gp_bin_remove(gp_arena *a, gp_block *b) {
 static inline void bin_to_head(gp_arena *a, gp_block *b) {
     if (!b->fprev) return;
     b->fprev->fnext = b->fnext;
-    if (b->fnext) b->fnext->fprev = b->fprev;
+    LINK_SET(a, b->fnext, fprev, b->fprev);
     b->fprev = NULL;
     b->fnext = a->bins[b->bin];
     a->bins[b->bin]->fprev = b;
@@ -222,10 +229,10 @@ static void free_resize(gp_state *st, gp_arena *a, gp_block *r, gm_devptr ptr, u
     split_count(st, a, r);
 }
 
-static void link_after(gp_block *pos, gp_block *b) {
+static void link_after(gp_arena *a, gp_block *pos, gp_block *b) {
     b->prev = pos;
     b->next = pos->next;
-    if (pos->next) pos->next->prev = b;
+    LINK_SET(a, pos->next, prev, b);
     pos->next = b;
 }
 
@@ -237,22 +244,20 @@ static void free_tail(gp_state *st, gp_arena *a, gp_block *pos, gp_block *tail, 
     tail->h.stream = a->stream;
     tail->state = GP_FREE;
     tail->arena = (uint16_t)a->index;
-    link_after(pos, tail);
+    link_after(a, pos, tail);
     free_insert(st, a, tail);
 }
 
 static void link_before(gp_arena *a, gp_block *pos, gp_block *b) {
     b->next = pos;
     b->prev = pos->prev;
-    if (pos->prev) pos->prev->next = b;
-    else a->head = b;
+    PREV_SET(pos->prev, next, a->head, b);
     pos->prev = b;
 }
 
 static void unlink_block(gp_arena *a, gp_block *b) {
-    if (b->prev) b->prev->next = b->next;
-    else a->head = b->next;
-    if (b->next) b->next->prev = b->prev;
+    PREV_SET(b->prev, next, a->head, b->next);
+    LINK_SET(a, b->next, prev, b->prev);
 }
 
 int gm__gp_arena_init_va(gp_state *st, gp_arena *a) {
@@ -437,7 +442,7 @@ static inline __attribute__((always_inline)) int carve(gp_state *st, gp_arena *a
     uint64_t total = r->h.size;
     if (front) {
         r->h.size = front;
-        link_after(r, b);
+        link_after(a, r, b);
         free_insert(st, a, r);
     } else {
         b = r;
@@ -492,7 +497,7 @@ void gm__gp_park(gp_state *st, gp_arena *a, gp_block *b, uint32_t slot) {
     b->slot = (uint16_t)slot;
     b->fprev = NULL;
     b->fnext = a->parked;
-    if (a->parked) a->parked->fprev = b;
+    LINK_SET(a, a->parked, fprev, b);
     a->parked = b;
     a->nparked++;
     a->dirty = true;
@@ -500,9 +505,8 @@ void gm__gp_park(gp_state *st, gp_arena *a, gp_block *b, uint32_t slot) {
 }
 
 void gm__gp_unpark(gp_state *st, gp_arena *a, gp_block *b, bool release) {
-    if (b->fprev) b->fprev->fnext = b->fnext;
-    else a->parked = b->fnext;
-    if (b->fnext) b->fnext->fprev = b->fprev;
+    PREV_SET(b->fprev, fnext, a->parked, b->fnext);
+    LINK_SET(a, b->fnext, fprev, b->fprev);
     b->fprev = b->fnext = NULL;
     a->nparked--;
     gm__gp_cached_dec(st, b);
