@@ -564,6 +564,43 @@ static void plan_varlen(void **state) {
     varlen_close_within(&c, weights);
 }
 
+/* Under an elastic plan, a placement that needs mapping first flushes the
+ * size classes of the cache no malloc took from since the last flush: a
+ * class hit in every step keeps its blocks (it missed once more after each
+ * full flush: bench/RESULTS.md, "stale flush"); then everything goes. */
+static void plan_varlen_stale_flush(void **state) {
+    (void)state;
+    ctx c = {0};
+    tstep t, v;
+    wl_rng r;
+    gm_devptr weights = varlen_open(&c, &t, &r, 41, 96 * MIB);
+    gp_state *st = c.al->devices[0]->pstate;
+    for (int s = 0; s < 16; s++) {
+        scale_step(&v, &t, 64 + (unsigned)wl_below(&r, LMAX * 3 / 4 - 64));
+        run_step(&c, &v, 0);
+    }
+    assert_true(st->stale_first); /* an elastic plan serves */
+    gp_arena *a;
+    assert_int_equal(gm__gp_arena_of(st, 0, GM_POOL_SMALL, &a), GM_OK);
+    gm__gp_flush_quick(st);
+    enum { HOT = 24, NSTALE = 5 }; /* in 512-byte units */
+    gm_devptr p = alloc(&c, HOT * 512, 0);
+    release(&c, p);                                  /* cached ... */
+    release(&c, alloc(&c, HOT * 512, 0));            /* ... and taken again: hot */
+    for (int k = 0; k < NSTALE; k++) release(&c, alloc(&c, (HOT + 1 + k) * 512, 0)); /* cached, never taken */
+    assert_non_null(a->quick[HOT]);
+    assert_int_equal(gm__gp_flush_stale(st), NSTALE);
+    check(&c);
+    assert_non_null(a->quick[HOT]);
+    for (int k = 0; k < NSTALE; k++) assert_null(a->quick[HOT + 1 + k]);
+    assert_int_equal(gm__gp_flush_stale(st), 1); /* not taken since that flush: stale now */
+    assert_null(a->quick[HOT]);
+    release(&c, alloc(&c, HOT * 512, 0));
+    assert_int_equal(gm__gp_flush_quick(st), 1); /* a full flush takes the hot ones too */
+    check(&c);
+    varlen_close_within(&c, weights);
+}
+
 /* Device calls of one kind so far. */
 static uint64_t calls_of(ctx *c, int kind) {
     uint64_t n = 0, count[GM_SIM_SIZE_BUCKETS], bytes[GM_SIM_SIZE_BUCKETS];
@@ -675,6 +712,7 @@ int main(void) {
         cmocka_unit_test(plan_parity),
         cmocka_unit_test(plan_step_marks),
         cmocka_unit_test(plan_varlen),
+        cmocka_unit_test(plan_varlen_stale_flush),
         cmocka_unit_test(plan_varlen_growing),
         cmocka_unit_test(plan_varlen_foreseen),
         cmocka_unit_test(plan_varlen_growing_foreseen),

@@ -101,6 +101,8 @@ typedef struct gp_arena {
     gp_block *head;   /* first block in address order (VMM only) */
     gp_block *quick[GP_SMALL_UNITS + 1]; /* freed small blocks by units */
     uint64_t qmap[GP_QWORDS]; /* non-empty quick lists, so a flush visits only those */
+    uint32_t qflushes;        /* flushes of the quick lists so far */
+    uint32_t qgen[GP_SMALL_UNITS + 1]; /* qflushes when quick[u] last served a malloc */
     uint64_t ncached;
     gp_block *parked; /* GP_PARKED blocks (va.c, gm__gp_park), linked by fprev/fnext */
     gp_block sink;    /* takes the list links' stores that have no neighbour to go to (va.c, LINK_SET) */
@@ -136,6 +138,8 @@ typedef struct gp_state {
     bool steal_high;           /* gpumem_plan, a step growing past an elastic plan: an idle chunk moved
                                 * is the highest of the arena placed in, not the one idle longest
                                 * (fewer moves, measured: bench/gpumem_policy_tradeoff.md) */
+    bool stale_first;          /* gpumem_plan, an elastic plan serves: a placement that needs mapping
+                                * flushes the stale size classes before all (va.c, flush) */
     bool autoslack;            /* gpumem_slack:auto with a plan: may be tight again (gm__gp_tighten) */
     bool runs;                 /* gpumem_chunks:run at slack inf: one chunk per run of unmapped granules */
     bool autoc;                /* gpumem_chunks:auto at slack inf (runs is set too) */

@@ -335,6 +335,7 @@ static void drop(gp_state *st) {
     if (pl->ma) (void)gm__gp_va_index(pl->ma, false);
     pl->ra = pl->ma = NULL;
     pl->state = PL_NONE;
+    st->stale_first = false;
     pl->cand = pl->run = 0;
     detect_catch_up(pl);
     pl->grew = pl->growing = false;
@@ -459,6 +460,7 @@ static void activate(gp_state *st) {
     pl->ra = ra;
     pl->ma = a;
     pl->state = PL_ACTIVE;
+    st->stale_first = pl->elastic;
     memset(pl->parked, 0, 2 * pl->P * sizeof *pl->parked);
     pl->cur = pl->dev_step = 0;
     pl->settled = pl->grew = pl->growing = false;
