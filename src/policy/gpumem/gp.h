@@ -66,7 +66,11 @@ typedef struct gp_block {
     gm__block_hdr h;              /* must be first: the front end sees this */
     struct gp_block *prev, *next; /* address order inside the arena */
     struct gp_block *fprev, *fnext; /* bin list, size-class list or pool */
-    uint16_t bin;       /* free ranges: gm__gp_bin_of(units) */
+    union {
+        uint16_t bin;   /* free ranges: gm__gp_bin_of(units) */
+        uint16_t born;  /* gpumem_plan:on, used blocks: 1 + the frees just before its
+                         * allocation, at most 9 (its pl_rec's sig0 is mix(born, stream)) */
+    };
     uint16_t slot;      /* gpumem_plan:on: 1 + the plan position a used block was served at,
                          * or a parked block waits for; 0: none (2 steps < 2^16 positions) */
     uint8_t state;      /* GP_FREE / GP_USED / GP_CACHED / GP_PARKED */

@@ -301,10 +301,12 @@ static void detect_elastic(gp_plan *pl, uint64_t p) {
 /* An allocation's signatures now (pl_rec): from its stream and the frees since the last one. */
 typedef struct sigs {
     uint64_t s0, sig;
+    uint16_t born; /* s0 = mix(born, stream); kept in the block (gp_block.born) */
 } sigs;
 static inline sigs cur_sigs(const gp_plan *pl, gm_stream stream) {
-    uint64_t s0 = mix((pl->nfree < 8 ? pl->nfree : 8) + 1, stream);
-    return (sigs){s0, mix(pl->fsig ^ s0, stream)};
+    uint16_t born = (uint16_t)((pl->nfree < 8 ? pl->nfree : 8) + 1);
+    uint64_t s0 = mix(born, stream);
+    return (sigs){s0, mix(pl->fsig ^ s0, stream), born};
 }
 
 /* s: cur_sigs() before this allocation, worked out once by the caller */
@@ -705,6 +707,7 @@ int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream,
     int rc = serve(st, units, pool, stream, s.sig, out);
     if (rc == 1) {
         (*out)->serial = pl->n;
+        (*out)->born = s.born;
         note_alloc(pl, units, stream, s);
     }
     return rc;
@@ -714,7 +717,9 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
     gp_plan *pl = st->plan;
     b->serial = pl->n;
     gm_stream stream = st->arenas[b->arena]->stream;
-    note_alloc(pl, b->h.size >> GP_ALIGN_SHIFT, stream, cur_sigs(pl, stream));
+    sigs s = cur_sigs(pl, stream);
+    b->born = s.born;
+    note_alloc(pl, b->h.size >> GP_ALIGN_SHIFT, stream, s);
     /* gpumem_slack:auto and no plan serves yet: warming up tight costs
      * device calls in every step, so it ends when the detector gives up or
      * after PL_WARM allocations, whichever comes first. The idle chunks are
@@ -732,8 +737,11 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
 bool gm__gp_plan_free(gp_state *st, gp_block *b) {
     gp_plan *pl = st->plan;
     pl->live -= b->h.size >> GP_ALIGN_SHIFT;
-    uint64_t s0 = 1; /* what the freed block's allocation looked like, whatever its size */
-    if (b->serial < pl->n && pl->n - b->serial <= PL_HIST) rec(pl, b->serial)->death = pl->op, s0 = rec(pl, b->serial)->sig0;
+    /* what the freed block's allocation looked like, whatever its size: its
+     * record's sig0, worked out from the block, whose header is in the cache
+     * already (the record's line is written, not read) */
+    uint64_t s0 = 1;
+    if (b->serial < pl->n && pl->n - b->serial <= PL_HIST) rec(pl, b->serial)->death = pl->op, s0 = mix(b->born, b->h.stream);
     pl->fsig = rotl64(pl->fsig, 5) ^ s0 * 0x9e3779b97f4a7c15ull;
     pl->nfree++;
     pl->op++;
@@ -773,11 +781,17 @@ int gm__gp_plan_layout(const gp_state *st) {
 }
 
 /* Only the active plan's arenas have a free-range index, and it lists
- * exactly that arena's free ranges in address order. */
+ * exactly that arena's free ranges in address order. A used block still in
+ * the history tells its record's sig0 (gm__gp_plan_free relies on it). */
 int gm__gp_plan_check(gp_state *st, char *err, size_t errlen) {
     gp_plan *pl = st->plan;
     for (uint32_t k = 0; k < st->narenas; k++) {
         const gp_arena *a = st->arenas[k];
+        for (const gp_block *b = pl ? a->head : NULL; b; b = b->next)
+            if (b->state == GP_USED && b->serial < pl->n && pl->n - b->serial <= PL_HIST &&
+                mix(b->born, b->h.stream) != rec(pl, b->serial)->sig0)
+                return gm__check_fail(err, errlen, "plan: block 0x%llx's signature differs from its record's",
+                                      (unsigned long long)b->h.ptr);
         if (!a->fidx) continue;
         if (!pl || pl->state != PL_ACTIVE || (pl->ra != a && pl->ma != a))
             return gm__check_fail(err, errlen, "arena %d has a free-range index but no active plan", a->index);
