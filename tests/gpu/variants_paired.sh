@@ -8,6 +8,11 @@
 #   VARIANTS='base=;spin=-DGM_LOCK_KIND=2' ROUNDS=2 OUT=... \
 #     bash tests/gpu/variants_paired.sh TRACES_DIR
 #
+# A variant whose flags are @DIR is built from the source tree in DIR
+# instead (another commit, against this one, in the same run):
+#   git archive OLD | tar -x -C ab_old    # here: an untracked folder travels
+#   VARIANTS='old=@ab_old;new=' ... bash tests/gpu/variants_paired.sh ...
+#
 # Each variant gets its own build (library + replay bench); the traces are
 # converted once. Rounds visit the traces in turn and, per trace, every
 # variant in a rotated order. Prints one line per (variant, trace, round) and
@@ -30,13 +35,14 @@ date -u; git log --oneline -1; lscpu | grep -E 'Model name|^CPU\(s\)'
 IFS=';' read -ra VS <<<"$VARIANTS"
 names=()
 for v in "${VS[@]}"; do
-  name=${v%%=*} flags=${v#*=}
+  name=${v%%=*} flags=${v#*=} tree=.
+  [ "${flags#@}" != "$flags" ] && tree=${flags#@} flags=
   b=$WORK/$name
   mkdir -p "$b"
-  { cmake -S . -B "$b" -DCMAKE_BUILD_TYPE=Release -DGPUMEM_SANITIZE=OFF "-DCMAKE_C_FLAGS=$flags" &&
+  { cmake -S "$tree" -B "$b" -DCMAKE_BUILD_TYPE=Release -DGPUMEM_SANITIZE=OFF "-DCMAKE_C_FLAGS=$flags" &&
     cmake --build "$b" -j"$(nproc)" --target gpumem; } >"$b/cmake.log" 2>&1 ||
     { echo "variant $name: build FAILED"; tail -20 "$b/cmake.log"; continue; }
-  bash tests/gpu/build_ext.sh "$b" | grep gpu_replay_bench
+  bash "$tree/tests/gpu/build_ext.sh" "$b" | grep gpu_replay_bench
   [ -x "$b/gpu_replay_bench" ] && names+=("$name")
 done
 for t in "$TRACES"/*.pickle.gz; do
