@@ -525,6 +525,15 @@ static void varlen_close_within(ctx *c, gm_devptr weights) {
     varlen_close(c, weights);
 }
 
+/* 16 steps of lengths up to 3/4 of LMAX; step `missing` (-1: none) misses an allocation. */
+static void varlen_steps(ctx *c, const tstep *t, wl_rng *r, int missing) {
+    tstep v;
+    for (int s = 0; s < 16; s++) {
+        scale_step(&v, t, 64 + (unsigned)wl_below(r, LMAX * 3 / 4 - 64));
+        run_step(c, &v, s == missing ? 3 : 0);
+    }
+}
+
 static void plan_varlen(void **state) {
     (void)state;
     ctx c = {0};
@@ -533,11 +542,7 @@ static void plan_varlen(void **state) {
     gm_devptr weights = varlen_open(&c, &t, &r, 41, 96 * MIB);
     t.death[3] = NSTEP + 2; /* alive across the step boundary */
     gp_state *st = c.al->devices[0]->pstate;
-    /* lengths up to 3/4 of LMAX, one step missing an allocation */
-    for (int s = 0; s < 16; s++) {
-        scale_step(&v, &t, 64 + (unsigned)wl_below(&r, LMAX * 3 / 4 - 64));
-        run_step(&c, &v, s == 12 ? 3 : 0);
-    }
+    varlen_steps(&c, &t, &r, 12); /* one step missing an allocation */
     assert_true(served(&c) > 0); /* no two steps alike, yet served */
     assert_int_equal(gm__gp_plan_layout(st), 'B');
     scale_step(&v, &t, LMAX); /* the longest: laid out again at its end */
@@ -571,14 +576,11 @@ static void plan_varlen(void **state) {
 static void plan_varlen_stale_flush(void **state) {
     (void)state;
     ctx c = {0};
-    tstep t, v;
+    tstep t;
     wl_rng r;
     gm_devptr weights = varlen_open(&c, &t, &r, 41, 96 * MIB);
     gp_state *st = c.al->devices[0]->pstate;
-    for (int s = 0; s < 16; s++) {
-        scale_step(&v, &t, 64 + (unsigned)wl_below(&r, LMAX * 3 / 4 - 64));
-        run_step(&c, &v, 0);
-    }
+    varlen_steps(&c, &t, &r, -1);
     assert_true(st->stale_first); /* an elastic plan serves */
     gp_arena *a;
     assert_int_equal(gm__gp_arena_of(st, 0, GM_POOL_SMALL, &a), GM_OK);
