@@ -10,7 +10,8 @@
  *                       layout.c lays one out, park.c keeps a
  *                       freed block for the next planned one,
  *                       foresee.c sizes a longer step before
- *                       it runs                              (plan/plan.h)
+ *                       it runs, plan_check.c its counters
+ *                       and check                            (plan/plan.h)
  *   arena.c             per-stream arenas                    (gp_place.h)
  *   va.c, plain.c       placement: free-range index with VMM, plain
  *                       device allocations without           (gp_place.h)

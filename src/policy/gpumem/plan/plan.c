@@ -180,11 +180,6 @@ static void make_plan(gp_plan *pl, uint64_t p, uint64_t P, bool elastic) {
 
 static inline uint64_t rotl64(uint64_t x, unsigned r) { return (x << r) | (x >> (64 - r)); }
 
-static inline uint64_t mix(uint64_t units, gm_stream stream) {
-    uint64_t x = units * 0xff51afd7ed558ccdull ^ ((uint64_t)stream + 1) * 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 31);
-}
-
 /* A cyclic polynomial (buzhash) over the window of the last PL_W tokens
  * (token in enters at p, out leaves), O(1) per allocation: the allocation
  * number + 1 at which the same window was last seen in tab (0: never). */
@@ -770,40 +765,4 @@ void gm__gp_plan_step(gp_state *st) {
     pl->start = pl->n;
     pl->state = PL_PENDING;
     PLOG("marked steps of %llu alike: plan from %llu\n", (unsigned long long)P, (unsigned long long)pl->start);
-}
-
-uint64_t gm__gp_plan_served(const gp_state *st) { return st->plan ? st->plan->served : 0; }
-uint64_t gm__gp_plan_claimed(const gp_state *st) { return st->plan ? st->plan->claimed : 0; }
-
-int gm__gp_plan_layout(const gp_state *st) {
-    const gp_plan *pl = st->plan;
-    return pl && pl->state == PL_ACTIVE ? (pl->rebase ? 'B' : 'A') : 0;
-}
-
-/* Only the active plan's arenas have a free-range index, and it lists
- * exactly that arena's free ranges in address order. A used block still in
- * the history tells its record's sig0 (gm__gp_plan_free relies on it). */
-int gm__gp_plan_check(gp_state *st, char *err, size_t errlen) {
-    gp_plan *pl = st->plan;
-    for (uint32_t k = 0; k < st->narenas; k++) {
-        const gp_arena *a = st->arenas[k];
-        for (const gp_block *b = pl ? a->head : NULL; b; b = b->next)
-            if (b->state == GP_USED && b->serial < pl->n && pl->n - b->serial <= PL_HIST &&
-                mix(b->born, b->h.stream) != rec(pl, b->serial)->sig0)
-                return gm__check_fail(err, errlen, "plan: block 0x%llx's signature differs from its record's",
-                                      (unsigned long long)b->h.ptr);
-        if (!a->fidx) continue;
-        if (!pl || pl->state != PL_ACTIVE || (pl->ra != a && pl->ma != a))
-            return gm__check_fail(err, errlen, "arena %d has a free-range index but no active plan", a->index);
-        uint64_t i = 0;
-        for (const gp_block *b = a->head; b; b = b->next) {
-            if (b->state != GP_FREE) continue;
-            if (i >= a->nfidx || a->fidx[i] != b)
-                return gm__check_fail(err, errlen, "plan: free range 0x%llx missing from the index at %llu",
-                                      (unsigned long long)b->h.ptr, (unsigned long long)i);
-            i++;
-        }
-        if (i != a->nfidx) return gm__check_fail(err, errlen, "plan: index holds %llu ranges, the arena %llu", (unsigned long long)a->nfidx, (unsigned long long)i);
-    }
-    return GM_OK;
 }

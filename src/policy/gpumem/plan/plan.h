@@ -20,6 +20,7 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b);
 bool gm__gp_plan_free(gp_state *st, gp_block *b);
 /* A step boundary marked by the program (gm_step_mark). */
 void gm__gp_plan_step(gp_state *st);
+/* plan_check.c */
 uint64_t gm__gp_plan_served(const gp_state *st); /* allocations served from a plan so far */
 uint64_t gm__gp_plan_claimed(const gp_state *st); /* of those, served from a parked block (park.c) */
 /* The active plan's layout: 'A' (around the live blocks), 'B' (own arena), 0 none. */

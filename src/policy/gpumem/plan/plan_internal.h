@@ -106,6 +106,12 @@ typedef struct gp_plan {
 
 static inline pl_rec *rec(const gp_plan *pl, uint64_t i) { return &pl->hist[i & (PL_HIST - 1)]; }
 
+/* An allocation's size (or a count) and stream hashed (the signatures). */
+static inline uint64_t mix(uint64_t units, gm_stream stream) {
+    uint64_t x = units * 0xff51afd7ed558ccdull ^ ((uint64_t)stream + 1) * 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 31);
+}
+
 /* The arena position c is served from. */
 static inline gp_arena *gm__gp_plan_arena(const gp_plan *pl, uint64_t c) {
     return pl->rebase && !pl->inmain[c] ? pl->ra : pl->ma;
