@@ -304,9 +304,13 @@ static inline sigs cur_sigs(const gp_plan *pl, gm_stream stream) {
     return (sigs){s0, mix(pl->fsig ^ s0, stream), born};
 }
 
-/* s: cur_sigs() before this allocation, worked out once by the caller */
-static void note_alloc(gp_plan *pl, uint64_t units, gm_stream stream, sigs s) {
+/* Block b allocated: its record, and in the block what the plan reads back
+ * at its free (serial, born). s: cur_sigs() before this allocation, worked
+ * out once by the caller. */
+static void note_alloc(gp_plan *pl, gp_block *b, uint64_t units, gm_stream stream, sigs s) {
     uint64_t p = pl->n++;
+    b->serial = p;
+    b->born = s.born;
     *rec(pl, p) = (pl_rec){units, stream, pl->op++, -1, pl->live, s.s0, s.sig};
     pl->fsig = pl->nfree = 0;
     pl->live += units;
@@ -700,21 +704,14 @@ int gm__gp_plan_malloc(gp_state *st, uint64_t units, int pool, gm_stream stream,
     if (pl->state == PL_ACTIVE && pl->elastic && pl->rebase && step_start(pl)) foresee(st, units, stream, s.sig);
     if (pl->state != PL_ACTIVE) return 0;
     int rc = serve(st, units, pool, stream, s.sig, out);
-    if (rc == 1) {
-        (*out)->serial = pl->n;
-        (*out)->born = s.born;
-        note_alloc(pl, units, stream, s);
-    }
+    if (rc == 1) note_alloc(pl, *out, units, stream, s);
     return rc;
 }
 
 void gm__gp_plan_placed(gp_state *st, gp_block *b) {
     gp_plan *pl = st->plan;
-    b->serial = pl->n;
     gm_stream stream = st->arenas[b->arena]->stream;
-    sigs s = cur_sigs(pl, stream);
-    b->born = s.born;
-    note_alloc(pl, b->h.size >> GP_ALIGN_SHIFT, stream, s);
+    note_alloc(pl, b, b->h.size >> GP_ALIGN_SHIFT, stream, cur_sigs(pl, stream));
     /* gpumem_slack:auto and no plan serves yet: warming up tight costs
      * device calls in every step, so it ends when the detector gives up or
      * after PL_WARM allocations, whichever comes first. The idle chunks are
