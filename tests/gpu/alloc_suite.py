@@ -45,6 +45,9 @@ sys.path.insert(0, HERE)
 import gpumem_path  # noqa: E402,F401  (the installed gpumem, with its shim, when there is one)
 
 JOBS = ["gpt2_hf", "resnet50_amp", "llama_ckpt", "bert_varlen", "gpt2_generate"]
+# issue 41: the kinds of job a user brings; HELD_OUT are never used to tune the policy
+JOBS_USER = ["lora_varlen", "serve_generate", "train_eval", "compile_train", "cnn_varsize"]
+HELD_OUT = ["t5_varlen", "detect_varsize"]
 CALL_KEYS = ("num_device_alloc", "num_device_free", "num_map", "num_unmap", "num_phys_create",
              "num_phys_release", "num_va_reserve", "num_va_release")
 
@@ -210,6 +213,179 @@ def run_gpt2_generate(torch, meter, steps):
             meter.end(float(out[:, -1].float().mean()))
 
 
+# ---- issue 41: jobs a user brings (not tuned for) ---------------------------------------------
+# lora_varlen, serve_generate, train_eval, compile_train, cnn_varsize are the issue's kinds;
+# t5_varlen and detect_varsize are held out: recorded and measured, never used to tune the policy.
+
+def _lora(torch, model, rank=16, alpha=32, targets=("q_proj", "v_proj")):
+    """Plain-torch LoRA (peft is not installed on the GPU machine): frozen base weights, an A/B
+    pair in fp32 beside each targeted Linear."""
+    nn = torch.nn
+
+    class LoRALinear(nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+            self.a = nn.Parameter(torch.randn(rank, base.in_features, device=base.weight.device) * 0.01)
+            self.b = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
+            self.scale = alpha / rank
+
+        def forward(self, x):
+            return self.base(x) + (x @ self.a.t().to(x.dtype) @ self.b.t().to(x.dtype)) * self.scale
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for name, mod in list(model.named_modules()):
+        for t in targets:
+            child = getattr(mod, t, None)
+            if isinstance(child, nn.Linear):
+                setattr(mod, t, LoRALinear(child))
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def run_lora_varlen(torch, meter, steps):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                      num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                      max_position_embeddings=4096)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).cuda()
+    params = _lora(torch, model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    g = torch.Generator().manual_seed(3)
+    lens = [int(x) for x in torch.randint(128, 2049, (steps,), generator=g)]
+    for ids in lm_batches(torch, 32000, 4, lens, seed=3):
+        ids = ids.cuda()
+        meter.begin()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        meter.end(loss.item())
+
+
+def run_serve_generate(torch, meter, steps):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_embd=1024, n_layer=24, n_head=16)
+    m = GPT2LMHeadModel(cfg).cuda().eval().to(torch.bfloat16)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for _ in range(steps):
+            b = int(torch.randint(1, 17, (1,), generator=g))
+            p = int(torch.randint(16, 513, (1,), generator=g))
+            ids = torch.randint(0, cfg.vocab_size, (b, p), generator=g).cuda()
+            meter.begin()
+            out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32,
+                             do_sample=False, pad_token_id=0)
+            meter.end(float(out.shape[1]))
+
+
+def run_train_eval(torch, meter, steps):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config()).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(5)
+    for i in range(steps):
+        evaluating = i % 5 == 4  # an evaluation pass every 5 steps, larger batch, no grad
+        ids = torch.randint(0, 50257, (32 if evaluating else 8, 512), generator=g).cuda()
+        meter.begin()
+        if evaluating:
+            model.eval()
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            model.train()
+        else:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        meter.end(loss.item())
+
+
+def run_compile_train(torch, meter, steps):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config()).cuda().train()
+    cmodel = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for ids in lm_batches(torch, 50257, 8, [512] * steps, seed=6):
+        ids = ids.cuda()
+        meter.begin()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = cmodel(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        meter.end(loss.item())
+
+
+def run_cnn_varsize(torch, meter, steps):
+    import torchvision
+    m = torchvision.models.resnet50(weights=None).cuda().train()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    crit = torch.nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(7)
+    for _ in range(steps):
+        side = 32 * int(torch.randint(6, 16, (1,), generator=g))  # 192..480
+        x = torch.randn(32, 3, side, side, generator=g).cuda()
+        y = torch.randint(0, 1000, (32,), generator=g).cuda()
+        meter.begin()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = crit(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        meter.end(loss.item())
+
+
+def run_t5_varlen(torch, meter, steps):  # held out
+    from transformers import T5Config, T5ForConditionalGeneration
+    cfg = T5Config(d_model=768, d_ff=3072, num_layers=12, num_decoder_layers=12, num_heads=12,
+                   vocab_size=32128, decoder_start_token_id=0, pad_token_id=0)
+    model = T5ForConditionalGeneration(cfg).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(8)
+    for _ in range(steps):
+        s = int(torch.randint(64, 513, (1,), generator=g))
+        t = int(torch.randint(16, 129, (1,), generator=g))
+        src = torch.randint(1, 32128, (16, s), generator=g).cuda()
+        tgt = torch.randint(1, 32128, (16, t), generator=g).cuda()
+        meter.begin()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=src, labels=tgt).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        meter.end(loss.item())
+
+
+def run_detect_varsize(torch, meter, steps):  # held out
+    import torchvision
+    m = torchvision.models.detection.fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None,
+                                                             num_classes=91).cuda().train()
+    opt = torch.optim.SGD(m.parameters(), lr=0.005, momentum=0.9)
+    g = torch.Generator().manual_seed(9)
+    for _ in range(steps):
+        imgs, targets = [], []
+        for _ in range(4):
+            h, w = (int(v) for v in torch.randint(320, 801, (2,), generator=g))
+            imgs.append(torch.rand(3, h, w, generator=g).cuda())
+            n = int(torch.randint(1, 9, (1,), generator=g))
+            xy = torch.rand(n, 2, generator=g) * torch.tensor([w * 0.6, h * 0.6])
+            wh = 16 + torch.rand(n, 2, generator=g) * torch.tensor([w * 0.3, h * 0.3])
+            targets.append({"boxes": torch.cat([xy, xy + wh], 1).cuda(),
+                            "labels": torch.randint(1, 91, (n,), generator=g).cuda()})
+        meter.begin()
+        losses = m(imgs, targets)
+        loss = sum(losses.values())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        meter.end(loss.item())
+
+
 def child(job, alloc, steps, cap, record):
     gt = None
     if alloc == "expandable":
@@ -228,8 +404,9 @@ def child(job, alloc, steps, cap, record):
     if cap:
         torch.cuda.set_per_process_memory_fraction(cap / total)
     if record:
-        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                                 max_entries=5_000_000)
+        # frames of each allocation (context "alloc"): the report attributes memory by them
+        torch.cuda.memory._record_memory_history(enabled="all", context=os.environ.get("SUITE_CONTEXT", "alloc"),
+                                                 stacks="python", max_entries=5_000_000)
     stats = (lambda: gt.memory_stats(0)) if gt else (lambda: torch.cuda.memory_stats(0))
     meter = Meter(torch, stats, profile_ns() if alloc == "gpumem-prof" else None)
     nvml_peak = [0]
@@ -283,6 +460,15 @@ def child(job, alloc, steps, cap, record):
         torch.cuda.memory._record_memory_history(enabled=None)
         with gzip.open(record, "wb", compresslevel=9) as f:
             pickle.dump(snap, f)
+        if os.path.getsize(record) > 15 << 20:  # too large to ship: keep the events, drop their frames
+            for trace in snap.get("device_traces", []):
+                for ev in trace:
+                    ev["frames"] = []
+            for seg in snap.get("segments", []):
+                for blk in seg.get("blocks", []):
+                    blk["frames"] = []
+            with gzip.open(record, "wb", compresslevel=9) as f:
+                pickle.dump(snap, f)
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -360,7 +546,7 @@ def main():
         os.makedirs(a.record, exist_ok=True)
         for job in jobs:
             # generate's history grows ~0.5 MiB a step: 8 steps keep its trace small enough to ship
-            steps = min(a.steps, 8) if job == "gpt2_generate" else a.steps
+            steps = min(a.steps, 8) if job == "gpt2_generate" else min(a.steps, 20) if job == "serve_generate" else a.steps
             r = spawn(job, "native", steps, record=os.path.join(a.record, job + ".pickle.gz"))
             r["recorded"] = True
             results.append(r)
