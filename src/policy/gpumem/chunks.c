@@ -74,7 +74,8 @@ void gm__gp_slack_modes(gp_state *st) {
      * than a granule costs no memory there while the device has room, and
      * saves device calls; under pressure a partly used one pins memory,
      * which auto avoids once the device may fill up (chunks.c) */
-    st->autoc = isinf(st->slack) && cfg && cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_AUTO;
+    st->autoc = isinf(st->slack) && cfg && cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_AUTO &&
+                !st->autoslack;
     st->runs = isinf(st->slack) && cfg && (cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN || st->autoc);
     /* at inf nothing on the hot path reads live counts (chunks.c) */
     st->lazy_ok = isinf(st->slack);
@@ -82,6 +83,7 @@ void gm__gp_slack_modes(gp_state *st) {
 
 void gm__gp_loosen(gp_state *st) {
     st->steal_high = false;
+    st->grows = false;
     if (!st->warming) return;
     st->warming = false;
     st->slack = INFINITY;
@@ -93,6 +95,7 @@ void gm__gp_loosen_granules(gp_state *st) {
     if (!st->autoslack) return; /* a fixed gpumem_slack keeps its chunks */
     gm__gp_loosen(st);
     st->runs = st->autoc = false;
+    st->grows = true; /* the step's new peak is foreseen: no reserve budget until it ends */
 }
 
 void gm__gp_tighten(gp_state *st) {
@@ -408,6 +411,21 @@ static uint64_t slack_budget(const gp_state *st, uint64_t base) {
     return base + (uint64_t)extra;
 }
 
+/* gpumem_slack:auto once warmed up: the reserve budget, in granules. Memory
+ * held may grow to GP_BUDGET_PERMILLE over the run's peak allocated so far
+ * (the placement under way counted at its span); past that, idle chunks move
+ * to where a placement needs them instead of new memory being made. Any
+ * phase of a job (an evaluation pass, a longer batch, a new request shape)
+ * then reuses the memory an earlier phase left idle, whatever arena holds
+ * it, and steps that repeat at the same addresses make no device call. */
+static uint64_t reserve_budget(const gp_state *st, uint64_t span) {
+    const gm_stats *s = &st->d->stats;
+    uint64_t now = (uint64_t)s->allocated_bytes[GM_POOL_ALL].current + (span << st->gshift);
+    uint64_t peak = (uint64_t)s->allocated_bytes[GM_POOL_ALL].peak;
+    if (now > peak) peak = now;
+    return (peak + peak / 1000 * GP_BUDGET_PERMILLE) >> st->gshift;
+}
+
 /* Back the unmapped granules [g, g+n) of arena a, part of the placement
  * [pg0, pg1]: loose chunks first, then idle ones moved here, then new ones. */
 static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64_t pg0,
@@ -424,6 +442,7 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
         uint64_t req = (uint64_t)st->d->stats.requested_bytes[GM_POOL_ALL].peak;
         uint64_t target = req >> st->gshift;
         if (target > budget) budget = target;
+        if (st->autoslack && !st->warming && !st->grows) budget = reserve_budget(st, pg1 - pg0 + 1);
         uint64_t held = st->held_bytes >> st->gshift;
         if (i < 0 && held + n <= budget) {
             int rc = chunk_create(st, n < cap ? n : cap, a, pg0, pg1, false, &i);

@@ -58,6 +58,13 @@
 #define GP_AUTO_HEADROOM 1024
 #endif
 
+/*  GP_BUDGET_PERMILLE     gpumem_slack:auto once warmed up: memory held may pass the
+ *                         run's peak allocated by this much before idle chunks move
+ *                         (chunks.c, reserve_budget). */
+#ifndef GP_BUDGET_PERMILLE
+#define GP_BUDGET_PERMILLE 15
+#endif
+
 /* GP_PARKED: gpumem_plan:on, a freed block kept at its address for the
  * plan position that starts there next (plan/park.c) */
 enum { GP_FREE = 0, GP_USED = 1, GP_CACHED = 2, GP_PARKED = 3 };
@@ -145,6 +152,8 @@ typedef struct gp_state {
                                 * (fewer moves, measured: bench/gpumem_policy_tradeoff.md) */
     bool stale_first;          /* gpumem_plan, an elastic plan serves: a placement that needs mapping
                                 * flushes the stale size classes before all (va.c, flush) */
+    bool grows;                /* gpumem_plan, a step laid out from a forecast (gm__gp_loosen_granules) until it
+                                * ends: what it needs past the last layout is new memory, not moved */
     bool autoslack;            /* gpumem_slack:auto with a plan: may be tight again (gm__gp_tighten) */
     bool runs;                 /* gpumem_chunks:run at slack inf: one chunk per run of unmapped granules */
     bool autoc;                /* gpumem_chunks:auto at slack inf (runs is set too) */
