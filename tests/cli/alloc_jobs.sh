@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# alloc_jobs.sh — gpumem's default on the kinds of job a user brings (issue 41),
+# pinned on traces recorded on an H100 by tests/gpu/alloc_suite.py
+# (examples/jobs/README.md): LoRA with a new length every step, serving
+# generate() with a new batch and prompt per request, training with a larger
+# no-grad evaluation pass every 5 steps, torch.compile training, a CNN with a
+# new image size every step, and two jobs held out of all tuning (T5 with new
+# source and target lengths, Faster R-CNN with new image sizes).
+# For each: whole-run peak reserved <= 1.02 x peak allocated, and never more
+# than expandable segments hold on the same trace. `gpumem replay` on the sim
+# runs the same policy code as the GPU (bench/RESULTS.md, 2026-12-07).
+set -u
+: "${GPUMEM:?GPUMEM must name the gpumem binary}" "${GPUMEM_SOURCE:?GPUMEM_SOURCE must name the source tree}"
+fails=0
+ratio() { # TRACE CONF -> "ratio steady_calls"
+  "$GPUMEM" replay --conf "$2" --steady-from 0.5 --json "$1" |
+    python3 -c 'import json,sys; r=json.load(sys.stdin); print("%.4f %d" % (r["peak_reserved"]/r["peak_allocated"], r["steady_device_calls"]))'
+}
+for tr in "$GPUMEM_SOURCE"/examples/jobs/*.pickle.gz; do
+  name=$(basename "$tr" .pickle.gz)
+  read -r r c < <(ratio "$tr" policy:gpumem)
+  read -r t _ < <(ratio "$tr" policy:torch)
+  read -r e _ < <(ratio "$tr" policy:torch,expandable_segments:True)
+  echo "$name: default $r ($c device calls in the second half), torch $t, expandable $e"
+  python3 -c "import sys; r,e=$r,$e; sys.exit(0 if r <= 1.02 and r <= e else 1)" ||
+    { echo "FAIL: $name: want <= 1.02 and <= expandable's $e"; fails=$((fails + 1)); }
+done
+[ "$fails" = 0 ] && echo "ok" || { echo "$fails failed"; exit 1; }
