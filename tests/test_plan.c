@@ -554,7 +554,13 @@ static void plan_varlen(void **state) {
      * 480; bench/RESULTS.md, "short steps and re-layouts") */
     uint64_t grown = device_calls(&c);
     run_step(&c, &v, 0);
-    if (device_calls(&c) - grown > 64)
+    /* under the reserve budget (gpumem_slack:auto) the run's peak is lower, a
+     * layout in the plan's own arena would pass it, and the new layout goes
+     * around the obstacles in the stream's arena instead: the switch moves
+     * each granule it needs at most once (an unmap and a map), 818 calls for
+     * the 514 granules held */
+    uint64_t held_gran = (uint64_t)c.al->devices[0]->stats.reserved_bytes[GM_POOL_ALL].current >> 21;
+    if (device_calls(&c) - grown > 2 * held_gran)
         fail_msg("%llu device calls in the step that switches to the new layout", (unsigned long long)(device_calls(&c) - grown));
     run_step(&c, &v, 0);
     /* from here no step is longer than one seen: no device call */

@@ -75,7 +75,7 @@ void gm__gp_slack_modes(gp_state *st) {
      * saves device calls; under pressure a partly used one pins memory,
      * which auto avoids once the device may fill up (chunks.c) */
     st->autoc = isinf(st->slack) && cfg && cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_AUTO &&
-                !st->autoslack;
+                !st->autoslack; /* the reserve budget moves granules: every chunk must be able to */
     st->runs = isinf(st->slack) && cfg && (cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN || st->autoc);
     /* at inf nothing on the hot path reads live counts (chunks.c) */
     st->lazy_ok = isinf(st->slack);
@@ -291,9 +291,10 @@ static inline bool higher(const gp_chunk *x, const gp_chunk *y, const gp_arena *
     return (x->arena == a->index ? x->g0 : -1) > (y->arena == a->index ? y->g0 : -1);
 }
 
-/* The largest chunk of `list` with at most n granules, not under the placement. */
-static int32_t take_le(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a,
-                       uint64_t pg0, uint64_t pg1) {
+/* The largest chunk of `list` with at most n granules, not under the placement
+ * (nor, with spare, one the plan keeps for its next steps: st->keep). */
+static int32_t take_le_but(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a,
+                           uint64_t pg0, uint64_t pg1, bool spare) {
     /* steal_high: the whole list is read, and of equal sizes the higher wins */
     bool high = st->steal_high && list == GP_LIST_IDLE;
     for (int o = (int)gm__gp_order(n); o >= 0; o--) {
@@ -302,6 +303,7 @@ static int32_t take_le(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a
         for (int32_t i = h; i >= 0; i = st->chunks[i].lnext) {
             const gp_chunk *c = &st->chunks[i];
             if (c->n > n || excluded(c, a, pg0, pg1)) continue;
+            if (spare && st->keep(st, c)) continue;
             const gp_chunk *b = best >= 0 ? &st->chunks[best] : NULL;
             if (b && !(c->n > b->n || (high && c->n == b->n && higher(c, b, a)))) continue;
             best = i;
@@ -310,6 +312,11 @@ static int32_t take_le(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a
         if (best >= 0) return best;
     }
     return -1;
+}
+
+static int32_t take_le(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a,
+                       uint64_t pg0, uint64_t pg1) {
+    return take_le_but(st, list, n, a, pg0, pg1, false);
 }
 
 static bool all_unmapped(const gp_arena *a, uint64_t s, uint64_t e) {
@@ -426,6 +433,10 @@ static uint64_t reserve_budget(const gp_state *st, uint64_t span) {
     return (peak + peak / 1000 * GP_BUDGET_PERMILLE) >> st->gshift;
 }
 
+uint64_t gm__gp_budget_bytes(const gp_state *st) {
+    return st->autoslack ? reserve_budget(st, 0) << st->gshift : 0;
+}
+
 /* Back the unmapped granules [g, g+n) of arena a, part of the placement
  * [pg0, pg1]: loose chunks first, then idle ones moved here, then new ones. */
 static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64_t pg0,
@@ -442,7 +453,11 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
         uint64_t req = (uint64_t)st->d->stats.requested_bytes[GM_POOL_ALL].peak;
         uint64_t target = req >> st->gshift;
         if (target > budget) budget = target;
-        if (st->autoslack && !st->warming && !st->grows) budget = reserve_budget(st, pg1 - pg0 + 1);
+        /* the reserve budget spares what a plan that serves keeps for its next steps:
+         * moving that would move it back in every step; past them, new memory */
+        bool reserve = st->autoslack && !st->warming && !st->grows;
+        bool spare = reserve && st->keep && !a->plan_only;
+        if (reserve) budget = reserve_budget(st, pg1 - pg0 + 1);
         uint64_t held = st->held_bytes >> st->gshift;
         if (i < 0 && held + n <= budget) {
             int rc = chunk_create(st, n < cap ? n : cap, a, pg0, pg1, false, &i);
@@ -452,14 +467,15 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
         /* an idle chunk moves by an unmap, which a capture does not allow */
         bool may_move = !gm__device_capturing(st->d);
         if (i < 0 && may_move) gm__gp_live_sync(st); /* pressure: idle chunks must be known */
-        if (i < 0 && may_move) i = take_le(st, GP_LIST_IDLE, n, a, pg0, pg1);
+        if (i < 0 && may_move) i = take_le_but(st, GP_LIST_IDLE, n, a, pg0, pg1, spare);
         /* gpumem_chunks:auto: a chunk spilling past the run could end up
          * under more than one block (see split_partial) */
         if (i < 0 && cap > 1 && !st->autoc) i = take_over(st, GP_LIST_LOOSE, a, g, n, pg0, pg1, &at);
         if (i < 0 && cap > 1 && !st->autoc && may_move) i = take_over(st, GP_LIST_IDLE, a, g, n, pg0, pg1, &at);
         if (i < 0) {
             uint64_t want = n < cap ? n : cap;
-            int rc = chunk_create(st, want, a, pg0, pg1, true, &i);
+            int rc = chunk_create(st, want, a, pg0, pg1, !spare, &i);
+            if (rc == GM_ENOMEM && spare) rc = chunk_create(st, want, a, pg0, pg1, true, &i);
             /* near the limit, one granule may still fit where a run does not */
             if (rc == GM_ENOMEM && want > 1) rc = chunk_create(st, 1, a, pg0, pg1, true, &i);
             if (rc) return rc;

@@ -164,6 +164,8 @@ typedef struct gp_state {
     size_t nslabs, slabs_cap;
     gp_block *plain;           /* no VMM: every live or cached device allocation */
     struct gp_plan *plan;      /* gpumem_plan:on (with VMM): step detection and the plan */
+    bool (*keep)(struct gp_state *, const gp_chunk *); /* gpumem_plan: an idle chunk the plan serving now
+                                * uses again in its next steps (plan.c); NULL without a plan */
     uint64_t soft_cap;         /* gpumem_plan:on, while the plan maps its arena: no chunk is created past it (0: none) */
 } gp_state;
 

@@ -31,6 +31,8 @@ void gm__gp_tighten(gp_state *st);
  * best fit avoid it). Until the next gm__gp_tighten. A fixed gpumem_slack
  * is left as it is. */
 void gm__gp_loosen_granules(gp_state *st);
+/* gpumem_slack:auto: the reserve budget in bytes now (0 under other settings) */
+uint64_t gm__gp_budget_bytes(const gp_state *st);
 void gm__gp_live_sync(gp_state *st);
 void gm__gp_live_drop_now(gp_state *st);
 int gm__gp_split_partial_at(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p, uint64_t bytes);

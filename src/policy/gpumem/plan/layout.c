@@ -682,6 +682,12 @@ static int solve_adopt(pl_solve *s) {
     uint64_t held = s->a->mapped_bytes + (pl->elastic && pl->pa && pl->pa != s->a ? pl->pa->mapped_bytes : 0);
     uint64_t most = held + (pl->elastic ? held / 64 : 0);
     if (pl->foresee) most = gm__gp_plan_foresee_bound(pl, most); /* for a longer step */
+    /* gpumem_slack:auto: the reserve budget is what memory may hold anyway; a
+     * plan a little over it (1/64) still pays, since it makes later steps
+     * map nothing where best fit under the budget moves granules every step */
+    uint64_t bud = gm__gp_budget_bytes(s->st);
+    bud += bud / 64;
+    if (bud > most) most = bud;
     if (cost[pl->rebase] * s->st->gran >= most && !gm__gp_plan_force) {
         PLOG("layout at %llu: %llu granules, not less than the %.1f MiB mapped: no plan\n", (unsigned long long)pl->start, (unsigned long long)cost[pl->rebase], s->a->mapped_bytes / 1048576.0);
         return GM_ENOMEM;

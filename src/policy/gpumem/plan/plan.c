@@ -95,6 +95,8 @@ _Static_assert(2 * PL_MAXP < UINT16_MAX, "gp_block.slot holds 1 + a position of 
 #define PL_WARM (PL_HIST / 2) /* gpumem_slack:auto: allocations warmed up tight at most */
 #endif
 
+static bool keep_planned_st(gp_state *st, const gp_chunk *c);
+
 int gm__gp_plan_create(gp_state *st) {
     gp_plan *pl = calloc(1, sizeof *pl);
     if (!pl) return GM_ENOHOSTMEM;
@@ -107,12 +109,14 @@ int gm__gp_plan_create(gp_state *st) {
         return GM_ENOHOSTMEM;
     }
     st->plan = pl;
+    st->keep = keep_planned_st;
     return GM_OK;
 }
 
 void gm__gp_plan_destroy(gp_state *st) {
     gp_plan *pl = st->plan;
     if (!pl) return;
+    st->keep = NULL;
     PLOG("end: %llu allocations, state %d, plan from %llu\n", (unsigned long long)pl->n, pl->state, (unsigned long long)pl->start);
 #ifdef GP_PLAN_DEBUG
     const char *hd = getenv("GP_PLAN_HIST"); /* the allocations remembered, for study offline */
@@ -356,8 +360,7 @@ static void quiesce(gp_state *st) {
 
 /* Idle chunks the plan will use again: its own arena's, or (layout A) any
  * under its footprint in the stream's arena. */
-static bool keep_planned(void *arg, const gp_chunk *c) {
-    gp_state *st = arg;
+static bool keep_planned_st(gp_state *st, const gp_chunk *c) {
     const gp_plan *pl = st->plan;
     if (c->arena < 0 || pl->state != PL_ACTIVE) return false;
     /* B: its own arena, up to the layout's top (an elastic plan's arena
@@ -369,6 +372,8 @@ static bool keep_planned(void *arg, const gp_chunk *c) {
         if (pl->fp[g / 64] >> (g % 64) & 1) return true;
     return false;
 }
+
+static bool keep_planned(void *arg, const gp_chunk *c) { return keep_planned_st(arg, c); }
 
 /* Elastic, laid out again: a step that grew (tight) moved idle granules of
  * the plan's arena from under the old top to above it; laid out over [0,
