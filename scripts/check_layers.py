@@ -161,7 +161,7 @@ def source_of(obj):
     return m.group(1) if m else None
 
 
-def call_edges(objs, src):
+def call_edges(objs, src, defs_out=None):
     defs, undef = {}, {}
     for o in objs:
         rel = source_of(o)
@@ -176,6 +176,8 @@ def call_edges(objs, src):
                 defs[parts[2]] = rel
             elif len(parts) == 2 and parts[0] == "U":
                 u.add(parts[1])
+    if defs_out is not None:
+        defs_out.update(defs)
     for rel, syms in undef.items():
         for s in sorted(syms):
             if s in defs and defs[s] != rel:
@@ -218,6 +220,105 @@ def long_functions(src):
             i = k + 1
 
 
+# ---- the file graph ----------------------------------------------------------------
+# Files (.c and .h) as nodes; an edge for every #include, every call between
+# object files, and every call an inline function or macro of a header makes
+# into a .c file (nm counts that call in the file including the header; here
+# it is also the header's); a header and the .c named after it are one
+# node. Counted: edges that go up a floor (the layers, then POLICY_FLOORS
+# inside a policy; a header not named after a .c takes the lowest floor of
+# the files it declares) and loops.
+
+CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\])*\"", re.S)
+
+
+def header_calls(text):
+    """Names a header calls: in a function body (brace depth >= 1 outside
+    a struct) or in a macro's replacement text."""
+    text = COMMENT.sub(" ", text)
+    out, depth, kinds = set(), 0, []
+    lines = text.split("\n")
+    for line in lines:
+        if line.lstrip().startswith("#"):
+            m = re.match(r"\s*#\s*define\s+\w+(\([^)]*\))?(.*)", line)
+            if m:
+                out.update(CALL.findall(m.group(2)))
+            continue
+        pos = 0
+        for m in re.finditer(r"[{}]|\b[A-Za-z_]\w*\s*\(", line):
+            tok = m.group(0)
+            if tok == "{":
+                before = line[:m.start()].rstrip()
+                kinds.append("body" if depth == 0 and (before.endswith(")") or not before) and
+                             not re.search(r"\b(struct|union|enum)\b", line[:m.start()]) else
+                             (kinds[-1] if kinds else "data"))
+                depth += 1
+            elif tok == "}":
+                depth = max(0, depth - 1)
+                if kinds:
+                    kinds.pop()
+            elif depth and kinds and kinds[-1] == "body":
+                out.add(CALL.match(tok).group(1))
+    return out
+
+
+def file_floor(rel, decl_of, included_by):
+    """(layer, rank inside a policy) of a file. A header takes the floor of
+    the .c named after it, else the lowest of the .c files it declares, else
+    the lowest of the files including it. The policy floor's files outside
+    a policy's folder (the policy table) are above the policies."""
+    layer = FLOORS[folder(rel)]
+    p = policy_of(rel)
+    if not p:
+        return (layer, 1000 if folder(rel) == "policy" else 0)
+    stem = os.path.splitext(rel[len(p) + 1:])[0]
+    if stem in POLICY_FLOORS[p]:
+        return (layer, POLICY_FLOORS[p].index(stem))
+    ranks = [policy_rank(c) for c in decl_of.get(rel, ()) if policy_rank(c) is not None and policy_of(c) == p]
+    if not ranks:
+        ranks = [file_floor(f, decl_of, included_by)[1] for f in included_by.get(rel, ()) if policy_of(f) == p]
+    return (layer, min(ranks) if ranks else 0)
+
+
+def file_graph(src, calls, defs):
+    """(edges, floors): every include, call, and call from a header's inline
+    code, between files of the allocator's floors (util, backend, core,
+    policy: what a size from gm_malloc to the device crosses)."""
+    def inside(f):
+        return folder(f) and FLOORS[folder(f)] <= FLOORS["policy"]
+    edges = set()
+    included_by = collections.defaultdict(set)
+    for a, b, _ in include_edges(src):
+        if inside(a) and inside(b):
+            edges.add((a, b))
+            included_by[b].add(a)
+    for a, b, _ in calls:
+        if inside(a) and inside(b):
+            edges.add((a, b))
+    decl_of = collections.defaultdict(set)
+    for rel in source_files(src):
+        if not rel.endswith(".h") or not inside(rel):
+            continue
+        with open(os.path.join(src, rel), errors="replace") as f:
+            text = f.read()
+        called = header_calls(text)
+        for name in set(CALL.findall(COMMENT.sub(" ", text))):
+            if name in defs:
+                if name in called:
+                    edges.add((rel, defs[name]))
+                decl_of[rel].add(defs[name])
+    # a header and the .c named after it are one node: its interface, whose
+    # inline code may call its own file
+    def node(f):
+        c = f[:-2] + ".c"
+        return c if f.endswith(".h") and os.path.isfile(os.path.join(src, c)) else f
+    edges = {(node(a), node(b)) for a, b in edges if node(a) != node(b)}
+    files = {x for e in edges for x in e}
+    floors = {f: file_floor(f, decl_of, included_by) for f in files}
+    return edges, floors
+
+
 # ---- loops ------------------------------------------------------------------------
 
 def loops(edges):
@@ -257,7 +358,7 @@ def loops(edges):
     return out
 
 
-def check(src, objs, report):
+def check(src, objs, report, max_up=None, max_loops=None):
     bad = []
     upward = set()
     for a, b, inc in include_edges(src):
@@ -265,7 +366,8 @@ def check(src, objs, report):
         if why:
             bad.append("%s: #include \"%s\": %s" % (a, inc, why))
             upward.add((a, b))
-    calls = list(call_edges(objs, src))
+    defs = {}
+    calls = list(call_edges(objs, src, defs))
     for a, b, s in calls:
         why = may_use(a, b, symbol=s)
         if why:
@@ -275,6 +377,24 @@ def check(src, objs, report):
     for rel, line, name, n in funcs:
         if n > MAX_FUNCTION_LINES:
             bad.append("%s:%d: %s has %d lines (at most %d)" % (rel, line, name, n, MAX_FUNCTION_LINES))
+    if objs and (report or max_up is not None or max_loops is not None):
+        edges, floors = file_graph(src, calls, defs)
+        up = sorted((a, b) for a, b in edges if floors[b] > floors[a])
+        fgroups = loops(edges)
+        if report:
+            print("file graph of util, backend, core, policy (includes, calls, calls from headers' inline code):"
+                  " %d files, %d edges" %
+                  (len(floors), len(edges)))
+            print("file graph edges up a floor: %d" % len(up))
+            for a, b in up:
+                print("  up: %s -> %s" % (a, b))
+            print("file graph loops: %d" % len(fgroups))
+            for grp in fgroups:
+                print("  loop: " + " ".join(grp))
+        if max_up is not None and len(up) > max_up:
+            bad.append("the file graph has %d edges up a floor (at most %d; --report lists them)" % (len(up), max_up))
+        if max_loops is not None and len(fgroups) > max_loops:
+            bad.append("the file graph has %d loops (at most %d; --report lists them)" % (len(fgroups), max_loops))
     for b in bad:
         print("layer check: " + b)
     if report:
