@@ -23,9 +23,9 @@ layer; folders on one floor may not use each other):
 
 and three narrower rules:
 
-  - The core names a policy only in the policy table (src/core/policy.c),
-    through the policy's interface header src/policy/NAME/NAME.h, and only
-    its ops table (gm__policy_NAME).
+  - The core names no policy: the policy table (src/policy/table.c, on the
+    policy floor) lends the policies to the core's registry (core/policy.c)
+    when the library loads.
   - The core and the policies reach a backend only through the backend
     table (src/backend/table.c); the backends themselves are for the layers
     that make one (gm_sim_create, gm_cuda_create).
@@ -84,15 +84,7 @@ def may_use(src, dst, symbol=None, include=False):
     if a is None or b is None or src == dst:
         return None
     if a == "core" and b == "policy":
-        name = dst.split("/")[1] if dst.count("/") >= 2 else ""
-        iface = "policy/%s/%s.h" % (name, name)
-        if src != "core/policy.c":
-            return "the core names a policy only in its table (core/policy.c)"
-        if include and dst != iface:
-            return "the policy table includes only a policy's interface header (%s)" % iface
-        if symbol is not None and not re.fullmatch(r"gm__policy_[a-z0-9_]+", symbol):
-            return "the policy table names only a policy's ops table (gm__policy_NAME)"
-        return None
+        return "the core names no policy: the policy table (src/policy/table.c) lends them (gm__policy_lend)"
     if b == "backend" and a in ("core", "policy") and not dst.startswith(BACKEND_TABLE) \
             and not dst.startswith("backend/backend.h"):
         return "the %s reaches a backend only through the backend table (%s)" % (a, BACKEND_TABLE)

@@ -1,5 +1,5 @@
 /* torch.h — the `torch` policy's one interface (src/policy/torch/): its ops
- * table, which the policy table (src/core/policy.c) names and the allocator
+ * table, which the policy table (src/policy/table.c) names and the allocator
  * calls through. Everything else in this folder is private to it; tp.h says
  * how its files stack. */
 #ifndef GPUMEM_POLICY_TORCH_H
