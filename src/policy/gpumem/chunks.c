@@ -6,7 +6,7 @@
  * idle chunks first so that physical memory never exceeds what live blocks
  * touch), the chunk sizes of gpumem_chunks:granule|run|auto and the cuts
  * that keep auto's multi-granule chunks whole or idle. */
-#include "gp_chunks.h"
+#include "chunks.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * one), splitting and coalescing, and the flush of the size-class cache
  * back into the arenas (placement does it before it maps). The physical
  * chunks behind the arena are in chunks.c, below. */
-#include "gp_place.h"
+#include "va.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -72,7 +72,7 @@
  *    pending record_stream uses to the policy only after its events
  *    completed.
  */
-#include "plan_internal.h"
+#include "plan.h"
 
 #include <stdio.h>
 #include <stdlib.h>

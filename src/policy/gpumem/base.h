@@ -1,22 +1,22 @@
-/* gp.h — the bottom floor of the `gpumem` policy (src/policy/gpumem/): its
+/* base.h — the bottom floor of the `gpumem` policy (src/policy/gpumem/): its
  * structures and what every file may use (base.c: block structs, syncing an
  * arena's stream). The files above, each including the header of the floor
  * below, so that a call can only go down (docs/architecture.md):
  *
  *   gpumem.c            the ops table (gpumem.h: the policy's one interface),
  *                       size-class cache, OOM retry
- *   check.c             invariant check, segment walk       (gp_check.h)
+ *   check.c             invariant check, segment walk       (check.h)
  *   plan/               gpumem_plan:on: plan.c serves a step,
  *                       layout.c lays one out, park.c keeps a
  *                       freed block for the next planned one,
  *                       foresee.c sizes a longer step before
  *                       it runs, plan_check.c its counters
  *                       and check                            (plan/plan.h)
- *   arena.c             per-stream arenas                    (gp_place.h)
+ *   arena.c             per-stream arenas                    (arena.h)
  *   va.c, plain.c       placement: free-range index with VMM, plain
- *                       device allocations without           (gp_place.h)
- *   chunks.c            physical chunks, mapping             (gp_chunks.h)
- *   base.c              block structs, stream sync           (gp.h)
+ *                       device allocations without           (va.h, plain.h)
+ *   chunks.c            physical chunks, mapping             (chunks.h)
+ *   base.c              block structs, stream sync           (base.h)
  *
  * Model (see gpumem.c for the full story): every stream owns two large
  * virtual ranges (arenas, one per pool) where blocks are placed best-fit and coalesce; the
