@@ -33,10 +33,15 @@ and three narrower rules:
     lists (bottom first).
 
 usage: check_layers.py [--src DIR] [--objects DIR_OR_FILE...] [--report]
+                      [--max-up N] [--max-loops N]
        check_layers.py --self-test
 --report also prints the counts the issue asks for: upward dependencies,
 loops (groups of files that call each other), functions over 100 and over
-150 lines. Functions over 150 lines fail the check too.
+150 lines, and the file graph of the allocator's floors (util, backend,
+core, policy: includes, calls, and calls from a header's inline code; a
+header and the .c named after it one node): its edges up a floor and its
+loops. --max-up and --max-loops fail the check when the file graph has
+more (CTest gives the limits). Functions over 150 lines fail the check too.
 """
 import argparse
 import collections
@@ -439,9 +444,16 @@ def self_test():
         objs[1] = build("core/alloc.c")
         write("monitor/m.c", '#include "../estimate/explain.h"\nint m(void) { return 0; }\n')
         results["peer include"] = check(src, objs, False)
+        os.remove(os.path.join(src, "monitor/m.c"))
+        write("core/loop.c", "int core_alloc(int x);\nint core_loop(int x) { return x ? core_alloc(x - 1) : 0; }\n")
+        write("core/alloc.c", "int core_loop(int x);\nint core_alloc(int x) { return core_loop(x); }\n")
+        objs[1] = build("core/alloc.c")
+        objs.append(build("core/loop.c"))
+        results["loop"] = check(src, objs, False, max_up=0, max_loops=0)
+        results["loop allowed"] = check(src, objs, False, max_up=0, max_loops=1)
     finally:
         shutil.rmtree(tmp)
-    want = {"clean": 0, "upward include": 1, "upward call": 1, "peer include": 1}
+    want = {"clean": 0, "upward include": 1, "upward call": 1, "peer include": 1, "loop": 1, "loop allowed": 0}
     for k, v in want.items():
         print("self-test %-15s exit %d (want %d)%s" % (k, results[k], v, "" if results[k] == v else "  WRONG"))
     return 0 if results == want else 1
@@ -452,11 +464,16 @@ def main():
     ap.add_argument("--src", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
     ap.add_argument("--objects", nargs="*", default=[])
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--max-up", type=int, default=None,
+                    help="fail when the file graph has more edges up a floor (needs --objects)")
+    ap.add_argument("--max-loops", type=int, default=None,
+                    help="fail when the file graph has more loops (needs --objects)")
     ap.add_argument("--self-test", action="store_true")
     args = ap.parse_args()
     if args.self_test:
         return self_test()
-    return check(os.path.normpath(args.src), list(object_files(args.objects)), args.report)
+    return check(os.path.normpath(args.src), list(object_files(args.objects)), args.report,
+                 args.max_up, args.max_loops)
 
 
 if __name__ == "__main__":
