@@ -81,23 +81,23 @@ void gm__gp_slack_modes(gp_state *st) {
 }
 
 void gm__gp_loosen(gp_state *st) {
-    st->steal_high = false;
-    if (!st->warming) return;
-    st->warming = false;
+    st->mode.steal_high = false;
+    if (!st->mode.warming) return;
+    st->mode.warming = false;
     st->slack = INFINITY;
     gm__gp_slack_modes(st);
     gm__gp_live_drop(st);
 }
 
 void gm__gp_loosen_granules(gp_state *st) {
-    if (!st->autoslack) return; /* a fixed gpumem_slack keeps its chunks */
+    if (!st->mode.autoslack) return; /* a fixed gpumem_slack keeps its chunks */
     gm__gp_loosen(st);
     st->runs = st->autoc = false;
 }
 
 void gm__gp_tighten(gp_state *st) {
-    if (!st->autoslack || st->warming) return;
-    st->warming = true;
+    if (!st->mode.autoslack || st->mode.warming) return;
+    st->mode.warming = true;
     st->slack = 0.0;
     gm__gp_slack_modes(st);
     gm__gp_live_sync(st);
@@ -292,7 +292,7 @@ static inline bool higher(const gp_chunk *x, const gp_chunk *y, const gp_arena *
 static int32_t take_le(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a,
                        uint64_t pg0, uint64_t pg1) {
     /* steal_high: the whole list is read, and of equal sizes the higher wins */
-    bool high = st->steal_high && list == GP_LIST_IDLE;
+    bool high = gm__gp_steal_high(st) && list == GP_LIST_IDLE;
     for (int o = (int)gm__gp_order(n); o >= 0; o--) {
         int32_t best = -1;
         int32_t h = list == GP_LIST_IDLE ? st->idle[o] : st->loose[o];
@@ -373,7 +373,7 @@ static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
     gm__device *d = st->d;
     if (d->fraction_set && st->held_bytes + gm__device_others_reserved(d) + bytes > d->allowed_memory_maximum)
         return GM_ENOMEM;
-    if (st->soft_cap && st->held_bytes + bytes > st->soft_cap) return GM_ENOMEM; /* gpumem_plan: move, do not grow */
+    if (gm__gp_soft_cap(st) && st->held_bytes + bytes > gm__gp_soft_cap(st)) return GM_ENOMEM; /* gpumem_plan: move, do not grow */
     int32_t i = chunk_slot(st);
     if (i < 0) return GM_ENOHOSTMEM;
     gp_chunk *c = &st->chunks[i];

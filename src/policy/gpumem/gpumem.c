@@ -113,8 +113,8 @@ static int gp_create(gm__device *d, void **state) {
      * then serves later steps with no device call (gm__gp_loosen). Without
      * a plan there is nothing to warm up for: inf. */
     if (st->slack == GM_GPUMEM_SLACK_AUTO) {
-        st->warming = st->autoslack = d->cfg && d->cfg->gpumem_plan;
-        st->slack = st->warming ? 0.0 : INFINITY;
+        st->mode.warming = st->mode.autoslack = d->cfg && d->cfg->gpumem_plan;
+        st->slack = st->mode.warming ? 0.0 : INFINITY;
     }
     gm__gp_slack_modes(st);
     st->lazy = st->lazy_ok;
@@ -138,7 +138,7 @@ static int gp_create(gm__device *d, void **state) {
         free(st);
         return rc;
     }
-    if (!st->plan) gm__gp_loosen(st), st->autoslack = false; /* no VMM: no plan to warm up for */
+    if (!st->plan) gm__gp_loosen(st), st->mode.autoslack = false; /* no VMM: no plan to warm up for */
     *state = st;
     return GM_OK;
 }
