@@ -5,7 +5,7 @@
 #ifndef GPUMEM_POLICY_GPUMEM_PLAN_INTERNAL_H
 #define GPUMEM_POLICY_GPUMEM_PLAN_INTERNAL_H
 
-#include "../arena.h"
+#include "../place/arena.h"
 
 #include <stdio.h>
 

@@ -4,7 +4,7 @@
 #ifndef GPUMEM_POLICY_GPUMEM_PLAIN_H
 #define GPUMEM_POLICY_GPUMEM_PLAIN_H
 
-#include "chunks.h"
+#include "../mem/chunks.h"
 
 int gm__gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
 void gm__gp_plain_free(gp_state *st, gp_block *b);

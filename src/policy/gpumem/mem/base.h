@@ -12,11 +12,11 @@
  *                       foresee.c sizes a longer step before
  *                       it runs, plan_check.c its counters
  *                       and check                            (plan/plan.h)
- *   arena.c             per-stream arenas                    (arena.h)
- *   va.c, plain.c       placement: free-range index with VMM, plain
- *                       device allocations without           (va.h, plain.h)
- *   chunks.c            physical chunks, mapping             (chunks.h)
- *   base.c              block structs, stream sync           (base.h)
+ *   place/arena.c       per-stream arenas                    (place/arena.h)
+ *   place/va.c,         placement: free-range index with VMM, plain
+ *   place/plain.c       device allocations without           (place/va.h, place/plain.h)
+ *   mem/chunks.c        physical chunks, mapping             (mem/chunks.h)
+ *   mem/base.c          block structs, stream sync           (mem/base.h)
  *
  * Model (see gpumem.c for the full story): every stream owns two large
  * virtual ranges (arenas, one per pool) where blocks are placed best-fit and coalesce; the
