@@ -202,6 +202,10 @@ typedef struct gm__policy_desc {
 /* The policies gm_policy_kind names, in its order: the policy table
  * (src/policy/table.c) lends them to the registry when the library loads. */
 #define GM__POLICY_BUILTIN 2
+/* What the registry says when nothing lent it a policy. */
+#define GM__POLICY_NONE                                                                                               \
+    "no policy is linked in (a static link of libgpumem.a needs -Wl,-u,gm__policy_table, as gpumem.pc and "           \
+    "find_package(gpumem) give)"
 void gm__policy_lend(const gm__policy_desc builtin[GM__POLICY_BUILTIN]);
 /* The ops of policy `kind`, or NULL. */
 const gm__policy_ops *gm__policy_get(int kind);

@@ -38,6 +38,7 @@ const gm__policy_ops *gm__policy_get(int kind) {
 void gm__policy_names(char *buf, size_t len) {
     gm__putbuf o = {buf, len, 0, false};
     if (len) buf[0] = '\0';
+    if (!count) gm__put(&o, "a policy, but %s", GM__POLICY_NONE);
     for (int i = 0; i < count; i++)
         gm__put(&o, "%s%s", i == 0 ? "" : i == count - 1 ? " or " : ", ", table[i].name);
     (void)gm__put_finish(&o, "policy names");
