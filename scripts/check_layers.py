@@ -23,9 +23,9 @@ layer; folders on one floor may not use each other):
 
 and three narrower rules:
 
-  - The core names a policy only in the policy table (src/core/policy.c),
-    through the policy's interface header src/policy/NAME/NAME.h, and only
-    its ops table (gm__policy_NAME).
+  - The core names no policy: the policy table (src/policy/table.c, on the
+    policy floor) lends the policies to the core's registry (core/policy.c)
+    when the library loads.
   - The core and the policies reach a backend only through the backend
     table (src/backend/table.c); the backends themselves are for the layers
     that make one (gm_sim_create, gm_cuda_create).
@@ -33,10 +33,15 @@ and three narrower rules:
     lists (bottom first).
 
 usage: check_layers.py [--src DIR] [--objects DIR_OR_FILE...] [--report]
+                      [--max-up N] [--max-loops N]
        check_layers.py --self-test
 --report also prints the counts the issue asks for: upward dependencies,
 loops (groups of files that call each other), functions over 100 and over
-150 lines. Functions over 150 lines fail the check too.
+150 lines, and the file graph of the allocator's floors (util, backend,
+core, policy: includes, calls, and calls from a header's inline code; a
+header and the .c named after it one node): its edges up a floor and its
+loops. --max-up and --max-loops fail the check when the file graph has
+more (CTest gives the limits). Functions over 150 lines fail the check too.
 """
 import argparse
 import collections
@@ -51,7 +56,8 @@ FLOORS = {"util": 0, "backend": 1, "core": 2, "policy": 3, "trace": 4,
           "estimate": 5, "monitor": 5, "report": 5, "api": 6, "torch": 7, "cli": 7}
 POLICY_FLOORS = {
     "policy/torch": ["tree", "expandable", "check", "torch"],
-    "policy/gpumem": ["base", "chunks", "plain", "va", "arena", "plan/foresee", "plan/park", "plan/layout", "plan/plan", "plan/plan_check", "check", "gpumem"],
+    "policy/gpumem": ["mem/base", "mem/chunks", "place/plain", "place/va", "place/arena", "plan/foresee", "plan/park",
+                      "plan/layout", "plan/plan", "plan/plan_check", "check", "gpumem"],
 }
 BACKEND_TABLE = "backend/table"
 MAX_FUNCTION_LINES = 150
@@ -84,15 +90,7 @@ def may_use(src, dst, symbol=None, include=False):
     if a is None or b is None or src == dst:
         return None
     if a == "core" and b == "policy":
-        name = dst.split("/")[1] if dst.count("/") >= 2 else ""
-        iface = "policy/%s/%s.h" % (name, name)
-        if src != "core/policy.c":
-            return "the core names a policy only in its table (core/policy.c)"
-        if include and dst != iface:
-            return "the policy table includes only a policy's interface header (%s)" % iface
-        if symbol is not None and not re.fullmatch(r"gm__policy_[a-z0-9_]+", symbol):
-            return "the policy table names only a policy's ops table (gm__policy_NAME)"
-        return None
+        return "the core names no policy: the policy table (src/policy/table.c) lends them (gm__policy_lend)"
     if b == "backend" and a in ("core", "policy") and not dst.startswith(BACKEND_TABLE) \
             and not dst.startswith("backend/backend.h"):
         return "the %s reaches a backend only through the backend table (%s)" % (a, BACKEND_TABLE)
@@ -161,7 +159,7 @@ def source_of(obj):
     return m.group(1) if m else None
 
 
-def call_edges(objs, src):
+def call_edges(objs, src, defs_out=None):
     defs, undef = {}, {}
     for o in objs:
         rel = source_of(o)
@@ -176,6 +174,8 @@ def call_edges(objs, src):
                 defs[parts[2]] = rel
             elif len(parts) == 2 and parts[0] == "U":
                 u.add(parts[1])
+    if defs_out is not None:
+        defs_out.update(defs)
     for rel, syms in undef.items():
         for s in sorted(syms):
             if s in defs and defs[s] != rel:
@@ -218,6 +218,105 @@ def long_functions(src):
             i = k + 1
 
 
+# ---- the file graph ----------------------------------------------------------------
+# Files (.c and .h) as nodes; an edge for every #include, every call between
+# object files, and every call an inline function or macro of a header makes
+# into a .c file (nm counts that call in the file including the header; here
+# it is also the header's); a header and the .c named after it are one
+# node. Counted: edges that go up a floor (the layers, then POLICY_FLOORS
+# inside a policy; a header not named after a .c takes the lowest floor of
+# the files it declares) and loops.
+
+CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\])*\"", re.S)
+
+
+def header_calls(text):
+    """Names a header calls: in a function body (brace depth >= 1 outside
+    a struct) or in a macro's replacement text."""
+    text = COMMENT.sub(" ", text)
+    out, depth, kinds = set(), 0, []
+    lines = text.split("\n")
+    for line in lines:
+        if line.lstrip().startswith("#"):
+            m = re.match(r"\s*#\s*define\s+\w+(\([^)]*\))?(.*)", line)
+            if m:
+                out.update(CALL.findall(m.group(2)))
+            continue
+        pos = 0
+        for m in re.finditer(r"[{}]|\b[A-Za-z_]\w*\s*\(", line):
+            tok = m.group(0)
+            if tok == "{":
+                before = line[:m.start()].rstrip()
+                kinds.append("body" if depth == 0 and (before.endswith(")") or not before) and
+                             not re.search(r"\b(struct|union|enum)\b", line[:m.start()]) else
+                             (kinds[-1] if kinds else "data"))
+                depth += 1
+            elif tok == "}":
+                depth = max(0, depth - 1)
+                if kinds:
+                    kinds.pop()
+            elif depth and kinds and kinds[-1] == "body":
+                out.add(CALL.match(tok).group(1))
+    return out
+
+
+def file_floor(rel, decl_of, included_by):
+    """(layer, rank inside a policy) of a file. A header takes the floor of
+    the .c named after it, else the lowest of the .c files it declares, else
+    the lowest of the files including it. The policy floor's files outside
+    a policy's folder (the policy table) are above the policies."""
+    layer = FLOORS[folder(rel)]
+    p = policy_of(rel)
+    if not p:
+        return (layer, 1000 if folder(rel) == "policy" else 0)
+    stem = os.path.splitext(rel[len(p) + 1:])[0]
+    if stem in POLICY_FLOORS[p]:
+        return (layer, POLICY_FLOORS[p].index(stem))
+    ranks = [policy_rank(c) for c in decl_of.get(rel, ()) if policy_rank(c) is not None and policy_of(c) == p]
+    if not ranks:
+        ranks = [file_floor(f, decl_of, included_by)[1] for f in included_by.get(rel, ()) if policy_of(f) == p]
+    return (layer, min(ranks) if ranks else 0)
+
+
+def file_graph(src, calls, defs):
+    """(edges, floors): every include, call, and call from a header's inline
+    code, between files of the allocator's floors (util, backend, core,
+    policy: what a size from gm_malloc to the device crosses)."""
+    def inside(f):
+        return folder(f) and FLOORS[folder(f)] <= FLOORS["policy"]
+    edges = set()
+    included_by = collections.defaultdict(set)
+    for a, b, _ in include_edges(src):
+        if inside(a) and inside(b):
+            edges.add((a, b))
+            included_by[b].add(a)
+    for a, b, _ in calls:
+        if inside(a) and inside(b):
+            edges.add((a, b))
+    decl_of = collections.defaultdict(set)
+    for rel in source_files(src):
+        if not rel.endswith(".h") or not inside(rel):
+            continue
+        with open(os.path.join(src, rel), errors="replace") as f:
+            text = f.read()
+        called = header_calls(text)
+        for name in set(CALL.findall(COMMENT.sub(" ", text))):
+            if name in defs:
+                if name in called:
+                    edges.add((rel, defs[name]))
+                decl_of[rel].add(defs[name])
+    # a header and the .c named after it are one node: its interface, whose
+    # inline code may call its own file
+    def node(f):
+        c = f[:-2] + ".c"
+        return c if f.endswith(".h") and os.path.isfile(os.path.join(src, c)) else f
+    edges = {(node(a), node(b)) for a, b in edges if node(a) != node(b)}
+    files = {x for e in edges for x in e}
+    floors = {f: file_floor(f, decl_of, included_by) for f in files}
+    return edges, floors
+
+
 # ---- loops ------------------------------------------------------------------------
 
 def loops(edges):
@@ -257,7 +356,7 @@ def loops(edges):
     return out
 
 
-def check(src, objs, report):
+def check(src, objs, report, max_up=None, max_loops=None):
     bad = []
     upward = set()
     for a, b, inc in include_edges(src):
@@ -265,7 +364,8 @@ def check(src, objs, report):
         if why:
             bad.append("%s: #include \"%s\": %s" % (a, inc, why))
             upward.add((a, b))
-    calls = list(call_edges(objs, src))
+    defs = {}
+    calls = list(call_edges(objs, src, defs))
     for a, b, s in calls:
         why = may_use(a, b, symbol=s)
         if why:
@@ -275,6 +375,24 @@ def check(src, objs, report):
     for rel, line, name, n in funcs:
         if n > MAX_FUNCTION_LINES:
             bad.append("%s:%d: %s has %d lines (at most %d)" % (rel, line, name, n, MAX_FUNCTION_LINES))
+    if objs and (report or max_up is not None or max_loops is not None):
+        edges, floors = file_graph(src, calls, defs)
+        up = sorted((a, b) for a, b in edges if floors[b] > floors[a])
+        fgroups = loops(edges)
+        if report:
+            print("file graph of util, backend, core, policy (includes, calls, calls from headers' inline code):"
+                  " %d files, %d edges" %
+                  (len(floors), len(edges)))
+            print("file graph edges up a floor: %d" % len(up))
+            for a, b in up:
+                print("  up: %s -> %s" % (a, b))
+            print("file graph loops: %d" % len(fgroups))
+            for grp in fgroups:
+                print("  loop: " + " ".join(grp))
+        if max_up is not None and len(up) > max_up:
+            bad.append("the file graph has %d edges up a floor (at most %d; --report lists them)" % (len(up), max_up))
+        if max_loops is not None and len(fgroups) > max_loops:
+            bad.append("the file graph has %d loops (at most %d; --report lists them)" % (len(fgroups), max_loops))
     for b in bad:
         print("layer check: " + b)
     if report:
@@ -327,9 +445,16 @@ def self_test():
         objs[1] = build("core/alloc.c")
         write("monitor/m.c", '#include "../estimate/explain.h"\nint m(void) { return 0; }\n')
         results["peer include"] = check(src, objs, False)
+        os.remove(os.path.join(src, "monitor/m.c"))
+        write("core/loop.c", "int core_alloc(int x);\nint core_loop(int x) { return x ? core_alloc(x - 1) : 0; }\n")
+        write("core/alloc.c", "int core_loop(int x);\nint core_alloc(int x) { return core_loop(x); }\n")
+        objs[1] = build("core/alloc.c")
+        objs.append(build("core/loop.c"))
+        results["loop"] = check(src, objs, False, max_up=0, max_loops=0)
+        results["loop allowed"] = check(src, objs, False, max_up=0, max_loops=1)
     finally:
         shutil.rmtree(tmp)
-    want = {"clean": 0, "upward include": 1, "upward call": 1, "peer include": 1}
+    want = {"clean": 0, "upward include": 1, "upward call": 1, "peer include": 1, "loop": 1, "loop allowed": 0}
     for k, v in want.items():
         print("self-test %-15s exit %d (want %d)%s" % (k, results[k], v, "" if results[k] == v else "  WRONG"))
     return 0 if results == want else 1
@@ -340,11 +465,16 @@ def main():
     ap.add_argument("--src", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
     ap.add_argument("--objects", nargs="*", default=[])
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--max-up", type=int, default=None,
+                    help="fail when the file graph has more edges up a floor (needs --objects)")
+    ap.add_argument("--max-loops", type=int, default=None,
+                    help="fail when the file graph has more loops (needs --objects)")
     ap.add_argument("--self-test", action="store_true")
     args = ap.parse_args()
     if args.self_test:
         return self_test()
-    return check(os.path.normpath(args.src), list(object_files(args.objects)), args.report)
+    return check(os.path.normpath(args.src), list(object_files(args.objects)), args.report,
+                 args.max_up, args.max_loops)
 
 
 if __name__ == "__main__":

@@ -268,10 +268,10 @@ static void plan_warm_tight(void **state) {
         step_random(&t, &r, 0.3, 96 * MIB);
         gm_devptr weights = alloc(&c, 300 * MIB, 0);
         gp_state *st = c.al->devices[0]->pstate;
-        assert_true(st->warming == (k == 0));
+        assert_true(gm__gp_warming(st) == (k == 0));
         for (int s = 0; s < 6; s++) run_step(&c, &t, 0);
         assert_true(served(&c) > 0);
-        assert_false(st->warming); /* loosened once a step was served */
+        assert_false(gm__gp_warming(st)); /* loosened once a step was served */
         uint64_t calls = device_calls(&c);
         for (int s = 0; s < 3; s++) run_step(&c, &t, 0);
         assert_int_equal(device_calls(&c), calls);
@@ -587,7 +587,7 @@ static void plan_varlen_stale_flush(void **state) {
     gm_devptr weights = varlen_open(&c, &t, &r, 41, 96 * MIB);
     gp_state *st = c.al->devices[0]->pstate;
     varlen_steps(&c, &t, &r, -1);
-    assert_true(st->stale_first); /* an elastic plan serves */
+    assert_true(gm__gp_stale_first(st)); /* an elastic plan serves */
     gp_arena *a;
     assert_int_equal(gm__gp_arena_of(st, 0, GM_POOL_SMALL, &a), GM_OK);
     gm__gp_flush_quick(st);
@@ -696,7 +696,7 @@ static void growing_as(void (*scale)(tstep *, const tstep *, unsigned), unsigned
     }
     assert_true(planned);                           /* an elastic plan was made */
     assert_int_equal(gm__gp_plan_layout(st), 0);    /* and given up */
-    assert_false(st->warming);                      /* loose, as without a plan */
+    assert_false(gm__gp_warming(st));                      /* loose, as without a plan */
     varlen_close(&c, weights);
 }
 

@@ -14,7 +14,7 @@
 
 #include "gm_test.h"
 
-#include "policy/torch/tp.h"
+#include "policy/torch/tree.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -9,24 +9,13 @@
  * host allocation or syscall. gm_free finds the device of
  * a pointer through each device's [lo, hi) address range (lock-free reads),
  * then its pointer map under the device lock. */
-#include "frontend.h"
-#include "history.h"
+#include "allocator.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- devices --------------------------------------------------------------- */
-
-static gm__device *dev_peek(gm_allocator *a, int i) {
-    return __atomic_load_n(&a->devices[i], __ATOMIC_ACQUIRE);
-}
-
-/* The stats of d to the sink, if one is set (device lock held). */
-static void publish(gm__device *d) {
-    gm__sink *s = gm__sink_get(d->alloc);
-    if (s) s->ops->update(s, d->index, &d->stats);
-}
 
 static void device_free(gm__device *d) {
     gm__fe_dev *fe = d->fe;
@@ -87,7 +76,7 @@ static int device_create(gm_allocator *a, int index, gm__device **out) {
     return GM_OK;
 }
 
-static int get_device_slow(gm_allocator *a, int device, gm__device **out) {
+int gm__get_device_slow(gm_allocator *a, int device, gm__device **out) {
     *out = NULL;
     if (device < 0 || device >= a->ndevices)
         return gm__set_error(GM_EDEVICE, "device %d out of range (backend has %d)", device, a->ndevices);
@@ -104,21 +93,6 @@ static int get_device_slow(gm_allocator *a, int device, gm__device **out) {
     *out = d;
     return rc;
 }
-
-/* Inline: every malloc asks, and the device almost always exists. */
-static inline int get_device(gm_allocator *a, int device, gm__device **out) {
-    if ((unsigned)device < (unsigned)a->ndevices) {
-        gm__device *d = dev_peek(a, device);
-        if (d) {
-            *out = d;
-            return GM_OK;
-        }
-    }
-    return get_device_slow(a, device, out);
-}
-
-int gm__device_get(gm_allocator *a, int device, gm__device **out) { return get_device(a, device, out); }
-void gm__device_publish(gm__device *d) { publish(d); }
 
 /* Resolve `device` (-1 = every created device) into a list. */
 static int device_list(gm_allocator *a, int device, gm__device **list, int *n) {
@@ -193,21 +167,6 @@ void gm_allocator_destroy(gm_allocator *a) {
 const gm_config *gm_allocator_config(const gm_allocator *a) { return a ? &a->cfg : NULL; }
 
 /* ---- malloc / free ---------------------------------------------------------- */
-
-/* Request-level stats of one malloc / one free (inc/dec: no sign branches). */
-static inline void account_alloc(gm__device *d, const gm__block_hdr *b) {
-    gm_stats *s = &d->stats;
-    gm__stat_block_inc(s->allocation, s->allocated_bytes, b->pool, b->size);
-    gm__stat_pool_inc(s->requested_bytes, b->pool, (int64_t)b->requested);
-    if (b->size >= d->cfg->max_split_size) gm__stat_inc(&s->oversize_allocations, 1);
-}
-
-static inline void account_free(gm__device *d, const gm__block_hdr *b) {
-    gm_stats *s = &d->stats;
-    gm__stat_block_dec(s->allocation, s->allocated_bytes, b->pool, b->size);
-    gm__stat_pool_dec(s->requested_bytes, b->pool, (int64_t)b->requested);
-    if (b->size >= d->cfg->max_split_size) gm__stat_dec(&s->oversize_allocations, 1);
-}
 
 /* torch's format_size */
 /* torch's _format_size (CUDACachingAllocator's OOM text: "bytes", "KiB" up
@@ -288,31 +247,12 @@ __attribute__((noinline)) static int alloc_failed(gm__device *d, int rc, size_t 
     return rc;
 }
 
-/* A placed block handed out (lock held; the pointer map has room). */
-static inline void hand_out(gm__device *d, gm__block_hdr *b, size_t size, gm_stream stream, uint16_t mpool) {
-    gm__fe_dev *fe = d->fe;
-    b->live = 1;
-    b->category = 0;
-    b->mpool = mpool;
-    b->requested = size;
-    b->uses = NULL;
-    gm__ptrmap_insert(&fe->map, b);
-    account_alloc(d, b);
-    gm__history_note(d->index, GM_TA_ALLOC, b->ptr, size, stream);
-    if (b->ptr < atomic_load_explicit(&fe->lo, memory_order_relaxed))
-        atomic_store_explicit(&fe->lo, b->ptr, memory_order_release);
-    if (b->ptr + b->size > atomic_load_explicit(&fe->hi, memory_order_relaxed))
-        atomic_store_explicit(&fe->hi, b->ptr + b->size, memory_order_release);
-}
-
 /* The same, then the lock released. */
 static inline void alloc_done(gm__device *d, gm__block_hdr *b, size_t size, gm_stream stream, uint16_t mpool) {
     hand_out(d, b, size, stream, mpool);
     publish(d);
     gm__devlock_unlock(&d->lock);
 }
-
-void gm__block_revive(gm__device *d, gm__block_hdr *b) { hand_out(d, b, b->requested, b->stream, b->mpool); }
 
 /* The start of gm_malloc and gm_malloc_pool: the arguments checked, *out
  * zeroed, the device locked and its pending events processed. *dp is NULL
@@ -431,29 +371,6 @@ static int classify_unknown(gm_allocator *a, gm_devptr ptr, const char *what) {
     return gm__set_error(GM_EFOREIGN, "%s: pointer 0x%llx was not allocated by this allocator", what,
                          (unsigned long long)ptr);
 }
-
-/* The caller frees live block b (pointer-map slot `slot`; lock held). */
-static inline int free_block(gm__device *d, gm__block_hdr *b, uint64_t slot) {
-    gm__fe_dev *fe = d->fe;
-    struct gm__stream_uses *u = b->uses;
-    bool wait = u && u->n; /* used on other streams: events first */
-    if (wait) {
-        /* record first: if that fails the block stays live and unchanged */
-        int rc = d->capturing ? gm__events_defer(d, b) : gm__events_record(d, b);
-        if (rc != GM_OK) return gm__set_error(rc, "gm_free: recording a stream event failed: %s", gm_strerror(rc));
-    }
-    gm__ptrmap_remove_at(&fe->map, slot);
-    b->live = 0;
-    account_free(d, b); /* request-level stats drop at free time, like torch */
-    gm__history_note_free(d->index, b->ptr, b->requested, b->stream, !wait);
-    if (!wait) {
-        if (u) gm__uses_free(b);
-        gm__policy_free(d, b);
-    }
-    return GM_OK;
-}
-
-int gm__free_block(gm__device *d, gm__block_hdr *b, uint64_t slot) { return free_block(d, b, slot); }
 
 int gm_free(gm_allocator *a, gm_devptr ptr) {
     gm__clear_error(); /* a call that succeeds leaves no stale detail */

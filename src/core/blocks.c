@@ -3,6 +3,7 @@
  * active_allocated and active_pending_free blocks, and the block size
  * torch's profiler is told about. Read-only; takes each device's lock. */
 #include "frontend.h"
+#include "mempool.h"
 
 #include <stddef.h>
 #include <string.h>

@@ -449,7 +449,9 @@ int gm_config_parse(gm_config *cfg, const char *str, char *err, size_t errlen) {
 int gm__config_check(const gm_config *c, char *err, size_t errlen) {
     for (size_t i = 0; i < NSETTINGS; i++) {
         if (setting_ok(c, &settings[i])) continue;
-        if (errlen) snprintf(err, errlen, "invalid configuration: %s out of range", settings[i].key);
+        if (errlen && settings[i].type == T_POLICY && !gm_policy_count())
+            snprintf(err, errlen, "invalid configuration: %s: %s", settings[i].key, GM__POLICY_NONE);
+        else if (errlen) snprintf(err, errlen, "invalid configuration: %s out of range", settings[i].key);
         return GM_ECONFIG;
     }
     return GM_OK;

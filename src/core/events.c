@@ -5,6 +5,7 @@
  * malloc, like torch's process_events, or waited for by empty_cache and by a
  * policy's retry path). */
 #include "frontend.h"
+#include "mempool.h"
 #include "history.h"
 #include "action.h"
 

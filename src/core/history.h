@@ -1,4 +1,4 @@
-/* history.h — the allocation history ring (scope.c), as the allocator front
+/* history.h — the allocation history ring (history.c), as the allocator front
  * end and the backend wrapper feed it, and as the dump (src/report/
  * history_dump.c) reads it. Actions are gm_trace_action values (action.h);
  * GM__HIST_TAG marks a gm_history_tag. */

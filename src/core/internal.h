@@ -189,15 +189,24 @@ struct gm__policy_ops {
     void (*step_mark)(void *state);
 };
 /* Each policy's ops table is declared in its one interface header,
- * src/policy/NAME/NAME.h, which only the policy table (policy.c) includes. */
+ * src/policy/NAME/NAME.h, which only the policy table (src/policy/table.c)
+ * includes. */
 
-/* The policy table (policy.c): index = gm_policy_kind. */
+/* A policy's entry in the registry (policy.c): index = gm_policy_kind. */
 typedef struct gm__policy_desc {
     const char *name;          /* policy:NAME */
     const gm__policy_ops *ops;
     const char *doc;           /* one line for `gpumem config --list` */
     const char *const *tune;   /* settings `gpumem tune` tries, NULL-terminated */
 } gm__policy_desc;
+/* The policies gm_policy_kind names, in its order: the policy table
+ * (src/policy/table.c) lends them to the registry when the library loads. */
+#define GM__POLICY_BUILTIN 2
+/* What the registry says when nothing lent it a policy. */
+#define GM__POLICY_NONE                                                                                               \
+    "no policy is linked in (a static link of libgpumem.a needs -Wl,-u,gm__policy_table, as gpumem.pc and "           \
+    "find_package(gpumem) give)"
+void gm__policy_lend(const gm__policy_desc builtin[GM__POLICY_BUILTIN]);
 /* The ops of policy `kind`, or NULL. */
 const gm__policy_ops *gm__policy_get(int kind);
 /* Add a policy (tests); returns its kind, or GM_EINVAL. */

@@ -26,6 +26,7 @@
  * torch's emptyCache does), and released pools wait for the capture's end.
  * Calls made anyway are counted (gm_pool_capture_calls). */
 #include "frontend.h"
+#include "mempool.h"
 
 #include <math.h>
 
@@ -91,7 +92,7 @@ static int take_slot(gm__device *d, uint32_t *out) {
     return GM_OK;
 }
 
-static int create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **out) {
+int gm__mempool_create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **out) {
     uint32_t i = 0;
     int rc = take_slot(d, &i);
     if (rc != GM_OK) return rc;
@@ -132,7 +133,7 @@ static int create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **out) 
 /* The pool's policy gives its cache back. Its release may process the
  * device's pending frees and so hand the pool its last block: `emptying`
  * keeps that free from dropping the pool under this call. */
-static int empty_pool(gm__device *d, gm__mempool *p) {
+int gm__mempool_empty(gm__device *d, gm__mempool *p) {
     p->emptying = true;
     int rc = d->pops->empty_cache(p->view.pstate);
     gm__mempool_sync(d, p);
@@ -141,10 +142,10 @@ static int empty_pool(gm__device *d, gm__mempool *p) {
 }
 
 /* Give back what the pool caches; the pool goes once released and empty. */
-static void trim(gm__device *d, gm__mempool *p) {
+void gm__mempool_trim(gm__device *d, gm__mempool *p) {
     if (gm__device_capturing(d)) return; /* waits for the capture's end */
     if (p->use_count > 0 || p->emptying) return;
-    (void)empty_pool(d, p);
+    (void)gm__mempool_empty(d, p);
     if (p->blocks) return;
     d->mp->slot[p->slot - 1] = NULL;
     d->pops->destroy(p->view.pstate);
@@ -163,7 +164,7 @@ static void trim(gm__device *d, gm__mempool *p) {
     free(p);
 }
 
-static bool pinned(const gm__mempool *p, gm_devptr ptr) {
+bool gm__mempool_pinned(const gm__mempool *p, gm_devptr ptr) {
     if (!p->ncheckpoints || !p->pins.count) return false;
     return p->pins.id[gm__idmap_find(&p->pins, ptr)] != GM__IDMAP_EMPTY;
 }
@@ -185,17 +186,17 @@ static bool hold(gm__mempool *p, gm__block_hdr *b) {
 
 void gm__mempool_free(gm__device *d, gm__block_hdr *b) {
     gm__mempool *p = slot_pool(d, b->mpool);
-    if (pinned(p, b->ptr) && hold(p, b)) return;
+    if (gm__mempool_pinned(p, b->ptr) && hold(p, b)) return;
     d->pops->free(p->view.pstate, b);
     gm__mempool_sync(d, p);
     p->blocks--;
-    if (!p->blocks && !p->use_count) trim(d, p);
+    if (!p->blocks && !p->use_count) gm__mempool_trim(d, p);
 }
 
 int gm__mempool_empty_released(gm__device *d) {
     if (!d->mp || gm__device_capturing(d)) return GM_OK;
     for (uint32_t i = 0; i < d->mp->n; i++)
-        if (d->mp->slot[i]) trim(d, d->mp->slot[i]);
+        if (d->mp->slot[i]) gm__mempool_trim(d, d->mp->slot[i]);
     return GM_OK;
 }
 
@@ -308,356 +309,4 @@ void gm__mempool_block_id(const gm__device *d, const gm__block_hdr *b, uint64_t 
     const gm__mempool *p = slot_pool(d, b->mpool);
     id[0] = p ? p->id0 : 0;
     id[1] = p ? p->id1 : 0;
-}
-
-/* ---- the public entry points ------------------------------------------- */
-
-/* Lock the device of a pool call; GM_EINVAL for the id (0, 0), which names
- * the device's own pools. */
-static int enter(gm_allocator *a, int device, uint64_t id0, uint64_t id1, const char *what, gm__device **out) {
-    gm__clear_error(); /* a call that succeeds leaves no stale detail */
-    if (!a) return gm__set_error(GM_EINVAL, "%s: NULL allocator", what);
-    if (!id0 && !id1)
-        return gm__set_error(GM_EINVAL, "%s: pool id (0, 0) names the device's own pools, not a private pool; "
-                             "pass the id of a CUDA graph's pool or a MemPool", what);
-    int rc = gm__device_get(a, device, out);
-    if (rc != GM_OK) return rc;
-    gm__devlock_lock(&(*out)->lock);
-    return GM_OK;
-}
-
-static int leave(gm__device *d, int rc) {
-    gm__device_publish(d); /* a release or a restore may have changed the stats */
-    gm__devlock_unlock(&d->lock);
-    return rc;
-}
-
-/* enter() for a call on a pool that must exist: *pp is the pool, the device
- * locked; GM_EINVAL (unlocked) if the device has no such pool. */
-static int enter_pool(gm_allocator *a, int device, uint64_t id0, uint64_t id1, const char *what, gm__device **out,
-                      gm__mempool **pp) {
-    int rc = enter(a, device, id0, id1, what, out);
-    if (rc != GM_OK) return rc;
-    if ((*pp = gm__mempool_find(*out, id0, id1))) return GM_OK;
-    return leave(*out, gm__set_error(GM_EINVAL, "%s: device %d has no private pool (%llu, %llu) (never created, or "
-                                     "released and gone); create it with gm_pool_retain or gm_pool_begin first",
-                                     what, (*out)->index, (unsigned long long)id0, (unsigned long long)id1));
-}
-
-int gm_pool_retain(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
-    gm__device *d;
-    int rc = enter(a, device, id0, id1, "gm_pool_retain", &d);
-    if (rc != GM_OK) return rc;
-    gm__mempool *p = gm__mempool_find(d, id0, id1);
-    if (p && p->use_count > 0) p->use_count++;
-    else if (p) /* released, its last blocks still out: torch's pool would be gone */
-        rc = gm__set_error(GM_ESTATE, "gm_pool_retain: private pool (%llu, %llu) on device %d was released and "
-                           "waits for its last blocks to be freed; use a new pool id",
-                           (unsigned long long)id0, (unsigned long long)id1, d->index);
-    else rc = create(d, id0, id1, &p);
-    return leave(d, rc);
-}
-
-int gm_pool_begin(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
-    gm__device *d;
-    int rc = enter(a, device, id0, id1, "gm_pool_begin", &d);
-    if (rc != GM_OK) return rc;
-    gm__mempool *p = gm__mempool_find(d, id0, id1);
-    if (p && p->allocating)
-        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_begin: device %d is already allocating to private pool "
-                                      "(%llu, %llu); call gm_pool_end first", d->index,
-                                      (unsigned long long)id0, (unsigned long long)id1));
-    if (p && p->use_count == 0)
-        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_begin: private pool (%llu, %llu) on device %d was "
-                                      "released; use a new pool id", (unsigned long long)id0,
-                                      (unsigned long long)id1, d->index));
-    if (p) p->use_count++;
-    else if ((rc = create(d, id0, id1, &p)) != GM_OK) return leave(d, rc);
-    p->allocating = true;
-    d->capturing++;
-    return leave(d, GM_OK);
-}
-
-int gm_pool_end(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
-    gm__device *d;
-    gm__mempool *p;
-    int rc = enter_pool(a, device, id0, id1, "gm_pool_end", &d, &p);
-    if (rc != GM_OK) return rc;
-    if (!p->allocating)
-        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_end: device %d is not allocating to private pool "
-                                      "(%llu, %llu): gm_pool_begin was not called, or gm_pool_end twice",
-                                      d->index, (unsigned long long)id0, (unsigned long long)id1));
-    p->allocating = false;
-    /* torch ends a graph's pool after cudaStreamEndCapture: pools released
-     * during the capture can give their memory back now */
-    if (--d->capturing == 0) gm__mempool_empty_released(d);
-    return leave(d, GM_OK);
-}
-
-int gm_pool_release(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
-    gm__device *d;
-    gm__mempool *p;
-    int rc = enter_pool(a, device, id0, id1, "gm_pool_release", &d, &p);
-    if (rc != GM_OK) return rc;
-    if (p->use_count == 0)
-        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_release: private pool (%llu, %llu) on device %d has no "
-                                      "use left to release (released twice?)", (unsigned long long)id0,
-                                      (unsigned long long)id1, d->index));
-    if (p->use_count == 1 && p->allocating)
-        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_release: device %d is still allocating to private pool "
-                                      "(%llu, %llu), its last use; call gm_pool_end first", d->index,
-                                      (unsigned long long)id0, (unsigned long long)id1));
-    if (--p->use_count == 0) trim(d, p);
-    return leave(d, GM_OK);
-}
-
-int gm_pool_use_count(gm_allocator *a, int device, uint64_t id0, uint64_t id1, int *out) {
-    gm__device *d;
-    if (!out) return gm__set_error(GM_EINVAL, "gm_pool_use_count: NULL argument");
-    gm__mempool *p;
-    int rc = enter_pool(a, device, id0, id1, "gm_pool_use_count", &d, &p);
-    if (rc != GM_OK) return rc;
-    *out = p->use_count;
-    return leave(d, GM_OK);
-}
-
-int gm_pool_capture_calls(gm_allocator *a, int device, int who, uint64_t *out, int n) {
-    gm__clear_error();
-    if (!a || !out || n < 0 || (who != 0 && who != 1))
-        return gm__set_error(GM_EINVAL, "gm_pool_capture_calls: NULL allocator or buffer, negative length, or "
-                             "who %d (0: the device's own pools, 1: private pools)", who);
-    gm__device *d;
-    int rc = gm__device_get(a, device, &d);
-    if (rc != GM_OK) return rc;
-    gm__devlock_lock(&d->lock);
-    for (int k = 0; k < n && k < GM_BCALL_COUNT; k++) out[k] = d->capture_calls[who][k];
-    gm__devlock_unlock(&d->lock);
-    return GM_BCALL_COUNT;
-}
-
-/* One device's part of gm_pool_empty_cache (lock held). */
-static int empty_one(gm__device *d, gm__mempool *p) {
-    /* nothing is freed during a capture (as gm_empty_cache): ~MemPool calls
-     * this, and a destructor must not fail; a released pool's memory goes
-     * when the capture ends (gm_pool_end) */
-    if (gm__device_capturing(d)) return GM_OK;
-    int rc = empty_pool(d, p);
-    if (p->use_count == 0 && p->blocks == 0) trim(d, p);
-    return rc;
-}
-
-int gm_pool_empty_cache(gm_allocator *a, int device, uint64_t id0, uint64_t id1) {
-    gm__device *d;
-    if (a && device == -1) { /* every device holding the pool (torch's emptyCache(mempool_id)) */
-        int rc = GM_OK;
-        for (int i = 0; i < a->ndevices && rc == GM_OK; i++) {
-            gm__device *e = __atomic_load_n(&a->devices[i], __ATOMIC_ACQUIRE);
-            if (!e) continue;
-            gm__devlock_lock(&e->lock);
-            gm__mempool *p = gm__mempool_find(e, id0, id1);
-            if (p) rc = empty_one(e, p);
-            gm__device_publish(e);
-            gm__devlock_unlock(&e->lock);
-        }
-        return rc;
-    }
-    gm__mempool *p;
-    int rc = enter_pool(a, device, id0, id1, "gm_pool_empty_cache", &d, &p);
-    if (rc != GM_OK) return rc;
-    return leave(d, empty_one(d, p));
-}
-
-/* ---- checkpoints (torch's getCheckpointState / setCheckpointPoolState) ---
- * CUDA graph trees take a checkpoint of the pool after each recording and,
- * before recording a graph that follows another, restore one: the pool's
- * allocated blocks become exactly the checkpoint's, at their addresses.
- * gpumem cannot place a block at an address, so it keeps what a restore
- * needs instead: a block live at a checkpoint still held is pinned, and
- * when the program frees it the pool holds it back from its policy (its
- * memory is reused by nothing) until a restore hands it out again or the
- * last checkpoint pinning it is freed. Torch lets the memory be reused
- * meanwhile and re-creates the layout at the restore; the pool may hold
- * more, but every restore is exact. */
-
-struct gm_pool_checkpoint {
-    gm_allocator *alloc;
-    int device;
-    uint64_t id0, id1;
-    size_t n;
-    gm_devptr *ptr; /* the pool's live blocks at the checkpoint, sorted */
-};
-
-static int cmp_ptr(const void *x, const void *y) {
-    gm_devptr a = *(const gm_devptr *)x, b = *(const gm_devptr *)y;
-    return a < b ? -1 : a > b;
-}
-
-static bool in_checkpoint(const gm_pool_checkpoint *c, gm_devptr p) {
-    return c->n && bsearch(&p, c->ptr, c->n, sizeof p, cmp_ptr) != NULL;
-}
-
-/* Drop one pin of each of the first n blocks of c. */
-static void unpin(gm__mempool *p, const gm_pool_checkpoint *c, size_t n) {
-    for (size_t i = 0; i < n && p->pins.cap; i++) {
-        size_t j = gm__idmap_find(&p->pins, c->ptr[i]);
-        if (p->pins.id[j] != GM__IDMAP_EMPTY && --p->pins.id[j] == 0) gm__idmap_del(&p->pins, j);
-    }
-}
-
-static int pin(gm__mempool *p, const gm_pool_checkpoint *c) {
-    for (size_t i = 0; i < c->n; i++) {
-        if (gm__idmap_reserve(&p->pins, 64) != GM_OK) {
-            unpin(p, c, i);
-            return GM_ENOHOSTMEM;
-        }
-        size_t j = gm__idmap_find(&p->pins, c->ptr[i]);
-        if (p->pins.id[j] == GM__IDMAP_EMPTY) gm__idmap_set(&p->pins, j, c->ptr[i], 1);
-        else p->pins.id[j]++;
-    }
-    return GM_OK;
-}
-
-/* The live block at ptr if it belongs to pool slot s, else NULL. */
-static gm__block_hdr *live_in(gm__device *d, uint16_t s, gm_devptr ptr) {
-    gm__block_hdr *b = gm__ptrmap_find(&((gm__fe_dev *)d->fe)->map, ptr);
-    return b && b->mpool == s ? b : NULL;
-}
-
-static size_t held_at(const gm__mempool *p, gm_devptr ptr) {
-    for (size_t i = 0; i < p->nheld; i++)
-        if (p->held[i]->ptr == ptr) return i;
-    return SIZE_MAX;
-}
-
-int gm_pool_checkpoint_take(gm_allocator *a, int device, uint64_t id0, uint64_t id1, gm_pool_checkpoint **out) {
-    if (!out) return gm__set_error(GM_EINVAL, "gm_pool_checkpoint_take: NULL out");
-    *out = NULL;
-    gm__device *d;
-    gm__mempool *p;
-    int rc = enter_pool(a, device, id0, id1, "gm_pool_checkpoint_take", &d, &p);
-    if (rc != GM_OK) return rc;
-    gm__fe_dev *fe = d->fe;
-    uint16_t s = p->slot;
-    gm_pool_checkpoint *c = calloc(1, sizeof *c);
-    size_t n = 0;
-    for (uint64_t i = 0; i <= fe->map.mask; i++) n += fe->map.slots[i].key && fe->map.slots[i].block->mpool == s;
-    if (c && n) c->ptr = malloc(n * sizeof *c->ptr);
-    if (!c || (n && !c->ptr)) {
-        if (c) free(c->ptr);
-        free(c);
-        return leave(d, gm__set_error(GM_ENOHOSTMEM, "gm_pool_checkpoint_take: out of host memory"));
-    }
-    c->alloc = a;
-    c->device = device;
-    c->id0 = id0;
-    c->id1 = id1;
-    for (uint64_t i = 0; i <= fe->map.mask; i++)
-        if (fe->map.slots[i].key && fe->map.slots[i].block->mpool == s) c->ptr[c->n++] = fe->map.slots[i].key;
-    if (c->n) qsort(c->ptr, c->n, sizeof *c->ptr, cmp_ptr);
-    if (pin(p, c) != GM_OK) {
-        free(c->ptr);
-        free(c);
-        return leave(d, gm__set_error(GM_ENOHOSTMEM, "gm_pool_checkpoint_take: out of host memory"));
-    }
-    p->ncheckpoints++;
-    *out = c;
-    return leave(d, GM_OK);
-}
-
-/* Held blocks no checkpoint pins any more go back to the policy. */
-static void give_back_unpinned(gm__device *d, gm__mempool *p) {
-    size_t k = 0;
-    for (size_t i = 0; i < p->nheld; i++) {
-        gm__block_hdr *b = p->held[i];
-        if (pinned(p, b->ptr)) {
-            p->held[k++] = b;
-        } else {
-            d->pops->free(p->view.pstate, b);
-            p->blocks--;
-        }
-    }
-    p->nheld = k;
-    gm__mempool_sync(d, p);
-    if (!p->blocks && !p->use_count) trim(d, p);
-}
-
-void gm_pool_checkpoint_free(gm_allocator *a, gm_pool_checkpoint *c) {
-    if (!c) return;
-    gm__device *d = a && a == c->alloc ? __atomic_load_n(&a->devices[c->device], __ATOMIC_ACQUIRE) : NULL;
-    if (d) {
-        gm__devlock_lock(&d->lock);
-        gm__mempool *p = gm__mempool_find(d, c->id0, c->id1);
-        if (p && p->ncheckpoints) {
-            unpin(p, c, c->n);
-            p->ncheckpoints--;
-            give_back_unpinned(d, p);
-        }
-        gm__device_publish(d);
-        gm__devlock_unlock(&d->lock);
-    }
-    free(c->ptr);
-    free(c);
-}
-
-/* What a restore would do, checked before anything changes: every block of
- * the checkpoint is live in the pool or held; *nrevive of them are held. */
-static int restore_check(gm__device *d, gm__mempool *p, uint16_t s, const gm_pool_checkpoint *c,
-                         size_t *nrevive) {
-    *nrevive = 0;
-    for (size_t i = 0; i < c->n; i++) {
-        if (live_in(d, s, c->ptr[i])) continue;
-        if (held_at(p, c->ptr[i]) == SIZE_MAX)
-            return gm__set_error(GM_ESTATE, "gm_pool_checkpoint_restore: block 0x%llx of the checkpoint is neither "
-                                 "live nor held in pool (%llu, %llu) (out of host memory when it was freed?); "
-                                 "nothing was changed", (unsigned long long)c->ptr[i],
-                                 (unsigned long long)p->id0, (unsigned long long)p->id1);
-        (*nrevive)++;
-    }
-    gm__ptrmap *m = &((gm__fe_dev *)d->fe)->map;
-    while ((m->count + *nrevive) * 2 > m->mask + 1)
-        if (gm__ptrmap_grow(m) != GM_OK) return gm__set_error(GM_ENOHOSTMEM, "gm_pool_checkpoint_restore: out of host memory");
-    return GM_OK;
-}
-
-int gm_pool_checkpoint_restore(gm_allocator *a, const gm_pool_checkpoint *c, gm_pool_restore_cb cb, void *arg) {
-    if (!c || !cb) return gm__set_error(GM_EINVAL, "gm_pool_checkpoint_restore: NULL argument");
-    if (a != c->alloc)
-        return gm__set_error(GM_EINVAL, "gm_pool_checkpoint_restore: the checkpoint was taken on another allocator");
-    gm__device *d;
-    gm__mempool *p;
-    int rc = enter_pool(a, c->device, c->id0, c->id1, "gm_pool_checkpoint_restore", &d, &p);
-    if (rc != GM_OK) return rc;
-    uint16_t s = p->slot;
-    size_t nrevive;
-    if ((rc = restore_check(d, p, s, c, &nrevive)) != GM_OK) return leave(d, rc);
-    gm__fe_dev *fe = d->fe;
-    /* live now, not in the checkpoint: freed (one at a time: a free may
-     * change the map) */
-    for (bool again = true; again && rc == GM_OK;) {
-        again = false;
-        for (uint64_t i = 0; i <= fe->map.mask; i++) {
-            gm__block_hdr *b = fe->map.slots[i].key ? fe->map.slots[i].block : NULL;
-            if (!b || b->mpool != s || in_checkpoint(c, b->ptr)) continue;
-            gm_devptr ptr = b->ptr;
-            uint64_t size = b->size;
-            if ((rc = gm__free_block(d, b, i)) == GM_OK) cb(ptr, size, false, arg);
-            again = true;
-            break;
-        }
-    }
-    /* the checkpoint's blocks: live ones stay (freed and allocated again, in
-     * torch's terms), held ones are handed out again */
-    for (size_t i = 0; i < c->n && rc == GM_OK; i++) {
-        gm__block_hdr *b = live_in(d, s, c->ptr[i]);
-        if (b) {
-            cb(b->ptr, b->size, false, arg);
-        } else {
-            size_t h = held_at(p, c->ptr[i]);
-            b = p->held[h];
-            p->held[h] = p->held[--p->nheld];
-            gm__block_revive(d, b);
-        }
-        cb(b->ptr, b->size, true, arg);
-    }
-    return leave(d, rc);
 }

@@ -3,7 +3,7 @@
  * path of every free: open addressing with linear probing keeps it to one or
  * two cache lines, and backward-shift deletion keeps probe chains short
  * without tombstones. The lookups themselves are inline in frontend.h. */
-#include "frontend.h"
+#include "ptrmap.h"
 
 #include <stdlib.h>
 

@@ -1,5 +1,5 @@
 /* history_dump.c — gm_history_dump: the allocation history ring
- * (src/core/scope.c) turned into a gm_trace (scopes and category tags as
+ * (src/core/history.c) turned into a gm_trace (scopes and category tags as
  * frames, ticks as microseconds) and written as .gmt or as a torch
  * snapshot, so `gpumem report` and PyTorch's memory_viz read it. */
 #include "report.h"
@@ -95,7 +95,7 @@ int gm_history_dump(const char *path, int format) {
 }
 
 /* The core records the OOM and calls gm_history_dump through the hook it is
- * lent here (src/core/scope.c: the core calls nothing above it). */
+ * lent here (src/core/history.c: the core calls nothing above it). */
 int gm_history_dump_on_oom(const char *path, int format) {
     if (path && format != GM_HISTORY_GMT && format != GM_HISTORY_TORCH)
         return gm__set_error(GM_EINVAL, "gm_history_dump_on_oom: format %d is neither GM_HISTORY_GMT nor "

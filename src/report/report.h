@@ -230,7 +230,7 @@ int gm_report_write_perfetto(FILE *f, const gm_attribution *a, const gm_timeline
 int gm_trace_write_snapshot(const gm_trace *t, const char *path);
 int gm_trace_encode_snapshot(const gm_trace *t, uint8_t **out, size_t *len);
 
-/* The history ring (src/core/scope.c) as a gm_trace (history_dump.c):
+/* The history ring (src/core/history.c) as a gm_trace (history_dump.c):
  * scopes become frames {path element, GM_TAG_SCOPE_FILE} (innermost
  * first), tags a frame {category, GM_TAG_CATEGORY_FILE} on the tagged
  * allocation. *dropped: entries the ring had dropped. */

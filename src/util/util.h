@@ -1,5 +1,5 @@
 /* util.h — the ground under every layer (src/util/, docs/architecture.md):
- * byte units, the per-thread error detail (status.c) and array growth.
+ * byte units, the per-thread error detail (util.c) and array growth.
  * Includes nothing of the library. */
 #ifndef GPUMEM_UTIL_UTIL_H
 #define GPUMEM_UTIL_UTIL_H

@@ -68,4 +68,31 @@ for p in user user_static; do
     out=$(ASAN_OPTIONS=detect_leaks=0 "$T/proj/b/$p") || fail "find_package-built $p exit $?"
     echo "$out" | grep -q "^ok " || fail "$p: unexpected output: $out"
 done
-echo "ok: cmake --install; pkg-config ($flags) and find_package(gpumem) build C programs that run as installed"
+# libgpumem.a with pkg-config's --static flags: the policy table (src/policy/
+# table.c) lends the core its policies and nothing calls it, so only the
+# flags' -u keeps it; without it the allocator says what is missing
+sflags=$(pkg-config --static --libs gpumem | sed 's/-lgpumem\b/-l:libgpumem.a/')
+# shellcheck disable=SC2086
+cc $san "$T/user.c" -o "$T/user_a" $(pkg-config --cflags gpumem) $sflags 2>"$T/cc.log" ||
+    { cat "$T/cc.log"; fail "static link with pkg-config --static: $sflags"; }
+out=$(ASAN_OPTIONS=detect_leaks=0 "$T/user_a") || fail "statically linked program exit $?"
+echo "$out" | grep -q "^ok " || fail "static: unexpected output: $out"
+cat >"$T/none.c" <<'C'
+#include <gpumem/gpumem.h>
+#include <stdio.h>
+int main(void) {
+    gm_backend *b; gm_allocator *a;
+    gm_sim_options o; gm_sim_options_init(&o);
+    if (gm_sim_create(&b, &o)) return 1;
+    if (gm_allocator_create(&a, b, NULL) == GM_OK) return 2;
+    printf("%s\n", gm_last_error_detail());
+    gm_backend_destroy(b);
+    return 0;
+}
+C
+# shellcheck disable=SC2086
+cc $san "$T/none.c" -o "$T/none" $(pkg-config --cflags gpumem) ${sflags//-Wl,-u,gm__policy_table/} 2>"$T/cc.log" ||
+    { cat "$T/cc.log"; fail "static link without -u"; }
+out=$(ASAN_OPTIONS=detect_leaks=0 "$T/none") || fail "without the policy table: exit $? (want an error, then 0)"
+echo "$out" | grep -q "no policy is linked in.*-u,gm__policy_table" || fail "without the policy table: '$out'"
+echo "ok: cmake --install; pkg-config ($flags), pkg-config --static and find_package(gpumem) build C programs that run as installed"

@@ -1,7 +1,7 @@
 /* check.c — the `gpumem` policy's self-check (a full recount
  * of arenas, chunks and stats against what is stored, the plan's too), its
  * segment walk for snapshots, and whether a pointer lies in its arenas. */
-#include "gp_check.h"
+#include "check.h"
 
 #include <stdio.h>
 #include <stdlib.h>

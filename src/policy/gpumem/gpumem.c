@@ -1,7 +1,7 @@
 /* gpumem.c — the `gpumem` policy: gpumem's own low-fragmentation,
  * low-latency placement. This file, the top of src/policy/gpumem/, holds the
  * ops table, the size-class cache for small blocks and the OOM retry; below
- * it (gp.h has the stack): the invariant check and segment walk in check.c,
+ * it (base.h has the stack): the invariant check and segment walk in check.c,
  * the plan in plan/, the per-stream arenas in arena.c, the free-range index
  * in va.c, the no-VMM fallback in plain.c, the physical chunks in chunks.c.
  *
@@ -82,7 +82,7 @@
  * until the next empty_cache). Whether a pointer lies in an arena at all
  * (a double free or a foreign pointer) is the ops' `owns`. */
 #include "gpumem.h"
-#include "gp_check.h"
+#include "check.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -91,7 +91,7 @@
 /* ---- size-class cache ------------------------------------------------------ */
 
 /* Stats of a block entering / leaving the active set (every malloc and
- * free: inc/dec, no sign branches); the size-class lists' are in gp.h. */
+ * free: inc/dec, no sign branches); the size-class lists' are in base.h. */
 static inline void active_inc(gp_state *st, const gp_block *b) {
     gm__stat_block_inc(st->d->stats.active, st->d->stats.active_bytes, b->h.pool, b->h.size);
 }
@@ -113,8 +113,8 @@ static int gp_create(gm__device *d, void **state) {
      * then serves later steps with no device call (gm__gp_loosen). Without
      * a plan there is nothing to warm up for: inf. */
     if (st->slack == GM_GPUMEM_SLACK_AUTO) {
-        st->warming = st->autoslack = d->cfg && d->cfg->gpumem_plan;
-        st->slack = st->warming ? 0.0 : INFINITY;
+        st->mode.warming = st->mode.autoslack = d->cfg && d->cfg->gpumem_plan;
+        st->slack = st->mode.warming ? 0.0 : INFINITY;
     }
     gm__gp_slack_modes(st);
     st->lazy = st->lazy_ok;
@@ -138,7 +138,7 @@ static int gp_create(gm__device *d, void **state) {
         free(st);
         return rc;
     }
-    if (!st->plan) gm__gp_loosen(st), st->autoslack = false; /* no VMM: no plan to warm up for */
+    if (!st->plan) gm__gp_loosen(st), st->mode.autoslack = false; /* no VMM: no plan to warm up for */
     *state = st;
     return GM_OK;
 }

@@ -1,7 +1,7 @@
 /* gpumem.h — the `gpumem` policy's one interface (src/policy/gpumem/): its
- * ops table, which the policy table (src/core/policy.c) names and the
+ * ops table, which the policy table (src/policy/table.c) names and the
  * allocator calls through. Everything else in this folder is private to it;
- * gp.h says how its files stack. */
+ * base.h says how its files stack. */
 #ifndef GPUMEM_POLICY_GPUMEM_H
 #define GPUMEM_POLICY_GPUMEM_H
 

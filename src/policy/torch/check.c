@@ -9,7 +9,7 @@
  * block reached once, in key order, heap-ordered priorities, only free
  * blocks of the right pool and kind), no set operation was ever refused,
  * and expandable segments map exactly the pages their mapped blocks touch. */
-#include "tp_check.h"
+#include "check.h"
 
 #include <stdio.h>
 #include <stdlib.h>

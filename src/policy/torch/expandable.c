@@ -6,7 +6,7 @@
  * cache is released. As in torch, each page is its own physical allocation
  * (one phys_create + map per page), expandable segments do not count in the
  * `segment` stat, and reserved_bytes follows what is mapped. */
-#include "tp_expandable.h"
+#include "expandable.h"
 
 #include <stdlib.h>
 

@@ -16,8 +16,8 @@
  * Sets and block recycling: tree.c; check and segment walk:
  * check.c. */
 #include "torch.h"
-#include "tp_check.h"
-#include "tp_expandable.h"
+#include "check.h"
+#include "expandable.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -414,7 +414,7 @@ static int tp_malloc(void *state, uint64_t size, gm_stream stream, gm__block_hdr
 /* free_block's merge of free neighbour src into b: b takes src's node in
  * the pool set when it has none yet (one rekey, usually in place, instead
  * of an erase and an insert), else src leaves and b is rekeyed. Inlined
- * into tp_free, as it was before the merge helpers moved to tp.h (warm-pass
+ * into tp_free, as it was before the merge helpers moved to tree.h (warm-pass
  * instructions, bench/hotpath_ir.sh). */
 static inline __attribute__((always_inline)) uint64_t merge_freed(tp_state *st, tp_block *b, tp_block *src, tp_pool *p) {
     if (!src || src->allocated || b->mapped != src->mapped) return 0;

@@ -1,6 +1,6 @@
 /* torch.h — the `torch` policy's one interface (src/policy/torch/): its ops
- * table, which the policy table (src/core/policy.c) names and the allocator
- * calls through. Everything else in this folder is private to it; tp.h says
+ * table, which the policy table (src/policy/table.c) names and the allocator
+ * calls through. Everything else in this folder is private to it; tree.h says
  * how its files stack. */
 #ifndef GPUMEM_POLICY_TORCH_H
 #define GPUMEM_POLICY_TORCH_H

@@ -6,7 +6,7 @@
  * and erasing never allocate host memory, and best-fit is one descent.
  * Block structs come from chunks and are recycled through a free list, so
  * steady-state replay makes no host allocation at all. */
-#include "tp.h"
+#include "tree.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,6 +9,7 @@
  * a position apart. plan/plan.c says when
  * a layout is made and how it is served; intervals.h holds the geometry
  * (overlap in time, the scan of what is in the way). */
+#include "layout.h"
 #include "intervals.h"
 
 #include <stdlib.h>

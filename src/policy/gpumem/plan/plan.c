@@ -72,7 +72,7 @@
  *    pending record_stream uses to the policy only after its events
  *    completed.
  */
-#include "plan_internal.h"
+#include "plan.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -340,7 +340,7 @@ static void drop(gp_state *st) {
     if (pl->ma) (void)gm__gp_va_index(pl->ma, false);
     pl->ra = pl->ma = NULL;
     pl->state = PL_NONE;
-    st->stale_first = false;
+    gm__gp_set_stale_first(st, false);
     pl->cand = pl->run = 0;
     detect_catch_up(pl);
     pl->grew = pl->growing = false;
@@ -453,20 +453,20 @@ static void activate(gp_state *st) {
 #endif
         /* a forecast (foresee.c) is for a longer step: it maps new memory,
          * once what it does not keep is given back */
-        st->soft_cap = pl->foresee ? 0 : st->held_bytes;
+        gm__gp_set_soft_cap(st, pl->foresee ? 0 : st->held_bytes);
         if (pl->foresee) gm__gp_release_unused_but(st, keep_planned, st);
         /* elastic, laid out again: the layout left the holes below
          * hole_top out (find_holes), so only what lies past it is mapped */
         uint64_t from = pl->hole_top << st->gshift, top = pl->top_units << GP_ALIGN_SHIFT;
         if (top > from) (void)gm__gp_ensure_mapped(st, ra, ra->base + from, top - from);
-        st->soft_cap = 0;
+        gm__gp_set_soft_cap(st, 0);
         gm__gp_release_unused_but(st, keep_planned, st);
         gm__gp_live_drop(st);
     }
     pl->ra = ra;
     pl->ma = a;
     pl->state = PL_ACTIVE;
-    st->stale_first = pl->elastic;
+    gm__gp_set_stale_first(st, pl->elastic);
     memset(pl->parked, 0, 2 * pl->P * sizeof *pl->parked);
     pl->cur = pl->dev_step = 0;
     pl->settled = pl->grew = pl->growing = false;
@@ -583,7 +583,7 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, uint6
         pl->grew = pl->growing = true;
         gm__gp_plan_unpark_all(st, pl); /* best fit places the rest: parked ranges are free memory again */
         gm__gp_tighten(st);
-        st->steal_high = true; /* until gm__gp_loosen */
+        gm__gp_set_steal_high(st, true); /* until gm__gp_loosen */
     }
     bool growing = pl->growing;
     advance(st); /* ends growing at the step's end */
@@ -599,7 +599,7 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, uint6
         pl->claimed++;
         goto served;
     }
-    int rc = gm__gp_va_place_at(st, a, at, units, pl->rebase || pl->settled || st->warming, &b);
+    int rc = gm__gp_va_place_at(st, a, at, units, pl->rebase || pl->settled || gm__gp_warming(st), &b);
     if (rc == 2) return 0;
     if (rc <= 0) {
 #ifdef GP_PLAN_DEBUG
@@ -723,7 +723,7 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
      * given back then, once: kept where the tight steps left them, they sat
      * under the later steps' new placements and the run held more
      * (bench/gpumem_policy_tradeoff.md, "Tight warm-up, then the plan") */
-    if (st->warming && pl->state != PL_ACTIVE && !pl->eP && (pl->tries >= PL_TRIES || pl->n >= PL_WARM) &&
+    if (gm__gp_warming(st) && pl->state != PL_ACTIVE && !pl->eP && (pl->tries >= PL_TRIES || pl->n >= PL_WARM) &&
         !gm__device_capturing(st->d)) { /* it syncs and gives back: the first allocation after a capture */
         gm__gp_loosen(st);
         quiesce(st);

@@ -1,11 +1,11 @@
 /* plan/plan.h — the interface of gpumem_plan (src/policy/gpumem/plan/), the
  * sub-module of the `gpumem` policy that learns a repeating step and serves
  * it at planned addresses (st->plan is NULL unless gpumem_plan:on). Above
- * placement (gp_place.h); the check and the ops call it. */
+ * the arenas (arena.h); the check and the ops call it. */
 #ifndef GPUMEM_POLICY_GPUMEM_PLAN_H
 #define GPUMEM_POLICY_GPUMEM_PLAN_H
 
-#include "../gp_place.h"
+#include "layout.h" /* the tests' knobs */
 
 int gm__gp_plan_create(gp_state *st);
 void gm__gp_plan_destroy(gp_state *st);
@@ -26,15 +26,5 @@ uint64_t gm__gp_plan_claimed(const gp_state *st); /* of those, served from a par
 /* The active plan's layout: 'A' (around the live blocks), 'B' (own arena), 0 none. */
 int gm__gp_plan_layout(const gp_state *st);
 int gm__gp_plan_check(gp_state *st, char *err, size_t errlen);
-
-/* Tests (defined in layout.c): 0 the cheaper layout (default), 'A' or 'B'
- * that one whenever it fits. */
-extern int gm__gp_plan_force;
-/* Tests: when gm__gp_plan_verify is set, every layout the solver tries (each
- * order, fit and round) is checked: no two intervals that meet in time share
- * an address, none meets an obstacle it overlaps, none passes the arena's
- * end. Counts of layouts checked and found wrong. */
-extern int gm__gp_plan_verify;
-extern uint64_t gm__gp_plan_verified, gm__gp_plan_wrong;
 
 #endif /* GPUMEM_POLICY_GPUMEM_PLAN_H */

@@ -1,6 +1,6 @@
 /* plan/plan_check.c — what the plan tells the rest of the policy: its
  * counters, its layout, and its part of the invariant check (gm_check). */
-#include "plan_internal.h"
+#include "plan.h"
 
 uint64_t gm__gp_plan_served(const gp_state *st) { return st->plan ? st->plan->served : 0; }
 uint64_t gm__gp_plan_claimed(const gp_state *st) { return st->plan ? st->plan->claimed : 0; }

@@ -5,7 +5,7 @@
 #ifndef GPUMEM_POLICY_GPUMEM_PLAN_INTERNAL_H
 #define GPUMEM_POLICY_GPUMEM_PLAN_INTERNAL_H
 
-#include "plan.h"
+#include "../place/arena.h"
 
 #include <stdio.h>
 
@@ -127,12 +127,6 @@ void gm__gp_plan_park_chains(gp_plan *pl, uint64_t m, int64_t T);
 bool gm__gp_plan_park(gp_state *st, gp_plan *pl, gp_block *b);
 gp_block *gm__gp_plan_claim(gp_state *st, gp_plan *pl, gp_arena *a, uint64_t c, gm_devptr at, uint64_t units);
 void gm__gp_plan_unpark_all(gp_state *st, gp_plan *pl);
-
-/* Lay out the step [start - 2P, start - P) for the steps from pl->start on,
- * around the blocks live in arena a now (layout.c):
- * pl->off, planned, inmain, rebase, fp and top_units. GM_ENOMEM: no layout
- * holds less than the arena maps now. */
-int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a);
 
 /* foresee.c, a forecast of the step from pl->n on, told by position
  * pl->fref (fx units now, fX at most before), from the last two steps

@@ -1,4 +1,4 @@
-/* tp.h — the bottom floor of the `torch` policy (src/policy/torch/), private
+/* tree.h — the bottom floor of the `torch` policy (src/policy/torch/), private
  * to it: the block, segment and pool structures of our model of PyTorch
  * 2.11's CUDACachingAllocator, the ordered sets and block structs (tree.c)
  * and the segment and pool helpers every file shares (inline below). The
@@ -7,9 +7,9 @@
  *
  *   torch.c        the ops table (torch.h: the policy's one interface),
  *                  malloc/free/release as torch does them
- *   check.c        invariant check, segment walk      (tp_check.h)
- *   expandable.c   expandable segments                (tp_expandable.h)
- *   tree.c         sets (treaps), block structs       (tp.h)
+ *   check.c        invariant check, segment walk      (check.h)
+ *   expandable.c   expandable segments                (expandable.h)
+ *   tree.c         sets (treaps), block structs       (tree.h)
  *
  * Names follow torch's where a reader will want to compare the two:
  * get_free_block, alloc_block, free_block, try_merge_blocks, release_block,

@@ -1,7 +1,7 @@
 /* arena.c — the `gpumem` policy's arenas: per stream and pool, a virtual
  * range (va.c) where blocks are placed; the plan may have one of its own.
- * The lookup every malloc makes is gm__gp_arena_of, inline in gp_place.h. */
-#include "gp_place.h"
+ * The lookup every malloc makes is gm__gp_arena_of, inline in arena.h. */
+#include "arena.h"
 
 #include <stdlib.h>
 

@@ -1,10 +1,10 @@
-/* tp_expandable.h — expandable segments of the `torch` policy
+/* expandable.h — expandable segments of the `torch` policy
  * (expandable.c): reserved virtual ranges mapped page by page, as torch's
- * ExpandableSegment. Above tp.h; torch.c calls it. */
+ * ExpandableSegment. Above tree.h; torch.c calls it. */
 #ifndef GPUMEM_POLICY_TORCH_EXPANDABLE_H
 #define GPUMEM_POLICY_TORCH_EXPANDABLE_H
 
-#include "tp.h"
+#include "tree.h"
 
 /* alloc_block's expandable branch: NULL with *err = GM_OK on OOM */
 tp_block *tp_try_allocate_expandable_block(tp_state *st, gm_stream stream, tp_pool *p,

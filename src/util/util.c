@@ -1,4 +1,4 @@
-/* status.c — status names and messages, the library version, and the
+/* util.c — status names and messages, the library version, and the
  * per-thread error detail behind gm_last_error_detail(). */
 #include "gpumem/gpumem.h"
 #include "util/util.h"

@@ -6,7 +6,7 @@
  * idle chunks first so that physical memory never exceeds what live blocks
  * touch), the chunk sizes of gpumem_chunks:granule|run|auto and the cuts
  * that keep auto's multi-granule chunks whole or idle. */
-#include "gp_chunks.h"
+#include "chunks.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -75,32 +75,32 @@ void gm__gp_slack_modes(gp_state *st) {
      * saves device calls; under pressure a partly used one pins memory,
      * which auto avoids once the device may fill up (chunks.c) */
     st->autoc = isinf(st->slack) && cfg && cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_AUTO &&
-                !st->autoslack; /* the reserve budget moves granules: every chunk must be able to */
+                !st->mode.autoslack; /* the reserve budget moves granules: every chunk must be able to */
     st->runs = isinf(st->slack) && cfg && (cfg->gpumem_chunks == GM_GPUMEM_CHUNKS_RUN || st->autoc);
     /* at inf nothing on the hot path reads live counts (chunks.c) */
     st->lazy_ok = isinf(st->slack);
 }
 
 void gm__gp_loosen(gp_state *st) {
-    st->steal_high = false;
-    st->grows = false;
-    if (!st->warming) return;
-    st->warming = false;
+    st->mode.steal_high = false;
+    st->mode.grows = false;
+    if (!st->mode.warming) return;
+    st->mode.warming = false;
     st->slack = INFINITY;
     gm__gp_slack_modes(st);
     gm__gp_live_drop(st);
 }
 
 void gm__gp_loosen_granules(gp_state *st) {
-    if (!st->autoslack) return; /* a fixed gpumem_slack keeps its chunks */
+    if (!st->mode.autoslack) return; /* a fixed gpumem_slack keeps its chunks */
     gm__gp_loosen(st);
     st->runs = st->autoc = false;
-    st->grows = true; /* the step's new peak is foreseen: no reserve budget until it ends */
+    st->mode.grows = true; /* the step's new peak is foreseen: no reserve budget until it ends */
 }
 
 void gm__gp_tighten(gp_state *st) {
-    if (!st->autoslack || st->warming) return;
-    st->warming = true;
+    if (!st->mode.autoslack || st->mode.warming) return;
+    st->mode.warming = true;
     st->slack = 0.0;
     gm__gp_slack_modes(st);
     gm__gp_live_sync(st);
@@ -296,7 +296,7 @@ static inline bool higher(const gp_chunk *x, const gp_chunk *y, const gp_arena *
 static int32_t take_le_but(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a,
                            uint64_t pg0, uint64_t pg1, bool spare) {
     /* steal_high: the whole list is read, and of equal sizes the higher wins */
-    bool high = st->steal_high && list == GP_LIST_IDLE;
+    bool high = gm__gp_steal_high(st) && list == GP_LIST_IDLE;
     for (int o = (int)gm__gp_order(n); o >= 0; o--) {
         int32_t best = -1;
         int32_t h = list == GP_LIST_IDLE ? st->idle[o] : st->loose[o];
@@ -383,7 +383,7 @@ static int chunk_create(gp_state *st, uint64_t n, gp_arena *a, uint64_t pg0,
     gm__device *d = st->d;
     if (d->fraction_set && st->held_bytes + gm__device_others_reserved(d) + bytes > d->allowed_memory_maximum)
         return GM_ENOMEM;
-    if (st->soft_cap && st->held_bytes + bytes > st->soft_cap) return GM_ENOMEM; /* gpumem_plan: move, do not grow */
+    if (gm__gp_soft_cap(st) && st->held_bytes + bytes > gm__gp_soft_cap(st)) return GM_ENOMEM; /* gpumem_plan: move, do not grow */
     int32_t i = chunk_slot(st);
     if (i < 0) return GM_ENOHOSTMEM;
     gp_chunk *c = &st->chunks[i];
@@ -434,7 +434,7 @@ static uint64_t reserve_budget(const gp_state *st, uint64_t span) {
 }
 
 uint64_t gm__gp_budget_bytes(const gp_state *st) {
-    return st->autoslack ? reserve_budget(st, 0) << st->gshift : 0;
+    return st->mode.autoslack ? reserve_budget(st, 0) << st->gshift : 0;
 }
 
 /* Back the unmapped granules [g, g+n) of arena a, part of the placement
@@ -455,7 +455,7 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
         if (target > budget) budget = target;
         /* the reserve budget spares what a plan that serves keeps for its next steps:
          * moving that would move it back in every step; past them, new memory */
-        bool reserve = st->autoslack && !st->warming && !st->grows;
+        bool reserve = st->mode.autoslack && !st->mode.warming && !st->mode.grows;
         bool spare = reserve && st->keep && !a->plan_only;
         if (reserve) budget = reserve_budget(st, pg1 - pg0 + 1);
         uint64_t held = st->held_bytes >> st->gshift;

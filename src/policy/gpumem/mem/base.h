@@ -1,22 +1,22 @@
-/* gp.h — the bottom floor of the `gpumem` policy (src/policy/gpumem/): its
+/* base.h — the bottom floor of the `gpumem` policy (src/policy/gpumem/): its
  * structures and what every file may use (base.c: block structs, syncing an
  * arena's stream). The files above, each including the header of the floor
  * below, so that a call can only go down (docs/architecture.md):
  *
  *   gpumem.c            the ops table (gpumem.h: the policy's one interface),
  *                       size-class cache, OOM retry
- *   check.c             invariant check, segment walk       (gp_check.h)
+ *   check.c             invariant check, segment walk       (check.h)
  *   plan/               gpumem_plan:on: plan.c serves a step,
  *                       layout.c lays one out, park.c keeps a
  *                       freed block for the next planned one,
  *                       foresee.c sizes a longer step before
  *                       it runs, plan_check.c its counters
  *                       and check                            (plan/plan.h)
- *   arena.c             per-stream arenas                    (gp_place.h)
- *   va.c, plain.c       placement: free-range index with VMM, plain
- *                       device allocations without           (gp_place.h)
- *   chunks.c            physical chunks, mapping             (gp_chunks.h)
- *   base.c              block structs, stream sync           (gp.h)
+ *   place/arena.c       per-stream arenas                    (place/arena.h)
+ *   place/va.c,         placement: free-range index with VMM, plain
+ *   place/plain.c       device allocations without           (place/va.h, place/plain.h)
+ *   mem/chunks.c        physical chunks, mapping             (mem/chunks.h)
+ *   mem/base.c          block structs, stream sync           (mem/base.h)
  *
  * Model (see gpumem.c for the full story): every stream owns two large
  * virtual ranges (arenas, one per pool) where blocks are placed best-fit and coalesce; the
@@ -129,6 +129,24 @@ typedef struct gp_arena {
     uint64_t nfidx, fidx_cap;
 } gp_arena;
 
+/* What the plan (plan/) and gpumem_slack:auto tell the memory floor
+ * (chunks.c, va.c): the one place the plan's state reaches into it. The
+ * memory floor's own code (gm__gp_loosen, gm__gp_tighten, chunks.c) and
+ * gp_create (gpumem.c) write it; everything else reads it through the
+ * getters and the plan sets it through the setters below gp_state. */
+typedef struct gp_mode {
+    bool warming;              /* gpumem_slack:auto, not loosened yet: slack is 0 (gm__gp_loosen) */
+    bool steal_high;           /* gpumem_plan, a step growing past an elastic plan: an idle chunk moved
+                                * is the highest of the arena placed in, not the one idle longest
+                                * (fewer moves, measured: bench/gpumem_policy_tradeoff.md) */
+    bool stale_first;          /* gpumem_plan, an elastic plan serves: a placement that needs mapping
+                                * flushes the stale size classes before all (va.c, flush) */
+    bool autoslack;            /* gpumem_slack:auto with a plan: may be tight again (gm__gp_tighten) */
+    bool grows;                /* gpumem_plan, a step laid out from a forecast (gm__gp_loosen_granules) until it
+                                * ends: what it needs past the last layout is new memory, not moved */
+    uint64_t soft_cap;         /* gpumem_plan:on, while the plan maps its arena: no chunk is created past it (0: none) */
+} gp_mode;
+
 typedef struct gp_state {
     gm__device *d;
     bool vmm;
@@ -146,15 +164,7 @@ typedef struct gp_state {
     uint32_t nmulti;     /* chunks of more than one granule (none by default) */
     uint64_t held_bytes;       /* physical bytes held (chunks, or plain mallocs) */
     double slack;              /* cfg gpumem_slack: may hold (1 + slack) x peak live granules */
-    bool warming;              /* gpumem_slack:auto, not loosened yet: slack is 0 (gm__gp_loosen) */
-    bool steal_high;           /* gpumem_plan, a step growing past an elastic plan: an idle chunk moved
-                                * is the highest of the arena placed in, not the one idle longest
-                                * (fewer moves, measured: bench/gpumem_policy_tradeoff.md) */
-    bool stale_first;          /* gpumem_plan, an elastic plan serves: a placement that needs mapping
-                                * flushes the stale size classes before all (va.c, flush) */
-    bool grows;                /* gpumem_plan, a step laid out from a forecast (gm__gp_loosen_granules) until it
-                                * ends: what it needs past the last layout is new memory, not moved */
-    bool autoslack;            /* gpumem_slack:auto with a plan: may be tight again (gm__gp_tighten) */
+    gp_mode mode;              /* the plan's and gpumem_slack:auto's say (gp_mode; getters below) */
     bool runs;                 /* gpumem_chunks:run at slack inf: one chunk per run of unmapped granules */
     bool autoc;                /* gpumem_chunks:auto at slack inf (runs is set too) */
     bool lazy_ok;              /* slack inf: live counts may go stale between pressure events */
@@ -166,8 +176,16 @@ typedef struct gp_state {
     struct gp_plan *plan;      /* gpumem_plan:on (with VMM): step detection and the plan */
     bool (*keep)(struct gp_state *, const gp_chunk *); /* gpumem_plan: an idle chunk the plan serving now
                                 * uses again in its next steps (plan.c); NULL without a plan */
-    uint64_t soft_cap;         /* gpumem_plan:on, while the plan maps its arena: no chunk is created past it (0: none) */
 } gp_state;
+
+/* The plan's say over the memory floor (gp_mode). */
+static inline bool gm__gp_warming(const gp_state *st) { return st->mode.warming; }
+static inline bool gm__gp_steal_high(const gp_state *st) { return st->mode.steal_high; }
+static inline bool gm__gp_stale_first(const gp_state *st) { return st->mode.stale_first; }
+static inline uint64_t gm__gp_soft_cap(const gp_state *st) { return st->mode.soft_cap; }
+static inline void gm__gp_set_steal_high(gp_state *st, bool on) { st->mode.steal_high = on; }
+static inline void gm__gp_set_stale_first(gp_state *st, bool on) { st->mode.stale_first = on; }
+static inline void gm__gp_set_soft_cap(gp_state *st, uint64_t bytes) { st->mode.soft_cap = bytes; }
 
 /* base.c */
 gp_block *gm__gp_block_new(gp_state *st);

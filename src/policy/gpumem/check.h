@@ -1,4 +1,4 @@
-/* gp_check.h — the `gpumem` policy's self-check, segment walk and pointer
+/* check.h — the `gpumem` policy's self-check, segment walk and pointer
  * ownership (check.c): the ops table's check, walk_segments and owns. Above
  * the plan (the check includes the plan's). */
 #ifndef GPUMEM_POLICY_GPUMEM_CHECK_H

@@ -1,4 +1,4 @@
-/* scope.c — named scopes per thread, memory categories, and the allocation
+/* history.c — named scopes per thread, memory categories, and the allocation
  * history ring (gpumem.h, history.h).
  *
  * Scopes form one process-wide tree of (parent, name) nodes, interned under

@@ -4,7 +4,7 @@
  * one), splitting and coalescing, and the flush of the size-class cache
  * back into the arenas (placement does it before it maps). The physical
  * chunks behind the arena are in chunks.c, below. */
-#include "gp_place.h"
+#include "va.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -475,7 +475,7 @@ static int va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
          * every step, and a full flush made those miss once more
          * (bench/RESULTS.md, "stale flush"). Fixed shapes flush all at once:
          * stale-first there moved a small pool's growth past the warm-up. */
-        if (needs_map && pass == 0 && ((st->stale_first && gm__gp_flush_stale(st)) || gm__gp_flush_quick(st)))
+        if (needs_map && pass == 0 && ((gm__gp_stale_first(st) && gm__gp_flush_stale(st)) || gm__gp_flush_quick(st)))
             continue;
         if (needs_map && pass == 1 && gm__gp_flush_quick(st)) continue;
         int cut = gm__gp_split_partial(st, a, r, at, bytes);

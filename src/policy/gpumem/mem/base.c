@@ -1,7 +1,7 @@
-/* base.c — the bottom floor of the `gpumem` policy (gp.h): block structs,
+/* base.c — the bottom floor of the `gpumem` policy (base.h): block structs,
  * recycled so that a warm malloc/free never calls malloc, and waiting for an
  * arena's stream. */
-#include "gp.h"
+#include "base.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,10 +1,10 @@
-/* gp_chunks.h — the `gpumem` policy's physical chunks (chunks.c): which
+/* chunks.h — the `gpumem` policy's physical chunks (chunks.c): which
  * chunks are mapped where, live counts, mapping what a placement needs,
- * releasing what no block uses. Above gp.h; below placement (gp_place.h). */
+ * releasing what no block uses. Above base.h; below placement (plain.h, va.h). */
 #ifndef GPUMEM_POLICY_GPUMEM_CHUNKS_H
 #define GPUMEM_POLICY_GPUMEM_CHUNKS_H
 
-#include "gp.h"
+#include "base.h"
 
 /* The wrappers below are inline because every large malloc or free calls
  * them and, at the default (slack inf, memory held under GP_AUTO_PERMILLE

@@ -2,7 +2,7 @@
  * memory management (no VMM): each block is its own device allocation, in
  * plain lists, with the same statistics. The production path when the driver
  * or the device lacks VMM; the VMM path is va.c. */
-#include "gp_place.h"
+#include "plain.h"
 
 int gm__gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
     uint64_t bytes = units << GP_ALIGN_SHIFT;

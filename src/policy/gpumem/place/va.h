@@ -1,18 +1,12 @@
-/* gp_place.h — where a block goes in the `gpumem` policy: plain.c (no VMM:
- * one device allocation per block), va.c (the free-range index of an arena,
- * best-fit placement, and returning cached small blocks to it) and arena.c
- * (the per-stream arenas). Above the chunks (gp_chunks.h); the plan and the
- * ops build on it. */
-#ifndef GPUMEM_POLICY_GPUMEM_PLACE_H
-#define GPUMEM_POLICY_GPUMEM_PLACE_H
+/* va.h — where a block goes in an arena with VMM (va.c): the free-range
+ * index of an arena, best-fit placement, returning cached small blocks to
+ * it, parking (gpumem_plan:on). Above plain placement (plain.h); the arenas
+ * (arena.h) build on it. */
+#ifndef GPUMEM_POLICY_GPUMEM_VA_H
+#define GPUMEM_POLICY_GPUMEM_VA_H
 
-#include "gp_chunks.h"
+#include "plain.h"
 
-/* plain.c */
-int gm__gp_plain_malloc(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
-void gm__gp_plain_free(gp_state *st, gp_block *b);
-
-/* va.c */
 int gm__gp_arena_init_va(gp_state *st, gp_arena *a);
 int gm__gp_va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out);
 void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b);
@@ -50,29 +44,4 @@ static inline void gm__gp_block_release(gp_state *st, gp_arena *a, gp_block *b) 
     else gm__gp_plain_free(st, b);
 }
 
-/* arena.c */
-int gm__gp_arena_new(gp_state *st, gm_stream stream, int pool, gp_arena **out);
-void gm__gp_arena_free(gp_state *st, gp_arena *a);
-/* A new arena of the stream and pool that only the plan places in. */
-int gm__gp_arena_new_plan(gp_state *st, gm_stream stream, int pool, gp_arena **out);
-
-/* The arena of (stream, pool), made on first use. Inline: every malloc
- * asks, and most programs use one stream (st->last). */
-static inline int gm__gp_arena_of(gp_state *st, gm_stream stream, int pool, gp_arena **out) {
-    gp_arena *l = st->last[pool];
-    if (l && l->stream == stream) {
-        *out = l;
-        return GM_OK;
-    }
-    for (uint32_t i = 0; i < st->narenas; i++) {
-        if (st->arenas[i]->stream == stream && st->arenas[i]->pool == pool && !st->arenas[i]->plan_only) {
-            *out = st->last[pool] = st->arenas[i];
-            return GM_OK;
-        }
-    }
-    int rc = gm__gp_arena_new(st, stream, pool, out);
-    if (rc == GM_OK) st->last[pool] = *out;
-    return rc;
-}
-
-#endif /* GPUMEM_POLICY_GPUMEM_PLACE_H */
+#endif /* GPUMEM_POLICY_GPUMEM_VA_H */
