@@ -33,6 +33,16 @@ static const char *const alloc_settings[] = {
 #define NALLOC (sizeof alloc_settings / sizeof alloc_settings[0])
 
 static int64_t device_total(const gm_est_result *r) { return r->peak_reserved_torch + r->cuda_context; }
+/* The one fit rule (docs/estimate.md): the whole device plus a margin of
+ * GM_EST_FIT_MARGIN of peak reserved (the predictions' accuracy target)
+ * must not exceed the capacity. */
+static int64_t fit_margin(int64_t peak_reserved) { return (int64_t)((double)peak_reserved * GM_EST_FIT_MARGIN); }
+static int64_t fit_needed(int64_t peak_reserved, int64_t context) {
+    return peak_reserved + fit_margin(peak_reserved) + context;
+}
+static bool fits(const gm_est_result *r, uint64_t capacity) {
+    return fit_needed(r->peak_reserved_torch, r->cuda_context) <= (int64_t)capacity;
+}
 
 typedef struct ctx {
     const char *cmd;
@@ -182,8 +192,7 @@ static void best_combination(ctx *c) {
                              (o != (int)c->run.optimizer);
                     gm_est_result res;
                     if (gm_est_scan(&c->m, &r, &res) != GM_OK) continue;
-                    double need = (double)res.peak * (1.0 + GM_EST_FIT_MARGIN) + (double)res.cuda_context;
-                    if (need > (double)c->capacity) continue;
+                    if (fit_needed(res.peak, res.cuda_context) > (int64_t)c->capacity) continue;
                     r.steps = c->run.steps;
                     cs[n++] = (cand){r, ch, res.peak};
                 }
@@ -194,8 +203,7 @@ static void best_combination(ctx *c) {
         memset(s, 0, sizeof *s);
         s->run = cs[i].run;
         if (gm_est_estimate_torch(&c->m, &s->run, &s->res) != GM_OK) continue;
-        double need = (double)s->res.peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)s->res.cuda_context;
-        if (need > (double)c->capacity) continue;
+        if (!fits(&s->res, c->capacity)) continue;
         s->peak = s->res.peak_allocated;
         s->base = c->base.peak_allocated;
         s->ok = true;
@@ -303,10 +311,9 @@ static void print_json(ctx *c) {
         }
         printf("}");
     }
-    printf("},\"capacity\":%llu,\"fits\":%s,\"strategies\":[", (unsigned long long)c->capacity,
-           !c->capacity ? "null"
-           : (double)b->peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)b->cuda_context <= (double)c->capacity
-               ? "true" : "false");
+    printf("},\"capacity\":%llu,\"fits\":%s,\"fit_margin\":%.2f,\"fit_needed\":%lld,\"strategies\":[",
+           (unsigned long long)c->capacity, !c->capacity ? "null" : fits(b, c->capacity) ? "true" : "false",
+           GM_EST_FIT_MARGIN, (long long)fit_needed(b->peak_reserved_torch, b->cuda_context));
     for (int i = 0; i < c->ns; i++) {
         if (i) putchar(',');
         json_strat(&c->m, &c->s[i]);
@@ -366,10 +373,16 @@ static void print_text(ctx *c) {
         printf("\n");
     }
     if (c->capacity) {
-        bool fit = (double)b->peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)b->cuda_context <=
-                   (double)c->capacity;
-        printf("\ncapacity %s: %s\n", cli_format_bytes(c->capacity, x1, sizeof x1),
-               fit ? "fits" : "does NOT fit (predicted out of memory)");
+        char x4[32];
+        bool fit = fits(b, c->capacity);
+        printf("\ncapacity %s: %s: whole device %s + %.0f%% margin %s = %s %s %s\n",
+               cli_format_bytes(c->capacity, x1, sizeof x1), fit ? "fits" : "does NOT fit",
+               cli_format_bytes((uint64_t)device_total(b), x2, sizeof x2), 100.0 * GM_EST_FIT_MARGIN,
+               cli_format_bytes((uint64_t)fit_margin(b->peak_reserved_torch), x3, sizeof x3),
+               cli_format_bytes((uint64_t)fit_needed(b->peak_reserved_torch, b->cuda_context), x4, sizeof x4),
+               fit ? "<=" : ">", x1);
+        printf("  (the margin: %.0f%% of peak reserved, the estimate's accuracy target; --fit and the best\n"
+               "   combination use the same rule)\n", 100.0 * GM_EST_FIT_MARGIN);
     }
     printf("\n%-44s %11s %20s   %s\n", "strategy (alone)", "peak", "saving", "change");
     for (int i = 0; i < c->ns; i++) {
@@ -418,8 +431,7 @@ static int fit_world(ctx *c) {
         int st = gm_est_estimate_torch(&c->m, &r, &res);
         if (st == GM_EINVAL) return st;
         if (st) continue;
-        double need = (double)res.peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)res.cuda_context;
-        if (need <= (double)c->capacity) {
+        if (fits(&res, c->capacity)) {
             c->fit_value = w;
             c->fit_res = res;
             return GM_OK;
