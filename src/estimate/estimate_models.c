@@ -197,8 +197,29 @@ int gm_est_model_from_hf_config(const char *json, const char *label, gm_est_mode
     return gm__set_error(GM_ENOTSUP, "%s: this gpumem was built without cJSON; use --model", label);
 #else
     memset(out, 0, sizeof *out);
-    cJSON *root = cJSON_Parse(json);
-    if (!root || !cJSON_IsObject(root)) {
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(json, &end, false);
+    if (!root) { /* a text that ends inside a string, object or array is a cut file */
+        size_t len = strlen(json);
+        int depth = 0;
+        bool in_str = false;
+        for (const char *q = json; *q; q++) {
+            if (in_str) {
+                if (*q == '\\' && q[1]) q++;
+                else if (*q == '"') in_str = false;
+            } else if (*q == '"') in_str = true;
+            else if (*q == '{' || *q == '[') depth++;
+            else if (*q == '}' || *q == ']') depth--;
+        }
+        if (in_str || depth > 0)
+            return gm__set_error(GM_EFORMAT, "%s: truncated JSON at byte %zu (the text ends with %s still open; "
+                                 "expected a whole Hugging Face config.json)", label, len,
+                                 in_str ? "a string" : "an object or array");
+        size_t at = end && end >= json ? (size_t)(end - json) : 0;
+        return gm__set_error(GM_EFORMAT, "%s: invalid JSON at byte %zu (expected a Hugging Face config.json)",
+                             label, at);
+    }
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return gm__set_error(GM_EFORMAT, "%s: not a JSON object (expected a Hugging Face config.json)", label);
     }

@@ -30,6 +30,17 @@ for s in j["strategies"]:
 assert j["fits"] is True and j["best_combination"] is not None
 ' || fail "json: $out"
 "$GPUMEM" estimate --model resnet50 --precision fp16-autocast | grep -q "peak allocated" || fail "text output"
+# the verdict states its rule: whole device + 10% of peak reserved against the capacity
+# (issue 42: 22.06 GiB whole device "does NOT fit" 24 GiB, with the margin unsaid)
+out=$("$GPUMEM" estimate --model gpt2-medium --batch 6 --capacity 24GiB) || fail "verdict exit"
+echo "$out" | grep -Eq "^capacity 24.00 GiB: does NOT fit: whole device 22.06 GiB \+ 10% margin [0-9.]+ GiB = 24.[0-9]+ GiB > 24.00 GiB$" ||
+    fail "verdict line: $(echo "$out" | grep capacity)"
+"$GPUMEM" estimate --model gpt2-medium --batch 6 --capacity 24GiB --json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+res, dev = j["peak_reserved"]["torch"], j["device_total"]["torch"]
+assert j["fit_margin"] == 0.1 and j["fit_needed"] == dev + int(res * 0.1), j
+assert dev <= j["capacity"] < j["fit_needed"] and j["fits"] is False, j' || fail "verdict JSON"
 # checkpointing is Hugging Face only: not offered for torchvision
 "$GPUMEM" estimate --model resnet50 --json | python3 -c '
 import json, sys; j = json.load(sys.stdin)
@@ -130,7 +141,14 @@ expect2 '"n_layer" must be a positive integer' --config "$T/neg.json"
 echo '{"model_type": "vit", "architectures": ["ViTForImageClassification"], "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "image_size": 32, "patch_size": 16, "num_labels": 1e126}' >"$T/vitbig.json"
 "$GPUMEM" estimate --config "$T/vitbig.json" --batch 1 >/dev/null || fail "huge num_labels"
 echo 'not json' >"$T/bad.json"
-expect2 "not a JSON object" --config "$T/bad.json"
+expect2 "invalid JSON at byte 0" --config "$T/bad.json"
+printf '{"model_type": "gpt2",, "n_layer": 2}' >"$T/comma.json"
+expect2 "invalid JSON at byte 23" --config "$T/comma.json"
+echo '[1, 2]' >"$T/list.json"
+expect2 "not a JSON object" --config "$T/list.json"
+# a cut download: say so, and where
+printf '{"model_type": "gpt2", "n_layer": 2, "n_em' >"$T/cut.json"
+expect2 "truncated JSON at byte 42" --config "$T/cut.json"
 "$GPUMEM" estimate --help | grep -q -- "--fit batch|seq" || fail "--help"
 expect2 "wants an integer from 2 to 16" --model gpt2 --steps 40
 expect2 "--accum wants an integer" --model gpt2 --accum -2

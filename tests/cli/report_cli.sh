@@ -83,6 +83,12 @@ done
 ex=$SRC/examples/mlp_adam_fp32.pickle.gz
 # --text: the same tables; mlp_adam_fp32 (Adam, fp32): state = 2 x parameters, gradients = parameters
 "$GPUMEM" report "$ex" --text >"$T/t.txt" || fail "--text exit"
+# -o: the format follows the extension (.txt: the text tables, as --text prints them)
+"$GPUMEM" report "$ex" -o "$T/o.txt" 2>"$T/err" || fail "-o FILE.txt exit: $(cat "$T/err")"
+cmp -s "$T/o.txt" "$T/t.txt" || fail "-o FILE.txt is not the text report: $(head -c 200 "$T/o.txt")"
+"$GPUMEM" report "$ex" -o "$T/o.pdf" 2>"$T/err"; [ $? -eq 2 ] || fail "-o FILE.pdf accepted"
+grep -q "FILE.html (the HTML page) or FILE.txt" "$T/err" || fail "-o FILE.pdf message: $(cat "$T/err")"
+[ -e "$T/o.pdf" ] && fail "-o FILE.pdf wrote a file"
 for needle in "At the peak of live requested bytes" "How the bytes at the peak were attributed" \
               "Frames and scopes by memory live at the peak" "optimizer_state" "_init_group (adam.py"; do
     grep -qF "$needle" "$T/t.txt" || fail "--text lacks '$needle'"
