@@ -76,4 +76,9 @@ echo "$err" | grep -q "checked under policy:gpumem" || fail "config error does n
 "$GPUMEM" run --no-publish --conf expandable_segments:True -- true 2>/dev/null; [ $? = 2 ] || fail "run --conf expandable_segments:True accepted"
 "$GPUMEM" config policy:torch,expandable_segments:True | grep -q "expandable_segments *True" || fail "policy:torch named"
 "$GPUMEM" config policy:torch,expandable_segments:True | grep -q "assumed" && fail "a named policy is not assumed"
+# demo says which policy it runs (issue 42: policy:torch, unsaid)
+err=$(GPUMEM_SHM_TAG="opt$$" "$GPUMEM" demo --steps 1 --hold 0 --step-ms 0 --model 16MiB 2>&1 >/dev/null) || fail "demo: $err"
+echo "$err" | grep -q "under policy:torch (PyTorch's allocator, modelled" || fail "demo does not say its policy: $err"
+GPUMEM_SHM_TAG="opt$$" "$GPUMEM" demo --steps 1 --hold 0 --step-ms 0 --model 16MiB --conf policy:gpumem 2>/dev/null |
+    grep -q '"policy":"gpumem"' || fail "demo --steps JSON does not name the policy"
 echo "ok: config --list and config STR"
