@@ -74,7 +74,7 @@ static void print_json(const char *path, uint64_t capacity, const advice *a, dou
     printf("{\"trace\":");
     cli_json_string(stdout, path);
     printf(",\"capacity\":%llu,\"seconds\":%.3f,", (unsigned long long)capacity, secs);
-    cli_tune_print_json(a->rows, a->n, &a->choice);
+    cli_tune_print_json(a->rows, a->n, &a->choice, capacity);
     printf(",\"categories\":");
     if (a->cats_ok) {
         printf("{\"peak\":%lld,\"from_frames\":%s", (long long)a->peak, a->have_frames ? "true" : "false");

@@ -385,15 +385,25 @@ static void print_text(ctx *c) {
                "   combination use the same rule)\n", 100.0 * GM_EST_FIT_MARGIN);
     }
     printf("\n%-44s %11s %20s   %s\n", "strategy (alone)", "peak", "saving", "change");
+    char same[512] = "";
+    size_t nsame = 0;
     for (int i = 0; i < c->ns; i++) {
         const strat *s = &c->s[i];
         char sv[48];
         int64_t d = s->base - s->peak;
+        /* a change that moves the peak by less than 0.05% (prints as 0.0%) is not a strategy: listed below */
+        if (s->base && llabs(d) * 2000 < s->base) {
+            nsame += (size_t)snprintf(same + nsame, nsame < sizeof same ? sizeof same - nsame : 0, "%s%s",
+                                      nsame ? ", " : "", s->name);
+            if (nsame >= sizeof same) nsame = sizeof same;
+            continue;
+        }
         snprintf(sv, sizeof sv, "%s%s (%.1f%%)", d < 0 ? "-" : "", cli_format_bytes((uint64_t)(d < 0 ? -d : d), x2, sizeof x2),
                  s->base ? 100.0 * (double)d / (double)s->base : 0.0);
         printf("%-44s %11s %20s   %s%s\n", s->name, cli_format_bytes((uint64_t)s->peak, x1, sizeof x1), sv, s->change,
                s->reserved_metric ? "  [peak reserved]" : "");
     }
+    if (*same) printf("(the same peak within 0.05%%, not listed: %s)\n", same);
     if (c->have_best) {
         printf("\nbest combination that fits %s: %s\n  peak allocated %s, whole device %s\n",
                cli_format_bytes(c->capacity, x1, sizeof x1), c->best.change,

@@ -95,4 +95,21 @@ j = json.load(sys.stdin)
 assert j["best_for_memory"] == "policy:gpumem", j["best_for_memory"]
 assert j["recommended"] == "policy:gpumem", j["recommended"]
 ' || fail "steps40 resnet50_amp"
+EX=${GPUMEM_SOURCE:?}/examples/mlp_adam_fp32.pickle.gz
+# a per_process_memory_fraction row says its cap in bytes and the device it is a share of
+# (issue 42: 0.07 of the simulated 141 GiB, on a 24 GiB card a 1.7 GiB cap)
+out=$("$GPUMEM" tune "$EX") || fail "tune exit"
+echo "$out" | grep -A1 "per_process_memory_fraction:" | grep -q "of the simulated 141.00 GiB device; for your GPU rerun with --capacity" ||
+    fail "fraction row without its cap: $(echo "$out" | grep -A1 fraction)"
+"$GPUMEM" tune "$EX" --capacity 24GiB --json | python3 -c '
+import json, sys
+rows = [r for r in json.load(sys.stdin)["results"] if "per_process_memory_fraction" in r["conf"]]
+assert rows, "no fraction row"
+for r in rows:
+    f = float(r["conf"].split("per_process_memory_fraction:")[1].split(",")[0])
+    assert r["memory_fraction"] == f and r["memory_cap_bytes"] == int(f * 24 * 2**30), r
+    assert r["memory_cap_bytes"] >= r["peak_reserved"], r  # sized to the trace on the device given
+' || fail "fraction rows at --capacity 24GiB"
+# "0 B less than PyTorch's default (0.0%)": the default is itself, not a saving
+echo "$out" | grep -q "(0.0%)" && fail "a 0.0% difference printed: $(echo "$out" | grep "0.0%")"
 echo ok

@@ -35,6 +35,10 @@ assert j["fits"] is True and j["best_combination"] is not None
 out=$("$GPUMEM" estimate --model gpt2-medium --batch 6 --capacity 24GiB) || fail "verdict exit"
 echo "$out" | grep -Eq "^capacity 24.00 GiB: does NOT fit: whole device 22.06 GiB \+ 10% margin [0-9.]+ GiB = 24.[0-9]+ GiB > 24.00 GiB$" ||
     fail "verdict line: $(echo "$out" | grep capacity)"
+# no noise rows: a strategy within 0.05% of the peak ("-512 B (-0.0%)") is named once below the table
+echo "$out" | grep -E -- "-?0\.0%\)" && fail "a 0.0% strategy row"
+echo "$out" | grep -q "^(the same peak within 0.05%, not listed: precision fp16-autocast, optimizer adam)$" ||
+    fail "the strategies with no effect are not named"
 "$GPUMEM" estimate --model gpt2-medium --batch 6 --capacity 24GiB --json | python3 -c '
 import json, sys
 j = json.load(sys.stdin)
