@@ -2,7 +2,8 @@
 # advise_cli.sh — 'gpumem advise': settings ranked with device calls, "best
 # for memory" vs "recommended" (device calls within 10x the default's), the
 # peak by category from Python stacks (exact on a synthetic snapshot, and on
-# the GPT-2 trace: parameters and AdamW state), none without stacks; errors.
+# the GPT-2 trace: parameters and AdamW state), inferred without stacks and
+# the call that records them; errors.
 set -u
 : "${GPUMEM:?}"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -58,11 +59,15 @@ best = r[j["best_for_memory"]]
 assert best["peak_reserved"] == min(x["peak_reserved"] for x in j["results"] if not x["failed"]), best
 assert best["rank"] <= rec["rank"]
 ' || fail "synthetic json: $out"
-"$GPUMEM" advise "$T/bare.pickle.gz" | grep -q "no Python stacks recorded" || fail "no stacks: not marked approximate"
+# no frames: says what is inferred and the one call that records frames (issue 42)
+"$GPUMEM" advise "$T/bare.pickle.gz" | grep -q "no Python frames: inferred" || fail "no stacks: not marked inferred"
+"$GPUMEM" advise "$T/bare.pickle.gz" | grep -qF 'torch.cuda.memory._record_memory_history(max_entries=1000000, context="all", stacks="python")' ||
+    fail "no stacks: no call to record frames"
 "$GPUMEM" advise "$T/bare.pickle.gz" --json | python3 -c '
 import json, sys
 c = json.load(sys.stdin)["categories"]
-assert c["from_frames"] is False and c["peak"] == 21 << 20, c' || fail "bare json"
+assert c["from_frames"] is False and c["peak"] == 21 << 20, c
+assert "_record_memory_history(" in c["note"] and "inferred" in c["note"], c' || fail "bare json"
 "$GPUMEM" advise "$T/absent.pickle.gz" 2>/dev/null; [ $? -eq 1 ] || fail "missing trace: exit 1"
 "$GPUMEM" advise "$T/s.pickle.gz" --capacity lots 2>/dev/null; [ $? -eq 2 ] || fail "bad capacity: exit 2"
 "$GPUMEM" advise "$T/s.pickle.gz" --frobnicate 2>/dev/null; [ $? -eq 2 ] || fail "unknown option: exit 2"
