@@ -43,6 +43,8 @@ def args_for(c, tmp):
     if c.get("image") and c["model"] in BUILTIN:
         a += ["--image", str(c["image"])]
     a += ["--precision", c.get("precision", "bf16-autocast")]
+    if c.get("torch_dtype"):
+        a += ["--torch-dtype", c["torch_dtype"]]
     if c.get("generate"):
         a += ["--generate", str(c["generate"])]
     else:
@@ -72,8 +74,8 @@ def workload_runs(w):
                     optimizer="adamw", keep_output=True)
     if n == "resnet50_sgd_amp":
         return dict(model="resnet50", batch=128, image=224, precision="fp16-autocast", optimizer="sgd-momentum")
-    if n == "gpt2_generate_kvcache":  # GPT-2 medium's shape, .half() (the bytes of bf16), b = 1, 8, 16
-        return dict(model="gpt2-medium", batch=16, seq=64, precision="bf16", generate=200)
+    if n == "gpt2_generate_kvcache":  # GPT-2 medium's shape, built in fp32 then .half() (bf16's bytes), b = 1, 8, 16
+        return dict(model="gpt2-medium", batch=16, seq=64, precision="bf16", torch_dtype="fp32", generate=200)
     return None
 
 

@@ -55,23 +55,10 @@ def _log(msg):
 
 
 def _wheel_missing():
-    """One line naming what pip needs to build a wheel, or None when it is there.
-    setuptools >= 70.1 has bdist_wheel itself; older ones need the wheel package."""
-    try:
-        from setuptools.command.bdist_wheel import bdist_wheel  # noqa: F401, PLC0415
-        return None
-    except ImportError:
-        pass
-    try:
-        import wheel.bdist_wheel  # noqa: F401, PLC0415
-        return None
-    except ImportError:
-        import setuptools  # noqa: PLC0415
-        whl = sorted(glob.glob("/usr/share/python-wheels/wheel-*.whl"))  # Debian's python3-wheel-whl
-        how = "%s -m pip install %s" % (sys.executable, whl[-1] if whl else "wheel")
-        return ("gpumem setup: pip needs 'bdist_wheel' to install, which setuptools %s lacks, and the 'wheel' "
-                "package is not installed for %s: install it (%s; offline on Debian: apt-get install "
-                "python3-wheel-whl first) and run pip again" % (setuptools.__version__, sys.executable, how))
+    """gpumem/_wheelcheck.py's line (shared with gpumem doctor), or None when pip can build a wheel."""
+    import runpy  # noqa: PLC0415
+    msg = runpy.run_path(os.path.join(HERE, "gpumem", "_wheelcheck.py"))["wheel_missing"]()
+    return "gpumem setup: " + msg if msg else None
 
 
 def build_library(build_temp):

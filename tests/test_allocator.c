@@ -160,10 +160,14 @@ static void test_oom(void **state) {
     const char *d = gm_last_error_detail();
     assert_non_null(strstr(d, "Tried to allocate 100.00 MiB"));
     assert_non_null(strstr(d, "GPU 0 has a total capacity of 64.00 MiB"));
+    /* larger than the whole device: say so, not "the live tensors need this memory" */
+    assert_non_null(strstr(d, "The request alone exceeds the device's capacity of 64.00 MiB"));
+    assert_null(strstr(d, "live tensors"));
     assert_int_equal(gm_test_stats(a).num_ooms, 1);
     gm_test_check(a);
     assert_int_equal(gm_malloc(a, 0, 40 * MIB, 0, &p), GM_OK);
     assert_int_equal(gm_malloc(a, 0, 40 * MIB, 0, &q), GM_ENOMEM);
+    assert_non_null(strstr(gm_last_error_detail(), "the live tensors need this memory"));
     assert_int_equal(gm_test_stats(a).num_ooms, 2);
     gm_test_check(a);
     assert_int_equal(gm_free(a, p), GM_OK);

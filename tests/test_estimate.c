@@ -279,7 +279,11 @@ static void test_config_errors(void **state) {
          "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"intermediate_size\":64,\"vocab_size\":9,"
          "\"max_position_embeddings\":64}", "BertForTokenClassification"},
         {"[1,2]", "JSON object"},
-        {"{not json", "JSON object"},
+        {"{not json", "invalid JSON at byte 2"}, /* where cJSON stopped */
+        {"{\"model_type\": \"gp", "truncated JSON at byte 18"},
+        {"{\"n_layer\": 2", "truncated JSON at byte 13"},
+        {"{\"n_layer\": tr", "truncated JSON at byte 14"},
+        {"", "truncated JSON at byte 0"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = gm_est_model_from_hf_config(bad[i].json, "cfg.json", &m);

@@ -248,6 +248,57 @@ static void test_lifetime_rule(void **s) {
     gm_trace_free(t);
 }
 
+/* No frames, but steps: live memory rises through forward and falls
+ * through backward (issue 42: 58-94% of the peak was "other"). Parameters
+ * P1, P2 made first; three steps of forward (activations A1, A2 alive at the
+ * step's high point; a temporary T born and freed before it), backward
+ * (gradients G1, G2, the first allocations of the parameters' sizes after
+ * the high point), the optimizer step (state S1, S2 in the first,
+ * long-lived; temporaries, one of a parameter's size). */
+static void test_step_rule(void **s) {
+    (void)s;
+    tb x = {gm__tb_new(), 0};
+    ALLOC(0x1000, 1000, 0); /* P1 */
+    ALLOC(0x2000, 500, 0);  /* P2 */
+    for (int step = 0; step < 3; step++) {
+        ALLOC(0x3000, 4000, 0); /* A1 */
+        ALLOC(0x4000, 100, 0);  /* T */
+        FREE(0x4000, 0);
+        ALLOC(0x5000, 6000, 0); /* A2: the high point follows */
+        FREE(0x5000, 0);
+        ALLOC(0x6000, 1000, 0); /* G1 */
+        ALLOC(0x7000, 500, 0);  /* G2 */
+        FREE(0x3000, 0);
+        if (!step) {
+            ALLOC(0x8000, 1000, 0); /* S1 */
+            ALLOC(0x9000, 500, 0);  /* S2 */
+        }
+        ALLOC(0xa000, 1000, 0); /* an optimizer temporary of a parameter's size: not a gradient */
+        FREE(0xa000, 0);
+        ALLOC(0xa000, 64, 0);
+        FREE(0xa000, 0);
+        FREE(0x6000, 0); /* zero_grad(set_to_none=True) */
+        FREE(0x7000, 0);
+    }
+    gm_trace *t = finish(&x);
+    gm_attribution *a;
+    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_false(a->has_frames);
+    assert_int_equal(a->nsteps, 3);
+    assert_int_equal(a->bytes_by[GM_CAT_PARAMETERS][GM_AM_LIFETIME], 1500);
+    assert_int_equal(a->bytes_by[GM_CAT_OPTIMIZER][GM_AM_LIFETIME], 1500);
+    assert_int_equal(a->bytes_by[GM_CAT_ACTIVATIONS][GM_AM_STEPS], 3 * (4000 + 6000));
+    assert_int_equal(a->bytes_by[GM_CAT_GRADIENTS][GM_AM_STEPS], 3 * 1500);
+    assert_int_equal(a->bytes_by[GM_CAT_TEMPORARIES][GM_AM_STEPS], 3 * (100 + 1000 + 64));
+    assert_int_equal(gm_attr_peak_method(a, GM_AM_UNKNOWN), 0);
+    /* at the peak (the second step's high: P, S, A1, A2): nothing is "other" */
+    assert_int_equal(a->peak_bytes, 1500 + 1500 + 4000 + 6000);
+    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_ACTIVATIONS), 10000);
+    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_OTHER), 0);
+    gm_attribution_free(a);
+    gm_trace_free(t);
+}
+
 /* Old snapshots have free_requested only; an alloc of a live address keeps
  * the old allocation live (as replay does) and is counted. */
 static void test_old_trace_and_anomalies(void **s) {
@@ -570,6 +621,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_training_step),   cmocka_unit_test(test_frame_table),
         cmocka_unit_test(test_timeline),        cmocka_unit_test(test_lifetime_rule),
+        cmocka_unit_test(test_step_rule),
         cmocka_unit_test(test_old_trace_and_anomalies), cmocka_unit_test(test_names),
         cmocka_unit_test(test_phase_scopes),    cmocka_unit_test(test_scope_series_paths),
         cmocka_unit_test(test_scope_series_frames), cmocka_unit_test(test_scope_series_downsampled),

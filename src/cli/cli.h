@@ -63,7 +63,7 @@ void cli_tune_line(const struct gm_tune_entry *e, char *buf, size_t len);
 void cli_tune_print_text(const char *path, uint64_t capacity, const struct gm_tune_entry *e, int n,
                          const struct gm_tune_choice *c, double secs);
 /* "calls_factor":..,"results":[..],"default":..,"best_for_memory":..,"recommended":.. (no braces) */
-void cli_tune_print_json(const struct gm_tune_entry *e, int n, const struct gm_tune_choice *c);
+void cli_tune_print_json(const struct gm_tune_entry *e, int n, const struct gm_tune_choice *c, uint64_t capacity);
 /* Load, compile and tune path; 0, or the exit code after printing the
  * error. *capacity 0 means the sim's default. *trace (if asked) is the
  * loaded trace, for the caller to free. */

@@ -21,6 +21,7 @@ typedef struct advice {
     bool cats_ok, have_frames;
     int64_t peak;                   /* live requested bytes at the trace's peak */
     int64_t at_peak[GM_CAT_COUNT];  /* by category */
+    char note[1024];                /* without frames: what is inferred, how to record frames */
 } advice;
 
 /* Strategies the categories allow, as upper bounds on bytes freed at the peak. */
@@ -58,10 +59,11 @@ static void print_text(const char *path, uint64_t capacity, const advice *a, dou
     }
     const advice *c = a;
     printf("at the trace's peak (%s live%s):", cli_format_bytes((uint64_t)c->peak, x1, sizeof x1),
-           c->have_frames ? "" : "; no Python stacks recorded, so decided by lifetimes: approximate");
+           c->have_frames ? "" : "; no Python frames: inferred, see below");
     for (int k = 0; k < GM_CAT_COUNT; k++)
         printf("%s %s %s", k ? "," : "", gm_category_name(k), cli_format_bytes((uint64_t)c->at_peak[k], x2, sizeof x2));
     printf("\n");
+    if (*c->note) printf("(%s)\n", c->note);
     tstrat ts[8];
     int nt = trace_strategies(c, ts);
     if (nt) printf("\n%-52s %12s   %s\n", "strategy (upper bound, from the categories)", "frees", "how");
@@ -74,10 +76,14 @@ static void print_json(const char *path, uint64_t capacity, const advice *a, dou
     printf("{\"trace\":");
     cli_json_string(stdout, path);
     printf(",\"capacity\":%llu,\"seconds\":%.3f,", (unsigned long long)capacity, secs);
-    cli_tune_print_json(a->rows, a->n, &a->choice);
+    cli_tune_print_json(a->rows, a->n, &a->choice, capacity);
     printf(",\"categories\":");
     if (a->cats_ok) {
         printf("{\"peak\":%lld,\"from_frames\":%s", (long long)a->peak, a->have_frames ? "true" : "false");
+        if (*a->note) {
+            printf(",\"note\":");
+            cli_json_string(stdout, a->note);
+        }
         for (int k = 0; k < GM_CAT_COUNT; k++)
             printf(",\"%s\":%lld", gm_category_name(k), (long long)a->at_peak[k]);
         printf("},\"strategies\":[");
@@ -125,6 +131,7 @@ int cmd_advise(int argc, char **argv) {
         a.cats_ok = true;
         a.have_frames = attr->has_frames;
         a.peak = attr->peak_bytes;
+        gm_attr_frames_note(attr, a.note, sizeof a.note);
         for (int k = 0; k < GM_CAT_COUNT; k++) a.at_peak[k] = (int64_t)gm_attr_peak_cat(attr, k);
         gm_attribution_free(attr);
     }

@@ -59,8 +59,10 @@ int cmd_config(int argc, char **argv) {
     const struct cli_spec spec = {
         .cmd = argv[0], .args = "[STR]", .opts = opts, .nopts = CLI_NOPTS(opts), .max_pos = 1,
         .about = "With --list, the allocator policies and settings gpumem accepts (GPUMEM_CONF,\n"
-                 "install(conf), --conf). With STR, checks it as PYTORCH_CUDA_ALLOC_CONF/GPUMEM_CONF\n"
-                 "would be read and prints every key's resulting value.",
+                 "install(conf), --conf). With STR, checks it as gpumem run --conf, GPUMEM_CONF and\n"
+                 "install(conf) read it: under policy:" CLI_RUN_DEFAULT_POLICY " unless STR names a policy (policy:torch\n"
+                 "checks it as PyTorch's own allocator reads PYTORCH_CUDA_ALLOC_CONF), and prints\n"
+                 "every key's resulting value.",
         .epilog = "Exit status: 0 valid, 2 invalid STR or bad usage.",
     };
     char *str = NULL;
@@ -71,17 +73,29 @@ int cmd_config(int argc, char **argv) {
         list(json);
         return 0;
     }
+    /* one rule with gpumem run: the policy it would use unless STR names one */
+    char eff[2048];
+    cli_effective_conf(str, eff, sizeof eff);
+    bool assumed = strcmp(eff, str) != 0;
     gm_config cfg;
     gm_config_init(&cfg);
     char err[256];
-    if (cli_config_parse(&cfg, str, err, sizeof err) != GM_OK) return cli_usage_error(argv[0], "%s", err);
+    if (cli_config_parse(&cfg, eff, err, sizeof err) != GM_OK)
+        return cli_usage_error(argv[0], "%s%s", err,
+                               assumed ? " (checked under policy:" CLI_RUN_DEFAULT_POLICY ", what gpumem run uses when "
+                                         "the string names no policy)"
+                                       : "");
     char canon[1024];
     if (gm_config_format(&cfg, canon, sizeof canon) != GM_OK) return cli_error(argv[0], "%s", gm_last_error_detail());
     if (json) {
         printf("{\"conf\":");
         cli_json_string(stdout, canon);
+        printf(",\"policy_assumed\":%s", assumed ? "true" : "false");
         printf(",\"values\":{");
     } else {
+        if (assumed)
+            printf("policy:    %s (assumed: the string names none, and gpumem run would use this one;\n"
+                   "           name policy:torch to check it for PyTorch's own allocator)\n", CLI_RUN_DEFAULT_POLICY);
         printf("canonical: %s\n", *canon ? canon : "(all defaults)");
     }
     for (int i = 0; i < gm_setting_count(); i++) {

@@ -115,9 +115,10 @@ static int step(demo *d, long n) {
 static void report(demo *d, const char *label) {
     gm_stats s = {.size = sizeof s};
     if (gm_get_stats(d->a, d->device, &s) != GM_OK) return;
-    printf("{\"pid\":%d,\"gpu\":%d,\"label_length\":%zu,\"allocated\":%lld,\"reserved\":%lld,\"requested\":%lld,"
+    printf("{\"pid\":%d,\"gpu\":%d,\"policy\":\"%s\",\"label_length\":%zu,\"allocated\":%lld,\"reserved\":%lld,\"requested\":%lld,"
            "\"peak_allocated\":%lld,\"peak_reserved\":%lld,\"num_ooms\":%lld,\"num_alloc_retries\":%lld}\n",
-           (int)getpid(), d->device, strlen(label), (long long)s.allocated_bytes[0].current,
+           (int)getpid(), d->device, gm_policy_name((int)d->cfg.policy), strlen(label),
+           (long long)s.allocated_bytes[0].current,
            (long long)s.reserved_bytes[0].current, (long long)s.requested_bytes[0].current,
            (long long)s.allocated_bytes[0].peak, (long long)s.reserved_bytes[0].peak, (long long)s.num_ooms,
            (long long)s.num_alloc_retries);
@@ -150,7 +151,8 @@ static bool parse_args(int argc, char **argv, demo *d, double *duration, long lo
     const struct cli_spec spec = {
         .cmd = argv[0], .args = "", .opts = opts, .nopts = CLI_NOPTS(opts),
         .about = "Synthetic training on a simulated device, published for gpumem smi/top/log/exporter:\n"
-                 "run it, then 'gpumem smi' or 'gpumem top' in another terminal.",
+                 "run it, then 'gpumem smi' or 'gpumem top' in another terminal. It runs PyTorch's\n"
+                 "allocator (policy:torch, modelled) unless --conf names another policy.",
     };
     int rc = cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) {
@@ -215,9 +217,11 @@ int cmd_demo(int argc, char **argv) {
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
         fprintf(stderr,
-                "gpumem demo: pid %d publishing as '%s' on simulated device %d; now run 'gpumem smi' or "
-                "'gpumem top' in another terminal (Ctrl-C stops the demo)\n",
-                (int)getpid(), label, d.device);
+                "gpumem demo: pid %d publishing as '%s' on simulated device %d under policy:%s%s; now run "
+                "'gpumem smi' or 'gpumem top' in another terminal (Ctrl-C stops the demo)\n",
+                (int)getpid(), label, d.device, gm_policy_name((int)d.cfg.policy),
+                d.cfg.policy == GM_POLICY_TORCH ? " (PyTorch's allocator, modelled; --conf policy:gpumem for gpumem's)"
+                                                : "");
         code = run(&d, label, duration, steps, hold);
     }
     if (d.a) gm_allocator_destroy(d.a); /* unpublishes */

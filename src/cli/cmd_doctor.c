@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 struct check {
@@ -66,6 +67,26 @@ static void torch_present(const char *python, char *buf, size_t len) {
     pclose(p);
 }
 
+/* Can `python` build gpumem's wheel (pip install ./python)? The package's
+ * _wheelcheck.py decides and names the fix, as setup.py does (one source). */
+static void pip_check(struct check *c, const char *pkg, const char *python) {
+    char cmd[2 * PATH_MAX + 64], why[1024] = "", fix[1024] = "";
+    if (strchr(python, '\'') || strchr(pkg, '\'')) return;
+    snprintf(cmd, sizeof cmd, "'%s' '%s/_wheelcheck.py' 2>/dev/null", python, pkg);
+    FILE *p = popen(cmd, "r");
+    if (!p) return;
+    if (!fgets(why, sizeof why, p)) why[0] = 0;
+    if (!fgets(fix, sizeof fix, p)) fix[0] = 0;
+    int st = pclose(p);
+    why[strcspn(why, "\n")] = 0;
+    fix[strcspn(fix, "\n")] = 0;
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) > 1 || (WEXITSTATUS(st) == 1 && !*fix)) return; /* no answer */
+    char what[PATH_MAX + 64];
+    snprintf(what, sizeof what, "%s can build gpumem's wheel (python3 -m pip install --no-build-isolation ./python)",
+             python);
+    line(c, WEXITSTATUS(st) == 0, "pip build", WEXITSTATUS(st) ? why : what, fix);
+}
+
 static void python_checks(struct check *c) {
     const char *pip = "python3 -m pip install --no-build-isolation ./python (from the gpumem source tree)";
     char pkg[PATH_MAX], lib[PATH_MAX], shim[PATH_MAX], what[PATH_MAX + 200];
@@ -91,6 +112,7 @@ static void python_checks(struct check *c) {
              have_info && strcmp(built, "none") ? built : "");
     line(c, have_shim, "shim", what,
          "install torch, then reinstall: python3 -m pip install --no-build-isolation ./python");
+    pip_check(c, pkg, python);
     torch_present(python, present, sizeof present);
     bool match = *present && (!have_shim || !have_info || !strcmp(present, built));
     snprintf(what, sizeof what, "%s %s%s%s", python, *present ? "has torch " : "cannot import torch",

@@ -32,7 +32,23 @@ static const char *const alloc_settings[] = {
 };
 #define NALLOC (sizeof alloc_settings / sizeof alloc_settings[0])
 
+/* --torch-dtype's 16-bit name (bf16 or fp16: the same bytes) for the output */
+static const char *dtype16 = "bf16";
+static const char *torch_dtype_name(const gm_est_run *r) {
+    return r->built_16bit ? dtype16 : "fp32";
+}
+
 static int64_t device_total(const gm_est_result *r) { return r->peak_reserved_torch + r->cuda_context; }
+/* The one fit rule (docs/estimate.md): the whole device plus a margin of
+ * GM_EST_FIT_MARGIN of peak reserved (the predictions' accuracy target)
+ * must not exceed the capacity. */
+static int64_t fit_margin(int64_t peak_reserved) { return (int64_t)((double)peak_reserved * GM_EST_FIT_MARGIN); }
+static int64_t fit_needed(int64_t peak_reserved, int64_t context) {
+    return peak_reserved + fit_margin(peak_reserved) + context;
+}
+static bool fits(const gm_est_result *r, uint64_t capacity) {
+    return fit_needed(r->peak_reserved_torch, r->cuda_context) <= (int64_t)capacity;
+}
 
 typedef struct ctx {
     const char *cmd;
@@ -70,12 +86,19 @@ static void strategies(ctx *c) {
     bool gen = c->run.generate > 0;
     for (int p = 0; p < GM_EST_NPRECISION; p++) {
         if (p == (int)c->run.precision) continue;
-        if (gen && p != GM_EST_FP32 && p != GM_EST_BF16) continue; /* inference: a cast model */
+        if (gen && p != GM_EST_FP32 && p != GM_EST_BF16) continue; /* inference: a 16-bit or fp32 model */
         r = c->run;
         r.precision = p;
+        r.built_16bit = c->run.built_16bit && p == GM_EST_BF16;
         snprintf(name, sizeof name, "precision %s", gm_est_precision_name(p));
-        snprintf(change, sizeof change, "--precision %s", gm_est_precision_name(p));
+        if (c->run.built_16bit && p == GM_EST_FP32) snprintf(change, sizeof change, "--torch-dtype fp32");
+        else snprintf(change, sizeof change, "--precision %s", gm_est_precision_name(p));
         add_run_strategy(c, name, change, &r);
+    }
+    if (c->run.precision == GM_EST_BF16 && !c->run.built_16bit && !c->run.shard) {
+        r = c->run;
+        r.built_16bit = true; /* no fp32 copy while casting */
+        add_run_strategy(c, "load in 16 bits", "--torch-dtype bf16: from_pretrained(torch_dtype=torch.bfloat16)", &r);
     }
     for (int k = 2; k <= 8 && !gen; k *= 2) {
         if (c->run.batch % k) continue;
@@ -173,6 +196,7 @@ static void best_combination(ctx *c) {
                     if (n >= 512) break;
                     gm_est_run r = c->run;
                     r.precision = p;
+                    r.built_16bit = c->run.built_16bit && p == GM_EST_BF16;
                     r.batch /= k;
                     r.accum *= k;
                     r.checkpointing = c->run.checkpointing || ck;
@@ -182,8 +206,7 @@ static void best_combination(ctx *c) {
                              (o != (int)c->run.optimizer);
                     gm_est_result res;
                     if (gm_est_scan(&c->m, &r, &res) != GM_OK) continue;
-                    double need = (double)res.peak * (1.0 + GM_EST_FIT_MARGIN) + (double)res.cuda_context;
-                    if (need > (double)c->capacity) continue;
+                    if (fit_needed(res.peak, res.cuda_context) > (int64_t)c->capacity) continue;
                     r.steps = c->run.steps;
                     cs[n++] = (cand){r, ch, res.peak};
                 }
@@ -194,8 +217,7 @@ static void best_combination(ctx *c) {
         memset(s, 0, sizeof *s);
         s->run = cs[i].run;
         if (gm_est_estimate_torch(&c->m, &s->run, &s->res) != GM_OK) continue;
-        double need = (double)s->res.peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)s->res.cuda_context;
-        if (need > (double)c->capacity) continue;
+        if (!fits(&s->res, c->capacity)) continue;
         s->peak = s->res.peak_allocated;
         s->base = c->base.peak_allocated;
         s->ok = true;
@@ -250,10 +272,10 @@ static void json_run(const gm_est_model *m, const gm_est_run *r) {
     if (gm_est_is_vision(m)) printf("\"image\":%lld,", (long long)r->image);
     else printf("\"seq\":%lld,", (long long)r->seq);
     printf("\"precision\":\"%s\",\"optimizer\":\"%s\",\"accum\":%lld,\"checkpointing\":%s,"
-           "\"attention\":\"%s\",\"keep_output\":%s,\"steps\":%d,\"generate\":%lld}",
+           "\"attention\":\"%s\",\"keep_output\":%s,\"steps\":%d,\"generate\":%lld,\"torch_dtype\":\"%s\"}",
            gm_est_precision_name(r->precision), gm_est_optimizer_name(r->optimizer), (long long)r->accum,
            r->checkpointing ? "true" : "false", r->attention == GM_EST_ATTN_EAGER ? "eager" : "sdpa",
-           r->keep_output ? "true" : "false", r->steps, (long long)r->generate);
+           r->keep_output ? "true" : "false", r->steps, (long long)r->generate, torch_dtype_name(r));
 }
 
 static void json_strat(const gm_est_model *m, const strat *s) {
@@ -303,10 +325,9 @@ static void print_json(ctx *c) {
         }
         printf("}");
     }
-    printf("},\"capacity\":%llu,\"fits\":%s,\"strategies\":[", (unsigned long long)c->capacity,
-           !c->capacity ? "null"
-           : (double)b->peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)b->cuda_context <= (double)c->capacity
-               ? "true" : "false");
+    printf("},\"capacity\":%llu,\"fits\":%s,\"fit_margin\":%.2f,\"fit_needed\":%lld,\"strategies\":[",
+           (unsigned long long)c->capacity, !c->capacity ? "null" : fits(b, c->capacity) ? "true" : "false",
+           GM_EST_FIT_MARGIN, (long long)fit_needed(b->peak_reserved_torch, b->cuda_context));
     for (int i = 0; i < c->ns; i++) {
         if (i) putchar(',');
         json_strat(&c->m, &c->s[i]);
@@ -336,13 +357,24 @@ static void print_text(ctx *c) {
     if (gm_est_is_vision(&c->m)) printf(", image %lld", (long long)c->run.image);
     else printf(", seq %lld", (long long)c->run.seq);
     if (c->run.generate)
-        printf(", %s, generate(max_new_tokens=%lld) under no_grad\n\n", gm_est_precision_name(c->run.precision),
+        printf(", %s, generate(max_new_tokens=%lld) under no_grad\n", gm_est_precision_name(c->run.precision),
                (long long)c->run.generate);
     else
-    printf(", %s, %s, accum %lld%s%s%s\n\n", gm_est_precision_name(c->run.precision),
+    printf(", %s, %s, accum %lld%s%s%s\n", gm_est_precision_name(c->run.precision),
            gm_est_optimizer_name(c->run.optimizer), (long long)c->run.accum,
            c->run.checkpointing ? ", checkpointing" : "", c->run.attention == GM_EST_ATTN_EAGER ? ", eager attention" : "",
            c->run.keep_output ? ", output kept" : "");
+    if (c->run.precision == GM_EST_BF16 && !c->run.shard)
+        printf("loading    %s\n", c->run.built_16bit
+                   ? (strcmp(dtype16, "fp16") ? "from_pretrained(torch_dtype=torch.bfloat16): built in 16 bits "
+                                                "(--torch-dtype fp32: built in fp32, then cast)"
+                                              : "from_pretrained(torch_dtype=torch.float16): built in 16 bits "
+                                                "(--torch-dtype fp32: built in fp32, then cast)")
+                   : "built in fp32, then cast (.to(torch.bfloat16) / .half()): the fp32 model and the first "
+                     "16-bit copy coexist (--torch-dtype bf16: from_pretrained(torch_dtype=torch.bfloat16))");
+    else if (c->run.precision == GM_EST_FP32 && c->run.generate)
+        printf("loading    from_pretrained(torch_dtype=torch.float32) (--torch-dtype bf16: built in 16 bits)\n");
+    printf("\n");
     printf("peak allocated   %-11s (torch.cuda.max_memory_allocated(); %s step, %s)\n",
            cli_format_bytes((uint64_t)b->peak_allocated, x1, sizeof x1), b->peak_step > 1 ? "a later" : "the first",
            gm_est_phase_name(b->peak_phase));
@@ -366,21 +398,37 @@ static void print_text(ctx *c) {
         printf("\n");
     }
     if (c->capacity) {
-        bool fit = (double)b->peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)b->cuda_context <=
-                   (double)c->capacity;
-        printf("\ncapacity %s: %s\n", cli_format_bytes(c->capacity, x1, sizeof x1),
-               fit ? "fits" : "does NOT fit (predicted out of memory)");
+        char x4[32];
+        bool fit = fits(b, c->capacity);
+        printf("\ncapacity %s: %s: whole device %s + %.0f%% margin %s = %s %s %s\n",
+               cli_format_bytes(c->capacity, x1, sizeof x1), fit ? "fits" : "does NOT fit",
+               cli_format_bytes((uint64_t)device_total(b), x2, sizeof x2), 100.0 * GM_EST_FIT_MARGIN,
+               cli_format_bytes((uint64_t)fit_margin(b->peak_reserved_torch), x3, sizeof x3),
+               cli_format_bytes((uint64_t)fit_needed(b->peak_reserved_torch, b->cuda_context), x4, sizeof x4),
+               fit ? "<=" : ">", x1);
+        printf("  (the margin: %.0f%% of peak reserved, the estimate's accuracy target; --fit and the best\n"
+               "   combination use the same rule)\n", 100.0 * GM_EST_FIT_MARGIN);
     }
     printf("\n%-44s %11s %20s   %s\n", "strategy (alone)", "peak", "saving", "change");
+    char same[512] = "";
+    size_t nsame = 0;
     for (int i = 0; i < c->ns; i++) {
         const strat *s = &c->s[i];
         char sv[48];
         int64_t d = s->base - s->peak;
+        /* a change that moves the peak by less than 0.05% (prints as 0.0%) is not a strategy: listed below */
+        if (s->base && llabs(d) * 2000 < s->base) {
+            nsame += (size_t)snprintf(same + nsame, nsame < sizeof same ? sizeof same - nsame : 0, "%s%s",
+                                      nsame ? ", " : "", s->name);
+            if (nsame >= sizeof same) nsame = sizeof same;
+            continue;
+        }
         snprintf(sv, sizeof sv, "%s%s (%.1f%%)", d < 0 ? "-" : "", cli_format_bytes((uint64_t)(d < 0 ? -d : d), x2, sizeof x2),
                  s->base ? 100.0 * (double)d / (double)s->base : 0.0);
         printf("%-44s %11s %20s   %s%s\n", s->name, cli_format_bytes((uint64_t)s->peak, x1, sizeof x1), sv, s->change,
                s->reserved_metric ? "  [peak reserved]" : "");
     }
+    if (*same) printf("(the same peak within 0.05%%, not listed: %s)\n", same);
     if (c->have_best) {
         printf("\nbest combination that fits %s: %s\n  peak allocated %s, whole device %s\n",
                cli_format_bytes(c->capacity, x1, sizeof x1), c->best.change,
@@ -418,8 +466,7 @@ static int fit_world(ctx *c) {
         int st = gm_est_estimate_torch(&c->m, &r, &res);
         if (st == GM_EINVAL) return st;
         if (st) continue;
-        double need = (double)res.peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)res.cuda_context;
-        if (need <= (double)c->capacity) {
+        if (fits(&res, c->capacity)) {
             c->fit_value = w;
             c->fit_res = res;
             return GM_OK;
@@ -439,7 +486,7 @@ static const char ABOUT[] =
 
 int cmd_estimate(int argc, char **argv) {
     const char *cmd = argv[0], *model = NULL, *config = NULL, *fit = NULL;
-    const char *precision = NULL, *optimizer = "adamw", *attention = "sdpa", *shard = "none";
+    const char *precision = NULL, *optimizer = "adamw", *attention = "sdpa", *shard = "none", *torch_dtype = NULL;
     long long batch = 8, seq = 0, image = 0, accum = 1, steps = 3, generate = 0, world = 1,
               bucket = GM_EST_DDP_BUCKET_MB;
     bool json = false, ckpt = false, keep = false, no_reshard = false;
@@ -457,6 +504,10 @@ int cmd_estimate(int argc, char **argv) {
          "bf16-autocast; bf16 with --generate or --shard zero*", 0, 0},
         {"optimizer", 0, CLI_STR, &optimizer, "O",
          "sgd, sgd-momentum, adam, adamw, adamw-8bit (bitsandbytes; unmeasured), adafactor", "adamw", 0, 0},
+        {"torch-dtype", 0, CLI_CHOICE, &torch_dtype, "bf16|fp16|fp32",
+         "the dtype the model is loaded in, as from_pretrained(torch_dtype=...): bf16/fp16 build it in 16 bits "
+         "(--precision bf16); fp32 with --precision bf16 builds it in fp32 and casts it (.half(): the fp32 model "
+         "and the first 16-bit copy coexist)", "bf16 with --generate, else fp32", 0, 0},
         {"accum", 0, CLI_INT, &accum, "N", "micro-batches per optimizer step", "1", 1, 1 << 20},
         {"checkpointing", 0, CLI_FLAG, &ckpt, NULL, "Hugging Face gradient_checkpointing_enable()", NULL, 0, 0},
         {"attention", 0, CLI_CHOICE, &attention, "sdpa|eager", "attention implementation, as transformers'",
@@ -494,7 +545,12 @@ int cmd_estimate(int argc, char **argv) {
         return cli_usage_error(cmd, "give exactly one of --model NAME or --config config.json (see 'gpumem %s --help')",
                                cmd);
     bool zero = !strncmp(shard, "zero", 4);
-    if (!precision) precision = generate || zero ? "bf16" : "bf16-autocast";
+    bool given16 = torch_dtype && strcmp(torch_dtype, "fp32");
+    if (!torch_dtype) torch_dtype = generate ? "bf16" : "fp32"; /* Hugging Face users load for inference in 16 bits */
+    if (strcmp(torch_dtype, "fp32")) dtype16 = torch_dtype;
+    if (!precision)
+        precision = generate ? (strcmp(torch_dtype, "fp32") ? "bf16" : "fp32")
+                    : zero || given16 ? "bf16" : "bf16-autocast";
     if (gm_est_precision_parse(precision) < 0)
         return cli_usage_error(cmd, "unknown --precision '%s': fp32, fp16-autocast, bf16-autocast or bf16 "
                                "(see 'gpumem %s --help')", precision, cmd);
@@ -517,6 +573,7 @@ int cmd_estimate(int argc, char **argv) {
     c->run.generate = generate;
     c->run.checkpointing = ckpt;
     c->run.keep_output = keep;
+    c->run.built_16bit = strcmp(torch_dtype, "fp32") != 0;
     c->run.precision = gm_est_precision_parse(precision);
     c->run.optimizer = gm_est_optimizer_parse(optimizer);
     c->run.attention = strcmp(attention, "eager") ? GM_EST_ATTN_SDPA : GM_EST_ATTN_EAGER;

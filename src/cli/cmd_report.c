@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 int cmd_report(int argc, char **argv) {
     const char *cmd = argv[0], *html = NULL, *perfetto = NULL, *conf = NULL;
@@ -18,8 +19,9 @@ int cmd_report(int argc, char **argv) {
     bool text = false, json = false;
     long long device = 0, points = 6000, rows_max = 0, top_scopes = 10;
     const struct cli_opt opts[] = {
-        {"output", 'o', CLI_STR, &html, "FILE.html", "self-contained HTML report (no network needed to view it)",
-         NULL, 0, 0},
+        {"output", 'o', CLI_STR, &html, "FILE.html|FILE.txt",
+         "the report, by extension: .html a self-contained HTML page (no network needed to view it), .txt the "
+         "text tables", NULL, 0, 0},
         {"text", 0, CLI_FLAG, &text, NULL, "the tables on stdout (the default when no other output is asked for)",
          NULL, 0, 0},
         {"json", 0, CLI_FLAG, &json, NULL, "the peak breakdown by category and rule as one JSON object on stdout",
@@ -47,7 +49,21 @@ int cmd_report(int argc, char **argv) {
     int prc = cli_parse(&spec, argc, argv, &path, NULL);
     if (prc) return cli_parse_exit(prc);
     if (text && json) return cli_usage_error(cmd, "--text and --json both write to stdout; choose one");
-    if (!html && !perfetto && !json) text = true;
+    /* -o's format follows its extension; any other is refused before any work */
+    const char *txt = NULL;
+    if (html) {
+        const char *dot = strrchr(html, '.'), *slash = strrchr(html, '/');
+        const char *ext = dot && (!slash || dot > slash) ? dot + 1 : "";
+        if (!strcasecmp(ext, "txt") || !strcasecmp(ext, "text")) {
+            txt = html;
+            html = NULL;
+        } else if (strcasecmp(ext, "html") && strcasecmp(ext, "htm")) {
+            return cli_usage_error(cmd, "-o %s: the format follows the extension: FILE.html (the HTML page) or "
+                                   "FILE.txt (the text tables); for ui.perfetto.dev use --perfetto FILE.json, "
+                                   "for JSON --json > FILE.json", html);
+        }
+    }
+    if (!html && !txt && !perfetto && !json) text = true;
 
     gm_trace *t;
     if (gm_trace_load_file(path, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
@@ -84,12 +100,19 @@ int cmd_report(int argc, char **argv) {
         goto out;
     }
     gm_report_opts ro = {path, (size_t)rows_max, ss};
-    const char *inputs[] = {path, html, perfetto, NULL}; /* and never one output over the other */
-    if (html && perfetto && !strcmp(html, perfetto)) {
-        rc = cli_usage_error(cmd, "-o and --perfetto name the same file '%s'", html);
+    const char *outfile = html ? html : txt;
+    const char *inputs[] = {path, outfile, perfetto, NULL}; /* and never one output over the other */
+    if (outfile && perfetto && !strcmp(outfile, perfetto)) {
+        rc = cli_usage_error(cmd, "-o and --perfetto name the same file '%s'", outfile);
         goto out;
     }
     cli_out o;
+    if (txt) {
+        inputs[1] = NULL;
+        if ((rc = cli_out_open(&o, cmd, txt, inputs)) ||
+            (rc = cli_out_close(&o, gm_report_write_text(o.o.f, a, tl, rows, nrows, &ro), "text report")))
+            goto out;
+    }
     if (html) {
         inputs[1] = NULL;
         if ((rc = cli_out_open(&o, cmd, html, inputs)) ||

@@ -6,7 +6,8 @@
  * sitecustomize.py calls gpumem.torch.install() right after `import torch`)
  * and the package first on PYTHONPATH, sets GPUMEM_RUN/GPUMEM_CONF/
  * GPUMEM_PUBLISH*, and replaces itself with COMMAND (exec), so the exit
- * status and signals are COMMAND's own. Every Python process COMMAND starts
+ * status and signals are COMMAND's own. PYTORCH_CUDA_ALLOC_CONF gets one line
+ * on stderr saying what happens to it. Every Python process COMMAND starts
  * (torchrun's workers too) inherits that environment. A python started with
  * -I or -E ignores PYTHONPATH and so runs without gpumem. */
 #include "cli.h"
@@ -52,6 +53,31 @@ static int check_conf(const char *cmd, const char *what, const char *conf, char 
     char err[256];
     if (cli_config_parse(&cfg, eff, err, sizeof err) == GM_OK) return 0;
     return cli_usage_error(cmd, "%s '%s': %s (see 'gpumem config --list')", what, conf, err);
+}
+
+/* One line on what gpumem does with PYTORCH_CUDA_ALLOC_CONF: PyTorch's
+ * allocator reads it, and gpumem's (which replaces it) reads GPUMEM_CONF. */
+static void note_torch_conf(bool native, const char *conf) {
+    const char *tc = getenv("PYTORCH_CUDA_ALLOC_CONF");
+    if (!tc || !*tc) return;
+    if (native) {
+        fprintf(stderr, "gpumem run: PYTORCH_CUDA_ALLOC_CONF=%s applies: --native keeps PyTorch's allocator, "
+                        "which reads it\n", tc);
+        return;
+    }
+    char eff[2048], err[256], with[1024];
+    cli_effective_conf(conf ? conf : "", eff, sizeof eff);
+    gm_config cfg;
+    gm_config_init(&cfg);
+    const char *policy = gm_config_parse(&cfg, eff, err, sizeof err) == GM_OK ? gm_policy_name((int)cfg.policy)
+                                                                              : CLI_RUN_DEFAULT_POLICY;
+    snprintf(with, sizeof with, "policy:torch,%s", tc);
+    gm_config_init(&cfg);
+    bool valid = cli_config_parse(&cfg, with, err, sizeof err) == GM_OK;
+    fprintf(stderr, "gpumem run: PYTORCH_CUDA_ALLOC_CONF=%s is ignored: gpumem's allocator (policy:%s) replaces "
+                    "PyTorch's and reads --conf/GPUMEM_CONF only; %s%s%s\n", tc, policy,
+            valid ? "to keep these settings with PyTorch's behaviour: gpumem run --conf '" : "and it is not valid: ",
+            valid ? with : err, valid ? "'" : "");
 }
 
 int cmd_run(int argc, char **argv) {
@@ -140,6 +166,7 @@ int cmd_run(int argc, char **argv) {
                         "  torch first, then: python3 -m pip install --no-build-isolation ./python\n"
                         "  ('gpumem doctor' checks; --native keeps PyTorch's allocator)\n", pkg);
     (void)lib;
+    note_torch_conf(native, getenv("GPUMEM_CONF"));
     fflush(NULL);
     execvp(cmd[0], cmd);
     int e = errno;

@@ -171,16 +171,70 @@ static int draw_devices(const ui *u, int y) {
     return y;
 }
 
-/* The process table: the published statistics that have a column
- * (GM_MON_STATS in monitor.h, the same columns as gpumem smi). */
+/* The process table's columns, in screen order: the identity columns, then
+ * the published statistics that have one (GM_MON_STATS in monitor.h, the
+ * same columns as gpumem smi). A narrow terminal gets the essential ones
+ * (table_layout): issue 42 found 80 columns cut after "Allocated". */
+typedef struct tcol {
+    const char *name, *head;
+    int width;
+    bool counter, left;
+} tcol;
+#define GM__TOP_STAT(nm, val, torch, prom, type, help, col) \
+    {#nm, col, sizeof(#type) == sizeof("counter") ? 7 : 11, sizeof(#type) == sizeof("counter"), false},
+static const tcol all_cols[] = {
+    {"gpu", "GPU", 4, false, true},
+    {"pid", "PID", 8, false, true},
+    {"process", "PROCESS", 24, false, true},
+    {"job", "JOB", 12, false, true},
+    {"rank", "RANK", 5, false, false},
+    {"nvml_used", "NVML used", 11, false, false},
+    GM_MON_STATS(GM__TOP_STAT)
+};
+#undef GM__TOP_STAT
+#define NCOLS ((int)(sizeof all_cols / sizeof all_cols[0]))
+#define TC_PROCESS 2
+#define TC_STATS 6 /* the first statistic */
+#define PROCESS_MIN 14
+
+/* Which columns fit `cols` characters, and the PROCESS width: GPU, PID and
+ * PROCESS always, then by what a user needs first (allocated and reserved,
+ * OOMs, the cache, retries, NVML's view, peak, the job), then PROCESS grows
+ * to its full width with what is left. At 80 columns: GPU, PID, PROCESS,
+ * Allocated, Reserved, OOMs, Res-unalloc, Retries. */
+static int table_layout(int cols, bool show[NCOLS]) {
+    static const char *const priority[] = {"allocated", "reserved", "num_ooms", "reserved_unallocated",
+                                           "num_alloc_retries", "nvml_used", "peak_reserved", "job", "rank"};
+    int used = -1;
+    for (int c = 0; c < NCOLS; c++) {
+        show[c] = c <= TC_PROCESS;
+        if (show[c]) used += 1 + (c == TC_PROCESS ? PROCESS_MIN : all_cols[c].width);
+    }
+    bool room = true;
+    for (size_t k = 0; k < sizeof priority / sizeof priority[0] && room; k++)
+        for (int c = 0; c < NCOLS; c++)
+            if (all_cols[c].head && !strcmp(all_cols[c].name, priority[k])) {
+                room = used + 1 + all_cols[c].width <= cols; /* strictly in order: stop at the first too wide */
+                if (room) used += 1 + all_cols[c].width;
+                show[c] = room;
+            }
+    int pw = PROCESS_MIN + (cols - used);
+    return pw > all_cols[TC_PROCESS].width ? all_cols[TC_PROCESS].width : pw < PROCESS_MIN ? PROCESS_MIN : pw;
+}
+
+/* cell text at its column's width, the separating space ahead */
+static int put_cell(char *line, int n, int len, const tcol *c, int width, const char *text) {
+    if (n >= len) return n;
+    return n + snprintf(line + n, (size_t)(len - n), "%s%*.*s", n ? " " : "", c->left ? -width : width, width, text);
+}
+
 static int draw_table(ui *u, int y, int max_rows) {
-    char b1[24], name[33], job[13], line[1024];
-    int n = snprintf(line, sizeof line, "%-4s %-8s %-24s %-12s %5s %11s", "GPU", "PID", "PROCESS", "JOB", "RANK",
-                     "NVML used");
-#define HEAD(nm, val, torch, prom, type, help, col) \
-    if (col && n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, " %11s", col ? col : "");
-    GM_MON_STATS(HEAD)
-#undef HEAD
+    char b1[24], line[1024], cell[64];
+    bool show[NCOLS];
+    int pw = table_layout(COLS, show), n = 0;
+    for (int c = 0; c < NCOLS; c++)
+        if (show[c]) n = put_cell(line, n, (int)sizeof line, &all_cols[c], c == TC_PROCESS ? pw : all_cols[c].width,
+                                  all_cols[c].head);
     attron(A_REVERSE);
     put_line(y, "%-*s", COLS < (int)sizeof line ? COLS : (int)sizeof line - 1, line);
     y++;
@@ -194,24 +248,35 @@ static int draw_table(ui *u, int y, int max_rows) {
         if (u->filter[0] && !strcasestr(r->label, u->filter) && !strcasestr(r->comm, u->filter) &&
             !strcasestr(r->id.run_id, u->filter))
             continue;
+        char name[33], job[13], rank[12] = "-", pid[16];
         printable(name, r->label, sizeof name);
         printable(job, r->id.run_id[0] ? r->id.run_id : "-", sizeof job);
-        char rank[12] = "-", pid[16];
         if (r->id.rank >= 0) snprintf(rank, sizeof rank, "%d", r->id.rank);
         bool a = r->have_alloc;
         const gm__shm_values *v = &r->v;
-        n = snprintf(line, sizeof line, "%-4d %-8s %-24.24s %-12s %5s %11s", r->device, gm__format_pid(r, pid, sizeof pid),
-                     name, job, rank,
-                     fmt(r->have_nvml_used, (long long)r->nvml_used, b1));
-#define CELL(nm, val, torch, prom, type, help, col)                                                  \
-    if (col && n < (int)sizeof line) {                                                               \
-        if (!a) n += snprintf(line + n, sizeof line - (size_t)n, " %11s", "-");                     \
-        else if (!strcmp(#type, "counter"))                                                          \
-            n += snprintf(line + n, sizeof line - (size_t)n, " %11lld", (long long)(val));           \
-        else n += snprintf(line + n, sizeof line - (size_t)n, " %11s", fmt(true, (long long)(val), b1)); \
-    }
-        GM_MON_STATS(CELL)
-#undef CELL
+        long long vals[NCOLS] = {0};
+        int k = TC_STATS;
+#define GM__TOP_VAL(nm, val, torch, prom, type, help, col) vals[k++] = (long long)(val);
+        GM_MON_STATS(GM__TOP_VAL)
+#undef GM__TOP_VAL
+        n = 0;
+        for (int c = 0; c < NCOLS; c++) {
+            if (!show[c]) continue;
+            const char *text = cell;
+            switch (c) {
+            case 0: snprintf(cell, sizeof cell, "%d", r->device); break;
+            case 1: text = gm__format_pid(r, pid, sizeof pid); break;
+            case TC_PROCESS: text = name; break;
+            case 3: text = job; break;
+            case 4: text = rank; break;
+            case 5: text = fmt(r->have_nvml_used, (long long)r->nvml_used, b1); break;
+            default:
+                if (!a) text = "-";
+                else if (all_cols[c].counter) snprintf(cell, sizeof cell, "%lld", vals[c]);
+                else text = fmt(true, vals[c], b1);
+            }
+            n = put_cell(line, n, (int)sizeof line, &all_cols[c], c == TC_PROCESS ? pw : all_cols[c].width, text);
+        }
         put_line(y++, "%s", line);
         shown++;
     }

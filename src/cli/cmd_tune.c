@@ -48,7 +48,7 @@ int cmd_tune(int argc, char **argv) {
         printf("{\"trace\":");
         cli_json_string(stdout, path);
         printf(",\"capacity\":%llu,\"seconds\":%.3f,", (unsigned long long)capacity, secs);
-        cli_tune_print_json(rows, n, &choice);
+        cli_tune_print_json(rows, n, &choice, capacity);
         printf("}\n");
     } else {
         cli_tune_print_text(path, capacity, rows, n, &choice, secs);

@@ -202,7 +202,13 @@ static int explain_oom(gm__device *d, uint64_t size) {
      * made it fit. */
     char tail[640] = "";
     const gm__hooks *h = d->alloc->hooks;
-    if (h && h->explain_oom && h->explain_oom(d, size, free_b, total_b, tail, sizeof tail)) {
+    uint64_t limit = d->fraction_set && d->memory_fraction < 1.0 ? d->allowed_memory_maximum : total_b;
+    if (total_b && size > limit) /* no freeing, cache or setting can place it */
+        snprintf(advice, sizeof advice,
+                 "The request alone exceeds the %s's capacity of %s: nothing freed or cached would make it "
+                 "fit; make the tensor smaller (batch, sequence length, or split the operation).",
+                 limit < total_b ? "process's limit" : "device", fmt_size(limit, s3, sizeof s3));
+    else if (h && h->explain_oom && h->explain_oom(d, size, free_b, total_b, tail, sizeof tail)) {
         snprintf(advice, sizeof advice, "%s", "");
     } else if (!fragmented)
         snprintf(advice, sizeof advice,

@@ -111,6 +111,8 @@ typedef struct gm_est_run {
     bool keep_output;    /* `out = model(...)` held across backward (workloads.py) */
     int steps;           /* optimizer steps modelled (>= 2; default 3) */
     int64_t generate;    /* > 0: model.generate(max_new_tokens=generate) instead of training */
+    bool built_16bit;    /* precision bf16: from_pretrained(torch_dtype=bf16/fp16) builds it in 16 bits;
+                            false: built in fp32 and cast (.half(), .to(torch.bfloat16)) */
     gm_est_shard shard;  /* data parallelism (NONE: one GPU) */
     int64_t world;       /* ranks (1 without sharding) */
     int64_t bucket_mb;   /* DDP bucket_cap_mb */

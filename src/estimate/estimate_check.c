@@ -112,14 +112,17 @@ int gm_est_check(const gm_est_model *m, gm_est_run *r) {
         if (r->checkpointing || r->accum > 1)
             return gm__set_error(GM_EINVAL, "--generate is inference: --checkpointing and --accum do not apply");
         if (r->precision == GM_EST_FP16_AUTOCAST || r->precision == GM_EST_BF16_AUTOCAST)
-            return gm__set_error(GM_EINVAL, "--generate models a model cast to 16 bits (--precision bf16, the "
-                                 "same bytes as .half(), the default) or fp32, not autocast");
+            return gm__set_error(GM_EINVAL, "--generate models a 16-bit model (--precision bf16, the same "
+                                 "bytes as fp16, the default) or fp32, not autocast");
         if (r->shard != GM_EST_SHARD_NONE)
             return gm__set_error(GM_EINVAL, "--generate is inference: --shard applies to training");
         if ((m->family == GM_EST_GPT2) && r->seq + r->generate > m->max_positions)
             return gm__set_error(GM_EINVAL, "prompt %lld + %lld new tokens exceed %s's %lld positions",
                                  (long long)r->seq, (long long)r->generate, m->name, (long long)m->max_positions);
     }
+    if (r->built_16bit && r->precision != GM_EST_BF16)
+        return gm__set_error(GM_EINVAL, "a model loaded in 16 bits (--torch-dtype bf16/fp16) runs in 16 bits: "
+                             "--precision bf16, or --torch-dtype fp32 for %s", gm_est_precision_name(r->precision));
     if (r->checkpointing && !gm_est_is_hf(m))
         return gm__set_error(GM_EINVAL, "--checkpointing models Hugging Face's gradient_checkpointing_enable(); "
                              "%s is a torchvision model", m->name);

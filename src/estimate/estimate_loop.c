@@ -409,10 +409,11 @@ int gm_est_build_layers(const gm_est_model *m, const gm_est_run *rin, int64_t la
      * built in fp32 and cast (model.to(torch.bfloat16) / .half()): Module._apply
      * converts one tensor at a time, so the fp32 model and the first 16-bit
      * copy (the embedding) coexist -- the whole peak of the generation
-     * workload (../shared/traces/gpt2_generate_kvcache.pickle.gz) */
+     * workload (../shared/traces/gpt2_generate_kvcache.pickle.gz) -- unless
+     * from_pretrained(torch_dtype=) builds it in 16 bits (built_16bit) */
     x.phase = GM_EST_PH_SETUP;
     /* sharded (FSDP, ZeRO-3): materialised as shards, in their dtype */
-    bool cast = x.pb == 2 && (r.shard == GM_EST_SHARD_NONE || r.shard == GM_EST_SHARD_DDP);
+    bool cast = x.pb == 2 && !r.built_16bit && (r.shard == GM_EST_SHARD_NONE || r.shard == GM_EST_SHARD_DDP);
     for (size_t i = 0; i < x.pl.np && !x.err; i++) {
         x.layer = x.pl.p[i].layer;
         x.pid[i] = ALLOC(&x, gm__est_param_elems(&x, i) * (cast ? 4 : x.pb), GM_EST_CAT_PARAMS);

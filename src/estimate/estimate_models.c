@@ -190,6 +190,28 @@ static int head_of(cfgctx *c, gm_est_family fam, gm_est_head *head) {
 }
 #endif
 
+#ifdef GM_HAVE_CJSON
+/* Where cJSON stopped (rest): the text was cut there, not wrong, when all
+ * that is left is nothing, an unterminated string, or the start of a number
+ * or of true/false/null. */
+static bool json_cut_at(const char *rest) {
+    rest += strspn(rest, " \t\r\n");
+    if (!*rest) return true;
+    if (*rest == '"') {
+        for (const char *q = rest + 1; *q; q++) {
+            if (*q == '\\' && q[1]) q++;
+            else if (*q == '"') return false;
+        }
+        return true;
+    }
+    if (strspn(rest, "-+.0123456789eE") == strlen(rest)) return true;
+    static const char *const words[] = {"true", "false", "null"};
+    for (size_t i = 0; i < 3; i++)
+        if (!strncmp(words[i], rest, strlen(rest))) return true;
+    return false;
+}
+#endif
+
 int gm_est_model_from_hf_config(const char *json, const char *label, gm_est_model *out) {
 #ifndef GM_HAVE_CJSON
     (void)json;
@@ -197,8 +219,17 @@ int gm_est_model_from_hf_config(const char *json, const char *label, gm_est_mode
     return gm__set_error(GM_ENOTSUP, "%s: this gpumem was built without cJSON; use --model", label);
 #else
     memset(out, 0, sizeof *out);
-    cJSON *root = cJSON_Parse(json);
-    if (!root || !cJSON_IsObject(root)) {
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(json, &end, false);
+    if (!root) {
+        size_t at = end && end >= json ? (size_t)(end - json) : 0;
+        if (json_cut_at(json + at) || (at && json_cut_at(json + at - 1))) /* cJSON may stop one past */
+            return gm__set_error(GM_EFORMAT, "%s: truncated JSON at byte %zu (the text ends inside a value; expected "
+                                 "a whole Hugging Face config.json)", label, strlen(json));
+        return gm__set_error(GM_EFORMAT, "%s: invalid JSON at byte %zu (from 0; expected a Hugging Face config.json)",
+                             label, at);
+    }
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return gm__set_error(GM_EFORMAT, "%s: not a JSON object (expected a Hugging Face config.json)", label);
     }

@@ -16,7 +16,8 @@
  *    its phase is gradients (if it has a parameter's size, else other) /
  *    optimizer state / parameters; the rest of those phases are temporaries. In a trace with no frames, allocations
  *    alive to the end are parameters (allocated before the first free) or
- *    optimizer state (later, with a parameter's size); the rest unknown. */
+ *    optimizer state (later, with a parameter's size); the rest is inferred
+ *    from the steps live memory shows (find_steps(), by_steps()), or unknown. */
 #include "report.h"
 
 #include "internal.h"
@@ -110,7 +111,7 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 /* Pair allocs with frees; the peak of live requested bytes. */
-static int pair(gm_attribution *a) {
+static int pair(gm_attribution *a, int64_t *live) {
     gm__idmap m = {0};
     int rc = gm__idmap_reserve(&m, 1024);
     int64_t cur = 0;
@@ -155,6 +156,7 @@ static int pair(gm_attribution *a) {
             al->end = (uint32_t)i;
             cur -= (int64_t)al->size;
         }
+        if (live) live[i] = cur;
     }
     gm__idmap_free(&m);
     return rc;
@@ -181,7 +183,121 @@ static void by_lifetime(gm_attr_alloc *al, size_t nevents, size_t first_free, co
                   : GM_CAT_PARAMETERS;
 }
 
-static int classify(gm_attribution *a) {
+/* The steps of a training run without frames, from live memory alone: it
+ * rises through forward to a high point and falls through backward and the
+ * optimizer step. With hysteresis between the 10th and 90th percentiles of
+ * live memory after setup (lo, hi: a first step's spike or the teardown at
+ * the end do not set them): above 60% of the way is high, below 30% low;
+ * each high stretch gives its maximum, in event order. Fewer than two: no
+ * step structure. The parameters' sizes (psizes, sorted) become unique
+ * sizes with their counts, for the gradients of each step. */
+typedef struct steps_found {
+    uint32_t *high;
+    size_t nhigh;
+    uint64_t *size;      /* the parameters' distinct sizes */
+    uint32_t *count;     /* parameters of each */
+    uint32_t *left;      /* gradients of each still to come in this step */
+    size_t nsize, step;  /* the step whose gradients `left` counts */
+} steps_found;
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int find_steps(const int64_t *live, size_t n, size_t first_free, const uint64_t *psizes, size_t np,
+                      steps_found *st) {
+    memset(st, 0, sizeof *st);
+    if (first_free + 16 >= n) return GM_OK;
+    size_t stride = (n - first_free) / 65536 + 1, ns = 0;
+    int64_t *smp = malloc(((n - first_free) / stride + 1) * sizeof *smp);
+    if (!smp) return gm__set_error(GM_ENOHOSTMEM, "out of host memory attributing a trace");
+    for (size_t i = first_free; i < n; i += stride) smp[ns++] = live[i];
+    qsort(smp, ns, sizeof *smp, cmp_i64);
+    int64_t lo = smp[ns / 10], hi = smp[ns - 1 - ns / 10];
+    free(smp);
+    if (hi - lo < hi / 20) return GM_OK; /* flat: no steps to see */
+    int64_t up = lo + (hi - lo) * 3 / 5, down = lo + (hi - lo) * 3 / 10;
+    st->high = malloc((n / 2 + 1) * sizeof *st->high);
+    st->size = malloc((np + 1) * sizeof *st->size);
+    st->count = calloc(np + 1, sizeof *st->count);
+    st->left = calloc(np + 1, sizeof *st->left);
+    if (!st->high || !st->size || !st->count || !st->left)
+        return gm__set_error(GM_ENOHOSTMEM, "out of host memory attributing a trace");
+    bool high = false;
+    size_t arg = first_free;
+    for (size_t i = first_free; i < n; i++) {
+        if (!high && live[i] > up) {
+            high = true;
+            arg = i;
+        } else if (high && live[i] < down) {
+            st->high[st->nhigh++] = (uint32_t)arg;
+            high = false;
+        } else if (high && live[i] > live[arg]) {
+            arg = i;
+        }
+    }
+    if (high) st->high[st->nhigh++] = (uint32_t)arg;
+    if (st->nhigh < 2) st->nhigh = 0;
+    for (size_t k = 0; k < np; k++) {
+        if (!st->nsize || st->size[st->nsize - 1] != psizes[k]) st->size[st->nsize++] = psizes[k];
+        st->count[st->nsize - 1]++;
+    }
+    return GM_OK;
+}
+
+/* Points of pts (sorted) in [from, to). */
+static size_t spans(const uint32_t *pts, size_t n, uint32_t from, uint32_t to) {
+    size_t l = 0, r = n;
+    while (l < r) {
+        size_t m = (l + r) / 2;
+        if (pts[m] < from) l = m + 1;
+        else r = m;
+    }
+    size_t k = l;
+    while (k < n && pts[k] < to && k - l < 2) k++;
+    return k - l; /* 0, 1, or 2 (two or more) */
+}
+
+/* The step rule for an allocation of a frameless trace that no lifetime
+ * rule decided (docs/report.md, "inferred"); called in event order. Made in
+ * the setup (before the first free) and freed after it but before the first
+ * high point: a parameter replaced, as an fp32 model cast to 16 bits one
+ * tensor at a time. After a step's high point, the first allocations with a
+ * parameter's size, as many as there are parameters of that size, are the
+ * step's gradients (backward makes them before the optimizer's temporaries
+ * of the same sizes). Alive at one high point: activations; at two or more
+ * (across steps): other; at none: temporaries. */
+static void by_steps(gm_attr_alloc *al, size_t first_free, steps_found *st) {
+    if (al->end == GM_ATTR_ALIVE) return;
+    if (al->ev < first_free && al->end > first_free && (!st->nhigh || al->end <= st->high[0])) {
+        al->method = GM_AM_STEPS;
+        al->cat = GM_CAT_PARAMETERS;
+        return;
+    }
+    if (!st->nhigh) return;
+    size_t step = 0; /* high points before the allocation */
+    for (size_t l = 0, r = st->nhigh; l < r;) {
+        size_t m = (l + r) / 2;
+        if (st->high[m] < al->ev) l = m + 1, step = l;
+        else r = m;
+    }
+    if (step != st->step) { /* a new step: all its gradients to come */
+        st->step = step;
+        memcpy(st->left, st->count, st->nsize * sizeof *st->left);
+    }
+    al->method = GM_AM_STEPS;
+    const uint64_t *ps = step ? bsearch(&al->size, st->size, st->nsize, sizeof *st->size, cmp_u64) : NULL;
+    if (ps && st->left[ps - st->size]) {
+        st->left[ps - st->size]--;
+        al->cat = GM_CAT_GRADIENTS;
+        return;
+    }
+    size_t highs = spans(st->high, st->nhigh, al->ev, al->end);
+    al->cat = highs == 1 ? GM_CAT_ACTIVATIONS : highs ? GM_CAT_OTHER : GM_CAT_TEMPORARIES;
+}
+
+static int classify(gm_attribution *a, const int64_t *live) {
     const gm_trace *t = a->trace;
     size_t n = a->nevents;
     uint8_t *cls = t->nstacks ? malloc(t->nstacks) : NULL; /* stack -> class, 0xff unknown */
@@ -189,6 +305,7 @@ static int classify(gm_attribution *a) {
     uint32_t *run_end = malloc((n ? n : 1) * sizeof *run_end);
     uint32_t *next_bwd = malloc((n ? n : 1) * sizeof *next_bwd);
     uint64_t *psizes = NULL;
+    steps_found st = {0};
     int rc = GM_OK;
     if ((t->nstacks && !cls) || !ph || !run_end || !next_bwd) {
         rc = gm__set_error(GM_ENOHOSTMEM, "out of host memory attributing a trace");
@@ -226,6 +343,8 @@ static int classify(gm_attribution *a) {
             psizes[np++] = al->size;
     }
     if (np > 1) qsort(psizes, np, sizeof *psizes, cmp_u64);
+    if (live && !a->has_frames && (rc = find_steps(live, n, first_free, psizes, np, &st))) goto out;
+    a->nsteps = st.nhigh;
     for (size_t k = 0; k < a->nallocs; k++) {
         gm_attr_alloc *al = &a->allocs[k];
         uint32_t i = al->ev;
@@ -237,6 +356,7 @@ static int classify(gm_attribution *a) {
             al->method = GM_AM_TAGGED;
         } else if (p == GM_PH_NONE) {
             by_lifetime(al, n, first_free, psizes, np);
+            if (al->method == GM_AM_UNKNOWN && !a->has_frames) by_steps(al, first_free, &st);
         } else {
             al->method = al->stack ? GM_AM_FRAMES : GM_AM_PHASE;
             bool outlives = al->end > run_end[i];
@@ -276,6 +396,10 @@ static int classify(gm_attribution *a) {
             a->peak_by[al->cat][al->method] += al->size;
     }
 out:
+    free(st.high);
+    free(st.size);
+    free(st.count);
+    free(st.left);
     free(cls);
     free(ph);
     free(run_end);
@@ -300,22 +424,39 @@ int gm_attribute(const gm_trace *t, int device, gm_attribution **out) {
         return gm__set_error(GM_EINVAL, "trace too long to attribute (%zu events)", n);
     }
     size_t nalloc = 0;
-    bool any_completed = false, any_requested = false;
+    bool any_completed = false, any_requested = false, any_stack = false;
     for (size_t i = 0; i < a->nevents; i++) {
+        any_stack |= a->ev[i].stack != 0;
         nalloc += a->ev[i].action == GM_TA_ALLOC;
         any_completed |= a->ev[i].action == GM_TA_FREE_COMPLETED;
         any_requested |= a->ev[i].action == GM_TA_FREE_REQUESTED;
     }
     a->free_action = !any_completed && any_requested ? GM_TA_FREE_REQUESTED : GM_TA_FREE_COMPLETED;
     a->allocs = malloc((nalloc ? nalloc : 1) * sizeof *a->allocs);
-    int rc = a->allocs ? pair(a) : gm__set_error(GM_ENOHOSTMEM, "out of host memory attributing a trace");
-    if (!rc) rc = classify(a);
+    /* without frames, live bytes per event: the steps are read from them */
+    int64_t *live = any_stack ? NULL : malloc((a->nevents ? a->nevents : 1) * sizeof *live);
+    int rc = a->allocs && (any_stack || live) ? pair(a, live)
+                                              : gm__set_error(GM_ENOHOSTMEM, "out of host memory attributing a trace");
+    if (!rc) rc = classify(a, live);
+    free(live);
     if (rc) {
         gm_attribution_free(a);
         return rc;
     }
     *out = a;
     return GM_OK;
+}
+
+const char *gm_attr_frames_note(const gm_attribution *a, char *buf, size_t len) {
+    if (a->has_frames) snprintf(buf, len, "%s", "");
+    else
+        snprintf(buf, len,
+                 "This trace has no Python frames: parameters and optimizer state come from lifetimes, the "
+                 "other categories are inferred from sizes and the %zu steps live memory shows (rule "
+                 "\"inferred\"): approximate. For exact categories, record frames: call %s before the run, "
+                 "then torch.cuda.memory._dump_snapshot(\"snapshot.pickle\").",
+                 a->nsteps, GM_RECORD_FRAMES_CALL);
+    return buf;
 }
 
 void gm_attribution_free(gm_attribution *a) {

@@ -117,6 +117,8 @@ static void breakdown(FILE *f, const gm_attribution *a) {
                 gm_attr_method_name(m), gm__report_bytes((double)p, b1, sizeof b1), gm__report_pct(p, peak), gm_attr_method_help(m));
     }
     fprintf(f, "</tbody></table></div>\n");
+    char note[1024];
+    if (!a->has_frames) fprintf(f, "<p class=note>%s</p>\n", gm_attr_frames_note(a, note, sizeof note));
     if (a->unknown_frees || a->double_allocs || a->oversized_allocs)
         fprintf(f, "<p class=note>Trace anomalies: %" PRIu64 " frees of unknown addresses (skipped), %" PRIu64
                    " allocations of live addresses (the old one kept live, as gpumem replay does), %" PRIu64

@@ -31,7 +31,13 @@
     X(LIFETIME, "lifetime", "no frames: alive for half the trace or more; parameters, or "    \
                             "optimizer state if made after the first free with the size of "   \
                             "an earlier long-lived allocation")                                \
-    X(UNKNOWN, "unknown", "no frames and no lifetime rule applies")
+    X(STEPS, "inferred", "no frames: inferred from the steps live memory shows (it rises "     \
+                         "through forward to a high point, falls through backward): after a "  \
+                         "high point the first allocations with the parameters' sizes are "    \
+                         "gradients; alive at one high point activations, at none "            \
+                         "temporaries, across steps other; made in the setup and freed later " \
+                         "(a model cast) parameters")                                          \
+    X(UNKNOWN, "unknown", "no frames and no lifetime or step rule applies")
 
 typedef enum gm_attr_method {
 #define GM__AM_ENUM(n, s, d) GM_AM_##n,
@@ -74,6 +80,12 @@ const char *gm_phase_name(int ph);
 
 #define GM_ATTR_ALIVE UINT32_MAX /* end of an allocation never freed */
 
+/* The one call that records Python frames with a snapshot (said wherever a
+ * trace without frames leaves categories inferred or unknown). */
+#define GM_RECORD_FRAMES_CALL                                                               \
+    "torch.cuda.memory._record_memory_history(max_entries=1000000, context=\"all\", "     \
+    "stacks=\"python\")"
+
 typedef struct gm_attr_alloc {
     uint64_t addr, size, stream;
     uint32_t ev;    /* its alloc event, index within the device's events */
@@ -91,6 +103,7 @@ typedef struct gm_attribution {
     size_t nallocs;
     int free_action;       /* GM_TA_FREE_COMPLETED, or FREE_REQUESTED in old traces */
     bool has_frames;       /* some event of the device has a stack */
+    size_t nsteps;         /* without frames: the steps (high points of live memory) found */
     /* live requested bytes: peak and the first event where it is reached
      * (the same pairing as replay: its peak equals replay's peak_requested) */
     int64_t peak_bytes;
@@ -103,6 +116,10 @@ typedef struct gm_attribution {
 } gm_attribution;
 
 int gm_attribute(const gm_trace *t, int device, gm_attribution **out);
+/* For a trace without frames: which categories are inferred, and the one
+ * call that records frames (GM_RECORD_FRAMES_CALL), into buf; "" when the
+ * trace has frames. Returns buf. */
+const char *gm_attr_frames_note(const gm_attribution *a, char *buf, size_t len);
 void gm_attribution_free(gm_attribution *a);
 /* Sum over methods / categories. */
 uint64_t gm_attr_peak_cat(const gm_attribution *a, int cat);

@@ -39,6 +39,7 @@ int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl
         fprintf(f, "  %-9s %12s %6.1f%%  %s\n", gm_attr_method_name(m), gm__report_bytes((double)p, b1, sizeof b1),
                 gm__report_pct(p, peak), gm_attr_method_help(m));
     }
+    if (!a->has_frames) fprintf(f, "\n  %s\n", gm_attr_frames_note(a, lab, sizeof lab));
     if (a->unknown_frees || a->double_allocs || a->oversized_allocs)
         fprintf(f, "\n  trace anomalies: %" PRIu64 " frees of unknown addresses, %" PRIu64
                    " allocs of live addresses (kept live, as replay does), %" PRIu64
@@ -87,6 +88,13 @@ int gm_report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl
         fprintf(f, "%s\"%s\":%" PRIu64, m ? "," : "", gm_attr_method_name(m), gm_attr_peak_method(a, m));
     fprintf(f, "},\"unknown_frees\":%" PRIu64 ",\"double_allocs\":%" PRIu64 ",\"oversized_allocs\":%" PRIu64,
             a->unknown_frees, a->double_allocs, a->oversized_allocs);
+    if (!a->has_frames) {
+        char note[1024];
+        fprintf(f, ",\"steps_inferred\":%zu,\"record_frames\":", a->nsteps);
+        gm__json_string(f, GM_RECORD_FRAMES_CALL, false);
+        fprintf(f, ",\"note\":");
+        gm__json_string(f, gm_attr_frames_note(a, note, sizeof note), false);
+    }
     if (tl && o && o->scopes) {
         /* the timeline's points (x of the scope series) and the series the
          * HTML's "stack by scope" draws */

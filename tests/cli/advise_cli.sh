@@ -2,7 +2,8 @@
 # advise_cli.sh — 'gpumem advise': settings ranked with device calls, "best
 # for memory" vs "recommended" (device calls within 10x the default's), the
 # peak by category from Python stacks (exact on a synthetic snapshot, and on
-# the GPT-2 trace: parameters and AdamW state), none without stacks; errors.
+# the GPT-2 trace: parameters and AdamW state), inferred without stacks and
+# the call that records them; errors.
 set -u
 : "${GPUMEM:?}"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -58,11 +59,15 @@ best = r[j["best_for_memory"]]
 assert best["peak_reserved"] == min(x["peak_reserved"] for x in j["results"] if not x["failed"]), best
 assert best["rank"] <= rec["rank"]
 ' || fail "synthetic json: $out"
-"$GPUMEM" advise "$T/bare.pickle.gz" | grep -q "no Python stacks recorded" || fail "no stacks: not marked approximate"
+# no frames: says what is inferred and the one call that records frames (issue 42)
+"$GPUMEM" advise "$T/bare.pickle.gz" | grep -q "no Python frames: inferred" || fail "no stacks: not marked inferred"
+"$GPUMEM" advise "$T/bare.pickle.gz" | grep -qF 'torch.cuda.memory._record_memory_history(max_entries=1000000, context="all", stacks="python")' ||
+    fail "no stacks: no call to record frames"
 "$GPUMEM" advise "$T/bare.pickle.gz" --json | python3 -c '
 import json, sys
 c = json.load(sys.stdin)["categories"]
-assert c["from_frames"] is False and c["peak"] == 21 << 20, c' || fail "bare json"
+assert c["from_frames"] is False and c["peak"] == 21 << 20, c
+assert "_record_memory_history(" in c["note"] and "inferred" in c["note"], c' || fail "bare json"
 "$GPUMEM" advise "$T/absent.pickle.gz" 2>/dev/null; [ $? -eq 1 ] || fail "missing trace: exit 1"
 "$GPUMEM" advise "$T/s.pickle.gz" --capacity lots 2>/dev/null; [ $? -eq 2 ] || fail "bad capacity: exit 2"
 "$GPUMEM" advise "$T/s.pickle.gz" --frobnicate 2>/dev/null; [ $? -eq 2 ] || fail "unknown option: exit 2"
@@ -95,4 +100,21 @@ j = json.load(sys.stdin)
 assert j["best_for_memory"] == "policy:gpumem", j["best_for_memory"]
 assert j["recommended"] == "policy:gpumem", j["recommended"]
 ' || fail "steps40 resnet50_amp"
+EX=${GPUMEM_SOURCE:?}/examples/mlp_adam_fp32.pickle.gz
+# a per_process_memory_fraction row says its cap in bytes and the device it is a share of
+# (issue 42: 0.07 of the simulated 141 GiB, on a 24 GiB card a 1.7 GiB cap)
+out=$("$GPUMEM" tune "$EX") || fail "tune exit"
+echo "$out" | grep -A1 "per_process_memory_fraction:" | grep -q "of the simulated 141.00 GiB device; for your GPU rerun with --capacity" ||
+    fail "fraction row without its cap: $(echo "$out" | grep -A1 fraction)"
+"$GPUMEM" tune "$EX" --capacity 24GiB --json | python3 -c '
+import json, sys
+rows = [r for r in json.load(sys.stdin)["results"] if "per_process_memory_fraction" in r["conf"]]
+assert rows, "no fraction row"
+for r in rows:
+    f = float(r["conf"].split("per_process_memory_fraction:")[1].split(",")[0])
+    assert r["memory_fraction"] == f and r["memory_cap_bytes"] == int(f * 24 * 2**30), r
+    assert r["memory_cap_bytes"] >= r["peak_reserved"], r  # sized to the trace on the device given
+' || fail "fraction rows at --capacity 24GiB"
+# "0 B less than PyTorch's default (0.0%)": the default is itself, not a saving
+echo "$out" | grep -q "(0.0%)" && fail "a 0.0% difference printed: $(echo "$out" | grep "0.0%")"
 echo ok

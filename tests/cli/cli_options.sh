@@ -64,4 +64,21 @@ assert {"max_split_size_mb", "expandable_segments", "gpumem_slack", "policy"} <=
 ' || fail "config --list --json: $list"
 "$GPUMEM" config "policy:gpumem,gpumem_slack:0" | grep -q "gpumem_slack *0" || fail "config STR"
 "$GPUMEM" config "max_split_size_mb:1" 2>/dev/null; [ $? = 2 ] || fail "config bad STR exit"
+# one rule with gpumem run --conf: a string naming no policy is checked under gpumem run's
+# (issue 42: config said valid where run refused, and the other way round)
+def=$("$GPUMEM" config --list --json | sed -n 's/.*"default_policy":"\([a-z]*\)".*/\1/p')
+[ "$def" = gpumem ] || fail "this test assumes gpumem run's default policy is gpumem, not '$def'"
+out=$("$GPUMEM" config gpumem_slack:0) || fail "config gpumem_slack:0 refused: $out"
+echo "$out" | grep -q "^policy: *gpumem (assumed" || fail "config does not say the policy assumed: $out"
+"$GPUMEM" run --no-publish --conf gpumem_slack:0 -- true 2>/dev/null || fail "run --conf gpumem_slack:0 refused"
+err=$("$GPUMEM" config expandable_segments:True 2>&1); [ $? = 2 ] || fail "config expandable_segments:True accepted"
+echo "$err" | grep -q "checked under policy:gpumem" || fail "config error does not name the policy: $err"
+"$GPUMEM" run --no-publish --conf expandable_segments:True -- true 2>/dev/null; [ $? = 2 ] || fail "run --conf expandable_segments:True accepted"
+"$GPUMEM" config policy:torch,expandable_segments:True | grep -q "expandable_segments *True" || fail "policy:torch named"
+"$GPUMEM" config policy:torch,expandable_segments:True | grep -q "assumed" && fail "a named policy is not assumed"
+# demo says which policy it runs (issue 42: policy:torch, unsaid)
+err=$(GPUMEM_SHM_TAG="opt$$" "$GPUMEM" demo --steps 1 --hold 0 --step-ms 0 --model 16MiB 2>&1 >/dev/null) || fail "demo: $err"
+echo "$err" | grep -q "under policy:torch (PyTorch's allocator, modelled" || fail "demo does not say its policy: $err"
+GPUMEM_SHM_TAG="opt$$" "$GPUMEM" demo --steps 1 --hold 0 --step-ms 0 --model 16MiB --conf policy:gpumem 2>/dev/null |
+    grep -q '"policy":"gpumem"' || fail "demo --steps JSON does not name the policy"
 echo "ok: config --list and config STR"

@@ -30,6 +30,42 @@ for s in j["strategies"]:
 assert j["fits"] is True and j["best_combination"] is not None
 ' || fail "json: $out"
 "$GPUMEM" estimate --model resnet50 --precision fp16-autocast | grep -q "peak allocated" || fail "text output"
+# --generate loads the model as Hugging Face users do, from_pretrained(torch_dtype=torch.bfloat16):
+# built in 16 bits, so its peak is generating, not an fp32 build-then-cast (issue 42), and it says so;
+# --torch-dtype fp32 --precision bf16 is the build-then-cast (.half()) of the measured trace
+gen="--model gpt2-medium --batch 16 --seq 64 --generate 200"
+out=$("$GPUMEM" estimate $gen) || fail "generate exit"
+echo "$out" | grep -q "^loading    from_pretrained(torch_dtype=torch.bfloat16): built in 16 bits" || fail "generate: no loading line: $out"
+"$GPUMEM" estimate $gen --torch-dtype fp32 | grep -q "^loading    from_pretrained(torch_dtype=torch.float32)" || fail "--torch-dtype fp32"
+"$GPUMEM" estimate $gen --torch-dtype fp16 | grep -q "torch_dtype=torch.float16" || fail "--torch-dtype fp16"
+a=$("$GPUMEM" estimate $gen --json) && b=$("$GPUMEM" estimate $gen --torch-dtype fp32 --precision bf16 --json) || fail "generate --json"
+python3 -c '
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert a["run"]["torch_dtype"] == "bf16" and a["run"]["precision"] == "bf16", a["run"]
+assert b["run"]["torch_dtype"] == "fp32", b["run"]
+params = a["by_category"]["parameters"]
+assert a["peak_at"]["phase"] != "setup", a["peak_at"]           # the peak is generating
+assert b["peak_at"]["phase"] == "setup", b["peak_at"]           # fp32 + the first 16-bit copy
+assert b["peak_allocated"] >= 2 * params > a["peak_allocated"] - a["by_category"]["activations"], (a, b)  # fp32 = 2x bf16
+assert any(s["change"] == "--torch-dtype fp32" for s in a["strategies"]), a["strategies"]
+assert any(s["change"].startswith("--torch-dtype bf16") and s["saving_bytes"] > 0 for s in b["strategies"]), b["strategies"]
+' "$a" "$b" || fail "generate: torch_dtype bf16 vs fp32 then cast"
+# the verdict states its rule: whole device + 10% of peak reserved against the capacity
+# (issue 42: 22.06 GiB whole device "does NOT fit" 24 GiB, with the margin unsaid)
+out=$("$GPUMEM" estimate --model gpt2-medium --batch 6 --capacity 24GiB) || fail "verdict exit"
+echo "$out" | grep -Eq "^capacity 24.00 GiB: does NOT fit: whole device 22.06 GiB \+ 10% margin [0-9.]+ GiB = 24.[0-9]+ GiB > 24.00 GiB$" ||
+    fail "verdict line: $(echo "$out" | grep capacity)"
+# no noise rows: a strategy within 0.05% of the peak ("-512 B (-0.0%)") is named once below the table
+echo "$out" | grep -E -- "-?0\.0%\)" && fail "a 0.0% strategy row"
+echo "$out" | grep -q "^(the same peak within 0.05%, not listed: precision fp16-autocast, optimizer adam)$" ||
+    fail "the strategies with no effect are not named"
+"$GPUMEM" estimate --model gpt2-medium --batch 6 --capacity 24GiB --json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+res, dev = j["peak_reserved"]["torch"], j["device_total"]["torch"]
+assert j["fit_margin"] == 0.1 and j["fit_needed"] == dev + int(res * 0.1), j
+assert dev <= j["capacity"] < j["fit_needed"] and j["fits"] is False, j' || fail "verdict JSON"
 # checkpointing is Hugging Face only: not offered for torchvision
 "$GPUMEM" estimate --model resnet50 --json | python3 -c '
 import json, sys; j = json.load(sys.stdin)
@@ -51,7 +87,7 @@ assert j["model"]["parameters"] == 155730944, j["model"]' || fail "--config llam
 
 # generation: the peak of ../shared/traces/gpt2_generate_kvcache (measured 1522219008 bytes on the H200)
 # is while .half() converts the fp32 model: fp32 parameters + the fp16 embedding
-"$GPUMEM" estimate --model gpt2-medium --batch 16 --seq 64 --generate 200 --precision bf16 --json | python3 -c '
+"$GPUMEM" estimate --model gpt2-medium --batch 16 --seq 64 --generate 200 --torch-dtype fp32 --precision bf16 --json | python3 -c '
 import json, sys; j = json.load(sys.stdin)
 assert j["peak_allocated"] == 1522219008, j["peak_allocated"]
 assert j["peak_at"]["phase"] == "setup", j["peak_at"]
@@ -114,6 +150,8 @@ expect2 "cannot open" --config "$T/absent.json"
 expect2 "masked-lm model" --model bert-base-uncased --generate 10
 expect2 "exceed" --model gpt2 --seq 1000 --generate 100 --precision bf16
 expect2 "not autocast" --model gpt2 --seq 64 --generate 10 --precision bf16-autocast
+expect2 "runs in 16 bits: --precision bf16, or --torch-dtype fp32" --model gpt2 --seq 64 --generate 10 --precision fp32
+expect2 "--torch-dtype must be one of" --model gpt2 --seq 64 --generate 10 --torch-dtype int8
 expect2 "is an image-classification model" --model resnet50 --generate 10
 expect2 "needs --shard" --model gpt2 --world-size 8
 expect2 "--fit world needs --shard" --model gpt2 --fit world --capacity 80GiB
@@ -130,7 +168,14 @@ expect2 '"n_layer" must be a positive integer' --config "$T/neg.json"
 echo '{"model_type": "vit", "architectures": ["ViTForImageClassification"], "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "image_size": 32, "patch_size": 16, "num_labels": 1e126}' >"$T/vitbig.json"
 "$GPUMEM" estimate --config "$T/vitbig.json" --batch 1 >/dev/null || fail "huge num_labels"
 echo 'not json' >"$T/bad.json"
-expect2 "not a JSON object" --config "$T/bad.json"
+expect2 "invalid JSON at byte 0" --config "$T/bad.json"
+printf '{"model_type": "gpt2",, "n_layer": 2}' >"$T/comma.json"
+expect2 "invalid JSON at byte 23" --config "$T/comma.json"
+echo '[1, 2]' >"$T/list.json"
+expect2 "not a JSON object" --config "$T/list.json"
+# a cut download: say so, and where
+printf '{"model_type": "gpt2", "n_layer": 2, "n_em' >"$T/cut.json"
+expect2 "truncated JSON at byte 42" --config "$T/cut.json"
 "$GPUMEM" estimate --help | grep -q -- "--fit batch|seq" || fail "--help"
 expect2 "wants an integer from 2 to 16" --model gpt2 --steps 40
 expect2 "--accum wants an integer" --model gpt2 --accum -2

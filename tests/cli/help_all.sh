@@ -69,8 +69,22 @@ nno=$(echo "$out" | grep -c "^  no ")
 [ "$nno" = "$(echo "$out" | grep -c "^ *fix: ")" ] || fail "doctor: a failed check without its fix: $out"
 { [ "$nno" = 0 ] && [ $rc = 0 ]; } || { [ "$nno" -gt 0 ] && [ $rc = 1 ]; } || fail "doctor exit $rc with $nno failed checks"
 if command -v python3 >/dev/null; then
-    "$GPUMEM" doctor --json | python3 -c 'import json, sys; j = json.load(sys.stdin); assert len(j["checks"]) == 10, j' ||
-        fail "doctor --json is not 10 checks of JSON"
+    "$GPUMEM" doctor --json | python3 -c 'import json, sys; j = json.load(sys.stdin); assert len(j["checks"]) == 11, j' ||
+        fail "doctor --json is not 11 checks of JSON"
+    echo "$out" | grep -Eq "^  (ok|no) +pip build " || fail "doctor has no 'pip build' line: $out"
+    # a fresh venv whose setuptools cannot build a wheel (issue 42): doctor names the command that
+    # installs the wheel package offline, the same one pip install ./python stops with
+    V=$(mktemp -d)
+    if python3 -m venv "$V/v" 2>/dev/null && ! "$V/v/bin/python" -c 'import wheel' 2>/dev/null &&
+        ! "$V/v/bin/python" -c 'from setuptools.command.bdist_wheel import bdist_wheel' 2>/dev/null &&
+        "$V/v/bin/python" -c 'import setuptools' 2>/dev/null; then
+        dv=$(PATH="$V/v/bin:$PATH" "$GPUMEM" doctor)
+        echo "$dv" | grep -q "^  no   pip build .* cannot build gpumem: setuptools .* lacks 'bdist_wheel'" ||
+            { rm -rf "$V"; fail "doctor in a venv without wheel: $dv"; }
+        echo "$dv" | grep -Eq "fix: install it.* $V/v/bin/python3? -m pip install --no-index /usr/share/python-wheels/wheel-" ||
+            { rm -rf "$V"; fail "doctor gives no offline wheel command: $dv"; }
+    fi
+    rm -rf "$V"
     py=$(PYTHONPATH="$GPUMEM_SOURCE/python" python3 -c 'from gpumem.torch import DEFAULT_POLICY; print(DEFAULT_POLICY)')
     [ "$py" = "policy:$def" ] || fail "python's DEFAULT_POLICY is $py, the CLI's policy:$def"
     pv=$(PYTHONPATH="$GPUMEM_SOURCE/python" python3 -c 'import gpumem; print(gpumem.__version__)')

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # monitor_top.sh — `gpumem top` driven in tmux: the screen shows the
 # producers, and the keys work (filter, sort, window, pause, help, quit);
-# at 60 and 200 columns every line is cut, never wrapped; the history graph
+# at 60, 80 and 200 columns every line is cut, never wrapped, and 80 shows the
+# essential columns whole; the history graph
 # has no gap columns between samples; with stdout not a terminal or TERM
 # unset it refuses with what to use instead (exit 2) rather than writing
 # escape codes or "Error opening terminal".
@@ -66,7 +67,7 @@ wait_screen 10 "TOP-EXITED"
 
 # narrow and wide terminals: each screen line is one line of top's (cut, not
 # wrapped): the process rows start with a GPU index, never with a fragment
-for cols in 60 200; do
+for cols in 60 80 200; do
     tmux -S "$sock" new-session -d -s "w$cols" -x "$cols" -y 30 \
         "env GPUMEM_SHM_TAG=$GPUMEM_SHM_TAG $GPUMEM top --interval 0.1 --no-nvml; sleep 30"
     wait_for 20 sh -c "tmux -S '$sock' capture-pane -p -t w$cols | grep -q alpha-trainer" ||
@@ -87,6 +88,13 @@ drawn = [i for i, x in enumerate(cols) if x]
 gaps = [i for i in range(drawn[0], drawn[-1] + 1) if not cols[i]] if drawn else []
 assert not gaps, "blank graph columns between samples: %s" % gaps[:10]
 ' || { echo "FAIL: $cols columns: gaps in the history graph"; echo "$shot"; exit 1; }
+    # 80 columns (issue 42: the table was cut after "Allocated"): the essential columns, whole
+    if [ "$cols" = 80 ]; then
+        echo "$shot" | grep -E "^GPU +PID +PROCESS +Allocated +Reserved .*OOMs *$" >/dev/null ||
+            { echo "FAIL: 80 columns: the table lacks its essential columns"; echo "$shot"; exit 1; }
+        echo "$shot" | grep -E "alpha-trainer" | grep -qE " [0-9]+$" ||
+            { echo "FAIL: 80 columns: the process row is cut before its OOMs"; echo "$shot"; exit 1; }
+    fi
     tmux -S "$sock" send-keys -t "w$cols" q
 done
 

@@ -82,8 +82,22 @@ for py in python3 /usr/bin/python3; do
     "$T/bare/bin/python" -c 'import setuptools' 2>/dev/null || continue
     "$T/bare/bin/python" -m pip install --no-build-isolation --no-index "$T/src/python" >"$T/bare.log" 2>&1 &&
         fail "pip install without wheel succeeded?"
-    grep -q "gpumem setup: pip needs 'bdist_wheel' to install" "$T/bare.log" ||
+    grep -q "gpumem setup: pip cannot build gpumem for .*: setuptools .* lacks 'bdist_wheel'" "$T/bare.log" ||
         { tail -20 "$T/bare.log"; fail "no line naming the missing wheel package"; }
     echo "ok: $py's setuptools without wheel: pip stops with the line naming it"
+    # the line gives a command that works offline (issue 42: 'pip install wheel' needs the index):
+    # with Debian's wheel of it here, run that command, and pip install must then get past metadata
+    whl=$(ls /usr/share/python-wheels/wheel-*.whl 2>/dev/null | tail -1)
+    if [ -n "$whl" ]; then
+        fix=$(sed -n "s/.*install it offline: \(.* -m pip install --no-index [^ ,]*\.whl\), then run pip again.*/\1/p" "$T/bare.log" | head -1)
+        [ -n "$fix" ] || { tail -5 "$T/bare.log"; fail "the line gives no offline command for $whl"; }
+        $fix >"$T/fix.log" 2>&1 || { cat "$T/fix.log"; fail "the printed fix failed: $fix"; }
+        "$T/bare/bin/python" -m pip install --no-build-isolation --no-index "$T/src/python" >"$T/bare2.log" 2>&1 ||
+            { tail -20 "$T/bare2.log"; fail "pip install after the printed fix"; }
+        echo "ok: the printed offline fix ($fix) makes pip install work"
+    else
+        grep -q "apt-get install python3-wheel-whl && $T/bare/bin/python -m pip install --no-index /usr/share/python-wheels/wheel-\*.whl" "$T/bare.log" ||
+            { tail -5 "$T/bare.log"; fail "no Debian command for the wheel package"; }
+    fi
     break
 done

@@ -83,6 +83,29 @@ done
 ex=$SRC/examples/mlp_adam_fp32.pickle.gz
 # --text: the same tables; mlp_adam_fp32 (Adam, fp32): state = 2 x parameters, gradients = parameters
 "$GPUMEM" report "$ex" --text >"$T/t.txt" || fail "--text exit"
+# a trace without Python frames (issue 42: 58-94% of the peak was "other"): the steps in live
+# memory decide activations, gradients and temporaries ("inferred"), and the report says so,
+# with the call that records frames. examples/gpt2_small_train_bf16: 6 steps of GPT-2, AdamW.
+"$GPUMEM" report "$GPUMEM_SOURCE/examples/gpt2_small_train_bf16.pickle.gz" --json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+c, p = j["categories"], j["peak_requested"]
+assert j["has_frames"] is False and j["steps_inferred"] == 6, (j["has_frames"], j.get("steps_inferred"))
+assert c["other"]["peak"] < p / 100, c["other"]                       # was 79.7%
+assert c["activations"]["peak"] > p / 2, c["activations"]              # the peak is activations
+assert c["activations"]["peak_by"]["inferred"] == c["activations"]["peak"]
+params, g = c["parameters"]["allocated"], c["gradients"]              # 153 tensors, 539.7 MiB
+assert g["count"] % 6 == 0 and 0.8 * params < g["allocated"] / 6 <= params, (g, params)  # per step, one per trainable parameter
+assert "_record_memory_history(" in j["record_frames"] and "inferred" in j["note"], j
+' || fail "frameless trace: categories not inferred"
+"$GPUMEM" report "$GPUMEM_SOURCE/examples/gpt2_small_train_bf16.pickle.gz" | grep -qF 'record frames: call torch.cuda.memory._record_memory_history(' ||
+    fail "frameless trace: the text report does not say how to record frames"
+# -o: the format follows the extension (.txt: the text tables, as --text prints them)
+"$GPUMEM" report "$ex" -o "$T/o.txt" 2>"$T/err" || fail "-o FILE.txt exit: $(cat "$T/err")"
+cmp -s "$T/o.txt" "$T/t.txt" || fail "-o FILE.txt is not the text report: $(head -c 200 "$T/o.txt")"
+"$GPUMEM" report "$ex" -o "$T/o.pdf" 2>"$T/err"; [ $? -eq 2 ] || fail "-o FILE.pdf accepted"
+grep -q "FILE.html (the HTML page) or FILE.txt" "$T/err" || fail "-o FILE.pdf message: $(cat "$T/err")"
+[ -e "$T/o.pdf" ] && fail "-o FILE.pdf wrote a file"
 for needle in "At the peak of live requested bytes" "How the bytes at the peak were attributed" \
               "Frames and scopes by memory live at the peak" "optimizer_state" "_init_group (adam.py"; do
     grep -qF "$needle" "$T/t.txt" || fail "--text lacks '$needle'"

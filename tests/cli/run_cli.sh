@@ -22,5 +22,12 @@ err=$(GPUMEM_CONF=bogus:1 "$GPUMEM" run -- true 2>&1); [ $? -eq 2 ] || fail "bad
 # the source tree has no C++ shim (only pip builds it): run warns, and runs the command anyway
 err=$("$GPUMEM" run -- true 2>&1); [ $? -eq 0 ] || fail "run without the shim failed: $err"
 case "$err" in *"WARNING: the C++ shim gpumem._C is not installed"*) ;; *) fail "no shim warning: $err" ;; esac
-err=$("$GPUMEM" run --native -- true 2>&1); [ -z "$err" ] || fail "--native warned: $err"
+err=$(env -u PYTORCH_CUDA_ALLOC_CONF "$GPUMEM" run --native -- true 2>&1); [ -z "$err" ] || fail "--native warned: $err"
+# PYTORCH_CUDA_ALLOC_CONF in the environment: one line on what gpumem does with it
+err=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GPUMEM" run -- true 2>&1) || fail "run with PYTORCH_CUDA_ALLOC_CONF: $err"
+echo "$err" | grep -q "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is ignored: gpumem's allocator (policy:gpumem).*--conf 'policy:torch,expandable_segments:True'" ||
+    fail "no line on PYTORCH_CUDA_ALLOC_CONF: $err"
+err=$(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$GPUMEM" run --native -- true 2>&1)
+[ "$err" = "gpumem run: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True applies: --native keeps PyTorch's allocator, which reads it" ] ||
+    fail "--native line on PYTORCH_CUDA_ALLOC_CONF: $err"
 echo ok
