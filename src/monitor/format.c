@@ -456,7 +456,8 @@ static void prom_devices(const gm__mon_sample *s, gm__sbuf *b, int which, const 
     for (int i = 0; i < s->ndevices; i++) {
         const gm__mon_dev *d = &s->devs[i];
         uint64_t v[] = {d->total, d->reserved, d->used, d->free};
-        if (!d->have_mem || (which == DEV_RESERVED && !d->have_reserved)) continue;
+        bool total_only = which == DEV_TOTAL && d->have_alloc_total; /* no NVML: the backend's size */
+        if ((!d->have_mem && !total_only) || (which == DEV_RESERVED && !d->have_reserved)) continue;
         gm__sbuf_printf(b, "%s{", name);
         prom_gpu_labels(b, d->index, d->uuid);
         if (d->have_info) prom_label(b, "modelName", d->name);
@@ -536,7 +537,8 @@ static void prom_steps(const gm__mon_sample *s, gm__sbuf *b) {
 }
 
 void gm__format_prometheus(const gm__mon_sample *s, gm__sbuf *b) {
-    prom_devices(s, b, DEV_TOTAL, "gpumem_device_memory_total_bytes", "Device memory in total (NVML).");
+    prom_devices(s, b, DEV_TOTAL, "gpumem_device_memory_total_bytes",
+                 "Device memory in total (NVML; without it, as the allocators' backend reports it).");
     prom_devices(s, b, DEV_RESERVED, "gpumem_device_memory_driver_reserved_bytes",
                  "Device memory reserved by the driver (NVML memory info v2).");
     prom_devices(s, b, DEV_USED, "gpumem_device_memory_used_bytes", "Device memory used by processes (NVML).");
