@@ -420,11 +420,37 @@ static void step_records(void **state) {
     gm_backend_destroy(be);
 }
 
+/* torch's own allocator's steps (gpumem run --native): the record without a
+ * walk; bad arguments are refused with a reason and change nothing. */
+static void native_steps(void **state) {
+    (void)state;
+    gm_native_publisher *np;
+    assert_int_equal(gm_native_publisher_open("native", &np), GM_OK);
+    assert_int_equal(gm_native_publisher_step(NULL, 0, 1, 1, -1), GM_EINVAL);
+    assert_int_equal(gm_native_publisher_step(np, GM__SHM_DEVICES, 1, 1, -1), GM_EINVAL);
+    assert_int_equal(gm_native_publisher_step(np, 0, -1, 1, -1), GM_EINVAL);
+    assert_non_null(strstr(gm_last_error_detail(), "gm_native_publisher_step"));
+    gm__scan_result r;
+    do_scan(&r, false);
+    assert_false(find(&r, "native")->have_step[0]);
+    gm__scan_result_free(&r);
+    assert_int_equal(gm_native_publisher_step(np, 0, 5 << 20, 8 << 20, -1), GM_OK);
+    do_scan(&r, false);
+    const gm__mon_proc *p = find(&r, "native");
+    assert_true(p->have_step[0]);
+    assert_int_equal(p->step[0].step, 1);
+    assert_int_equal(p->step[0].start_allocated, 5 << 20);
+    assert_int_equal(p->step[0].peak_allocated, -1);
+    assert_int_equal(p->step[0].walk_step, -1);
+    gm__scan_result_free(&r);
+    gm_native_publisher_close(np);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(node_sees_other_user), cmocka_unit_test(hostile_header), cmocka_unit_test(hostile_files),
         cmocka_unit_test(hostile_users),        cmocka_unit_test(hostile_data),   cmocka_unit_test(torn_and_v3),
-        cmocka_unit_test(name_flood),           cmocka_unit_test(step_records),
+        cmocka_unit_test(name_flood),           cmocka_unit_test(step_records),   cmocka_unit_test(native_steps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -233,6 +233,11 @@ typedef struct gm_native_publisher gm_native_publisher;
 GM_API int gm_native_publisher_open(const char *label, gm_native_publisher **out);
 GM_API const char *gm_native_publisher_key(int i);
 GM_API int gm_native_publisher_update(gm_native_publisher *p, int device, const int64_t *values, int n);
+/* A training step ended (the step record, as gm_step_mark publishes it):
+ * allocated and reserved bytes now, the step's peak allocated bytes (-1 when
+ * unknown). No block walk: the other allocator's blocks are not ours. */
+GM_API int gm_native_publisher_step(gm_native_publisher *p, int device, int64_t allocated, int64_t reserved,
+                                    int64_t step_peak);
 GM_API void gm_native_publisher_close(gm_native_publisher *p);
 
 /* ---- backends ---------------------------------------------------------- */

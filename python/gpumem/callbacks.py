@@ -27,7 +27,8 @@ not the allocator), under "gpumem/":
 Where gpumem is torch's allocator, each step is also marked (gm_step_mark), so
 `gpumem exporter` publishes the step record (gpumem_process_step_*) that
 deploy/prometheus/gpumem-rules.yml alerts on; pass mark=False if the loop
-already calls gpumem.torch.mark_steps(optimizer).
+already calls gpumem.torch.mark_steps(optimizer). Under `gpumem run --native`
+the step record is published too (no step peak, no block walk there).
 
 No framework is imported here unless it is already installed: each class
 falls back to a plain object with the framework's method names.
@@ -59,9 +60,16 @@ def _default_stats(device):
 
 
 def _default_mark():
-    """gm_step_mark on every device, where gpumem is torch's allocator."""
+    """gm_step_mark on every device where gpumem is torch's allocator; under
+    `gpumem run --native` (torch's own allocator published), the step record
+    through the native publisher."""
     if _torch_state.is_installed():
         _lib.check(_lib.load().gpumem_torch_step_mark(-1), "step_mark")
+        return
+    native = sys.modules.get("gpumem.publish_native")
+    pub = native.current() if native is not None else None
+    if pub is not None:
+        pub.step_mark()
 
 
 def _default_reset_peak(device):

@@ -220,5 +220,41 @@ class OnTheSimLibraryTest(unittest.TestCase):
             _lib.free_raw(p)
 
 
+@unittest.skipUnless(not WHY, "libgpumem_torch.so not loadable: %s" % WHY)
+class NativeStepsTest(unittest.TestCase):
+    """Under `gpumem run --native` (torch's own allocator, published by
+    gpumem.publish_native) the callbacks' marks publish the step record too."""
+
+    def test_native_step_record(self):
+        from gpumem import publish_native as pn
+        old = os.environ.get("GPUMEM_SHM_TAG")
+        os.environ["GPUMEM_SHM_TAG"] = "cbn%d" % os.getpid()
+        stats = {"allocated_bytes.all.current": 5 * MIB, "reserved_bytes.all.current": 8 * MIB}
+        pub = pn.start(label="native-steps", interval=60, devices=[0], stats_fn=lambda d: stats)
+        try:
+            lg = cb.StepLogger(stats=lambda d: stats)  # the default mark: the native publisher's
+            lg.step()
+            stats["allocated_bytes.all.current"] = 6 * MIB
+            lg.step()
+            cli = shutil.which("gpumem") or os.path.join(os.path.dirname(_lib.library_path()), "gpumem")
+            if not os.path.exists(cli):
+                self.skipTest("no gpumem CLI next to %s or on PATH" % _lib.library_path())
+            smi = json.loads(subprocess.run([cli, "smi", "--format", "json", "--no-nvml"], check=True,
+                                            capture_output=True, text=True).stdout)
+            (row,) = [p for p in smi["processes"] if p["pid"] == os.getpid() and p["label"] == "native-steps"]
+            self.assertEqual(row["source"], "torch")
+            self.assertEqual(row["step"]["step"], 2)
+            self.assertEqual(row["step"]["step_start_allocated"], 6 * MIB)
+            self.assertEqual(row["step"]["step_start_reserved"], 8 * MIB)
+            self.assertIsNone(row["step"]["step_peak_allocated"])  # not known for torch's allocator
+            self.assertIsNone(row["step"]["categories"])
+        finally:
+            pub.stop()
+            if old is None:
+                os.environ.pop("GPUMEM_SHM_TAG", None)
+            else:
+                os.environ["GPUMEM_SHM_TAG"] = old
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -428,12 +428,10 @@ static void step_end(gm__shm_step *r, uint32_t seq) {
 
 #define STEP_SET(r, field, val) __atomic_store_n(&(r)->v.field, (int64_t)(val), __ATOMIC_RELAXED)
 
-void gm__publisher_step(gm__publisher *p, int device, const gm_stats *s) {
-    if (!p || (unsigned)device >= GM__SHM_DEVICES) return;
+/* The step record of a mark: one more step, its start's allocated and
+ * reserved bytes, the peak of the step that ended (-1 unknown). */
+static void step_write(gm__publisher *p, int device, int64_t alloc, int64_t reserved, int64_t peak) {
     gm__shm_step *r = &p->step[device];
-    int64_t alloc = s->allocated_bytes[GM_POOL_ALL].current;
-    int64_t peak = p->step_peak[device] > alloc ? p->step_peak[device] : alloc;
-    p->step_peak[device] = alloc; /* the next step starts here */
     pthread_mutex_lock(&p->step_mu);
     bool first = !__atomic_load_n(&r->used, __ATOMIC_RELAXED);
     uint32_t seq;
@@ -441,7 +439,7 @@ void gm__publisher_step(gm__publisher *p, int device, const gm_stats *s) {
     STEP_SET(r, step, r->v.step + 1);
     STEP_SET(r, mark_ns, realtime_ns());
     STEP_SET(r, start_allocated, alloc);
-    STEP_SET(r, start_reserved, s->reserved_bytes[GM_POOL_ALL].current);
+    STEP_SET(r, start_reserved, reserved);
     STEP_SET(r, peak_allocated, peak);
     if (first) {
         STEP_SET(r, largest_free_block, -1);
@@ -449,6 +447,24 @@ void gm__publisher_step(gm__publisher *p, int device, const gm_stats *s) {
     }
     step_end(r, seq);
     pthread_mutex_unlock(&p->step_mu);
+}
+
+void gm__publisher_step(gm__publisher *p, int device, const gm_stats *s) {
+    if (!p || (unsigned)device >= GM__SHM_DEVICES) return;
+    int64_t alloc = s->allocated_bytes[GM_POOL_ALL].current;
+    int64_t peak = p->step_peak[device] > alloc ? p->step_peak[device] : alloc;
+    p->step_peak[device] = alloc; /* the next step starts here */
+    step_write(p, device, alloc, s->reserved_bytes[GM_POOL_ALL].current, peak);
+}
+
+int gm_native_publisher_step(gm_native_publisher *np, int device, int64_t allocated, int64_t reserved,
+                             int64_t step_peak) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    gm__publisher *p = (gm__publisher *)np;
+    if (!p || (unsigned)device >= GM__SHM_DEVICES || allocated < 0 || reserved < 0)
+        return gm__set_error(GM_EINVAL, "gm_native_publisher_step: bad publisher, device %d or sizes", device);
+    step_write(p, device, allocated, reserved, step_peak < 0 ? -1 : step_peak);
+    return GM_OK;
 }
 
 static int64_t monotonic_ns(void) {
@@ -564,30 +580,25 @@ int gm_native_publisher_update(gm_native_publisher *np, int device, const int64_
 
 void gm_native_publisher_close(gm_native_publisher *p) { gm__publisher_close((gm__publisher *)p); }
 
-int gm__shm_read_step(const gm__shm_step *r, gm__shm_step_values *out, int max_tries) {
+/* Copy n 8-byte words guarded by the seqlock `seq`: GM_OK once a copy was
+ * taken while seq stayed even and unchanged, GM_ESTATE after max_tries. */
+static int seqlock_copy(const uint32_t *seq, const int64_t *from, int64_t *to, size_t n, int max_tries) {
     for (int i = 0; i < max_tries; i++) {
-        uint32_t s1 = __atomic_load_n(&r->seq, __ATOMIC_ACQUIRE);
+        uint32_t s1 = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
         if (s1 & 1) continue;
-#define GET(field) out->field = __atomic_load_n(&r->v.field, __ATOMIC_RELAXED);
-        GM__SHM_STEP_FIELDS(GET)
-        GET(untagged)
-#undef GET
-        for (int c = 0; c < GM_CAT_COUNT; c++) out->category[c] = __atomic_load_n(&r->v.category[c], __ATOMIC_RELAXED);
+        for (size_t k = 0; k < n; k++) to[k] = __atomic_load_n(&from[k], __ATOMIC_RELAXED);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&r->seq, __ATOMIC_RELAXED) == s1) return GM_OK;
+        if (__atomic_load_n(seq, __ATOMIC_RELAXED) == s1) return GM_OK;
     }
     return GM_ESTATE;
 }
 
+_Static_assert(sizeof(gm__shm_values) % 8 == 0 && sizeof(gm__shm_step_values) % 8 == 0, "records of int64 words");
+
+int gm__shm_read_step(const gm__shm_step *r, gm__shm_step_values *out, int max_tries) {
+    return seqlock_copy(&r->seq, (const int64_t *)&r->v, (int64_t *)out, sizeof *out / 8, max_tries);
+}
+
 int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tries) {
-    for (int i = 0; i < max_tries; i++) {
-        uint32_t s1 = __atomic_load_n(&r->seq, __ATOMIC_ACQUIRE);
-        if (s1 & 1) continue;
-#define GET(field) out->field = __atomic_load_n(&r->v.field, __ATOMIC_RELAXED);
-        GM__SHM_FIELDS(GET)
-#undef GET
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&r->seq, __ATOMIC_RELAXED) == s1) return GM_OK;
-    }
-    return GM_ESTATE;
+    return seqlock_copy(&r->seq, (const int64_t *)&r->v, (int64_t *)out, sizeof *out / 8, max_tries);
 }
