@@ -335,8 +335,11 @@ GM_API int gm_empty_cache(gm_allocator *a, int device);
 /* The program finished one step of a repeating loop (e.g. after
  * optimizer.step()). With gpumem_plan:on the gpumem policy takes the marks
  * as step boundaries: once two marked steps made the same allocations, the
- * next ones are served from a plan. Other policies ignore it. device -1 =
- * every device. */
+ * next ones are served from a plan. Other policies ignore it. A published
+ * allocator also publishes the step record (step count, allocated and
+ * reserved at the step's start, the step's peak; at most once a second the
+ * largest free block and bytes by category: docs/monitoring.md, "Steps").
+ * device -1 = every device. */
 GM_API int gm_step_mark(gm_allocator *a, int device);
 /* Like torch.cuda.set_per_process_memory_fraction. */
 GM_API int gm_set_memory_fraction(gm_allocator *a, int device, double fraction);
@@ -461,6 +464,9 @@ GM_API void gm_pool_checkpoint_free(gm_allocator *a, gm_pool_checkpoint *c);
  * names the process in those views (NULL: the command name). Also enabled at
  * creation when the environment variable GPUMEM_PUBLISH=1 is set. */
 GM_API int gm_allocator_publish(gm_allocator *a, const char *label);
+/* Stops publishing. Safe while other threads allocate; not while one is
+ * inside gm_step_mark (which publishes the step record, then walks the
+ * blocks with no lock held). */
 GM_API void gm_allocator_unpublish(gm_allocator *a);
 
 /* ---- scopes, categories and allocation history (src/core/scope.c) ------- */
