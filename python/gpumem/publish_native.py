@@ -88,8 +88,9 @@ class NativePublisher:
         self._handle = handle
         atexit.register(self.stop)
 
-    def publish_once(self):
-        """Copy the current stats of every device in use."""
+    def _each_device(self, publish):
+        """publish(device, stats) for every device in use, under the lock,
+        while the segment is open."""
         devices = self._devices if self._devices is not None else _torch_devices()
         with self._lock:
             if self._handle is None:
@@ -98,26 +99,26 @@ class NativePublisher:
                 if 0 <= d < self._devices_max:
                     stats = self._stats_fn(d)
                     if stats:
-                        for i, k in enumerate(self._keys):
-                            self._values[i] = int(stats.get(k, 0))
-                        _lib.check(self._lib.gm_native_publisher_update(self._handle, d, self._values,
-                                                                        len(self._keys)), "publish")
+                        publish(d, stats)
+
+    def publish_once(self):
+        """Copy the current stats of every device in use."""
+        def publish(d, stats):
+            for i, k in enumerate(self._keys):
+                self._values[i] = int(stats.get(k, 0))
+            _lib.check(self._lib.gm_native_publisher_update(self._handle, d, self._values, len(self._keys)),
+                       "publish")
+        self._each_device(publish)
 
     def step_mark(self):
         """A training step ended: the step record of every device in use (its
         start's allocated and reserved bytes), as gm_step_mark publishes it
         for gpumem's allocator; the step's peak is not known here (-1)."""
-        devices = self._devices if self._devices is not None else _torch_devices()
-        with self._lock:
-            if self._handle is None:
-                return
-            for d in devices:
-                if 0 <= d < self._devices_max:
-                    stats = self._stats_fn(d)
-                    if stats:
-                        _lib.check(self._lib.gm_native_publisher_step(
-                            self._handle, d, int(stats.get("allocated_bytes.all.current", 0)),
-                            int(stats.get("reserved_bytes.all.current", 0)), -1), "publish a step")
+        def publish(d, stats):
+            _lib.check(self._lib.gm_native_publisher_step(
+                self._handle, d, int(stats.get("allocated_bytes.all.current", 0)),
+                int(stats.get("reserved_bytes.all.current", 0)), -1), "publish a step")
+        self._each_device(publish)
 
     def _run(self):
         while not self._stop.is_set():
