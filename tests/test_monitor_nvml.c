@@ -273,17 +273,27 @@ static void collector_joins(void **state) {
 
     gm__format_prometheus(&s, &b);
     char want[256];
+    /* the series' key: gpu, UUID (dcgm-exporter's name), pid */
+    snprintf(want, sizeof want, "gpumem_process_allocator_reserved_bytes{gpu=\"0\",UUID=\"GPU-00000001-fake\",pid=\"%d\"} 8000\n",
+             (int)getpid());
+    assert_non_null(strstr(b.p, want));
+    /* who it is: once, in the info series */
     snprintf(want, sizeof want,
-             "gpumem_process_allocator_reserved_bytes{gpu=\"0\",uuid=\"GPU-00000001-fake\",pid=\"%d\","
-             "comm=\"%s\",label=\"la\\\"b\\\\el\\nx\"", (int)getpid(), mine->comm);
+             "gpumem_process_info{gpu=\"0\",UUID=\"GPU-00000001-fake\",pid=\"%d\",uid=\"%u\",source=\"gpumem\","
+             "comm=\"%s\",label=\"la\\\"b\\\\el\\nx\"", (int)getpid(), (unsigned)getuid(), mine->comm);
     const char *line = strstr(b.p, want); /* identity labels (the host name...) follow */
     assert_non_null(line);
-    assert_non_null(strstr(line, "} 8000\n"));
-    assert_true(strstr(line, "} 8000\n") < strchr(line, '\n') + 1);
+    assert_true(strstr(line, "} 1\n") < strchr(line, '\n') + 1);
     assert_non_null(strstr(b.p, "# TYPE gpumem_process_allocator_ooms_total counter\n"));
-    assert_non_null(strstr(b.p, "gpumem_device_memory_driver_reserved_bytes{gpu=\"1\",uuid=\"GPU-00000002-fake\"} 100\n"));
+    line = strstr(b.p, "gpumem_device_memory_driver_reserved_bytes{gpu=\"1\",UUID=\"GPU-00000002-fake\"");
+    assert_non_null(line);
+    assert_true(strstr(line, "} 100\n") && strstr(line, "} 100\n") < strchr(line, '\n'));
     /* pid 333's used memory is not available: no series rather than a wrong one */
-    assert_null(strstr(b.p, "pid=\"333\""));
+    for (const char *l = strstr(b.p, "pid=\"333\""); l; l = strstr(l + 1, "pid=\"333\"")) {
+        const char *start = l;
+        while (start > b.p && start[-1] != '\n') start--;
+        assert_int_equal(strncmp(start, "gpumem_process_info{", 20), 0); /* who it is, and nothing more */
+    }
     gm__sbuf_free(&b);
 
     gm__format_csv(&s, &b);

@@ -232,7 +232,8 @@ static void host_view_is_exact(void **state) {
     assert_string_equal(o->comm, "other"); /* the host's /proc names it */
     assert_int_equal(s.nrows, 3);
 
-    has(&s, prom, "gpumem_process_allocator_reserved_bytes{gpu=\"0\",pid=\"5000001\",ns_pid=\"7\",comm=", true);
+    has(&s, prom, "gpumem_process_allocator_reserved_bytes{gpu=\"0\",pid=\"5000001\"} 8000\n", true);
+    has(&s, prom, "gpumem_process_info{gpu=\"0\",pid=\"5000001\",ns_pid=\"7\",uid=", true);
     has(&s, prom, "host_pid=", false); /* the same as pid here */
     has(&s, prom, "pid_map=", false);
     has(&s, json, "\"pid\":5000001,\"gpu\":0,\"ns_pid\":7,\"host_pid\":5000001,\"pid_map\":\"exact\"", true);
@@ -280,10 +281,11 @@ static void container_view_infers(void **state) {
     assert_int_equal(s.nrows, 3);
 
     char want[128];
-    snprintf(want, sizeof want, "gpumem_process_allocator_reserved_bytes{gpu=\"0\",pid=\"%d\",host_pid=\"4000002\","
-                                "pid_map=\"inferred\",comm=", me);
+    snprintf(want, sizeof want, "gpumem_process_info{gpu=\"0\",pid=\"%d\",host_pid=\"4000002\","
+                                "pid_map=\"inferred\",uid=", me);
     has(&s, prom, want, true);
-    has(&s, prom, "gpumem_process_device_memory_bytes{gpu=\"0\",pid=\"4000001\",pid_map=\"unmapped\"", true);
+    has(&s, prom, "gpumem_process_device_memory_bytes{gpu=\"0\",pid=\"4000001\"} ", true);
+    has(&s, prom, "gpumem_process_info{gpu=\"0\",pid=\"4000001\",pid_map=\"unmapped\"", true);
     snprintf(want, sizeof want, "%d?", me);
     has(&s, table, want, true);
     has(&s, table, "4000001^", true);

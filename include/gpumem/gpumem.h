@@ -233,6 +233,11 @@ typedef struct gm_native_publisher gm_native_publisher;
 GM_API int gm_native_publisher_open(const char *label, gm_native_publisher **out);
 GM_API const char *gm_native_publisher_key(int i);
 GM_API int gm_native_publisher_update(gm_native_publisher *p, int device, const int64_t *values, int n);
+/* A training step ended (the step record, as gm_step_mark publishes it):
+ * allocated and reserved bytes now, the step's peak allocated bytes (-1 when
+ * unknown). No block walk: the other allocator's blocks are not ours. */
+GM_API int gm_native_publisher_step(gm_native_publisher *p, int device, int64_t allocated, int64_t reserved,
+                                    int64_t step_peak);
 GM_API void gm_native_publisher_close(gm_native_publisher *p);
 
 /* ---- backends ---------------------------------------------------------- */
@@ -330,8 +335,11 @@ GM_API int gm_empty_cache(gm_allocator *a, int device);
 /* The program finished one step of a repeating loop (e.g. after
  * optimizer.step()). With gpumem_plan:on the gpumem policy takes the marks
  * as step boundaries: once two marked steps made the same allocations, the
- * next ones are served from a plan. Other policies ignore it. device -1 =
- * every device. */
+ * next ones are served from a plan. Other policies ignore it. A published
+ * allocator also publishes the step record (step count, allocated and
+ * reserved at the step's start, the step's peak; at most once a second the
+ * largest free block and bytes by category: docs/monitoring.md, "Steps").
+ * device -1 = every device. */
 GM_API int gm_step_mark(gm_allocator *a, int device);
 /* Like torch.cuda.set_per_process_memory_fraction. */
 GM_API int gm_set_memory_fraction(gm_allocator *a, int device, double fraction);
@@ -456,6 +464,9 @@ GM_API void gm_pool_checkpoint_free(gm_allocator *a, gm_pool_checkpoint *c);
  * names the process in those views (NULL: the command name). Also enabled at
  * creation when the environment variable GPUMEM_PUBLISH=1 is set. */
 GM_API int gm_allocator_publish(gm_allocator *a, const char *label);
+/* Stops publishing. Safe while other threads allocate; not while one is
+ * inside gm_step_mark (which publishes the step record, then walks the
+ * blocks with no lock held). */
 GM_API void gm_allocator_unpublish(gm_allocator *a);
 
 /* ---- scopes, categories and allocation history (src/core/scope.c) ------- */

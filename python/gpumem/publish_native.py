@@ -32,6 +32,9 @@ def _api():
         lib.gm_native_publisher_update.restype = ctypes.c_int
         lib.gm_native_publisher_update.argtypes = [ctypes.c_void_p, ctypes.c_int,
                                                    ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
+        lib.gm_native_publisher_step.restype = ctypes.c_int
+        lib.gm_native_publisher_step.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                                 ctypes.c_int64]
         lib.gm_native_publisher_close.restype = None
         lib.gm_native_publisher_close.argtypes = [ctypes.c_void_p]
         lib._gm_native_sigs = True
@@ -85,8 +88,9 @@ class NativePublisher:
         self._handle = handle
         atexit.register(self.stop)
 
-    def publish_once(self):
-        """Copy the current stats of every device in use."""
+    def _each_device(self, publish):
+        """publish(device, stats) for every device in use, under the lock,
+        while the segment is open."""
         devices = self._devices if self._devices is not None else _torch_devices()
         with self._lock:
             if self._handle is None:
@@ -95,10 +99,26 @@ class NativePublisher:
                 if 0 <= d < self._devices_max:
                     stats = self._stats_fn(d)
                     if stats:
-                        for i, k in enumerate(self._keys):
-                            self._values[i] = int(stats.get(k, 0))
-                        _lib.check(self._lib.gm_native_publisher_update(self._handle, d, self._values,
-                                                                        len(self._keys)), "publish")
+                        publish(d, stats)
+
+    def publish_once(self):
+        """Copy the current stats of every device in use."""
+        def publish(d, stats):
+            for i, k in enumerate(self._keys):
+                self._values[i] = int(stats.get(k, 0))
+            _lib.check(self._lib.gm_native_publisher_update(self._handle, d, self._values, len(self._keys)),
+                       "publish")
+        self._each_device(publish)
+
+    def step_mark(self):
+        """A training step ended: the step record of every device in use (its
+        start's allocated and reserved bytes), as gm_step_mark publishes it
+        for gpumem's allocator; the step's peak is not known here (-1)."""
+        def publish(d, stats):
+            _lib.check(self._lib.gm_native_publisher_step(
+                self._handle, d, int(stats.get("allocated_bytes.all.current", 0)),
+                int(stats.get("reserved_bytes.all.current", 0)), -1), "publish a step")
+        self._each_device(publish)
 
     def _run(self):
         while not self._stop.is_set():
@@ -125,6 +145,16 @@ class NativePublisher:
                 self._handle = None
 
 
+_current = []  # the publisher start() made last: gpumem.callbacks marks steps on it
+
+
+def current():
+    """The running publisher start() made, or None."""
+    return _current[-1] if _current and _current[-1]._handle is not None else None
+
+
 def start(label=None, interval=0.5, devices=None, stats_fn=None):
     """Start publishing torch.cuda.memory_stats() in the background."""
-    return NativePublisher(label, interval, devices, stats_fn).start()
+    p = NativePublisher(label, interval, devices, stats_fn).start()
+    _current.append(p)
+    return p

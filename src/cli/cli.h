@@ -168,6 +168,9 @@ static inline int cli_parse_exit(int rc) { return rc == CLI_HELP ? 0 : rc; }
 #define CLI_OPT_INTERVAL(p, def)                                                                   \
     {"interval", 0, CLI_DOUBLE, (p), "SEC", "seconds between samples", def, CLI_INTERVAL_MIN,      \
      CLI_INTERVAL_MAX}
+#define CLI_OPT_ALL_USERS(p)                                                                       \
+    {"all-users", 0, CLI_FLAG, (p), NULL,                                                          \
+     "node mode: every user's processes (as root; in a pod, with hostPID)", NULL, 0, 0}
 #define CLI_OPT_NO_NVML(p)                                                                         \
     {"no-nvml", 0, CLI_FLAG, (p), NULL, "do not load libnvidia-ml.so.1 (allocator data only)",    \
      NULL, 0, 0}

@@ -8,8 +8,11 @@
  * then an optimizer update with temporaries, then the gradients are dropped.
  * Weights and the optimizer state (two tensors per weight, created on the
  * first step) stay: after every step the allocated bytes are the same, so the
- * steady state has no leak. --oom-every N asks for more than the device has
- * every N steps, which the allocator reports as an OOM. */
+ * steady state has no leak (--leak SIZE keeps SIZE more after every step,
+ * one). Each step ends with a step mark (gm_step_mark), and blocks carry
+ * their categories, so the monitors' step records move. --oom-every N asks
+ * for more than the device has every N steps, which the allocator reports
+ * as an OOM. */
 #include "cli.h"
 
 #include "gpumem/gpumem.h"
@@ -36,6 +39,7 @@ typedef struct demo {
     double step_s;
     long oom_every;
     uint64_t capacity;
+    uint64_t leak; /* bytes kept after every step */
     uint32_t rng;
     gm_devptr w[LAYERS * PER_LAYER], opt[2 * LAYERS * PER_LAYER];
     bool have_opt;
@@ -59,17 +63,19 @@ static uint64_t weight_size(const demo *d, int i) {
     return (uint64_t)((double)d->weights / LAYERS * layer_shape[i % PER_LAYER]);
 }
 
-static int alloc(demo *d, uint64_t size, gm_devptr *p) {
+static int alloc_as(demo *d, uint64_t size, gm_devptr *p, int category) {
     int rc = gm_malloc(d->a, d->device, size, 0, p);
+    if (rc == GM_OK && category >= 0) gm_block_set_category(d->a, *p, category);
     if (rc != GM_OK)
         fprintf(stderr, "gpumem demo: allocation of %llu bytes failed: %s\n", (unsigned long long)size,
                 gm_strerror(rc));
     return rc;
 }
+static int alloc(demo *d, uint64_t size, gm_devptr *p) { return alloc_as(d, size, p, -1); }
 
 static int load_weights(demo *d) {
     for (int i = 0; i < LAYERS * PER_LAYER; i++)
-        if (alloc(d, weight_size(d, i), &d->w[i]) != GM_OK) return 1;
+        if (alloc_as(d, weight_size(d, i), &d->w[i], GM_CAT_PARAMETERS) != GM_OK) return 1;
     return 0;
 }
 
@@ -80,7 +86,9 @@ static int step(demo *d, long n) {
     double jitter = 0.5 + (double)(next_rand(d) % 1000) / 2000.0;
     for (int l = 0; l < LAYERS; l++) {
         uint64_t sz = (uint64_t)((double)d->act * jitter) + 4096 * (uint64_t)l + 512;
-        if (alloc(d, sz, &act[2 * l]) != GM_OK || alloc(d, sz / 3 + 100, &act[2 * l + 1]) != GM_OK) return 1;
+        if (alloc_as(d, sz, &act[2 * l], GM_CAT_ACTIVATIONS) != GM_OK ||
+            alloc_as(d, sz / 3 + 100, &act[2 * l + 1], GM_CAT_ACTIVATIONS) != GM_OK)
+            return 1;
         nap(pause);
     }
     if (d->oom_every > 0 && n % d->oom_every == d->oom_every - 1) {
@@ -90,15 +98,16 @@ static int step(demo *d, long n) {
     /* backward: activations go, gradients come */
     for (int l = LAYERS - 1; l >= 0; l--) {
         for (int k = 0; k < PER_LAYER; k++)
-            if (alloc(d, weight_size(d, l * PER_LAYER + k), &grad[l * PER_LAYER + k]) != GM_OK) return 1;
+            if (alloc_as(d, weight_size(d, l * PER_LAYER + k), &grad[l * PER_LAYER + k], GM_CAT_GRADIENTS) != GM_OK)
+                return 1;
         gm_free(d->a, act[2 * l + 1]);
         gm_free(d->a, act[2 * l]);
         nap(pause);
     }
     /* optimizer: Adam's two moments on first use, a temporary per tensor */
     for (int i = 0; i < LAYERS * PER_LAYER; i++) {
-        if (!d->have_opt && (alloc(d, weight_size(d, i), &d->opt[2 * i]) != GM_OK ||
-                             alloc(d, weight_size(d, i), &d->opt[2 * i + 1]) != GM_OK))
+        if (!d->have_opt && (alloc_as(d, weight_size(d, i), &d->opt[2 * i], GM_CAT_OPTIMIZER) != GM_OK ||
+                             alloc_as(d, weight_size(d, i), &d->opt[2 * i + 1], GM_CAT_OPTIMIZER) != GM_OK))
             return 1;
         gm_devptr tmp;
         if (alloc(d, weight_size(d, i), &tmp) != GM_OK) return 1;
@@ -107,6 +116,9 @@ static int step(demo *d, long n) {
     d->have_opt = true;
     nap(pause * LAYERS);
     for (int i = 0; i < LAYERS * PER_LAYER; i++) gm_free(d->a, grad[i]); /* zero_grad(set_to_none) */
+    gm_devptr kept; /* never freed here: gm_allocator_destroy gives it back */
+    if (d->leak && alloc_as(d, d->leak, &kept, GM_CAT_OTHER) != GM_OK) return 1;
+    gm_step_mark(d->a, d->device);
     nap(pause * LAYERS);
     return 0;
 }
@@ -144,6 +156,8 @@ static bool parse_args(int argc, char **argv, demo *d, double *duration, long lo
         {"hold", 0, CLI_DOUBLE, hold, "SEC", "how long to hold the stats after --steps", "3600", 0, 1e9},
         {"oom-every", 0, CLI_INT, &oom_every, "N", "every N steps ask for more than the device has (an OOM)",
          NULL, 1, 1e12},
+        {"leak", 0, CLI_SIZE, &d->leak, "SIZE", "keep SIZE bytes more after every step (a leak to watch)",
+         NULL, 1, CLI_CAPACITY_MAX},
         {"label", 0, CLI_STR, label, "NAME", "the process name the monitors show", "gpumem-demo", 0, 0},
         CLI_OPT_CONF(&conf),
         {"seed", 0, CLI_INT, &seed, "N", "vary the workload's sizes", "0: the same run every time", 0, 4294967295.0},

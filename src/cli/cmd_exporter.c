@@ -17,14 +17,23 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The default address: loopback, and a port of our own. 9400 is
+ * dcgm-exporter's on every GPU Operator node; Prometheus's list of exporter
+ * ports (its wiki, "Default port allocations") has been full from 9100 to
+ * 9999 since 2023, new exporters getting 10000 and up in order; 10400 lies
+ * well past those, clear of Kubernetes' 10248-10260 (docs/monitoring.md). */
+#define GM_EXPORTER_LISTEN "127.0.0.1:10400"
+
 /* Parses the exporter's options; returns -1 to go on, else the exit code. */
-static int parse_args(int argc, char **argv, const char **listen, double *interval, bool *nvml) {
-    bool no_nvml = false;
+static int parse_args(int argc, char **argv, const char **listen, double *interval, bool *nvml, bool *all) {
+    bool no_nvml = false, node = false;
     const struct cli_opt opts[] = {
         {"listen", 0, CLI_STR, listen, "ADDR:PORT", "address to serve on; port 0 picks a free port",
-         "127.0.0.1:9400", 0, 0},
+         GM_EXPORTER_LISTEN, 0, 0},
         CLI_OPT_INTERVAL(interval, "1"),
         CLI_OPT_NO_NVML(&no_nvml),
+        CLI_OPT_ALL_USERS(all),
+        {"node", 0, CLI_FLAG, &node, NULL, "the node agent: --all-users (one exporter per node)", NULL, 0, 0},
     };
     const struct cli_spec spec = {
         .cmd = argv[0], .args = "", .opts = opts, .nopts = CLI_NOPTS(opts),
@@ -34,15 +43,16 @@ static int parse_args(int argc, char **argv, const char **listen, double *interv
     int rc = cli_parse(&spec, argc, argv, NULL, NULL);
     if (rc) return cli_parse_exit(rc);
     *nvml = !no_nvml;
+    *all = *all || node;
     return -1;
 }
 
 #ifndef GM_HAVE_MHD
 int cmd_exporter(int argc, char **argv) {
-    const char *listen = "127.0.0.1:9400";
+    const char *listen = GM_EXPORTER_LISTEN;
     double interval = 1.0;
-    bool nvml = true;
-    int rc = parse_args(argc, argv, &listen, &interval, &nvml);
+    bool nvml = true, all = false;
+    int rc = parse_args(argc, argv, &listen, &interval, &nvml, &all);
     if (rc >= 0) return rc;
     return cli_error(argv[0], "this gpumem was built without libmicrohttpd (install libmicrohttpd-dev and rebuild)");
 }
@@ -288,14 +298,14 @@ static bool can_bind(const struct sockaddr_in *sa, char *why, size_t len) {
 }
 
 int cmd_exporter(int argc, char **argv) {
-    const char *listen = "127.0.0.1:9400";
+    const char *listen = GM_EXPORTER_LISTEN;
     double interval = 1.0;
-    bool nvml = true;
-    int prc = parse_args(argc, argv, &listen, &interval, &nvml);
+    bool nvml = true, all = false;
+    int prc = parse_args(argc, argv, &listen, &interval, &nvml, &all);
     if (prc >= 0) return prc;
     struct sockaddr_in sa;
     if (!parse_listen(listen, &sa))
-        return cli_usage_error(argv[0], "--listen wants IPV4ADDR:PORT (e.g. 127.0.0.1:9400), not '%s'", listen);
+        return cli_usage_error(argv[0], "--listen wants IPV4ADDR:PORT (e.g. " GM_EXPORTER_LISTEN "), not '%s'", listen);
     /* Say why the address cannot be used in our own words, before the HTTP
      * library (whose message names "port 0" when given an address) does. */
     char why[160];
@@ -313,6 +323,7 @@ int cmd_exporter(int argc, char **argv) {
     gm__collector *c;
     gm__sampler *sampler;
     if (gm__collector_create(&c, NULL, nvml) != 0) return cli_error(argv[0], "out of memory");
+    gm__collector_all_users(c, all);
     if (gm__sampler_start(&sampler, c, interval) != 0) {
         gm__collector_destroy(c);
         return cli_error(argv[0], "cannot start the sampler thread");

@@ -19,9 +19,10 @@ static void sleep_until(const struct timespec *t) {
     }
 }
 
-static int run(const char *cmd, FILE *out, bool csv, double interval, long long count, bool nvml) {
+static int run(const char *cmd, FILE *out, bool csv, double interval, long long count, bool nvml, bool all_users) {
     gm__collector *c;
     if (gm__collector_create(&c, NULL, nvml) != 0) return cli_error(cmd, "out of memory");
+    gm__collector_all_users(c, all_users);
     gm__sbuf b = {0};
     if (csv) gm__format_csv_header(&b);
     struct timespec next;
@@ -58,13 +59,14 @@ int cmd_log(int argc, char **argv) {
     double interval = 1.0;
     const char *format = "jsonl", *output = NULL;
     long long count = 0;
-    bool no_nvml = false;
+    bool no_nvml = false, all_users = false;
     const struct cli_opt opts[] = {
         CLI_OPT_INTERVAL(&interval, "1"),
         {"format", 0, CLI_CHOICE, &format, "jsonl|csv", "one JSON object per sample, or CSV rows", "jsonl", 0, 0},
         {"output", 'o', CLI_STR, &output, "FILE", "append to FILE instead of standard output", NULL, 0, 0},
         {"count", 0, CLI_INT, &count, "N", "stop after N samples (default: until interrupted)", NULL, 1, 1e12},
         CLI_OPT_NO_NVML(&no_nvml),
+        CLI_OPT_ALL_USERS(&all_users),
     };
     const struct cli_spec spec = {
         .cmd = argv[0], .args = "", .opts = opts, .nopts = CLI_NOPTS(opts),
@@ -83,7 +85,7 @@ int cmd_log(int argc, char **argv) {
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    int code = run(argv[0], out, csv, interval, count, nvml);
+    int code = run(argv[0], out, csv, interval, count, nvml, all_users);
     if (output && cli_out_close(&o, 0, csv ? "CSV rows" : "JSON lines")) code = 1;
     return code;
 }

@@ -9,11 +9,12 @@
 
 int cmd_smi(int argc, char **argv) {
     const char *format = "table";
-    bool no_nvml = false;
+    bool no_nvml = false, all_users = false;
     const struct cli_opt opts[] = {
         {"format", 0, CLI_CHOICE, &format, "table|csv|json",
          "CSV/JSON give bytes as integers, empty/null when not available", "table", 0, 0},
         CLI_OPT_NO_NVML(&no_nvml),
+        CLI_OPT_ALL_USERS(&all_users),
     };
     const struct cli_spec spec = {
         .cmd = argv[0], .args = "", .opts = opts, .nopts = CLI_NOPTS(opts),
@@ -26,6 +27,7 @@ int cmd_smi(int argc, char **argv) {
     gm__collector *c;
     gm__mon_sample s;
     if (gm__collector_create(&c, NULL, nvml) != 0) return cli_error(argv[0], "out of memory");
+    gm__collector_all_users(c, all_users);
     int rc = gm__collector_sample(c, &s);
     if (rc != 0) {
         gm__collector_destroy(c);

@@ -15,11 +15,12 @@
 #include <unistd.h>
 
 /* Parses top's options; returns -1 to go on, else the exit code. */
-static int parse_args(int argc, char **argv, double *interval, bool *nvml) {
+static int parse_args(int argc, char **argv, double *interval, bool *nvml, bool *all) {
     bool no_nvml = false;
     const struct cli_opt opts[] = {
         CLI_OPT_INTERVAL(interval, "0.5"),
         CLI_OPT_NO_NVML(&no_nvml),
+        CLI_OPT_ALL_USERS(all),
     };
     const struct cli_spec spec = {
         .cmd = argv[0], .args = "", .opts = opts, .nopts = CLI_NOPTS(opts),
@@ -36,8 +37,8 @@ static int parse_args(int argc, char **argv, double *interval, bool *nvml) {
 #ifndef GM_HAVE_CURSES
 int cmd_top(int argc, char **argv) {
     double interval = 0.5;
-    bool nvml = true;
-    int rc = parse_args(argc, argv, &interval, &nvml);
+    bool nvml = true, all = false;
+    int rc = parse_args(argc, argv, &interval, &nvml, &all);
     if (rc >= 0) return rc;
     return cli_error(argv[0], "this gpumem was built without ncurses (install libncurses-dev and rebuild); "
                               "try 'gpumem smi' or 'gpumem log'");
@@ -413,8 +414,8 @@ int cmd_top(int argc, char **argv) {
     memset(&u, 0, sizeof u);
     u.interval = 0.5;
     u.window = 1;
-    bool nvml = true;
-    int rc = parse_args(argc, argv, &u.interval, &nvml);
+    bool nvml = true, all = false;
+    int rc = parse_args(argc, argv, &u.interval, &nvml, &all);
     if (rc >= 0) return rc;
     /* A live view needs a terminal; say what to use instead of writing escape codes into a pipe. */
     if (!isatty(STDOUT_FILENO) || !isatty(STDIN_FILENO))
@@ -431,6 +432,7 @@ int cmd_top(int argc, char **argv) {
     gm__collector *c;
     gm__sampler *smp;
     if (gm__collector_create(&c, NULL, nvml) != 0) return cli_error(argv[0], "out of memory");
+    gm__collector_all_users(c, all);
     if (gm__sampler_start(&smp, c, u.interval) != 0) {
         gm__collector_destroy(c);
         return cli_error(argv[0], "cannot start the sampler thread");

@@ -439,15 +439,19 @@ int gm_step_mark(gm_allocator *a, int device) {
     if (!a) return gm__set_error(GM_EINVAL, "gm_step_mark: NULL allocator");
     gm__device *list[GM_MAX_DEVICES];
     int n, rc = device_list(a, device, list, &n);
+    gm__sink *sink = gm__sink_get(a);
     for (int i = 0; i < n; i++) {
         gm__device *d = list[i];
-        if (!d->pops->step_mark) continue;
+        if (!d->pops->step_mark && !sink) continue;
         gm__devlock_lock(&d->lock);
         /* a step inside a capture (an optimizer step being recorded) is no
          * step of the device's own pools, and a plan switch would sync */
-        if (!d->capturing) d->pops->step_mark(d->pstate);
+        if (!d->capturing && d->pops->step_mark) d->pops->step_mark(d->pstate);
+        if (!d->capturing && sink) sink->ops->step(sink, d->index, &d->stats);
         gm__devlock_unlock(&d->lock);
     }
+    /* no lock held: the monitor may walk the blocks (at most once a second) */
+    if (sink && n > 0) sink->ops->step_walk(sink, a, device);
     return rc;
 }
 

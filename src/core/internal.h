@@ -262,6 +262,11 @@ typedef struct gm__sink_ops {
     /* the device's total memory, once per device */
     void (*set_total)(gm__sink *s, int device, uint64_t total);
     void (*close)(gm__sink *s);
+    /* gm_step_mark: on each device marked (device lock held; a few stores),
+     * then once with no lock held (device as given to gm_step_mark), where
+     * the sink may walk the blocks through the public API */
+    void (*step)(gm__sink *s, int device, const gm_stats *st);
+    void (*step_walk)(gm__sink *s, gm_allocator *a, int device);
 } gm__sink_ops;
 struct gm__sink {
     const gm__sink_ops *ops;

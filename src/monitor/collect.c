@@ -12,12 +12,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 struct gm__collector {
     gm__nvml *nvml; /* NULL without NVML */
     gm__shm_cache *cache;
+    bool all_users;
     char note[192];
 };
+
+void gm__collector_all_users(gm__collector *c, bool on) {
+    c->all_users = on;
+    gm__shm_cache_all_users(c->cache, on);
+}
 
 int gm__collector_create(gm__collector **out, const gm__nvml_fns *fns, bool try_nvml) {
     gm__collector *c = calloc(1, sizeof *c);
@@ -122,6 +129,7 @@ static int collect_producers(gm__collector *c, gm__mon_sample *s, int *cap) {
     if (rc != GM_OK) return rc;
     s->nproducers = scan.nprocs;
     s->cleaned = scan.cleaned;
+    memcpy(s->skipped_by, scan.skipped_by, sizeof s->skipped_by);
     for (int i = 0; i < scan.nprocs && rc == GM_OK; i++) {
         const gm__mon_proc *p = &scan.procs[i];
         for (uint32_t d = 0; d < p->ndevices && rc == GM_OK; d++) {
@@ -144,6 +152,10 @@ static int collect_producers(gm__collector *c, gm__mon_sample *s, int *cap) {
             r->held = p->held[d];
             r->have_alloc = !p->torn[d];
             r->v = p->v[d];
+            r->have_uid = true;
+            r->uid = p->uid;
+            r->have_step = p->have_step[d];
+            r->step = p->step[d];
             /* no NVML for this device: its size as the allocator's backend
              * reports it (a simulated device, or NVML absent) */
             gm__mon_dev *dv = &s->devs[dev];
@@ -239,6 +251,11 @@ int gm__collector_sample(gm__collector *c, gm__mon_sample *s) {
     clock_gettime(CLOCK_REALTIME, &ts);
     s->time_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     s->nvml = c->nvml != NULL;
+    s->all_users = c->all_users;
+    const char *node = getenv("NODE_NAME");
+    if (node && *node) snprintf(s->hostname, sizeof s->hostname, "%s", node);
+    else if (gethostname(s->hostname, sizeof s->hostname) != 0) s->hostname[0] = '\0';
+    s->hostname[sizeof s->hostname - 1] = '\0';
     s->host_view = gm__procfs_is_init();
     int cap = 0, rc = collect_devices(c, s);
     int nvml_devs = s->ndevices;

@@ -104,6 +104,31 @@ static void json_device(gm__sbuf *b, const gm__mon_dev *d, const char *sep) {
     gm__sbuf_printf(b, "}%s", sep);
 }
 
+/* ,"step":{GM_MON_STEP_STATS..., "walk_step", "categories":{name: bytes}} or null */
+static void json_step(gm__sbuf *b, const gm__mon_row *r) {
+    if (!r->have_step) {
+        gm__sbuf_printf(b, ",\"step\":null");
+        return;
+    }
+    const gm__shm_step_values *t = &r->step;
+    const char *sep = "";
+    gm__sbuf_printf(b, ",\"step\":{");
+#define J(name, val, prom, help)                                   \
+    gm__sbuf_printf(b, "%s", sep);                                \
+    json_opt_int(b, #name, (val) >= 0, (long long)(val));         \
+    sep = ",";
+    GM_MON_STEP_STATS(J)
+#undef J
+    gm__sbuf_printf(b, ",");
+    json_opt_int(b, "walk_step", t->walk_step >= 0, (long long)t->walk_step);
+    if (t->walk_step < 0) gm__sbuf_printf(b, ",\"categories\":null}");
+    else {
+        gm__sbuf_printf(b, ",\"categories\":{");
+        for (int c = 0; c < GM_CAT_COUNT; c++) gm__sbuf_printf(b, "\"%s\":%lld,", gm_category_name(c), (long long)t->category[c]);
+        gm__sbuf_printf(b, "\"untagged\":%lld}}", (long long)t->untagged);
+    }
+}
+
 static void json_row(gm__sbuf *b, const gm__mon_row *r, const char *sep) {
     bool a = r->have_alloc, outside = a && r->have_nvml_used;
     const char *src = source_name(r->source);
@@ -139,6 +164,9 @@ static void json_row(gm__sbuf *b, const gm__mon_row *r, const char *sep) {
     gm__sbuf_printf(b, ",\"held\":%s", r->held ? "true" : "false");
     gm__sbuf_printf(b, ",");
     json_opt_int(b, "outside_allocator", outside, (long long)r->nvml_used - r->v.reserved);
+    gm__sbuf_printf(b, ",");
+    json_opt_int(b, "uid", r->have_uid, r->uid);
+    json_step(b, r);
     gm__sbuf_printf(b, "}%s", sep);
 }
 
@@ -148,7 +176,8 @@ void gm__format_json(const gm__mon_sample *s, gm__sbuf *b, bool one_line) {
                     nl, ind, (unsigned long long)s->time_ns, nl, ind, s->nvml ? "true" : "false",
                     !s->nvml ? "null" : s->nvml_mem_v1 ? "\"v1\"" : "\"v2\"");
     json_opt_str(b, "note", true, s->nvml_note);
-    gm__sbuf_printf(b, "},%s%s\"host_view\":%s,", nl, ind, s->host_view ? "true" : "false");
+    gm__sbuf_printf(b, "},%s%s\"host_view\":%s,\"all_users\":%s,", nl, ind, s->host_view ? "true" : "false",
+                    s->all_users ? "true" : "false");
     gm__sbuf_printf(b, "%s%s\"devices\":[", nl, ind);
     for (int i = 0; i < s->ndevices; i++) {
         gm__sbuf_printf(b, "%s%s%s", nl, ind, ind);
@@ -395,14 +424,22 @@ static void prom_family(gm__sbuf *b, const char *name, const char *type, const c
     gm__sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* gpu="N" and uuid="..." when NVML gave one (no empty label) */
+/* gpu="N" and UUID="..." when NVML gave one (no empty label): the labels
+ * dcgm-exporter gives its series, so `* on (UUID)` joins them */
 static void prom_gpu_labels(gm__sbuf *b, int gpu, const char *uuid) {
     gm__sbuf_printf(b, "gpu=\"%d\"", gpu);
     if (uuid && uuid[0]) {
-        gm__sbuf_printf(b, ",uuid=\"");
+        gm__sbuf_printf(b, ",UUID=\"");
         gm__prom_escape(b, uuid);
         gm__sbuf_printf(b, "\"");
     }
+}
+
+static void prom_label(gm__sbuf *b, const char *name, const char *value) {
+    if (!value[0]) return;
+    gm__sbuf_printf(b, ",%s=\"", name);
+    gm__prom_escape(b, value);
+    gm__sbuf_printf(b, "\"");
 }
 
 static const gm__mon_dev *dev_of(const gm__mon_sample *s, int index) {
@@ -412,44 +449,57 @@ static const gm__mon_dev *dev_of(const gm__mon_sample *s, int index) {
 
 enum { DEV_TOTAL, DEV_RESERVED, DEV_USED, DEV_FREE };
 
+/* A device series: gpu, UUID, modelName and Hostname as dcgm-exporter
+ * names them. */
 static void prom_devices(const gm__mon_sample *s, gm__sbuf *b, int which, const char *name, const char *help) {
     prom_family(b, name, "gauge", help);
     for (int i = 0; i < s->ndevices; i++) {
         const gm__mon_dev *d = &s->devs[i];
         uint64_t v[] = {d->total, d->reserved, d->used, d->free};
-        if (!d->have_mem || (which == DEV_RESERVED && !d->have_reserved)) continue;
+        bool total_only = which == DEV_TOTAL && d->have_alloc_total; /* no NVML: the backend's size */
+        if ((!d->have_mem && !total_only) || (which == DEV_RESERVED && !d->have_reserved)) continue;
         gm__sbuf_printf(b, "%s{", name);
         prom_gpu_labels(b, d->index, d->uuid);
+        if (d->have_info) prom_label(b, "modelName", d->name);
+        prom_label(b, "Hostname", s->hostname);
         gm__sbuf_printf(b, "} %llu\n", (unsigned long long)v[which]);
     }
 }
 
-/* One process series: {gpu, uuid, pid (as this exporter sees it), ns_pid
- * and host_pid where they differ from it, pid_map where the host pid is
- * inferred or the pid is NVML's unmapped, comm (the executable), label (what
- * the process calls itself), then its identity (GM_MON_IDENTITY: run_id,
- * rank, ...; never Prometheus's own job and instance), each label only when
- * known} value. */
-static void prom_row(const gm__mon_sample *s, gm__sbuf *b, const char *name, const gm__mon_row *r, long long v) {
-    gm__sbuf_printf(b, "%s{", name);
+/* The key of a process's series: {gpu, UUID, pid (as this exporter sees
+ * it)}. Three labels, whatever the job: who the process is lives once, in
+ * gpumem_process_info, so 1,000 ranks make 1,000 series per family, not
+ * one per value of every identity label. */
+static void prom_key(const gm__mon_sample *s, gm__sbuf *b, const gm__mon_row *r) {
     prom_gpu_labels(b, r->device, dev_of(s, r->device)->uuid);
     gm__sbuf_printf(b, ",pid=\"%d\"", r->pid);
-    /* the other pids only where they differ (a container's process) */
+}
+
+static void prom_row(const gm__mon_sample *s, gm__sbuf *b, const char *name, const gm__mon_row *r, long long v) {
+    gm__sbuf_printf(b, "%s{", name);
+    prom_key(s, b, r);
+    gm__sbuf_printf(b, "} %lld\n", v);
+}
+
+/* gpumem_process_info{key, ns_pid and host_pid where they differ from pid,
+ * pid_map where the host pid is inferred or the pid is NVML's unmapped, uid,
+ * source, comm (the executable), label (what the process calls itself),
+ * Hostname (this node), then its identity (GM_MON_IDENTITY: run_id, rank,
+ * ...; never Prometheus's own job and instance), each only when known} 1 */
+static void prom_info(const gm__mon_sample *s, gm__sbuf *b, const gm__mon_row *r) {
+    gm__sbuf_printf(b, "gpumem_process_info{");
+    prom_key(s, b, r);
     if (r->ns_pid > 0 && r->ns_pid != r->pid) gm__sbuf_printf(b, ",ns_pid=\"%d\"", r->ns_pid);
     if (r->host_pid > 0 && r->host_pid != r->pid) gm__sbuf_printf(b, ",host_pid=\"%d\"", r->host_pid);
     if (r->pid_map == GM_PIDMAP_INFERRED || r->pid_map == GM_PIDMAP_UNMAPPED)
         gm__sbuf_printf(b, ",pid_map=\"%s\"", gm__pidmap_name(r->pid_map));
-    gm__sbuf_printf(b, ",comm=\"");
-    gm__prom_escape(b, r->comm);
-    gm__sbuf_printf(b, "\",label=\"");
-    gm__prom_escape(b, r->label);
-    gm__sbuf_printf(b, "\"");
-#define GM__PROM_STR(n)                                  \
-    if (r->id.n[0]) {                                    \
-        gm__sbuf_printf(b, "," #n "=\"");                \
-        gm__prom_escape(b, r->id.n);                     \
-        gm__sbuf_printf(b, "\"");                        \
-    }
+    if (r->have_uid) gm__sbuf_printf(b, ",uid=\"%u\"", r->uid);
+    const char *src = source_name(r->source);
+    if (src) gm__sbuf_printf(b, ",source=\"%s\"", src);
+    prom_label(b, "comm", r->comm);
+    prom_label(b, "label", r->label);
+    prom_label(b, "Hostname", s->hostname);
+#define GM__PROM_STR(n) prom_label(b, #n, r->id.n);
 #define GM__PROM_INT(n) \
     if (r->id.n >= 0) gm__sbuf_printf(b, "," #n "=\"%d\"", r->id.n);
 #define GM__PROM_ID(name, kind, help) GM__PROM_##kind(name)
@@ -457,11 +507,38 @@ static void prom_row(const gm__mon_sample *s, gm__sbuf *b, const char *name, con
 #undef GM__PROM_ID
 #undef GM__PROM_STR
 #undef GM__PROM_INT
-    gm__sbuf_printf(b, "} %lld\n", v);
+    gm__sbuf_printf(b, "} 1\n");
+}
+
+/* The step records (gm_step_mark): one family per GM_MON_STEP_STATS entry,
+ * then live bytes by category at the last block walk. */
+static void prom_steps(const gm__mon_sample *s, gm__sbuf *b) {
+#define STEP_FAMILY(name, val, prom, help)                                                  \
+    prom_family(b, "gpumem_process_" prom, "gauge", help);                                 \
+    for (int i = 0; i < s->nrows; i++) {                                                   \
+        const gm__shm_step_values *t = &s->rows[i].step;                                   \
+        if (s->rows[i].have_step && (val) >= 0)                                            \
+            prom_row(s, b, "gpumem_process_" prom, &s->rows[i], (long long)(val));         \
+    }
+    GM_MON_STEP_STATS(STEP_FAMILY)
+#undef STEP_FAMILY
+    prom_family(b, "gpumem_process_category_bytes", "gauge",
+                "Live bytes by category (gpumem.torch.track) at a recent step start.");
+    for (int i = 0; i < s->nrows; i++) {
+        const gm__mon_row *r = &s->rows[i];
+        if (!r->have_step || r->step.walk_step < 0) continue;
+        for (int c = 0; c <= GM_CAT_COUNT; c++) {
+            gm__sbuf_printf(b, "gpumem_process_category_bytes{");
+            prom_key(s, b, r);
+            gm__sbuf_printf(b, ",category=\"%s\"} %lld\n", c < GM_CAT_COUNT ? gm_category_name(c) : "untagged",
+                            (long long)(c < GM_CAT_COUNT ? r->step.category[c] : r->step.untagged));
+        }
+    }
 }
 
 void gm__format_prometheus(const gm__mon_sample *s, gm__sbuf *b) {
-    prom_devices(s, b, DEV_TOTAL, "gpumem_device_memory_total_bytes", "Device memory in total (NVML).");
+    prom_devices(s, b, DEV_TOTAL, "gpumem_device_memory_total_bytes",
+                 "Device memory in total (NVML; without it, as the allocators' backend reports it).");
     prom_devices(s, b, DEV_RESERVED, "gpumem_device_memory_driver_reserved_bytes",
                  "Device memory reserved by the driver (NVML memory info v2).");
     prom_devices(s, b, DEV_USED, "gpumem_device_memory_used_bytes", "Device memory used by processes (NVML).");
@@ -480,8 +557,24 @@ void gm__format_prometheus(const gm__mon_sample *s, gm__sbuf *b) {
     for (int i = 0; i < s->nrows; i++)
         if (s->rows[i].have_nvml_used) prom_row(s, b, "gpumem_process_device_memory_bytes", &s->rows[i],
                                                 (long long)s->rows[i].nvml_used);
+    prom_steps(s, b);
+    prom_family(b, "gpumem_process_info", "gauge",
+                "1 per process and GPU: who it is (identity labels), joined to the other gpumem_process_ "
+                "series on (gpu, UUID, pid).");
+    for (int i = 0; i < s->nrows; i++) prom_info(s, b, &s->rows[i]);
     prom_family(b, "gpumem_nvml_available", "gauge", "1 if NVML was loaded, 0 if not.");
     gm__sbuf_printf(b, "gpumem_nvml_available %d\n", s->nvml ? 1 : 0);
     prom_family(b, "gpumem_producers", "gauge", "Processes publishing allocator stats.");
     gm__sbuf_printf(b, "gpumem_producers %d\n", s->nproducers);
+    prom_family(b, "gpumem_segments_skipped", "gauge",
+                "Publication segments the last scan skipped as not verifiable, by reason (hostile or broken).");
+    static const char *const reasons[] = {
+#define GM__SKIP_NAME(n, str) str,
+        GM__SKIP_REASONS(GM__SKIP_NAME)
+#undef GM__SKIP_NAME
+    };
+    for (int r = 0; r < GM__SKIP_COUNT; r++)
+        gm__sbuf_printf(b, "gpumem_segments_skipped{reason=\"%s\"} %d\n", reasons[r], s->skipped_by[r]);
+    prom_family(b, "gpumem_node_mode", "gauge", "1 if every user's processes are read (--node / --all-users).");
+    gm__sbuf_printf(b, "gpumem_node_mode %d\n", s->all_users ? 1 : 0);
 }

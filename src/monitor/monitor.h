@@ -25,10 +25,13 @@
  * Layout of the data (little endian, natural alignment):
  *   [0, 1024)                 gm__shm_header (the beacon holds the same)
  *   [1024 + i*128, ...)       gm__shm_record for device i, i < ndevices
+ *   [9216 + i*128, ...)       gm__shm_step for device i (version 4 on)
  * Each record is guarded by its own seqlock (`seq`, odd while written,
  * +2 per publication) so a reader copies it, retries if torn, and never
  * blocks the writer. The header is written once before `magic` is stored,
- * so a reader that sees the magic sees a complete header. */
+ * so a reader that sees the magic sees a complete header. Readers accept
+ * version 3 (no step records, GM__SHM_SIZE_V3 bytes) too, so a node agent
+ * upgraded before its jobs still sees them. */
 #ifndef GPUMEM_MONITOR_H
 #define GPUMEM_MONITOR_H
 
@@ -38,13 +41,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GM__SHM_DIR "/dev/shm"
+#define GM__SHM_DIR "/dev/shm" /* the default of gm__shm_dir() */
 #define GM__SHM_MAGIC 0x314d48534d454d47ULL /* "GMEMSHM1" */
-#define GM__SHM_VERSION 3 /* 3: memfd data + beacon, identity; 2: one mapped /dev/shm file */
+/* 4: step records after the device records; 3: memfd data + beacon,
+ * identity; 2: one mapped /dev/shm file */
+#define GM__SHM_VERSION 4
+#define GM__SHM_VERSION_V3 3
 #define GM__SHM_HEADER_SIZE 1024
 #define GM__SHM_RECORD_SIZE 128
+#define GM__SHM_STEP_SIZE 128
 #define GM__SHM_DEVICES GM_MAX_DEVICES
-#define GM__SHM_SIZE (GM__SHM_HEADER_SIZE + GM__SHM_DEVICES * GM__SHM_RECORD_SIZE)
+#define GM__SHM_SIZE_V3 (GM__SHM_HEADER_SIZE + GM__SHM_DEVICES * GM__SHM_RECORD_SIZE)
+#define GM__SHM_STEP_OFFSET GM__SHM_SIZE_V3
+#define GM__SHM_SIZE (GM__SHM_SIZE_V3 + GM__SHM_DEVICES * GM__SHM_STEP_SIZE)
+/* A reader looks at no more beacons than this per scan (a node agent: every
+ * user's); the rest are counted as skipped (GM__SKIP_LIMIT). */
+#define GM__SHM_SCAN_MAX 4096
+/* The step record's block walk (largest free block, categories) is taken
+ * at a step mark at most this often, so a fast loop pays for it rarely. */
+#define GM__SHM_WALK_EVERY_NS 1000000000ll
 /* The writer refreshes update_ns only every this many publications: reading
  * a clock costs ~3.5 ns even coarse, most of the 5 ns budget per allocator
  * operation. A power of two (the writer tests bits of the sequence). */
@@ -168,6 +183,53 @@ typedef struct gm__shm_record {
     char pad[GM__SHM_RECORD_SIZE - 8 - sizeof(gm__shm_values)];
 } gm__shm_record;
 
+/* ---- step records (version 4): what the program's step marks
+ * (gm_step_mark; gpumem.torch.step_mark / mark_steps) show, one per device,
+ * under their own seqlock, written at each mark and never on the allocation
+ * path. The baseline a leak moves is start_allocated; cache moves
+ * start_reserved - start_allocated. X(name): int64 fields in layout order.
+ *   step               marks so far (steps completed)
+ *   mark_ns            CLOCK_REALTIME of the last mark
+ *   start_allocated    allocated bytes at the last mark: the current step's start
+ *   start_reserved     reserved bytes then
+ *   peak_allocated     the highest allocated bytes of the step the last mark ended
+ *   largest_free_block the largest free run inside reserved memory, at walk_step
+ *   walk_step          the mark whose block walk the two lines around are (-1 none;
+ *                      walks are at most one per GM__SHM_WALK_EVERY_NS)
+ *   category[], untagged  live bytes by gm_category at walk_step */
+#define GM__SHM_STEP_FIELDS(X) \
+    X(step) X(mark_ns) X(start_allocated) X(start_reserved) X(peak_allocated) X(largest_free_block) X(walk_step)
+
+typedef struct gm__shm_step_values {
+#define GM__SHM_STEP_FIELD(n) int64_t n;
+    GM__SHM_STEP_FIELDS(GM__SHM_STEP_FIELD)
+#undef GM__SHM_STEP_FIELD
+    int64_t category[GM_CAT_COUNT];
+    int64_t untagged;
+} gm__shm_step_values;
+
+typedef struct gm__shm_step {
+    uint32_t seq;  /* seqlock, as a record's */
+    uint32_t used; /* 1 once a mark was published */
+    gm__shm_step_values v;
+    char pad[GM__SHM_STEP_SIZE - 8 - sizeof(gm__shm_step_values)];
+} gm__shm_step;
+
+/* The step statistics every output shows: X(name, value over `t` (a const
+ * gm__shm_step_values *), Prometheus family suffix after gpumem_process_,
+ * help). Categories are one family with a `category` label. */
+#define GM_MON_STEP_STATS(X)                                                                          \
+    X(step, t->step, "step", "Training steps completed: the program's step marks (gm_step_mark).")   \
+    X(step_start_allocated, t->start_allocated, "step_start_allocated_bytes",                        \
+      "Allocated bytes at the start of the current step: growth over steps is a leak.")              \
+    X(step_start_reserved, t->start_reserved, "step_start_reserved_bytes",                           \
+      "Reserved bytes at the start of the current step: growth above the allocated baseline is cache.") \
+    X(step_peak_allocated, t->peak_allocated, "step_peak_allocated_bytes",                           \
+      "Highest allocated bytes during the last completed step.")                                     \
+    X(largest_free_block, t->largest_free_block, "largest_free_block_bytes",                         \
+      "Largest free block inside reserved memory at a recent step start (fragmentation).")
+
+_Static_assert(sizeof(gm__shm_step) == GM__SHM_STEP_SIZE, "shm step record layout");
 _Static_assert(sizeof(gm__shm_header) == GM__SHM_HEADER_SIZE, "shm header layout");
 _Static_assert(sizeof(gm__shm_record) == GM__SHM_RECORD_SIZE, "shm record layout");
 _Static_assert(offsetof(gm__shm_record, v.allocated) % 16 == 0 && offsetof(gm__shm_record, v.requested) % 16 == 0 &&
@@ -179,6 +241,11 @@ _Static_assert(offsetof(gm__shm_record, v.allocated) % 16 == 0 && offsetof(gm__s
 /* "gpumem.<uid>." (or "gpumem-<tag>.<uid>." when GPUMEM_SHM_TAG is set, which
  * keeps concurrent test runs apart). No leading slash. */
 void gm__shm_prefix(char *buf, size_t len);
+/* The same without the uid ("gpumem." or "gpumem-<tag>."): a node agent's. */
+void gm__shm_prefix_any(char *buf, size_t len);
+/* Where beacons are: $GPUMEM_SHM_DIR when it is an absolute path (tests
+ * plant crafted segments in a folder of their own), else /dev/shm. */
+const char *gm__shm_dir(void);
 /* The /proc the monitor reads: $GPUMEM_PROC_ROOT when it is an absolute
  * path (tests plant a fake one; a reader in a container may be given the
  * host's, mounted elsewhere), else /proc. Publication's own
@@ -225,6 +292,11 @@ void gm__identity_fill(gm__shm_header *h);
 typedef struct gm__publisher gm__publisher;
 void gm__publisher_update(gm__publisher *p, int device, const gm_stats *s);
 void gm__publisher_set_total(gm__publisher *p, int device, uint64_t total);
+/* A step mark on `device` (device lock held): the step record's counts. */
+void gm__publisher_step(gm__publisher *p, int device, const gm_stats *s);
+/* After the marks, no lock held: the block walk, at most once per
+ * GM__SHM_WALK_EVERY_NS. */
+void gm__publisher_step_walk(gm__publisher *p, gm_allocator *a, int device);
 void gm__publisher_close(gm__publisher *p);
 /* Called once by gm_allocator_create: publish if GPUMEM_PUBLISH=1. */
 int gm__publish_from_env(gm_allocator *a);
@@ -235,6 +307,7 @@ gm__shm_header *gm__publisher_header(gm__publisher *p);
 /* Copy a record under its seqlock: GM_OK, or GM_ESTATE if still torn after
  * `max_tries` attempts (a writer stopped or killed inside its update). */
 int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tries);
+int gm__shm_read_step(const gm__shm_step *r, gm__shm_step_values *out, int max_tries);
 
 /* ---- discovery (discover.c) -------------------------------------------- */
 
@@ -254,6 +327,7 @@ void gm__ident_unknown(gm__mon_ident *id);
 
 typedef struct gm__mon_proc {
     char shm_name[256];
+    uint32_t uid; /* the publisher's user (the beacon's owner, its name's and its header's) */
     int pid;    /* as this reader sees it (mapped through the PID namespaces) */
     int ns_pid; /* as the publisher sees itself (its own PID namespace) */
     int host_pid; /* in the initial PID namespace as the publisher knew it, 0 unknown */
@@ -268,13 +342,33 @@ typedef struct gm__mon_proc {
     bool torn[GM__SHM_DEVICES]; /* record never settled: values unknown */
     bool held[GM__SHM_DEVICES]; /* record kept changing: v is the last good read (cached scans) */
     gm__shm_values v[GM__SHM_DEVICES];
+    bool have_step[GM__SHM_DEVICES]; /* a step record was published and read */
+    gm__shm_step_values step[GM__SHM_DEVICES];
 } gm__mon_proc;
+
+/* Why a segment was skipped: X(name, Prometheus reason label). */
+#define GM__SKIP_REASONS(X)                                                           \
+    X(OPEN, "open")       /* could not be opened (gone, a link: O_NOFOLLOW) */       \
+    X(TYPE, "type")       /* not a regular file (a FIFO, a socket, a device) */      \
+    X(OWNER, "owner")     /* owner, name and header disagree on the user */          \
+    X(MODE, "mode")       /* not mode 0600 as publishers make them */                \
+    X(SHORT, "short")     /* shorter than a header (truncated) */                    \
+    X(HEADER, "header")   /* magic, version, sizes or counts not as written */       \
+    X(DATA, "data")       /* the data is no sealed memfd of the same user and nonce */ \
+    X(LIMIT, "limit")     /* beyond GM__SHM_SCAN_MAX beacons in one scan */
+enum {
+#define GM__SKIP_ENUM(n, s) GM__SKIP_##n,
+    GM__SKIP_REASONS(GM__SKIP_ENUM)
+#undef GM__SKIP_ENUM
+    GM__SKIP_COUNT
+};
 
 typedef struct gm__scan_result {
     gm__mon_proc *procs;
     int nprocs;
     int cleaned; /* segments of dead producers removed by this scan */
     int skipped; /* segments that were unreadable, foreign or still initialising */
+    int skipped_by[GM__SKIP_COUNT]; /* the same by reason (GM__SKIP_REASONS) */
     int unreachable; /* live segments whose process this reader cannot see (another container) */
 } gm__scan_result;
 
@@ -287,6 +381,11 @@ typedef struct gm__shm_cache gm__shm_cache;
 gm__shm_cache *gm__shm_cache_create(void);
 void gm__shm_cache_destroy(gm__shm_cache *c);
 int gm__shm_scan_cached(gm__shm_cache *c, gm__scan_result *out, bool clean);
+/* Node mode (a node agent: root, or a pod with hostIPC and hostPID): the
+ * cache's scans read every user's beacons, each verified against its owner
+ * (the uid in its name, the file's owner, the header's uid and the data's
+ * owner must agree), and unlink only stale beacons of the reader's own uid. */
+void gm__shm_cache_all_users(gm__shm_cache *c, bool on);
 void gm__scan_result_free(gm__scan_result *r);
 
 /* ---- NVML (nvml.c) ------------------------------------------------------ */
@@ -373,6 +472,10 @@ typedef struct gm__mon_row {
     gm__shm_values v;
     bool have_nvml_used;
     uint64_t nvml_used;
+    bool have_uid; /* published rows: the publisher's user */
+    uint32_t uid;
+    bool have_step; /* the device's step record (gm_step_mark) */
+    gm__shm_step_values step;
 } gm__mon_row;
 
 typedef struct gm__mon_sample {
@@ -385,6 +488,9 @@ typedef struct gm__mon_sample {
     int nrows;
     gm__mon_row *rows;
     int nproducers, cleaned;
+    int skipped_by[GM__SKIP_COUNT]; /* segments skipped, by reason */
+    bool all_users; /* node mode: every user's segments */
+    char hostname[64]; /* this node: $NODE_NAME (Kubernetes' downward API), else gethostname() */
     bool host_view; /* the /proc read is the initial PID namespace's: every pid is exact */
 } gm__mon_sample;
 
@@ -402,6 +508,8 @@ typedef struct gm__collector gm__collector;
 /* nvml_fns: NULL = the real library; use gm__collector_create_nonvml for none */
 int gm__collector_create(gm__collector **out, const gm__nvml_fns *nvml_fns, bool try_nvml);
 void gm__collector_destroy(gm__collector *c);
+/* Node mode (gm__shm_cache_all_users) for every later sample. */
+void gm__collector_all_users(gm__collector *c, bool on);
 int gm__collector_sample(gm__collector *c, gm__mon_sample *out);
 void gm__sample_free(gm__mon_sample *s);
 int gm__sample_copy(gm__mon_sample *dst, const gm__mon_sample *src);

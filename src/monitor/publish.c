@@ -25,16 +25,34 @@ struct gm__publisher {
     gm__sink sink;       /* first: the allocator holds the publisher as its sink */
     gm__shm_header *hdr;
     gm__shm_record *rec; /* GM__SHM_DEVICES records after the header */
+    gm__shm_step *step;  /* GM__SHM_DEVICES step records after those */
     int data_fd;         /* the sealed memfd */
     int beacon_fd;       /* holds flock(LOCK_EX) while we live */
-    char path[128];      /* the beacon's path in /dev/shm */
+    char path[PATH_MAX]; /* the beacon's path in /dev/shm */
     struct gm__publisher *next; /* every live publisher, for the fork handler */
+    /* steps (gm_step_mark): the highest allocated bytes since the last mark
+     * (kept by every update, under the device lock), and the step records'
+     * writer lock (marks hold a device lock, walks none) */
+    int64_t step_peak[GM__SHM_DEVICES];
+    pthread_mutex_t step_mu;
+    int64_t last_walk_ns; /* CLOCK_MONOTONIC; under step_mu */
 };
 
-void gm__shm_prefix(char *buf, size_t len) {
+void gm__shm_prefix_any(char *buf, size_t len) {
     const char *tag = getenv("GPUMEM_SHM_TAG");
-    if (tag && *tag) snprintf(buf, len, "gpumem-%s.%u.", tag, (unsigned)getuid());
-    else snprintf(buf, len, "gpumem.%u.", (unsigned)getuid());
+    if (tag && *tag) snprintf(buf, len, "gpumem-%s.", tag);
+    else snprintf(buf, len, "gpumem.");
+}
+
+void gm__shm_prefix(char *buf, size_t len) {
+    char any[64];
+    gm__shm_prefix_any(any, sizeof any);
+    snprintf(buf, len, "%s%u.", any, (unsigned)getuid());
+}
+
+const char *gm__shm_dir(void) {
+    const char *d = getenv("GPUMEM_SHM_DIR");
+    return d && d[0] == '/' ? d : GM__SHM_DIR;
 }
 
 int gm__proc_start_time(int pid, uint64_t *out) {
@@ -154,6 +172,7 @@ static int create_data(gm__publisher *p) {
     p->data_fd = fd;
     p->hdr = m;
     p->rec = (gm__shm_record *)((char *)m + GM__SHM_HEADER_SIZE);
+    p->step = (gm__shm_step *)((char *)m + GM__SHM_STEP_OFFSET);
     return GM_OK;
 }
 
@@ -164,20 +183,20 @@ static int link_beacon(gm__publisher *p, int fd) {
     gm__shm_prefix(prefix, sizeof prefix);
     snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
     for (int tries = 0; tries < 16; tries++) {
-        snprintf(p->path, sizeof p->path, GM__SHM_DIR "/%s%016llx", prefix, (unsigned long long)random64());
+        snprintf(p->path, sizeof p->path, "%s/%s%016llx", gm__shm_dir(), prefix, (unsigned long long)random64());
         if (linkat(AT_FDCWD, self, AT_FDCWD, p->path, AT_SYMLINK_FOLLOW) == 0) return GM_OK;
         if (errno != EEXIST && linkat(fd, "", AT_FDCWD, p->path, AT_EMPTY_PATH) == 0) return GM_OK;
         if (errno != EEXIST) return gm__set_error(GM_EIO, "publishing: linking %s: %s", p->path, strerror(errno));
     }
-    return gm__set_error(GM_EIO, "publishing: 16 random names under " GM__SHM_DIR " all taken");
+    return gm__set_error(GM_EIO, "publishing: 16 random names under %s all taken", gm__shm_dir());
 }
 
 /* The beacon: an unnamed file in /dev/shm, locked, the header written into
  * it, then linked under its name, so no reader ever sees it unlocked or
  * half written. */
 static int create_beacon(gm__publisher *p) {
-    int fd = open(GM__SHM_DIR, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) return gm__set_error(GM_EIO, "publishing: an unnamed file in " GM__SHM_DIR ": %s", strerror(errno));
+    int fd = open(gm__shm_dir(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return gm__set_error(GM_EIO, "publishing: an unnamed file in %s: %s", gm__shm_dir(), strerror(errno));
     fchmod(fd, 0600); /* whatever the umask */
     int rc = GM_OK;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0)
@@ -241,7 +260,11 @@ static void sink_set_total(gm__sink *s, int device, uint64_t total) {
     gm__publisher_set_total((gm__publisher *)s, device, total);
 }
 static void sink_close(gm__sink *s) { gm__publisher_close((gm__publisher *)s); }
-static const gm__sink_ops sink_ops = {sink_update, sink_set_total, sink_close};
+static void sink_step(gm__sink *s, int device, const gm_stats *st) { gm__publisher_step((gm__publisher *)s, device, st); }
+static void sink_step_walk(gm__sink *s, gm_allocator *a, int device) {
+    gm__publisher_step_walk((gm__publisher *)s, a, device);
+}
+static const gm__sink_ops sink_ops = {sink_update, sink_set_total, sink_close, sink_step, sink_step_walk};
 
 gm__publisher *gm__allocator_publisher(gm_allocator *a) { return (gm__publisher *)gm__sink_get(a); }
 gm__shm_header *gm__publisher_header(gm__publisher *p) { return p ? p->hdr : NULL; }
@@ -252,6 +275,7 @@ static int new_publisher(const char *label, uint32_t source, gm__publisher **out
     if (!p) return gm__set_error(GM_ENOHOSTMEM, "publishing: out of host memory");
     p->sink.ops = &sink_ops;
     p->data_fd = p->beacon_fd = -1;
+    pthread_mutex_init(&p->step_mu, NULL);
     int rc = create_data(p);
     if (rc == GM_OK) {
         fill_header(p, label, source);
@@ -260,6 +284,7 @@ static int new_publisher(const char *label, uint32_t source, gm__publisher **out
     if (rc != GM_OK) {
         if (p->hdr) munmap(p->hdr, GM__SHM_SIZE);
         if (p->data_fd >= 0) close(p->data_fd);
+        pthread_mutex_destroy(&p->step_mu);
         free(p);
         return rc;
     }
@@ -326,7 +351,8 @@ __attribute__((noinline, cold)) static void stamp_and_close(gm__shm_record *r, u
 
 /* Called by the front end with the device lock held after every stats
  * change, so on every gm_malloc/gm_free: 6 pair moves between the seqlock
- * stores, ~28 instructions, no frame, no branch taken in the common case.
+ * stores and the step's peak, ~34 instructions, no frame, no branch taken
+ * in the common case (bench/RESULTS.md, 2026-12-07: 52 added per op).
  *
  * Seqlock: seq made odd; a release fence (later stores cannot pass it; free
  * on x86); the values; seq made even by a release store (earlier stores
@@ -352,6 +378,10 @@ void gm__publisher_update(gm__publisher *p, int device, const gm_stats *s) {
     MOVE_PAIR(r->v.num_allocs, s->allocation[GM_POOL_ALL].allocated);
     MOVE_PAIR(r->v.reserved, s->reserved_bytes[GM_POOL_ALL].current);
     MOVE_PAIR(r->v.num_alloc_retries, s->num_alloc_retries);
+    /* the step's peak, private (published at the next mark): a compare and
+     * a conditional move */
+    int64_t cur = s->allocated_bytes[GM_POOL_ALL].current, *pk = &p->step_peak[device];
+    *pk = cur > *pk ? cur : *pk;
     /* seq advances by 2: this is true on the first publication (seq 0, used
      * still 0) and every GM__SHM_TIME_EVERY-th after */
     if (__builtin_expect((seq & (2 * GM__SHM_TIME_EVERY - 1)) == 0, 0)) {
@@ -378,7 +408,99 @@ void gm__publisher_close(gm__publisher *p) {
     if (p->beacon_fd >= 0) close(p->beacon_fd);
     munmap(p->hdr, GM__SHM_SIZE);
     close(p->data_fd);
+    pthread_mutex_destroy(&p->step_mu);
     free(p);
+}
+
+/* ---- step records ------------------------------------------------------------
+ * Written at step marks only, by one writer at a time (step_mu), under the
+ * record's seqlock like the device records. */
+
+static void step_begin(gm__shm_step *r, uint32_t *seq) {
+    *seq = __atomic_load_n(&r->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->seq, *seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static void step_end(gm__shm_step *r, uint32_t seq) {
+    __atomic_store_n(&r->used, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->seq, seq + 2, __ATOMIC_RELEASE);
+}
+
+#define STEP_SET(r, field, val) __atomic_store_n(&(r)->v.field, (int64_t)(val), __ATOMIC_RELAXED)
+
+/* The step record of a mark: one more step, its start's allocated and
+ * reserved bytes, the peak of the step that ended (-1 unknown). */
+static void step_write(gm__publisher *p, int device, int64_t alloc, int64_t reserved, int64_t peak) {
+    gm__shm_step *r = &p->step[device];
+    pthread_mutex_lock(&p->step_mu);
+    bool first = !__atomic_load_n(&r->used, __ATOMIC_RELAXED);
+    uint32_t seq;
+    step_begin(r, &seq);
+    STEP_SET(r, step, r->v.step + 1);
+    STEP_SET(r, mark_ns, realtime_ns());
+    STEP_SET(r, start_allocated, alloc);
+    STEP_SET(r, start_reserved, reserved);
+    STEP_SET(r, peak_allocated, peak);
+    if (first) {
+        STEP_SET(r, largest_free_block, -1);
+        STEP_SET(r, walk_step, -1);
+    }
+    step_end(r, seq);
+    pthread_mutex_unlock(&p->step_mu);
+}
+
+void gm__publisher_step(gm__publisher *p, int device, const gm_stats *s) {
+    if (!p || (unsigned)device >= GM__SHM_DEVICES) return;
+    int64_t alloc = s->allocated_bytes[GM_POOL_ALL].current;
+    int64_t peak = p->step_peak[device] > alloc ? p->step_peak[device] : alloc;
+    p->step_peak[device] = alloc; /* the next step starts here */
+    step_write(p, device, alloc, s->reserved_bytes[GM_POOL_ALL].current, peak);
+}
+
+int gm_native_publisher_step(gm_native_publisher *np, int device, int64_t allocated, int64_t reserved,
+                             int64_t step_peak) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    gm__publisher *p = (gm__publisher *)np;
+    if (!p || (unsigned)device >= GM__SHM_DEVICES || allocated < 0 || reserved < 0)
+        return gm__set_error(GM_EINVAL, "gm_native_publisher_step: bad publisher, device %d or sizes", device);
+    step_write(p, device, allocated, reserved, step_peak < 0 ? -1 : step_peak);
+    return GM_OK;
+}
+
+static int64_t monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+/* The block walk of one device into its step record. */
+static void walk_device(gm__publisher *p, gm_allocator *a, int device) {
+    if (!__atomic_load_n(&p->step[device].used, __ATOMIC_ACQUIRE)) return;
+    gm__oom_facts f;
+    if (gm__oom_gather(a, device, 0, &f) != GM_OK || !f.have_blocks) return;
+    gm__shm_step *r = &p->step[device];
+    pthread_mutex_lock(&p->step_mu);
+    uint32_t seq;
+    step_begin(r, &seq);
+    STEP_SET(r, largest_free_block, f.largest_free_block);
+    STEP_SET(r, walk_step, r->v.step);
+    for (int c = 0; c < GM_CAT_COUNT; c++) __atomic_store_n(&r->v.category[c], f.by_category[c], __ATOMIC_RELAXED);
+    STEP_SET(r, untagged, f.untagged);
+    step_end(r, seq);
+    pthread_mutex_unlock(&p->step_mu);
+}
+
+void gm__publisher_step_walk(gm__publisher *p, gm_allocator *a, int device) {
+    if (!p || !a) return;
+    int64_t now = monotonic_ns();
+    pthread_mutex_lock(&p->step_mu);
+    bool due = p->last_walk_ns == 0 || now - p->last_walk_ns >= GM__SHM_WALK_EVERY_NS;
+    if (due) p->last_walk_ns = now;
+    pthread_mutex_unlock(&p->step_mu);
+    if (!due) return;
+    int lo = device < 0 ? 0 : device, hi = device < 0 ? GM__SHM_DEVICES : device + 1;
+    for (int d = lo; d < hi && d < GM__SHM_DEVICES; d++) walk_device(p, a, d);
 }
 
 int gm__publish_from_env(gm_allocator *a) {
@@ -459,15 +581,25 @@ int gm_native_publisher_update(gm_native_publisher *np, int device, const int64_
 
 void gm_native_publisher_close(gm_native_publisher *p) { gm__publisher_close((gm__publisher *)p); }
 
-int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tries) {
+/* Copy n 8-byte words guarded by the seqlock `seq`: GM_OK once a copy was
+ * taken while seq stayed even and unchanged, GM_ESTATE after max_tries. */
+static int seqlock_copy(const uint32_t *seq, const int64_t *from, int64_t *to, size_t n, int max_tries) {
     for (int i = 0; i < max_tries; i++) {
-        uint32_t s1 = __atomic_load_n(&r->seq, __ATOMIC_ACQUIRE);
+        uint32_t s1 = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
         if (s1 & 1) continue;
-#define GET(field) out->field = __atomic_load_n(&r->v.field, __ATOMIC_RELAXED);
-        GM__SHM_FIELDS(GET)
-#undef GET
+        for (size_t k = 0; k < n; k++) to[k] = __atomic_load_n(&from[k], __ATOMIC_RELAXED);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&r->seq, __ATOMIC_RELAXED) == s1) return GM_OK;
+        if (__atomic_load_n(seq, __ATOMIC_RELAXED) == s1) return GM_OK;
     }
     return GM_ESTATE;
+}
+
+_Static_assert(sizeof(gm__shm_values) % 8 == 0 && sizeof(gm__shm_step_values) % 8 == 0, "records of int64 words");
+
+int gm__shm_read_step(const gm__shm_step *r, gm__shm_step_values *out, int max_tries) {
+    return seqlock_copy(&r->seq, (const int64_t *)&r->v, (int64_t *)out, sizeof *out / 8, max_tries);
+}
+
+int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tries) {
+    return seqlock_copy(&r->seq, (const int64_t *)&r->v, (int64_t *)out, sizeof *out / 8, max_tries);
 }

@@ -88,8 +88,9 @@ assert len(d["processes"]) == 3, d["processes"]
 
 if exporter:
     m = open(f"{tmp}/inside.prom").read()
-    pat = r'^gpumem_process_allocator_reserved_bytes\{gpu="0",pid="1",host_pid="%d",pid_map="inferred",comm="[^"]*",label="ctr"[^}]*\} (\d+)$' % host
-    s = re.search(pat, m, re.M)
+    pat = r'^gpumem_process_info\{gpu="0",pid="1",host_pid="%d",pid_map="inferred",uid="\d+",source="gpumem",comm="[^"]*",label="ctr"[^}]*\} 1$' % host
+    assert re.search(pat, m, re.M), m
+    s = re.search(r'^gpumem_process_allocator_reserved_bytes\{gpu="0",pid="1"\} (\d+)$', m, re.M)
     assert s and int(s.group(1)) == w["reserved"], m
 print("ok: host view exact, inside inferred and marked, no guess between equals" + (", exporter labels" if exporter else ""))
 PY

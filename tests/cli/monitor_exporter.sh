@@ -46,9 +46,11 @@ fams = {"gpumem_process_allocator_allocated_bytes": "allocated", "gpumem_process
         "gpumem_process_allocator_ooms_total": "num_ooms", "gpumem_process_allocator_retries_total": "num_alloc_retries"}
 for fam, key in fams.items():
     assert f"# HELP {fam} " in text and f"# TYPE {fam} " in text, fam
-    m = re.search(r'^%s\{gpu="0",pid="%s",comm="[^"]*",label="held"[^}]*\} (\d+)$' % (fam, pid), text, re.M)
+    m = re.search(r'^%s\{gpu="0",pid="%s"\} (\d+)$' % (fam, pid), text, re.M)
     assert m, f"no {fam} series for pid {pid}"
     assert int(m.group(1)) == w[key], (fam, m.group(1), w[key])
+assert re.search(r'^gpumem_process_info\{gpu="0",pid="%s",uid="\d+",source="gpumem",comm="[^"]*",label="held"[^}]*\} 1$' % pid,
+                 text, re.M), "no gpumem_process_info for pid %s" % pid
 assert "gpumem_nvml_available 0" in text
 print("ok: exporter series equal the producer's stats")
 PY

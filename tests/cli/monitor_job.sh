@@ -34,7 +34,7 @@ grep -Eq "^$run +4/4 " "$tmp/smi.txt" || { echo "FAIL: no jobs line with 4/4 ran
 pids+=($!)
 wait_for 20 grep -q serving "$tmp/exporter.out" || { echo "FAIL: exporter did not start"; exit 1; }
 url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
-scrape_all() { curl -fsS "$url" >"$tmp/m.txt" && [ "$(grep -c "^gpumem_process_allocator_reserved_bytes{.*run_id=\"$run\"" "$tmp/m.txt")" = 4 ]; }
+scrape_all() { curl -fsS "$url" >"$tmp/m.txt" && [ "$(grep -c "^gpumem_process_info{.*run_id=\"$run\"" "$tmp/m.txt")" = 4 ]; }
 wait_for 20 scrape_all || { echo "FAIL: not every rank scraped"; cat "$tmp/m.txt"; exit 1; }
 
 python3 - "$tmp" "$run" <<'PY'
@@ -62,10 +62,14 @@ for line in text.splitlines():
         continue
     labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', line.split("} ")[0]))
     assert "job" not in labels and "instance" not in labels, line
-    if line.startswith("gpumem_process_allocator_reserved_bytes{") and labels.get("run_id") == run:
+    if line.startswith("gpumem_process_info{") and labels.get("run_id") == run:
         assert labels["world_size"] == "4" and labels["local_rank"] == labels["rank"], line
         seen.add(int(labels["rank"]))
+    elif line.startswith("gpumem_process_") and not line.startswith("gpumem_process_info{"):
+        # the per-sample series carry their key only: bounded at any number of ranks
+        assert set(labels) <= {"gpu", "UUID", "pid", "category"}, line
 assert seen == {0, 1, 2, 3}, seen
-print("ok: smi groups the 4 ranks as one job; /metrics labels each with run_id and rank")
+print("ok: smi groups the 4 ranks as one job; gpumem_process_info names each with run_id and rank, "
+      "the other series carry gpu and pid only")
 PY
 echo PASS

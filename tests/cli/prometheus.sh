@@ -54,11 +54,13 @@ producer=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readl
 wait_for 60 has_result "gpumem_process_allocator_ooms_total{pid=\"$producer\"}" \
     || { echo "FAIL: prometheus never scraped the producer"; tail "$tmp/prom.log"; exit 1; }
 
+# series carry {gpu, pid}; who the process is joins from gpumem_process_info
+who='* on (instance, gpu, pid) group_left (label) gpumem_process_info'
 for fam in allocated reserved peak_reserved requested; do
-    query "gpumem_process_allocator_${fam}_bytes{pid=\"$producer\"}" >"$tmp/q_$fam.json"
+    query "gpumem_process_allocator_${fam}_bytes{pid=\"$producer\"} $who" >"$tmp/q_$fam.json"
 done
-query "gpumem_process_allocator_ooms_total{pid=\"$producer\"}" >"$tmp/q_ooms.json"
-query "gpumem_process_allocator_retries_total{pid=\"$producer\"}" >"$tmp/q_retries.json"
+query "gpumem_process_allocator_ooms_total{pid=\"$producer\"} $who" >"$tmp/q_ooms.json"
+query "gpumem_process_allocator_retries_total{pid=\"$producer\"} $who" >"$tmp/q_retries.json"
 python3 - "$tmp" "$label" <<'PY'
 import json, sys
 tmp, label = sys.argv[1], sys.argv[2]

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# prometheus_rules.sh — issue 27: the Prometheus rules in contrib/ pass
-# `promtool check rules` and their unit tests (`promtool test rules`: the
-# alerts fire on a made-up job with a fragmented rank, an OOM, retries and a
-# drifting rank, and not before); every PromQL expression of the Grafana
-# dashboards parses (checked as recording rules); and every gpumem_* metric
-# the rules and dashboards name is one the exporter serves (a live scrape of
-# a sim producer with NVML's families declared). Skips (77) without promtool
+# prometheus_rules.sh — issues 27 and 45: the Prometheus rules in
+# deploy/prometheus/ pass `promtool check rules` and their unit tests
+# (`promtool test rules`: the alerts fire on a made-up job with a fragmented
+# rank, an OOM, retries and a drifting rank, and on a leaking rank (its
+# step-start baseline grows; time to OOM), not on one that only caches, and
+# not before); every PromQL expression of the Grafana dashboards parses
+# (checked as recording rules); and every gpumem_* metric the rules and
+# dashboards name is one the exporter serves (a live scrape of a sim
+# producer with NVML's families declared). Skips (77) without promtool
 # (Debian package `prometheus`).
 set -euo pipefail
 GPUMEM=${GPUMEM:-gpumem}
@@ -17,8 +19,8 @@ fi
 export GPUMEM_SHM_TAG="rules$$"
 source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
 
-promtool check rules "$SRC/contrib/prometheus-rules.yml"
-(cd "$SRC/contrib" && promtool test rules prometheus-rules.test.yml)
+promtool check rules "$SRC/deploy/prometheus/gpumem-rules.yml"
+(cd "$SRC/deploy/prometheus" && promtool test rules gpumem-rules.test.yml)
 
 # the dashboards' expressions, as recording rules promtool parses
 python3 - "$SRC/contrib" "$tmp/dash-rules.yml" <<'PY'
@@ -56,15 +58,15 @@ pids+=($!)
 wait_for 20 grep -q serving "$tmp/exporter.out" || { echo "FAIL: exporter did not start"; exit 1; }
 url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
 wait_for 20 curl -fsS -o "$tmp/m.txt" "$url"
-python3 - "$SRC/contrib" "$tmp/m.txt" <<'PY'
+python3 - "$SRC/contrib" "$tmp/m.txt" "$SRC/deploy" <<'PY'
 import glob, re, sys
 served = set(re.findall(r"^# TYPE (\S+) ", open(sys.argv[2]).read(), re.M))
 named = set()
-for f in glob.glob(sys.argv[1] + "/*.json") + glob.glob(sys.argv[1] + "/*.yml"):
+for f in glob.glob(sys.argv[1] + "/*.json") + glob.glob(sys.argv[3] + "/*/*.yml") + glob.glob(sys.argv[3] + "/*/*.yaml"):
     for m in re.findall(r"\bgpumem_[a-z_]+", open(f).read()):
         named.add((m, f))
 missing = sorted((m, f) for m, f in named if m not in served)
-assert not missing, "named in contrib/ but not served by the exporter: %s" % missing
-print("ok: %d metric names in contrib/, all served" % len({m for m, _ in named}))
+assert not missing, "named in contrib/ or deploy/ but not served by the exporter: %s" % missing
+print("ok: %d metric names in contrib/ and deploy/, all served" % len({m for m, _ in named}))
 PY
 echo PASS
