@@ -59,6 +59,7 @@ PHASE_SETUP = "setup"
 CUBLAS_WORKSPACE = 32 << 20
 # first fake address; every allocation gets a new one (the replay never sees one reused)
 _ADDR0 = 0x7F0000000000
+_FLASH_BACKWARD = ("_scaled_dot_product_flash_attention_backward",)
 _MATMULS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm", "_int_mm", "addmv", "mv")
 
 
@@ -278,6 +279,14 @@ class _Recorder:
             rec.cat = OTHER
             rec.refs = 1          # torch keeps it for the process's life
 
+    def scratch(self, sizes):
+        """Allocations an operator's device code makes and frees before it returns."""
+        recs = [self._alloc(n, None) for n in sizes if n]
+        for r in recs:
+            r.cat = TEMPORARIES
+        for r in reversed(recs):
+            self._free(r)
+
     def category(self, rec, cat, over=False):
         if rec is not None and (rec.cat is None or over):
             rec.cat = cat
@@ -311,13 +320,24 @@ def _nonzero(rec, fraction, t):
     return out
 
 
+def _item(value, t):
+    """Tensor.item() / bool(t) reads a value the tracer does not have: the caller's."""
+    if value is None:
+        raise TraceError("gpumem: the traced step reads a tensor's value (.item(), bool(t), a Python if on a "
+                         "tensor: generate()'s stopping check, a loss printed) that meta and fake tensors do not "
+                         "have; pass trace_step(..., item=VALUE), the value every such read returns (0: "
+                         "generate() runs to max_new_tokens), or keep the read out of the traced step")
+    import torch  # noqa: PLC0415
+    return bool(value) if t.dtype == torch.bool else float(value) if t.is_floating_point() else int(value)
+
+
 def _scalar_tensor(x):
     import torch  # noqa: PLC0415
     return torch.tensor(x, dtype=torch.float64 if isinstance(x, float) else torch.bool if isinstance(x, bool)
                         else torch.int64)
 
 
-def _make_mode(rec, sdp_choice, nonzero):
+def _make_mode(rec, sdp_choice, nonzero, item):
     from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415
 
     class _Mode(TorchDispatchMode):
@@ -328,6 +348,8 @@ def _make_mode(rec, sdp_choice, nonzero):
                 return sdp_choice(*args, **kwargs)
             if name == "nonzero" and rec.on_device(args[0]):
                 return _nonzero(rec, nonzero, args[0])
+            if name == "_local_scalar_dense" and rec.on_device(args[0]):
+                return _item(item, args[0])
             for t in _tensors(args):
                 rec.see(t, False)
             if name in _MATMULS:
@@ -339,8 +361,24 @@ def _make_mode(rec, sdp_choice, nonzero):
                 return _scalar_tensor(out)
             for t in _tensors(out):
                 rec.see(t, True)
+            if name in _FLASH_BACKWARD and rec.on_device(args[1]):
+                rec.scratch(_flash_backward_scratch(*args[1:4]))
             return out
     return _Mode()
+
+
+def _flash_backward_scratch(q, k, v):
+    """What flash attention's backward allocates inside its CUDA code after
+    dq, dk, dv (FlashAttention-2's mha_bwd, vendored in torch): softmax_d
+    (b, h, s rounded to 128) and dq_accum (b, s rounded, h, head_dim rounded
+    to 32) in fp32, and with grouped-query attention dk, dv expanded to every
+    query head; q, k, v are (b, h, s, d) as sdpa passes them."""
+    b, h, s, d = q.shape
+    s_r, d_r = -(-s // 128) * 128, (-(-d // 32) * 32 if d <= 192 else 256)
+    out = [b * h * s_r * 4, b * s_r * h * d_r * 4]
+    if k.shape[1] != h:
+        out += [b * k.shape[2] * h * d * k.element_size(), b * v.shape[2] * h * v.shape[3] * v.element_size()]
+    return out
 
 
 def _sdp_choice_for(device):
@@ -483,7 +521,7 @@ def fake_process_group(world_size, rank=0):
         dist.destroy_process_group()
 
 
-def trace_step(train, steps=3, mode="auto", device="cuda", workspace=CUBLAS_WORKSPACE, nonzero=None):
+def trace_step(train, steps=3, mode="auto", device="cuda", workspace=CUBLAS_WORKSPACE, nonzero=None, item=None):
     """Trace `train(device)` (setup: build the model, the optimizer; returns
     step, a callable with no arguments) and `steps` calls of step(), without a
     GPU. Returns a Trace.
@@ -496,7 +534,9 @@ def trace_step(train, steps=3, mode="auto", device="cuda", workspace=CUBLAS_WORK
     nonzero: the share of a tensor's elements torch.nonzero / torch.where(cond)
     / boolean indexing find (their output size depends on values the tracer
     does not have): 1/E for an expert's mask under balanced top-k routing over
-    E experts. None: such an operator stops the trace with a TraceError."""
+    E experts. None: such an operator stops the trace with a TraceError.
+    item: what .item() / bool(tensor) returns (0 lets generate() run to
+    max_new_tokens); None: a TraceError."""
     import torch  # noqa: PLC0415
     if not callable(train):
         raise TypeError("gpumem.estimate.trace_step: train must be a function train(device) -> step, got %r"
@@ -520,7 +560,7 @@ def trace_step(train, steps=3, mode="auto", device="cuda", workspace=CUBLAS_WORK
             from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
             stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         hooks = stack.enter_context(_Hooks(rec))
-        stack.enter_context(_make_mode(rec, _sdp_choice_for(dev), nonzero))
+        stack.enter_context(_make_mode(rec, _sdp_choice_for(dev), nonzero, item))
 
         def pack(t):
             rec.category(rec.see(t, False), ACTIVATIONS)
