@@ -446,6 +446,77 @@ class _Hooks:
         while self.undo:
             self.undo.pop()()
 
+    def as_on_cuda(self):
+        """Code paths torch picks by device, set to CUDA's: F.dropout fuses
+        into native_dropout (a 1-byte mask) only for CUDA tensors, and meta
+        tensors would get the unfused one (a mask of the input's dtype)."""
+        torch, rec = self.torch, self.rec
+        F = torch.nn.functional
+        dropout = F.dropout
+
+        @functools.wraps(dropout)
+        def fused(input, p=0.5, training=True, inplace=False):
+            if training and 0 < p < 1 and not inplace and rec.on_device(input):
+                return torch.native_dropout(input, p, True)[0]
+            return dropout(input, p, training, inplace)
+        F.dropout = fused
+        self.undo.append(lambda: setattr(F, "dropout", dropout))
+
+    def foreach_as_on_cuda(self):
+        """torch 2.x optimizers run their foreach kernels (one temporary per
+        step for every parameter at once) when every parameter is a plain CUDA
+        tensor: a meta tensor or a FakeTensor would get the per-parameter loop.
+        Every optimizer module's _default_to_fused_or_foreach answers as for
+        CUDA tensors while tracing."""
+        import sys  # noqa: PLC0415
+
+        def as_cuda(params, differentiable, use_fused=False):
+            return (use_fused and not differentiable, not use_fused and not differentiable)
+        for name, mod in list(sys.modules.items()):
+            orig = getattr(mod, "_default_to_fused_or_foreach", None) if name.startswith("torch.optim") else None
+            if orig is not None:
+                setattr(mod, "_default_to_fused_or_foreach", as_cuda)
+                self.undo.append(functools.partial(setattr, mod, "_default_to_fused_or_foreach", orig))
+
+    def keep_tied(self):
+        """Module._apply (.to(), .cuda()) keeps each Parameter object when the
+        device changes from one dense backend to another (param.data = the
+        copy), so a weight two modules share (GPT-2's tied head) stays one
+        tensor on the GPU. To "meta" it makes a new Parameter per module
+        instead, untying them and copying the weight twice. This makes the
+        meta device behave as CUDA: one copy per Parameter object, shared
+        again after the call."""
+        nn, apply = self.torch.nn, self.torch.nn.Module._apply
+        state = {"inside": False}
+
+        def _apply(module, fn, *a, **k):
+            if state["inside"]:
+                return apply(module, fn, *a, **k)
+            places = {}
+            for mod in module.modules():
+                for name, p in mod._parameters.items():
+                    if p is not None:
+                        places.setdefault(id(p), []).append((mod, name))
+            memo = {}
+
+            def once(t):
+                hit = memo.get(id(t))
+                if hit is None or hit[0] is not t:
+                    hit = memo[id(t)] = (t, fn(t))
+                return hit[1]
+            state["inside"] = True
+            try:
+                out = apply(module, once, *a, **k)
+            finally:
+                state["inside"] = False
+            for where in places.values():
+                first = where[0][0]._parameters[where[0][1]]
+                for mod, name in where[1:]:
+                    mod._parameters[name] = first
+            return out
+        nn.Module._apply = _apply
+        self.undo.append(lambda: setattr(nn.Module, "_apply", apply))
+
     def _pre(self, module, args):
         rec = self.rec
         if module not in self.modules:
@@ -560,6 +631,10 @@ def trace_step(train, steps=3, mode="auto", device="cuda", workspace=CUBLAS_WORK
             from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
             stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         hooks = stack.enter_context(_Hooks(rec))
+        if mode == "meta":
+            hooks.keep_tied()
+            hooks.as_on_cuda()
+        hooks.foreach_as_on_cuda()
         stack.enter_context(_make_mode(rec, _sdp_choice_for(dev), nonzero, item))
 
         def pack(t):
