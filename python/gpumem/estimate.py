@@ -348,8 +348,14 @@ def _make_mode(rec, sdp_choice, nonzero, item):
                 return sdp_choice(*args, **kwargs)
             if name == "nonzero" and rec.on_device(args[0]):
                 return _nonzero(rec, nonzero, args[0])
-            if name == "_local_scalar_dense" and rec.on_device(args[0]):
-                return _item(item, args[0])
+            if name == "_local_scalar_dense":
+                if rec.on_device(args[0]):
+                    return _item(item, args[0])
+                try:
+                    return func(*args, **kwargs)
+                except Exception:  # noqa: BLE001 -- a host tensor FakeTensorMode cannot read
+                    # (an optimizer's step count): 1, which no bias correction divides by zero
+                    return _item(1, args[0])
             for t in _tensors(args):
                 rec.see(t, False)
             if name in _MATMULS:
