@@ -47,6 +47,7 @@ import weakref
 
 # gm_category names (GM_CATEGORY_LIST, include/gpumem/gpumem.h), as track.py spells them
 from .track import CATEGORIES, PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, UNTRACKED
+from .track import _tensors
 
 PARAMETERS, GRADIENTS, OPTIMIZER, ACTIVATIONS, TEMPORARIES, OTHER = CATEGORIES
 # the tag frames `gpumem report` reads (src/report/report.h, GM_TAG_*_FILE)
@@ -292,19 +293,6 @@ class _Recorder:
             rec.cat = cat
 
 
-def _tensors(obj):
-    """Tensors inside a pytree-ish value (lists, tuples, dicts)."""
-    import torch  # noqa: PLC0415
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors(v)
-
-
 def _nonzero(rec, fraction, t):
     """torch.nonzero has as many rows as t has nonzero elements, which tensors
     without values do not know: the caller's assumption says how many."""
@@ -356,7 +344,7 @@ def _make_mode(rec, sdp_choice, nonzero, item):
                 except Exception:  # noqa: BLE001 -- a host tensor FakeTensorMode cannot read
                     # (an optimizer's step count): 1, which no bias correction divides by zero
                     return _item(1, args[0])
-            for t in _tensors(args):
+            for t in _tensors(args, cuda_only=False):
                 rec.see(t, False)
             if name in _MATMULS:
                 rec.matmul()
@@ -365,7 +353,7 @@ def _make_mode(rec, sdp_choice, nonzero, item):
                 # the detach of a Python number's wrapped tensor (x * 0.5 saves it for
                 # backward) comes back to a mode as the number; autograd wants a tensor
                 return _scalar_tensor(out)
-            for t in _tensors(out):
+            for t in _tensors(out, cuda_only=False):
                 rec.see(t, True)
             if name in _FLASH_BACKWARD and rec.on_device(args[1]):
                 rec.scratch(_flash_backward_scratch(*args[1:4]))
@@ -566,7 +554,7 @@ class _Hooks:
                 return step(*a, **k)
             finally:
                 rec.phase = prev
-                for t in _tensors(list(opt.state.values())):
+                for t in _tensors(list(opt.state.values()), cuda_only=False):
                     rec.category(rec.see(t, False), OPTIMIZER, over=True)
         opt.step = wrapped
 

@@ -282,19 +282,24 @@ if torch is not None:
             return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100)
 
 
-def gpt2_train(batch, seq):
+def lm_train(make, vocab, batch, seq):
+    """train(device) for a language model make(device): AdamW, the labels are the inputs."""
     def train(device):
-        model = GPT2(device)
+        model = make(device)
         model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
         def step():
-            ids = torch.randint(0, 50257, (batch, seq), device=device)
-            model(ids, ids).backward()
+            idx = torch.randint(0, vocab, (batch, seq), device=device)
+            model(idx, idx).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         return step
     return train
+
+
+def gpt2_train(batch, seq):
+    return lm_train(GPT2, 50257, batch, seq)
 
 
 def mlp_train(batch=32, optimizer=None):
@@ -312,17 +317,7 @@ def mlp_train(batch=32, optimizer=None):
 
 
 def gpt_train(batch=4, seq=64, layers=2):
-    def train(device):
-        model = TinyGPT(layers=layers, seq=seq).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-        def step():
-            idx = torch.randint(0, 512, (batch, seq), device=device)
-            model(idx, idx).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return step
-    return train
+    return lm_train(lambda device: TinyGPT(layers=layers, seq=seq).to(device), 512, batch, seq)
 
 
 def param_bytes(params):

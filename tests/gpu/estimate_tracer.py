@@ -26,7 +26,6 @@ or is more than 5% off.
 """
 import argparse
 import contextlib
-import gc
 import json
 import math
 import os
@@ -40,7 +39,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from estimate_measure import clear  # noqa: E402  (empties caches, cuBLAS workspaces, resets peaks)
+
 TOLERANCE = 0.05
 STEPS = 3
 SETTINGS = {"default": "", "expandable": "expandable_segments:True"}
@@ -249,18 +250,6 @@ CASES = [
 
 
 # ---- measuring on the GPU (child processes) --------------------------------------
-
-def clear():
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    try:
-        torch._C._cuda_clearCublasWorkspaces()
-    except AttributeError:
-        pass
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-
 
 def measure(name, train, opts, steps):
     from gpumem import estimate as ge
