@@ -189,7 +189,6 @@ class _Recorder:
         self.workspace = workspace
         self.live = {}         # storage identity -> _Storage
         self.dead = {}         # storage identity -> (_Storage, index of its free event), until reused
-        self.revived = 0
         self.held = {}         # id(tensor) -> _Storage (one finalizer per tensor object)
         self.records = []      # every _Storage, in allocation order (categories decided at the end)
         self.next_addr = _ADDR0
@@ -224,12 +223,12 @@ class _Recorder:
         rec, i = self.dead.pop(key)
         self.trace.events[i] = None
         self.live[key] = rec
-        self.revived += 1
         return rec
 
-    def _drop(self, oid, rec):
-        if self.held.get(oid) is rec:
-            del self.held[oid]
+    def _drop(self, oid):
+        rec = self.held.pop(oid, None)   # (a resize_ may have moved the tensor to a new _Storage)
+        if rec is None:
+            return
         rec.refs -= 1
         if rec.refs == 0:
             self._free(rec)
@@ -239,7 +238,7 @@ class _Recorder:
             return
         self.held[id(t)] = rec
         rec.refs += 1
-        weakref.finalize(t, self._drop, id(t), rec)
+        weakref.finalize(t, self._drop, id(t))
 
     def on_device(self, t):
         return t.device.type == self.device_type
@@ -312,9 +311,9 @@ def _item(value, t):
     """Tensor.item() / bool(t) reads a value the tracer does not have: the caller's."""
     if value is None:
         raise TraceError("gpumem: the traced step reads a tensor's value (.item(), bool(t), a Python if on a "
-                         "tensor: generate()'s stopping check, a loss printed) that meta and fake tensors do not "
-                         "have; pass trace_step(..., item=VALUE), the value every such read returns (0: "
-                         "generate() runs to max_new_tokens), or keep the read out of the traced step")
+                         "tensor: a loss printed, a stopping check) that meta and fake tensors do not have; pass "
+                         "trace_step(..., item=VALUE), the value every such read returns, or keep the read out of "
+                         "the traced step (model.generate() stops on values: trace a decoding loop of your own)")
     import torch  # noqa: PLC0415
     return bool(value) if t.dtype == torch.bool else float(value) if t.is_floating_point() else int(value)
 
@@ -600,8 +599,8 @@ def trace_step(train, steps=3, mode="auto", device="cuda", workspace=CUBLAS_WORK
     / boolean indexing find (their output size depends on values the tracer
     does not have): 1/E for an expert's mask under balanced top-k routing over
     E experts. None: such an operator stops the trace with a TraceError.
-    item: what .item() / bool(tensor) returns (0 lets generate() run to
-    max_new_tokens); None: a TraceError."""
+    item: what .item() / bool(tensor) of a device tensor returns; None: a
+    TraceError."""
     import torch  # noqa: PLC0415
     if not callable(train):
         raise TypeError("gpumem.estimate.trace_step: train must be a function train(device) -> step, got %r"

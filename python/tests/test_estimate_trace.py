@@ -507,6 +507,20 @@ class TracerTest(unittest.TestCase):
         sizes = [e[2] for e in tr.events if e[0] == "alloc" and e[4] == "1"]
         self.assertEqual(sorted(sizes), [8 * 32 * 64, 8 * 32 * 64 * 4])  # the bool mask, the output
 
+    def test_resize_moves_the_storage(self):
+        """resize_ past a storage's size is a new block, then the old one goes; the new
+        one goes when its tensor dies."""
+        def train(device):
+            def step():
+                x = torch.empty(100, device=device)
+                x.resize_(1000)
+                del x
+            return step
+        tr = ge.trace_step(train, steps=1, mode="meta", workspace=0)
+        self.check_format(tr)
+        self.assertEqual([(e[0], e[2]) for e in tr.events], [("alloc", 400), ("alloc", 4000), ("free", 400),
+                                                              ("free", 4000)])
+
     def test_item_needs_a_value(self):
         def train(device):
             lin = nn.Linear(8, 8).to(device)
