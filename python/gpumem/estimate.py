@@ -476,11 +476,16 @@ class _Hooks:
         device changes from one dense backend to another (param.data = the
         copy), so a weight two modules share (GPT-2's tied head) stays one
         tensor on the GPU. To "meta" it makes a new Parameter per module
-        instead, untying them and copying the weight twice. This makes the
-        meta device behave as CUDA: one copy per Parameter object, shared
-        again after the call."""
-        nn, apply = self.torch.nn, self.torch.nn.Module._apply
+        instead, untying them and copying the weight twice; param.data = a
+        FakeTensor of another device would keep the old device's Python
+        attributes, so fake mode makes new Parameters too. Either way: one
+        copy per Parameter object, shared again after the call, as on CUDA."""
+        torch = self.torch
+        nn, apply = torch.nn, torch.nn.Module._apply
         state = {"inside": False}
+        overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+        torch.__future__.set_overwrite_module_params_on_conversion(True)
+        self.undo.append(lambda: torch.__future__.set_overwrite_module_params_on_conversion(overwrite))
 
         def _apply(module, fn, *a, **k):
             if state["inside"]:
@@ -624,8 +629,8 @@ def trace_step(train, steps=3, mode="auto", device="cuda", workspace=CUBLAS_WORK
             from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
             stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         hooks = stack.enter_context(_Hooks(rec))
+        hooks.keep_tied()
         if mode == "meta":
-            hooks.keep_tied()
             hooks.as_on_cuda()
         hooks.foreach_as_on_cuda()
         stack.enter_context(_make_mode(rec, _sdp_choice_for(dev), nonzero, item))
