@@ -536,6 +536,14 @@ class _Hooks:
         if not rec.scopes and rec.phase == PHASE_FORWARD:
             rec.phase = "step"
 
+    def gradients_after_step(self):
+        """The .grad a step leaves (no optimizer, or accumulation): gradients."""
+        rec = self.rec
+        for m in list(self.modules):
+            for p in m.parameters(recurse=False):
+                if p.grad is not None:
+                    rec.category(rec.see(p.grad, False), GRADIENTS, over=True)
+
     def backward_starts(self):
         """What forward made and is alive now is held for backward: activations."""
         for r in self.rec.live.values():
@@ -646,6 +654,7 @@ def trace_step(train, steps=3, mode="auto", device="cuda", workspace=CUBLAS_WORK
         for i in range(int(steps)):
             rec.phase, rec.step = "step", i + 1
             step()
+            hooks.gradients_after_step()
         rec.closed = True       # what is alive now outlives the trace
         del step
     for r in rec.records:      # undecided: temporaries

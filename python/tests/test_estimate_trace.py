@@ -377,6 +377,13 @@ class TracerTest(unittest.TestCase):
         self.assertLessEqual({"setup", "forward", "backward", "optimizer.step"}, phases)
         self.assertEqual(tr.unseen_inputs, 0)
 
+    def test_gradients_without_an_optimizer(self):
+        def train(device):
+            model = MLP().to(device)
+            return lambda: model(torch.randn(8, 256, device=device)).sum().backward()
+        tr = ge.trace_step(train, steps=2, mode="meta", workspace=0)
+        self.assertEqual(max_live(tr, ge.GRADIENTS), param_bytes(MLP().parameters()))
+
     def test_sgd_has_no_state(self):
         tr = ge.trace_step(mlp_train(optimizer=torch.optim.SGD), steps=2, mode="meta", workspace=0)
         self.assertEqual(max_live(tr, ge.OPTIMIZER), 0)
