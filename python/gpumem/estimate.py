@@ -55,8 +55,9 @@ TAG_CATEGORY_FILE = "<gpumem category>"
 TAG_SCOPE_FILE = "<gpumem scope>"
 PHASE_SETUP = "setup"
 # cuBLAS's workspace on Hopper under torch 2.x: one per (handle, stream), so
-# one for the forward's thread and one for autograd's (bench/RESULTS.md,
-# "training memory estimator": the two 32 MiB workspaces). 0 leaves it out.
+# one for the forward's thread and one for autograd's; the block models'
+# CUBLAS_WORKSPACE (src/estimate/estimate_emit.h), seen in recorded snapshots.
+# 0 leaves it out.
 CUBLAS_WORKSPACE = 32 << 20
 # first fake address; every allocation gets a new one (the replay never sees one reused)
 _ADDR0 = 0x7F0000000000
