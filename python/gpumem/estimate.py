@@ -21,9 +21,10 @@ have no memory: meta tensors ("meta" mode, torch 1.13 and 2.x), or
 FakeTensorMode's tensors that say device "cuda" ("fake" mode, torch 2.x:
 torch.autocast("cuda") and the choice of attention kernel then behave as on
 the GPU). Every storage an operator creates is one allocation of its bytes
-(what torch's CUDA allocator is asked for), freed when the last tensor
-holding it dies (weakref finalizers on every tensor the recorder sees, and on
-the tensors autograd saves for backward, through saved_tensors_hooks). The
+(what torch's CUDA allocator is asked for), freed when the storage dies (a
+weakref finalizer on the storage on torch >= 2.1; on 1.13 on every tensor the
+recorder sees holding it, and on the tensors autograd saves for backward,
+through saved_tensors_hooks). The
 allocations and frees, in order, become a trace in torch's memory-snapshot
 format (the pickle torch.cuda.memory._dump_snapshot() writes), each with a
 category tag and its module scope, so `gpumem estimate --trace`, `replay`,
@@ -180,6 +181,17 @@ def _storage_of(t):
     return s._cdata, s.nbytes()
 
 
+def _storages_preserved():
+    """True when t.untyped_storage() is one Python object for the storage's
+    life (torch >= 2.1), false on torch 1.13 (a new wrapper each call)."""
+    import torch  # noqa: PLC0415
+    t = torch.empty(1, device="meta")
+    try:
+        return t.untyped_storage() is t.untyped_storage()
+    except AttributeError:
+        return False
+
+
 class _Recorder:
     """The state of one trace: live storages, the tensors that hold them,
     the current phase / scope, and the events."""
@@ -191,6 +203,11 @@ class _Recorder:
         self.live = {}         # storage identity -> _Storage
         self.dead = {}         # storage identity -> (_Storage, index of its free event), until reused
         self.held = {}         # id(tensor) -> _Storage (one finalizer per tensor object)
+        # torch >= 2.1 keeps one Python object per storage for the storage's life, so a
+        # finalizer on it fires when the storage dies; before, every tensor holding it is
+        # watched instead (and torch.utils.swap_tensors, which .to() uses on FakeTensor
+        # parameters, refuses tensors with weakrefs: watching storages keeps it working)
+        self.storage_refs = _storages_preserved()
         self.records = []      # every _Storage, in allocation order (categories decided at the end)
         self.next_addr = _ADDR0
         self.phase, self.step = PHASE_SETUP, 0
@@ -235,11 +252,22 @@ class _Recorder:
             self._free(rec)
 
     def _hold(self, t, rec):
+        if self.storage_refs:
+            if not rec.refs:   # one finalizer on the storage itself, the first time it is seen
+                rec.refs = 1
+                weakref.finalize(t.untyped_storage(), self._storage_died, rec.key)
+            return
         if id(t) in self.held:
             return
         self.held[id(t)] = rec
         rec.refs += 1
         weakref.finalize(t, self._drop, id(t))
+
+    def _storage_died(self, key):
+        rec = self.live.get(key)
+        if rec is not None:
+            rec.refs = 0
+            self._free(rec)
 
     def on_device(self, t):
         return t.device.type == self.device_type
@@ -254,7 +282,7 @@ class _Recorder:
         if rec is not None and nbytes > rec.size:      # resize_: a new block, then the old one goes
             old = rec
             rec = self._alloc(nbytes, key)
-            rec.refs, old.refs = old.refs, 0
+            rec.refs, old.refs = old.refs, 0     # (a storage's finalizer finds it by key)
             for oid, r in list(self.held.items()):
                 if r is old:
                     self.held[oid] = rec
