@@ -3,11 +3,11 @@
     python3 -m pip install --no-build-isolation ./python   (offline, against the installed torch)
 
 builds libgpumem_torch.so and the gpumem executable with CMake from the
-repository root (Release, no tests) and, when torch can be imported, the C++
-shim gpumem._C against that torch (torch.utils.cpp_extension), and installs
+repository root (Release, no tests) and, when a torch built with CUDA can be
+imported, the C++ shim gpumem._C against that torch (torch.utils.cpp_extension), and installs
 them inside the package (gpumem/bin/gpumem, run by the `gpumem` console
-script), where gpumem finds them without environment variables. Without torch
-(or with GPUMEM_NO_SHIM=1) the package installs without the shim, its version
+script), where gpumem finds them without environment variables. Without torch,
+with a CPU-only torch (or with GPUMEM_NO_SHIM=1) the package installs without the shim, its version
 says so (pip prints "Successfully installed torch-gpumem-0.1.0+noshim"), and
 gpumem.torch.install() falls back to torch's CUDAPluggableAllocator entry
 points (torch's memory API then does not answer; `gpumem run` and
@@ -113,6 +113,10 @@ def shim_extension():
     except Exception as e:  # noqa: BLE001 (any failure to import torch means: no shim)
         _log("torch not importable (%s): not building the C++ shim gpumem._C; torch's memory API will not "
              "answer under gpumem. Use pip install --no-build-isolation ./python with torch installed." % e)
+        return [], {}
+    if not getattr(torch.version, "cuda", None):
+        _log("torch %s has no CUDA (a CPU-only build, such as Debian's python3-torch): not building the C++ "
+             "shim gpumem._C, which is torch's CUDA allocator interface" % torch.__version__)
         return [], {}
     TORCH_VERSION = torch.__version__
     try:

@@ -328,18 +328,19 @@ def history_dump_with_stacks(path, torch_snapshot):
 
 # ---- tracking a model ------------------------------------------------------------
 
-def _tensors(obj):
-    """CUDA tensors inside an optimizer state value (tensors, lists, dicts)."""
+def _tensors(obj, cuda_only=True):
+    """Tensors (CUDA tensors, with cuda_only) inside a value: an optimizer's
+    state, an operator's arguments (tensors, lists, tuples, dicts)."""
     import torch  # noqa: PLC0415
     if isinstance(obj, torch.Tensor):
-        if obj.is_cuda:
+        if obj.is_cuda or not cuda_only:
             yield obj
     elif isinstance(obj, dict):
         for v in obj.values():
-            yield from _tensors(v)
+            yield from _tensors(v, cuda_only)
     elif isinstance(obj, (list, tuple)):
         for v in obj:
-            yield from _tensors(v)
+            yield from _tensors(v, cuda_only)
 
 
 def _storages(tensors):

@@ -71,6 +71,10 @@ struct gm_trace;
 int cli_tune_trace(const char *cmd, const char *path, int device, uint64_t *capacity, struct gm_trace **trace,
                    struct gm_tune_entry **rows, int *n, struct gm_tune_choice *choice, double *secs);
 
+/* 'gpumem estimate --trace TRACE' (cli_estimate_trace.c): replays under each
+ * allocator model, categories at the peak, the verdict against capacity (0: none). */
+int cli_estimate_trace(const char *cmd, const char *path, uint64_t capacity, bool json);
+
 /* ---- output files (cli_util.c) -----------------------------------------
  * Every file a command writes goes through these: nothing is written
  * through a symbolic link or over an input, a regular file is written to a

@@ -482,10 +482,11 @@ static const char ABOUT[] =
     "under PyTorch's allocator and gpumem's, the whole device with the CUDA context, what each\n"
     "memory-saving strategy would save, and with --capacity the best combination that fits.\n"
     "With --world-size N --shard ddp|fsdp|zero1|zero2|zero3, everything is per rank.\n"
-    "Give exactly one of --model or --config. Model and accuracy: docs/estimate.md.";
+    "Give exactly one of --model, --config or --trace (a step of your own code traced on meta or\n"
+    "fake tensors by gpumem.estimate.trace_step). Model and accuracy: docs/estimate.md.";
 
 int cmd_estimate(int argc, char **argv) {
-    const char *cmd = argv[0], *model = NULL, *config = NULL, *fit = NULL;
+    const char *cmd = argv[0], *model = NULL, *config = NULL, *fit = NULL, *trace = NULL;
     const char *precision = NULL, *optimizer = "adamw", *attention = "sdpa", *shard = "none", *torch_dtype = NULL;
     long long batch = 8, seq = 0, image = 0, accum = 1, steps = 3, generate = 0, world = 1,
               bucket = GM_EST_DDP_BUCKET_MB;
@@ -496,6 +497,9 @@ int cmd_estimate(int argc, char **argv) {
          "built-in: gpt2, gpt2-medium, bert-base-uncased, resnet18, resnet50, vit_b_16", NULL, 0, 0},
         {"config", 0, CLI_STR, &config, "FILE",
          "a Hugging Face config.json (gpt2, llama, mistral, bert, vit; head from \"architectures\")", NULL, 0, 0},
+        {"trace", 0, CLI_STR, &trace, "FILE",
+         "a step of your own code traced by gpumem.estimate.trace_step (or any recorded trace): replayed "
+         "under each allocator model; only --capacity and --json apply", NULL, 0, 0},
         {"batch", 0, CLI_INT, &batch, "N", "samples per micro-batch", "8", 1, 1 << 20},
         {"seq", 0, CLI_INT, &seq, "N", "tokens per sample (text models)", "min(1024, max positions)", 1, 1 << 22},
         {"image", 0, CLI_INT, &image, "N", "image side in pixels (vision models)", "the model's", 1, 8192},
@@ -541,9 +545,15 @@ int cmd_estimate(int argc, char **argv) {
      * freed memory in the heap instead of mapping it anew each time */
     mallopt(M_MMAP_THRESHOLD, 256 << 20);
     mallopt(M_TRIM_THRESHOLD, 512 << 20);
+    if (trace) {
+        if (model || config)
+            return cli_usage_error(cmd, "--trace estimates a traced step by itself: give it without --model or "
+                                   "--config");
+        return cli_estimate_trace(cmd, trace, capacity, json);
+    }
     if (!model == !config)
-        return cli_usage_error(cmd, "give exactly one of --model NAME or --config config.json (see 'gpumem %s --help')",
-                               cmd);
+        return cli_usage_error(cmd, "give exactly one of --model NAME, --config config.json or --trace FILE "
+                               "(see 'gpumem %s --help')", cmd);
     bool zero = !strncmp(shard, "zero", 4);
     bool given16 = torch_dtype && strcmp(torch_dtype, "fp32");
     if (!torch_dtype) torch_dtype = generate ? "bf16" : "fp32"; /* Hugging Face users load for inference in 16 bits */

@@ -179,4 +179,35 @@ expect2 "truncated JSON at byte 42" --config "$T/cut.json"
 "$GPUMEM" estimate --help | grep -q -- "--fit batch|seq" || fail "--help"
 expect2 "wants an integer from 2 to 16" --model gpt2 --steps 40
 expect2 "--accum wants an integer" --model gpt2 --accum -2
+
+# --trace: a step traced by gpumem.estimate.trace_step (written here by its Trace, no torch needed):
+# a 4 MiB weight, its 4 MiB gradient, two 256 KiB tensors; one replay per allocator model
+PYTHONPATH="$(cd "$(dirname "$0")/../.." && pwd)/python" python3 -c '
+import sys
+from gpumem import estimate as ge
+t = ge.Trace("meta", "meta", 1, "none")
+M = 1 << 20
+for i, (a, addr, size, cat) in enumerate([("alloc", 1, 4 * M, "parameters"), ("alloc", 2, M // 4, "activations"),
+                                          ("alloc", 3, M // 4, "temporaries"), ("free", 3, M // 4, "temporaries"),
+                                          ("alloc", 4, 4 * M, "gradients"), ("free", 2, M // 4, "activations")]):
+    t.events.append((a, addr << 32, size, cat, "", "forward"))
+t.save(sys.argv[1])' "$T/step.pickle.gz" || fail "writing a trace"
+"$GPUMEM" estimate --trace "$T/step.pickle.gz" --capacity 820MiB --json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+M = 1 << 20
+assert j["peak_allocated"] == 8 * M + M // 4, j
+assert set(j["peak_reserved"]) == {"torch", "expandable_segments", "gpumem"}, j
+assert j["peak_reserved"]["torch"] == 22 * M, j  # 20 MiB segment for the 4 MiB blocks, 2 MiB small pool
+assert j["at_peak"] == {"parameters": 4 * M, "gradients": 4 * M, "optimizer_state": 0, "activations": M // 4,
+                        "temporaries": 0, "other": 0}, j
+assert j["device_total"] == j["peak_reserved"]["torch"] + j["cuda_context"] and j["fits"] is False, j
+assert "does NOT fit" in j["verdict"] and j["margin"] == 0.1, j' || fail "--trace json"
+"$GPUMEM" estimate --trace "$T/step.pickle.gz" --capacity 80GiB | grep -q "^capacity 80.00 GiB: fits" || fail "--trace text"
+expect2 "without --model" --trace "$T/step.pickle.gz" --model gpt2
+err=$("$GPUMEM" estimate --trace "$T/absent.pickle" 2>&1); rc=$?
+[ $rc -eq 1 ] && echo "$err" | grep -q "absent.pickle" || fail "--trace of a missing file: exit $rc ($err)"
+echo 'not a trace' >"$T/junk.pickle"
+err=$("$GPUMEM" estimate --trace "$T/junk.pickle" 2>&1); rc=$?
+[ $rc -eq 1 ] && [ -n "$err" ] || fail "--trace of junk: exit $rc ($err)"
 echo ok

@@ -4,7 +4,7 @@
 # of this checkout), then the `gpumem` command from PATH, from another
 # directory: --version, estimate, doctor, `gpumem run -- python3 -c ...` with
 # the child's exit status passed through, and `python3 -m gpumem` the same.
-# Without torch (this machine) the install must say +noshim and `gpumem run`
+# Without torch, or with a CPU-only one, the install must say +noshim and `gpumem run`
 # must still run the child, warning that the shim is missing. Where a python
 # with setuptools < 70.1 and no `wheel` is around, its pip install must stop
 # with the one line naming what is missing. Slow (a Release build of the
@@ -36,7 +36,12 @@ tar -C "$GPUMEM_SOURCE" --exclude='./build*' --exclude=./python/build --exclude=
 env -u PYTHONPATH -u GPUMEM_LIB "$V/bin/python" -m pip install --no-build-isolation --no-index "$T/src/python" \
     >"$T/pip.log" 2>&1 || { tail -30 "$T/pip.log"; fail "pip install"; }
 last=$(tail -1 "$T/pip.log")
-if "$V/bin/python" -c 'import torch' 2>/dev/null; then want="torch-gpumem-[0-9.]*$"; else want="torch-gpumem-[0-9.]*+noshim$"; fi
+# the shim is built against a torch with CUDA; without torch, or with a CPU-only one (Debian's python3-torch), +noshim
+if "$V/bin/python" -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null; then
+    want="torch-gpumem-[0-9.]*$"
+else
+    want="torch-gpumem-[0-9.]*+noshim$"
+fi
 echo "$last" | grep -q "^Successfully installed $want" || fail "pip's last line does not say what was installed ($want): $last"
 [ -x "$V/bin/gpumem" ] || fail "pip put no gpumem command in $V/bin"
 cd "$T" || exit 1
@@ -52,9 +57,9 @@ grep -q "ok   torch library   $V/lib/" "$T/doctor.txt" || fail "doctor does not 
 # gpumem run: the child's exit status passes through; the child sees the installed package
 gpumem run -- python3 -c 'import sys; sys.exit(7)' 2>"$T/run.err"; rc=$?
 [ $rc = 7 ] || fail "gpumem run -- python3 -c 'sys.exit(7)': exit $rc: $(cat "$T/run.err")"
-if ! "$V/bin/python" -c 'import torch' 2>/dev/null; then
-    grep -q "WARNING: the C++ shim gpumem._C is not installed" "$T/run.err" || fail "no shim warning: $(cat "$T/run.err")"
-fi
+case "$want" in *noshim*)
+    grep -q "WARNING: the C++ shim gpumem._C is not installed" "$T/run.err" || fail "no shim warning: $(cat "$T/run.err")" ;;
+esac
 out=$(gpumem run --label pipjob -- python3 -c 'import os, gpumem._lib as L; print(os.environ["GPUMEM_RUN"], os.environ["GPUMEM_PUBLISH_LABEL"], L.find_library())' 2>/dev/null) ||
     fail "gpumem run child could not import gpumem: $out"
 case "$out" in "gpumem pipjob $V/lib/"*/gpumem/libgpumem_torch.so) ;; *) fail "child environment: $out" ;; esac

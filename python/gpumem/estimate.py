@@ -1,0 +1,702 @@
+"""The GPU memory of one step of your own code, traced without a GPU.
+
+    import torch, gpumem.estimate as ge
+
+    def train(device):                            # your code, written against `device`
+        model = MyModel().to(device)
+        opt = torch.optim.AdamW(model.parameters())
+        def step():
+            x = torch.randn(8, 1024, device=device)
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    trace = ge.trace_step(train, steps=3)         # runs train(device) once, step() 3 times
+    trace.save("step.pickle.gz")                  # gpumem estimate --trace / replay / report read it
+    print(trace.estimate(capacity="80GiB")["verdict"])
+
+train(device) runs under a recorder (a TorchDispatchMode) on tensors that
+have no memory: meta tensors ("meta" mode, torch 1.13 and 2.x), or
+FakeTensorMode's tensors that say device "cuda" ("fake" mode, torch 2.x:
+torch.autocast("cuda") and the choice of attention kernel then behave as on
+the GPU). Every storage an operator creates is one allocation of its bytes
+(what torch's CUDA allocator is asked for), freed when the storage dies (a
+weakref finalizer on the storage on torch >= 2.1; on 1.13 on every tensor the
+recorder sees holding it, and on the tensors autograd saves for backward,
+through saved_tensors_hooks). The
+allocations and frees, in order, become a trace in torch's memory-snapshot
+format (the pickle torch.cuda.memory._dump_snapshot() writes), each with a
+category tag and its module scope, so `gpumem estimate --trace`, `replay`,
+`tune` and `report` replay it through the allocator models like a recorded
+run. docs/estimate.md ("Your own model: the tracer") says what is modelled
+and what is not.
+
+Categories: parameters (the model's nn.Parameter storages), gradients (their
+.grad, as optimizer.step sees them), optimizer state (optimizer.state after
+step), activations (saved for backward, or made by forward and alive when
+backward starts), temporaries (the rest); "other" for cuBLAS's workspaces and
+inputs made outside every step.
+"""
+import contextlib
+import functools
+import gzip
+import os
+import pickle
+import subprocess
+import weakref
+
+# gm_category names (GM_CATEGORY_LIST, include/gpumem/gpumem.h), as track.py spells them
+from .track import CATEGORIES, PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, UNTRACKED
+from .track import _tensors
+
+PARAMETERS, GRADIENTS, OPTIMIZER, ACTIVATIONS, TEMPORARIES, OTHER = CATEGORIES
+# the tag frames `gpumem report` reads (src/report/report.h, GM_TAG_*_FILE)
+TAG_CATEGORY_FILE = "<gpumem category>"
+TAG_SCOPE_FILE = "<gpumem scope>"
+PHASE_SETUP = "setup"
+# cuBLAS's workspace on Hopper under torch 2.x: one per (handle, stream), so
+# one for the forward's thread and one for autograd's; the block models'
+# CUBLAS_WORKSPACE (src/estimate/estimate_emit.h), seen in recorded snapshots.
+# 0 leaves it out.
+CUBLAS_WORKSPACE = 32 << 20
+# first fake address; every allocation gets a new one (the replay never sees one reused)
+_ADDR0 = 0x7F0000000000
+_FLASH_BACKWARD = ("_scaled_dot_product_flash_attention_backward",)
+_MATMULS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm", "_int_mm", "addmv", "mv")
+
+
+class TraceError(RuntimeError):
+    """The step could not be traced; the message says why and what to do."""
+
+
+class Trace:
+    """One traced run: allocation events in order, each with its category.
+
+    events: list of (action, addr, size, category, scope, phase), action
+    "alloc" or "free"; an allocation not freed lives past the trace."""
+
+    def __init__(self, mode, device, steps, torch_version):
+        self.events = []
+        self.mode, self.device, self.steps, self.torch_version = mode, device, steps, torch_version
+        self.notes = []          # what the tracer could not see, in words
+        self.unseen_inputs = 0   # tensors first met as an operator's input (made outside the trace)
+
+    # -- what the trace says by itself (no allocator): live requested bytes --
+    def live_peak(self):
+        """(peak live bytes as requested, {category: bytes at that peak})."""
+        live, size_of, by = 0, {}, dict.fromkeys(CATEGORIES, 0)
+        peak, at = 0, dict(by)
+        for action, addr, size, cat, _scope, _phase in self.events:
+            if action == "alloc":
+                size_of[addr] = (size, cat)
+                live += size
+                by[cat] += size
+                if live > peak:
+                    peak, at = live, dict(by)
+            else:
+                size, cat = size_of.pop(addr)
+                live -= size
+                by[cat] -= size
+        return peak, at
+
+    def to_snapshot(self):
+        """The trace as torch.cuda.memory._snapshot() would have it (device 0, stream 0)."""
+        frames_of = {}
+        out = []
+        for t, (action, addr, size, cat, scope, phase) in enumerate(self.events):
+            key = (cat, scope, phase)
+            fr = frames_of.get(key)
+            if fr is None:
+                fr = [{"name": cat, "filename": TAG_CATEGORY_FILE, "line": 0}]
+                if scope:
+                    fr.append({"name": scope, "filename": TAG_SCOPE_FILE, "line": 0})
+                if phase != PHASE_SETUP:
+                    fr.append({"name": phase, "filename": TAG_SCOPE_FILE, "line": 0})
+                frames_of[key] = fr
+            out.append({"action": "alloc" if action == "alloc" else "free_completed", "addr": addr,
+                        "size": size, "stream": 0, "time_us": t, "frames": fr})
+        return {"device_traces": [out], "segments": [],
+                "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""},
+                "gpumem_trace": {"tracer": "gpumem.estimate", "mode": self.mode, "device": self.device,
+                                 "steps": self.steps, "torch": self.torch_version, "notes": list(self.notes)}}
+
+    def save(self, path):
+        """Write the trace as a memory snapshot pickle (gzip'd when path ends in .gz)."""
+        path = os.fspath(path)
+        if path.endswith(".gmt"):
+            raise ValueError("gpumem: the tracer writes torch's snapshot format: save to a .pickle or .pickle.gz "
+                             "path, then 'gpumem convert %s -o %s' if you want a .gmt" % (path + ".pickle.gz", path))
+        with (gzip.open if path.endswith(".gz") else open)(path, "wb") as f:
+            pickle.dump(self.to_snapshot(), f, protocol=4)
+        return path
+
+    def estimate(self, capacity=None, executable=None, path=None):
+        """`gpumem estimate --trace` of this trace: a dict (its --json output).
+
+        Replays under PyTorch's default allocator, expandable_segments:True and
+        gpumem's policy; categories at the peak; with capacity ("80GiB" or
+        bytes) the verdict. path: where to keep the trace (a temporary file
+        otherwise)."""
+        import json  # noqa: PLC0415
+        import tempfile  # noqa: PLC0415
+        from . import _cli  # noqa: PLC0415
+        exe = executable or _cli.find_executable()
+        tmp = None
+        if path is None:
+            fd, tmp = tempfile.mkstemp(suffix=".pickle")
+            os.close(fd)
+            path = tmp
+        try:
+            self.save(path)
+            cmd = [exe, "estimate", "--trace", path, "--json"]
+            if capacity is not None:
+                cmd += ["--capacity", str(capacity)]
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+        finally:
+            if tmp:
+                os.unlink(tmp)
+        if p.returncode:
+            raise TraceError("gpumem estimate --trace failed (exit %d): %s" % (p.returncode, p.stderr.strip()))
+        return json.loads(p.stdout)
+
+
+class _Storage:
+    """One storage: one allocation. refs: tensors seen holding it still alive."""
+    __slots__ = ("addr", "size", "cat", "refs", "key", "phase", "step", "scope", "__weakref__")
+
+    def __init__(self, addr, size, key, phase, step, scope):
+        self.addr, self.size, self.key = addr, size, key
+        self.phase, self.step, self.scope = phase, step, scope
+        self.cat = None
+        self.refs = 0
+
+
+def _storage_of(t):
+    """(identity, bytes) of t's storage: the StorageImpl's address while it lives."""
+    try:
+        s = t.untyped_storage()          # torch 2.x
+    except (AttributeError, NotImplementedError):
+        s = t._storage()                 # torch 1.13
+    return s._cdata, s.nbytes()
+
+
+def _storages_preserved():
+    """True when t.untyped_storage() is one Python object for the storage's
+    life (torch >= 2.1), false on torch 1.13 (a new wrapper each call)."""
+    import torch  # noqa: PLC0415
+    t = torch.empty(1, device="meta")
+    try:
+        return t.untyped_storage() is t.untyped_storage()
+    except AttributeError:
+        return False
+
+
+class _Recorder:
+    """The state of one trace: live storages, the tensors that hold them,
+    the current phase / scope, and the events."""
+
+    def __init__(self, trace, device_type, workspace):
+        self.trace = trace
+        self.device_type = device_type
+        self.workspace = workspace
+        self.live = {}         # storage identity -> _Storage
+        self.dead = {}         # storage identity -> (_Storage, index of its free event), until reused
+        self.held = {}         # id(tensor) -> _Storage (one finalizer per tensor object)
+        # torch >= 2.1 keeps one Python object per storage for the storage's life, so a
+        # finalizer on it fires when the storage dies; before, every tensor holding it is
+        # watched instead (and torch.utils.swap_tensors, which .to() uses on FakeTensor
+        # parameters, refuses tensors with weakrefs: watching storages keeps it working)
+        self.storage_refs = _storages_preserved()
+        self.records = []      # every _Storage, in allocation order (categories decided at the end)
+        self.next_addr = _ADDR0
+        self.phase, self.step = PHASE_SETUP, 0
+        self.scopes = []       # module paths, innermost last
+        self.workspaces = set()  # phases that have their cuBLAS workspace
+        self.closed = False
+
+    # -- allocations ------------------------------------------------------
+    def _alloc(self, size, key):
+        rec = _Storage(self.next_addr, size, key, self.phase, self.step, self.scopes[-1] if self.scopes else "")
+        self.next_addr += (size + 511) // 512 * 512 + 512
+        self.records.append(rec)
+        self.trace.events.append(["alloc", rec.addr, size, rec, rec.scope, self.phase])
+        if key is not None:
+            self.live[key] = rec
+            self.dead.pop(key, None)
+        return rec
+
+    def _free(self, rec):
+        if self.live.get(rec.key) is rec:
+            del self.live[rec.key]
+        if not self.closed:
+            if rec.key is not None:
+                self.dead[rec.key] = (rec, len(self.trace.events))
+            self.trace.events.append(["free", rec.addr, rec.size, rec, rec.scope, self.phase])
+
+    def _revive(self, key):
+        """A storage met again after every tensor we saw holding it died: a
+        tensor made without an operator held it (nn.Parameter(t) wraps t's
+        storage in a new tensor in C++). Its free never happened: drop it."""
+        rec, i = self.dead.pop(key)
+        self.trace.events[i] = None
+        self.live[key] = rec
+        return rec
+
+    def _drop(self, oid):
+        rec = self.held.pop(oid, None)   # (a resize_ may have moved the tensor to a new _Storage)
+        if rec is None:
+            return
+        rec.refs -= 1
+        if rec.refs == 0:
+            self._free(rec)
+
+    def _hold(self, t, rec):
+        if self.storage_refs:
+            if not rec.refs:   # one finalizer on the storage itself, the first time it is seen
+                rec.refs = 1
+                weakref.finalize(t.untyped_storage(), self._storage_died, rec.key)
+            return
+        if id(t) in self.held:
+            return
+        self.held[id(t)] = rec
+        rec.refs += 1
+        weakref.finalize(t, self._drop, id(t))
+
+    def _storage_died(self, key):
+        rec = self.live.get(key)
+        if rec is not None:
+            rec.refs = 0
+            self._free(rec)
+
+    def on_device(self, t):
+        return t.device.type == self.device_type
+
+    def see(self, t, new):
+        """t came out of an operator (new=True) or went into one: the storage it
+        holds is allocated now unless already live. Returns its _Storage."""
+        if not self.on_device(t):
+            return None
+        key, nbytes = _storage_of(t)
+        rec = self.live.get(key)
+        if rec is not None and nbytes > rec.size:      # resize_: a new block, then the old one goes
+            old = rec
+            rec = self._alloc(nbytes, key)
+            rec.refs, old.refs = old.refs, 0     # (a storage's finalizer finds it by key)
+            for oid, r in list(self.held.items()):
+                if r is old:
+                    self.held[oid] = rec
+            self._free(old)
+        if rec is None and key in self.dead and not new:
+            rec = self._revive(key)
+        if rec is None:
+            if not nbytes:
+                return None
+            rec = self._alloc(nbytes, key)
+            if not new:
+                self.trace.unseen_inputs += 1
+                rec.cat = OTHER
+        self._hold(t, rec)
+        return rec
+
+    def matmul(self):
+        """cuBLAS allocates its workspace on a thread's first matmul."""
+        ph = PHASE_BACKWARD if self.phase == PHASE_BACKWARD else "forward-thread"
+        if self.workspace and ph not in self.workspaces:
+            self.workspaces.add(ph)
+            rec = self._alloc(self.workspace, None)
+            rec.cat = OTHER
+            rec.refs = 1          # torch keeps it for the process's life
+
+    def scratch(self, sizes):
+        """Allocations an operator's device code makes and frees before it returns."""
+        recs = [self._alloc(n, None) for n in sizes if n]
+        for r in recs:
+            r.cat = TEMPORARIES
+        for r in reversed(recs):
+            self._free(r)
+
+    def category(self, rec, cat, over=False):
+        if rec is not None and (rec.cat is None or over):
+            rec.cat = cat
+
+
+def _nonzero(rec, fraction, t):
+    """torch.nonzero has as many rows as t has nonzero elements, which tensors
+    without values do not know: the caller's assumption says how many."""
+    import torch  # noqa: PLC0415
+    if fraction is None:
+        raise TraceError("gpumem: the traced step calls a data-dependent operator (torch.nonzero, torch.where(cond), "
+                         "boolean indexing: MoE routing, masks) whose output size depends on values that meta and fake "
+                         "tensors do not have; pass trace_step(..., nonzero=FRACTION), the share of the elements that "
+                         "are nonzero (balanced top-k routing over E experts: 1/E)")
+    rows = int(round(t.numel() * float(fraction)))
+    out = torch.empty((rows, t.dim()), dtype=torch.long, device=t.device)
+    rec.see(out, True)
+    return out
+
+
+def _item(value, t):
+    """Tensor.item() / bool(t) reads a value the tracer does not have: the caller's."""
+    if value is None:
+        raise TraceError("gpumem: the traced step reads a tensor's value (.item(), bool(t), a Python if on a "
+                         "tensor: a loss printed, a stopping check) that meta and fake tensors do not have; pass "
+                         "trace_step(..., item=VALUE), the value every such read returns, or keep the read out of "
+                         "the traced step (model.generate() stops on values: trace a decoding loop of your own)")
+    import torch  # noqa: PLC0415
+    return bool(value) if t.dtype == torch.bool else float(value) if t.is_floating_point() else int(value)
+
+
+def _scalar_tensor(x):
+    import torch  # noqa: PLC0415
+    return torch.tensor(x, dtype=torch.float64 if isinstance(x, float) else torch.bool if isinstance(x, bool)
+                        else torch.int64)
+
+
+def _make_mode(rec, sdp_choice, nonzero, item):
+    from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415
+
+    class _Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = func.overloadpacket.__name__
+            if name == "_fused_sdp_choice" and sdp_choice is not None:
+                return sdp_choice(*args, **kwargs)
+            if name == "nonzero" and rec.on_device(args[0]):
+                return _nonzero(rec, nonzero, args[0])
+            if name == "_local_scalar_dense":
+                if rec.on_device(args[0]):
+                    return _item(item, args[0])
+                try:
+                    return func(*args, **kwargs)
+                except Exception:  # noqa: BLE001 -- a host tensor FakeTensorMode cannot read
+                    # (an optimizer's step count): 1, which no bias correction divides by zero
+                    return _item(1, args[0])
+            for t in _tensors(args, cuda_only=False):
+                rec.see(t, False)
+            if name in _MATMULS:
+                rec.matmul()
+            out = func(*args, **kwargs)
+            if name == "detach" and isinstance(out, (int, float, bool)):
+                # the detach of a Python number's wrapped tensor (x * 0.5 saves it for
+                # backward) comes back to a mode as the number; autograd wants a tensor
+                return _scalar_tensor(out)
+            for t in _tensors(out, cuda_only=False):
+                rec.see(t, True)
+            if name in _FLASH_BACKWARD and rec.on_device(args[1]):
+                rec.scratch(_flash_backward_scratch(*args[1:4]))
+            return out
+    return _Mode()
+
+
+def _flash_backward_scratch(q, k, v):
+    """What flash attention's backward allocates inside its CUDA code after
+    dq, dk, dv (FlashAttention-2's mha_bwd, vendored in torch): softmax_d
+    (b, h, s rounded to 128) and dq_accum (b, s rounded, h, head_dim rounded
+    to 32) in fp32, and with grouped-query attention dk, dv expanded to every
+    query head; q, k, v are (b, h, s, d) as sdpa passes them."""
+    b, h, s, d = q.shape
+    s_r, d_r = -(-s // 128) * 128, (-(-d // 32) * 32 if d <= 192 else 256)
+    out = [b * h * s_r * 4, b * s_r * h * d_r * 4]
+    if k.shape[1] != h:
+        out += [b * k.shape[2] * h * d * k.element_size(), b * v.shape[2] * h * v.shape[3] * v.element_size()]
+    return out
+
+
+def _sdp_choice_for(device):
+    """What torch's CUDA sdpa picks on an sm80+ GPU (flash for 16-bit inputs
+    without a mask and head_dim <= 256, memory-efficient otherwise), instead of
+    the math path the meta device would take; None if this torch has no sdpa."""
+    import torch  # noqa: PLC0415
+    try:
+        B = torch._C._SDPBackend
+        flash, eff, math = int(B.flash_attention), int(B.efficient_attention), int(B.math)
+    except AttributeError:
+        return None
+
+    def choice(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *a, **kw):
+        d = q.shape[-1]
+        if q.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and d <= 256 and d % 8 == 0 \
+                and k.shape[-1] == d and v.shape[-1] == d:
+            return flash
+        if d % 8 == 0 and v.shape[-1] % 8 == 0:
+            return eff
+        return math
+    return choice
+
+
+class _Hooks:
+    """Phases and module scopes: global module hooks, torch.autograd.backward,
+    and optimizer.step of every optimizer made while tracing."""
+
+    def __init__(self, rec):
+        import torch  # noqa: PLC0415
+        self.torch, self.rec = torch, rec
+        self.paths = {}          # module -> its path below the root it was first called from
+        self.modules = weakref.WeakSet()
+        self.optimizers = []
+        self.undo = []
+
+    def __enter__(self):
+        torch, rec = self.torch, self.rec
+        mm = torch.nn.modules.module
+        self.undo.append(mm.register_module_forward_pre_hook(self._pre).remove)
+        self.undo.append(mm.register_module_forward_hook(self._post).remove)
+        orig_backward = torch.autograd.backward
+
+        @functools.wraps(orig_backward)
+        def backward(*a, **k):
+            self.backward_starts()
+            prev, rec.phase = rec.phase, PHASE_BACKWARD
+            try:
+                return orig_backward(*a, **k)
+            finally:
+                rec.phase = prev
+        torch.autograd.backward = backward
+        self.undo.append(lambda: setattr(torch.autograd, "backward", orig_backward))
+        orig_init = torch.optim.Optimizer.__init__
+
+        @functools.wraps(orig_init)
+        def init(opt, *a, **k):
+            orig_init(opt, *a, **k)
+            self._wrap_optimizer(opt)
+        torch.optim.Optimizer.__init__ = init
+        self.undo.append(lambda: setattr(torch.optim.Optimizer, "__init__", orig_init))
+        return self
+
+    def __exit__(self, *exc):
+        while self.undo:
+            self.undo.pop()()
+
+    def as_on_cuda(self):
+        """Code paths torch picks by device, set to CUDA's: F.dropout fuses
+        into native_dropout (a 1-byte mask) only for CUDA tensors, and meta
+        tensors would get the unfused one (a mask of the input's dtype)."""
+        torch, rec = self.torch, self.rec
+        F = torch.nn.functional
+        dropout = F.dropout
+
+        @functools.wraps(dropout)
+        def fused(input, p=0.5, training=True, inplace=False):
+            if training and 0 < p < 1 and not inplace and rec.on_device(input):
+                return torch.native_dropout(input, p, True)[0]
+            return dropout(input, p, training, inplace)
+        F.dropout = fused
+        self.undo.append(lambda: setattr(F, "dropout", dropout))
+
+    def foreach_as_on_cuda(self):
+        """torch 2.x optimizers run their foreach kernels (one temporary per
+        step for every parameter at once) when every parameter is a plain CUDA
+        tensor: a meta tensor or a FakeTensor would get the per-parameter loop.
+        Every optimizer module's _default_to_fused_or_foreach answers as for
+        CUDA tensors while tracing."""
+        import sys  # noqa: PLC0415
+
+        def as_cuda(params, differentiable, use_fused=False):
+            return (use_fused and not differentiable, not use_fused and not differentiable)
+        for name, mod in list(sys.modules.items()):
+            orig = getattr(mod, "_default_to_fused_or_foreach", None) if name.startswith("torch.optim") else None
+            if orig is not None:
+                setattr(mod, "_default_to_fused_or_foreach", as_cuda)
+                self.undo.append(functools.partial(setattr, mod, "_default_to_fused_or_foreach", orig))
+
+    def keep_tied(self):
+        """Module._apply (.to(), .cuda()) keeps each Parameter object when the
+        device changes from one dense backend to another (param.data = the
+        copy), so a weight two modules share (GPT-2's tied head) stays one
+        tensor on the GPU. To "meta" it makes a new Parameter per module
+        instead, untying them and copying the weight twice; param.data = a
+        FakeTensor of another device would keep the old device's Python
+        attributes, so fake mode makes new Parameters too. Either way: one
+        copy per Parameter object, shared again after the call, as on CUDA."""
+        torch = self.torch
+        nn, apply = torch.nn, torch.nn.Module._apply
+        state = {"inside": False}
+        overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+        torch.__future__.set_overwrite_module_params_on_conversion(True)
+        self.undo.append(lambda: torch.__future__.set_overwrite_module_params_on_conversion(overwrite))
+
+        def _apply(module, fn, *a, **k):
+            if state["inside"]:
+                return apply(module, fn, *a, **k)
+            places = {}
+            for mod in module.modules():
+                for name, p in mod._parameters.items():
+                    if p is not None:
+                        places.setdefault(id(p), []).append((mod, name))
+            memo = {}
+
+            def once(t):
+                hit = memo.get(id(t))
+                if hit is None or hit[0] is not t:
+                    hit = memo[id(t)] = (t, fn(t))
+                return hit[1]
+            state["inside"] = True
+            try:
+                out = apply(module, once, *a, **k)
+            finally:
+                state["inside"] = False
+            for where in places.values():
+                first = where[0][0]._parameters[where[0][1]]
+                for mod, name in where[1:]:
+                    mod._parameters[name] = first
+            return out
+        nn.Module._apply = _apply
+        self.undo.append(lambda: setattr(nn.Module, "_apply", apply))
+
+    def _pre(self, module, args):
+        rec = self.rec
+        if module not in self.modules:
+            self.modules.add(module)
+            if not rec.scopes:   # a root: name every module below it
+                for name, m in module.named_modules():
+                    self.paths.setdefault(m, name)
+        path = self.paths.get(module, type(module).__name__)
+        rec.scopes.append(path)
+        if len(rec.scopes) == 1 and rec.phase == "step":
+            rec.phase = PHASE_FORWARD
+        for p in module.parameters(recurse=False):
+            rec.category(rec.see(p, False), PARAMETERS, over=True)
+
+    def _post(self, module, args, out):
+        rec = self.rec
+        if rec.scopes:
+            rec.scopes.pop()
+        if not rec.scopes and rec.phase == PHASE_FORWARD:
+            rec.phase = "step"
+
+    def gradients_after_step(self):
+        """The .grad a step leaves (no optimizer, or accumulation): gradients."""
+        rec = self.rec
+        for m in list(self.modules):
+            for p in m.parameters(recurse=False):
+                if p.grad is not None:
+                    rec.category(rec.see(p.grad, False), GRADIENTS, over=True)
+
+    def backward_starts(self):
+        """What forward made and is alive now is held for backward: activations."""
+        for r in self.rec.live.values():
+            if r.phase == PHASE_FORWARD and r.cat is None:
+                r.cat = ACTIVATIONS
+
+    def _wrap_optimizer(self, opt):
+        rec, step = self.rec, opt.step
+        self.optimizers.append(opt)
+
+        @functools.wraps(step)
+        def wrapped(*a, **k):
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    rec.category(rec.see(p, False), PARAMETERS, over=True)
+                    if p.grad is not None:
+                        rec.category(rec.see(p.grad, False), GRADIENTS, over=True)
+            prev, rec.phase = rec.phase, PHASE_OPTIMIZER
+            try:
+                return step(*a, **k)
+            finally:
+                rec.phase = prev
+                for t in _tensors(list(opt.state.values()), cuda_only=False):
+                    rec.category(rec.see(t, False), OPTIMIZER, over=True)
+        opt.step = wrapped
+
+
+def _torch_major():
+    import torch  # noqa: PLC0415
+    return int(torch.__version__.split(".")[0])
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size, rank=0):
+    """torch.distributed as rank `rank` of `world_size` through torch's fake
+    process group (torch 2.x: collectives return at once, nothing is sent), for
+    tracing a DDP / FSDP rank. torch 1.13 has no fake group: TraceError."""
+    import torch.distributed as dist  # noqa: PLC0415
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: PLC0415
+    except ImportError as e:
+        raise TraceError("gpumem: this torch (%s) has no fake process group "
+                         "(torch.testing._internal.distributed.fake_pg, torch 2.x): a data-parallel rank "
+                         "cannot be traced with it" % __import__("torch").__version__) from e
+    if dist.is_initialized():
+        raise TraceError("gpumem: torch.distributed is already initialized; trace the rank in a process "
+                         "that has not called init_process_group")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def trace_step(train, steps=3, mode="auto", device="cuda", workspace=CUBLAS_WORKSPACE, nonzero=None, item=None):
+    """Trace `train(device)` (setup: build the model, the optimizer; returns
+    step, a callable with no arguments) and `steps` calls of step(), without a
+    GPU. Returns a Trace.
+
+    mode: "meta" (tensors on the meta device; torch 1.13 and 2.x; train gets
+    device "meta"), "fake" (torch 2.x FakeTensorMode; train gets `device`, so
+    torch.autocast("cuda") and sdpa's kernel choice act as on the GPU), or
+    "auto" (fake where this torch has it, meta otherwise).
+    workspace: bytes of cuBLAS's workspace per thread (0: none).
+    nonzero: the share of a tensor's elements torch.nonzero / torch.where(cond)
+    / boolean indexing find (their output size depends on values the tracer
+    does not have): 1/E for an expert's mask under balanced top-k routing over
+    E experts. None: such an operator stops the trace with a TraceError.
+    item: what .item() / bool(tensor) of a device tensor returns; None: a
+    TraceError."""
+    import torch  # noqa: PLC0415
+    if not callable(train):
+        raise TypeError("gpumem.estimate.trace_step: train must be a function train(device) -> step, got %r"
+                        % type(train).__name__)
+    if int(steps) < 1:
+        raise ValueError("gpumem.estimate.trace_step: steps must be at least 1, got %r" % steps)
+    if mode == "auto":
+        mode = "fake" if _torch_major() >= 2 else "meta"
+    if mode not in ("meta", "fake"):
+        raise ValueError("gpumem.estimate.trace_step: mode must be 'meta', 'fake' or 'auto', got %r" % (mode,))
+    if mode == "fake" and _torch_major() < 2:
+        raise TraceError("gpumem: mode='fake' needs torch 2.x (FakeTensorMode with autograd); this is torch %s: "
+                         "use mode='meta'" % torch.__version__)
+    dev = torch.device("meta") if mode == "meta" else torch.device(device)
+    trace = Trace(mode, str(dev), int(steps), torch.__version__)
+    rec = _Recorder(trace, dev.type, workspace)
+    if mode == "meta":
+        trace.notes.append("meta tensors: torch.autocast does not act on them (use mode='fake' on torch 2.x)")
+    with contextlib.ExitStack() as stack:
+        if mode == "fake":
+            from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
+            stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        hooks = stack.enter_context(_Hooks(rec))
+        hooks.keep_tied()
+        if mode == "meta":
+            hooks.as_on_cuda()
+        hooks.foreach_as_on_cuda()
+        stack.enter_context(_make_mode(rec, _sdp_choice_for(dev), nonzero, item))
+
+        def pack(t):
+            rec.category(rec.see(t, False), ACTIVATIONS)
+            return t
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
+        step = train(dev)
+        if not callable(step):
+            raise TypeError("gpumem.estimate.trace_step: train(device) must return the step function, got %r"
+                            % type(step).__name__)
+        for i in range(int(steps)):
+            rec.phase, rec.step = "step", i + 1
+            step()
+            hooks.gradients_after_step()
+        rec.closed = True       # what is alive now outlives the trace
+        del step
+    for r in rec.records:      # undecided: temporaries
+        if r.cat is None:
+            r.cat = TEMPORARIES
+    for e in trace.events:
+        if e is None:
+            continue
+        e[3] = e[3].cat
+        if e[5] == "step":     # outside every module and phase: the loop's own work
+            e[5] = UNTRACKED
+    trace.events = [tuple(e) for e in trace.events if e is not None]
+    if trace.unseen_inputs:
+        trace.notes.append("%d tensors were first met as an operator's input (made outside train(device)); "
+                           "counted from then on, as 'other'" % trace.unseen_inputs)
+    return trace

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call for the tracer's check (issue 44): install the package as a user
+# does (pip, offline), then tests/gpu/estimate_tracer.py: each model traced on
+# fake tensors and estimated, then run on the GPU under PyTorch's default
+# allocator and expandable_segments; a table of estimated vs measured peak
+# reserved. $OUT gets estimate_tracer.txt and estimate_tracer.json.
+#   tests/gpu/estimate_tracer.sh [estimate_tracer.py args...]
+set -u
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-/tmp/gpumem-out}
+mkdir -p "$OUT"
+export OUT PYTHONUNBUFFERED=1 GPUMEM_BUILD_JOBS=$(nproc) TOKENIZERS_PARALLELISM=false
+START=$(date +%s)
+exec > >(tee "$OUT/estimate_tracer.txt") 2>&1
+git -C "$SRC" log --oneline -1 2>/dev/null
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+. "$SRC/tests/gpu/pip_install.sh" # an install that imports already is kept
+GPUMEM_PIP_REUSE=1 gpumem_pip_install "$SRC" /tmp/pip.log "$START" || exit 1
+cd /tmp
+python3 "$SRC/tests/gpu/estimate_tracer.py" "$@"
+rc=$?
+echo "total $(( $(date +%s) - START )) s"
+exit $rc
