@@ -475,18 +475,22 @@ const char *gm__oom_verdict_name(int verdict);
 /* The text report; `who` holds pid, comm and the identity fields. */
 void gm__oom_report_text(const gm__oom_facts *f, const gm__shm_header *who, const char *detail, const char *snapshot,
                          gm__sbuf *b);
-/* Writes the snapshot of the allocation history (gm_history_dump, from the
- * report layer: the caller above both lends it, so monitor needs no report). */
-typedef int (*gm__snapshot_fn)(const char *path, int format);
-/* Write <dir>/gpumem-oom-<pid>-<n>.txt (+ .pickle when history is on and
- * snapshot is given); path gets the report's path ("" once
- * GM_OOM_REPORTS_MAX were written). */
+/* The allocation history as torch memory snapshot bytes, malloc'd
+ * (gm__history_snapshot_bytes, from the report layer: the caller above both
+ * lends it, so monitor needs no report). */
+typedef int (*gm__snapshot_fn)(uint8_t **out, size_t *len);
+/* Write <dir>/gpumem-oom-<pid>-<n>-<random>.txt (+ .pickle when history is
+ * on and snapshot is given), as new files only (oom_report.c: files); path
+ * gets the report's path ("" once GM_OOM_REPORTS_MAX were written or when
+ * it could not be written: GM_EIO, the detail says why), snap_note why the
+ * snapshot was not written ("" when it was, or none was asked for). */
 int gm__oom_report_write(gm_allocator *a, int device, uint64_t size, const char *dir, const char *detail,
-                         gm__snapshot_fn snapshot, char *path, size_t len);
+                         gm__snapshot_fn snapshot, char *path, size_t len, char *snap_note, size_t note_len);
 /* With GPUMEM_OOM_REPORT=DIR: make DIR and record allocation history (for
  * the snapshot). Call once when the allocator is made. */
 int gm__oom_report_setup(void);
-/* With GPUMEM_OOM_REPORT=DIR: the report of this OOM, its path on stderr. */
+/* With GPUMEM_OOM_REPORT=DIR: the report of this OOM, its path on stderr,
+ * or one line there saying what was not written and why. */
 void gm__oom_report_from_env(gm_allocator *a, int device, uint64_t size, const char *detail,
                              gm__snapshot_fn snapshot);
 
