@@ -37,6 +37,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define GM__SHM_DIR "/dev/shm"
 #define GM__SHM_MAGIC 0x314d48534d454d47ULL /* "GMEMSHM1" */
@@ -186,6 +187,11 @@ void gm__shm_prefix(char *buf, size_t len);
 const char *gm__proc_root(void);
 /* <root>/<pid>/<what>, or <root>/self/<what> for pid 0. */
 void gm__proc_path(char *buf, size_t len, int pid, const char *what);
+/* Open a /proc file to read (identity.c): only a regular file, and never a
+ * wait for one (O_NONBLOCK, then fstat): a FIFO planted under
+ * GPUMEM_PROC_ROOT used to hang smi and the exporter's sampler (issue 43,
+ * item 9). NULL (errno set) for anything else. */
+FILE *gm__proc_fopen(const char *path);
 /* Start time of pid (field 22 of /proc/<pid>/stat; pid 0: this process).
  * GM_EIO if the process is gone or a zombie. */
 int gm__proc_start_time(int pid, uint64_t *out);
@@ -433,6 +439,9 @@ void gm__sbuf_free(gm__sbuf *b);
 void gm__format_json(const gm__mon_sample *s, gm__sbuf *b, bool one_line);
 void gm__format_csv_header(gm__sbuf *b);
 void gm__format_csv(const gm__mon_sample *s, gm__sbuf *b);
+/* A label for a table cell (smi, top): valid UTF-8 cut on a character
+ * boundary to fit len, controls as '?' so the row stays one line. */
+void gm__format_printable(char *dst, const char *src, size_t len);
 void gm__format_table(const gm__mon_sample *s, gm__sbuf *b);
 void gm__format_prometheus(const gm__mon_sample *s, gm__sbuf *b);
 /* A row's PID cell: the pid, "?" after it when joined to NVML by inference,

@@ -40,7 +40,7 @@ void gm__shm_prefix(char *buf, size_t len) {
 int gm__proc_start_time(int pid, uint64_t *out) {
     char path[PATH_MAX], buf[1024];
     gm__proc_path(path, sizeof path, pid, "stat");
-    FILE *f = fopen(path, "re");
+    FILE *f = gm__proc_fopen(path);
     if (!f) return GM_EIO;
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
@@ -64,9 +64,13 @@ void gm__proc_comm(int pid, char *buf, size_t len) {
     char path[PATH_MAX];
     gm__proc_path(path, sizeof path, pid, "comm");
     buf[0] = '\0';
-    FILE *f = fopen(path, "re");
+    FILE *f = gm__proc_fopen(path);
     if (!f) return;
-    if (fgets(buf, (int)len, f)) buf[strcspn(buf, "\n")] = '\0';
+    char raw[64]; /* the kernel cuts a name at 15 bytes, in the middle of a character if it falls there */
+    if (fgets(raw, sizeof raw, f)) {
+        raw[strcspn(raw, "\n")] = '\0';
+        gm__utf8_copy(buf, len, raw);
+    }
     fclose(f);
 }
 
@@ -212,7 +216,7 @@ static void fill_header(gm__publisher *p, const char *label, uint32_t source) {
     h->pidns_ino = gm__proc_pidns(0);
     h->host_pid = gm__host_pid_self(); /* 0 inside a container: readers outside map it, inside infer it */
     gm__proc_comm(0, h->comm, sizeof h->comm);
-    snprintf(h->label, sizeof h->label, "%s", label && *label ? label : h->comm);
+    gm__utf8_copy(h->label, sizeof h->label, label && *label ? label : h->comm);
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     snprintf(h->visible, sizeof h->visible, "%s", vis ? vis : "");
     gm__identity_fill(h);
