@@ -24,8 +24,14 @@
 
 /* Seqlock attempts on a mapped record: each is a copy of 120 bytes (tens of
  * ns), so a record updated millions of times a second settles within a few;
- * a writer stopped inside an update (killed) costs ~1 ms. */
+ * a writer stopped inside an update (killed) costs ~1 ms. A reader's first
+ * read of a record, which has no earlier copy to hold, then sleeps and
+ * retries for up to FIRST_READ_WAIT_MS: the tries pass in well under a
+ * millisecond, less than a writer preempted inside its update stays off
+ * the CPU, and that made the first sample of a busy writer blank (issue
+ * 43, item 10). Once per record: a stopped writer costs it once. */
 #define READ_TRIES 100000
+#define FIRST_READ_WAIT_MS 200
 
 /* Beacon names: <prefix> and 16 hex digits. */
 static bool our_name(const char *name, const char *prefix) {
@@ -48,6 +54,7 @@ typedef struct segment {
     const char *data;
     bool seen;
     bool good[GM__SHM_DEVICES];
+    bool waited[GM__SHM_DEVICES]; /* a first read waited for the writer (once: a stopped one never finishes) */
     gm__shm_values last[GM__SHM_DEVICES];
 } segment;
 
@@ -151,7 +158,11 @@ static void report(segment *s, gm__mon_proc *p) {
     for (uint32_t i = 0; i < p->ndevices; i++) {
         if (!__atomic_load_n(&rec[i].used, __ATOMIC_RELAXED)) continue;
         p->used[i] = true;
-        if (gm__shm_read_record(&rec[i], &p->v[i], READ_TRIES) == GM_OK) {
+        /* no good copy yet (a first sample): wait for a writer stopped inside
+         * its update, once per record, rather than report it blank */
+        int wait_ms = s->good[i] || s->waited[i] ? 0 : FIRST_READ_WAIT_MS;
+        s->waited[i] = s->waited[i] || wait_ms;
+        if (gm__shm_read_record_wait(&rec[i], &p->v[i], READ_TRIES, wait_ms) == GM_OK) {
             s->last[i] = p->v[i];
             s->good[i] = true;
         } else if (s->good[i]) {

@@ -241,6 +241,13 @@ gm__shm_header *gm__publisher_header(gm__publisher *p);
 /* Copy a record under its seqlock: GM_OK, or GM_ESTATE if still torn after
  * `max_tries` attempts (a writer stopped or killed inside its update). */
 int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tries);
+/* The same, then, while still torn, up to wait_ms more in 0.1 ms sleeps
+ * (each counted in gm__shm_read_waits), each followed by a few tries: a
+ * reader's first copy of a record has no earlier one to fall back on, and a
+ * writer preempted inside its update made that first sample blank (issue
+ * 43, item 10). */
+int gm__shm_read_record_wait(const gm__shm_record *r, gm__shm_values *out, int max_tries, int wait_ms);
+extern unsigned long gm__shm_read_waits;
 
 /* ---- discovery (discover.c) -------------------------------------------- */
 

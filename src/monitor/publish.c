@@ -475,3 +475,17 @@ int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tr
     }
     return GM_ESTATE;
 }
+
+unsigned long gm__shm_read_waits;
+
+int gm__shm_read_record_wait(const gm__shm_record *r, gm__shm_values *out, int max_tries, int wait_ms) {
+    int rc = gm__shm_read_record(r, out, max_tries);
+    /* the writer was descheduled inside its update (a 28-instruction window,
+     * but a loaded host preempts it there now and then): let it run */
+    for (long k = 0; rc != GM_OK && k < 10L * wait_ms; k++) {
+        __atomic_fetch_add(&gm__shm_read_waits, 1, __ATOMIC_RELAXED);
+        nanosleep(&(struct timespec){0, 100000}, NULL);
+        rc = gm__shm_read_record(r, out, 1000);
+    }
+    return rc;
+}
