@@ -267,30 +267,30 @@ static int check_and_clean(const char *dir, int kind) {
     return reports;
 }
 
+/* Plant kind at every old name, run an OOM into the directory: the report
+ * goes to a new name, the planted entries are left as they were. */
+static void planted(int kind) {
+    char dir[] = "/tmp/gm-oom-XXXXXX", err[4096];
+    assert_non_null(mkdtemp(dir));
+    plant_old_names(dir, kind);
+    oom_into(dir, err, sizeof err);
+    assert_non_null(strstr(err, "out-of-memory report written to"));
+    assert_int_equal(check_and_clean(dir, kind), 1);
+    rmdir(dir);
+}
+
 /* A FIFO at the old predictable names: the OOM used to block in open()
  * (killed after 20 s); now the report goes to a name nobody can plant. */
 static void planted_fifo(void **state) {
     (void)state;
-    char dir[] = "/tmp/gm-oom-XXXXXX", err[4096];
-    assert_non_null(mkdtemp(dir));
-    plant_old_names(dir, S_IFIFO);
-    oom_into(dir, err, sizeof err);
-    assert_non_null(strstr(err, "out-of-memory report written to"));
-    assert_int_equal(check_and_clean(dir, S_IFIFO), 1);
-    rmdir(dir);
+    planted(S_IFIFO);
 }
 
 /* A regular file at the old names (another container's report, pid 1 too)
  * is never replaced. */
 static void existing_files_kept(void **state) {
     (void)state;
-    char dir[] = "/tmp/gm-oom-XXXXXX", err[4096];
-    assert_non_null(mkdtemp(dir));
-    plant_old_names(dir, S_IFREG);
-    oom_into(dir, err, sizeof err);
-    assert_non_null(strstr(err, "out-of-memory report written to"));
-    assert_int_equal(check_and_clean(dir, S_IFREG), 1);
-    rmdir(dir);
+    planted(S_IFREG);
 }
 
 /* A DIR that cannot take the report (gone, a 4k path): one line on stderr

@@ -206,14 +206,19 @@ static void *writer(void *arg) {
 
 /* A writer stopped inside its update leaves an odd sequence: the reader
  * gives up after its retries and reports the record torn, not numbers. */
-static void torn_record_is_reported(void **state) {
-    gm_allocator *a = gm_test_shm_allocator(2);
+/* Publish a's stats (allocated 10, reserved 20 on device 0); its record. */
+static gm__shm_record *published_record(gm_allocator *a) {
     assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
     gm_stats s;
     stats_with(&s, 10, 20);
     gm__publisher_update(gm__allocator_publisher(a), 0, &s);
     gm__shm_header *h = gm__publisher_header(gm__allocator_publisher(a));
-    gm__shm_record *rec = (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
+    return (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
+}
+
+static void torn_record_is_reported(void **state) {
+    gm_allocator *a = gm_test_shm_allocator(2);
+    gm__shm_record *rec = published_record(a);
     gm__shm_values v;
     assert_int_equal(gm__shm_read_record(rec, &v, 3), GM_OK);
     assert_int_equal(v.reserved, 20);
@@ -486,12 +491,7 @@ static void *finish_update(void *arg) {
 static void first_sample_waits_for_writer(void **state) {
     (void)state;
     gm_allocator *a = gm_test_shm_allocator(1);
-    assert_int_equal(gm_allocator_publish(a, NULL), GM_OK);
-    gm_stats s;
-    stats_with(&s, 10, 20);
-    gm__publisher_update(gm__allocator_publisher(a), 0, &s);
-    gm__shm_header *h = gm__publisher_header(gm__allocator_publisher(a));
-    gm__shm_record *rec = (gm__shm_record *)((char *)h + GM__SHM_HEADER_SIZE);
+    gm__shm_record *rec = published_record(a);
     __atomic_store_n(&rec->seq, rec->seq + 1, __ATOMIC_RELAXED); /* the writer, preempted inside */
     struct late_writer w = {.rec = rec, .waits0 = __atomic_load_n(&gm__shm_read_waits, __ATOMIC_RELAXED)};
     pthread_t t;

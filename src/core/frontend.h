@@ -165,7 +165,8 @@ struct gm__mempools {
     uint32_t n;         /* slots in use or freed (high-water mark) */
     uint32_t cap;
     /* Lookups and creation do not walk the pools (issue 43: 65,535 pools
-     * took 16-18 s to create, a malloc in the last 100x one in the first):
+     * took 16-18 s to create, a malloc in the last 100x one in the first;
+     * after: bench/RESULTS.md, 2026-12-07):
      * byid maps a keyed hash of the pool id to its slot index (ids compared
      * on a match), vacant is a min-heap of freed slot indices (the lowest is
      * reused first, as the walk did). */

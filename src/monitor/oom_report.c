@@ -300,8 +300,7 @@ static bool write_snapshot(int fd, const char *path, gm__snapshot_fn snapshot, c
     size_t n = 0;
     int rc = snapshot(&buf, &n), e = rc ? 0 : write_all(fd, buf, n);
     free(buf);
-    if (!rc && !e && close(fd) != 0) e = errno;
-    else if (rc || e) close(fd);
+    if (close(fd) != 0 && !rc && !e) e = errno;
     if (!rc && !e) return true;
     snprintf(note, len, "%s: %s", path, rc ? gm_last_error_detail() : strerror(e));
     unlink(path);
@@ -340,9 +339,8 @@ int gm__oom_report_write(gm_allocator *a, int device, uint64_t size, const char 
     gm__sbuf_free(&b);
     if (close(fd) != 0 && !e) e = errno;
     if (!e) return GM_OK;
-    unlink(path);
-    rc = gm__set_error(GM_EIO, "%s: %s", path, strerror(e));
-    return rc;
+    unlink(path); /* ours, and not whole */
+    return gm__set_error(GM_EIO, "%s: %s", path, strerror(e));
 }
 
 int gm__oom_report_setup(void) {
