@@ -226,6 +226,8 @@ static void plant_old_names(const char *dir, int kind) {
             snprintf(path, sizeof path, "%s/gpumem-oom-%d-%d.%s", dir, (int)getpid(), n, ext ? "pickle" : "txt");
             if (kind == S_IFIFO) {
                 assert_int_equal(mkfifo(path, 0666), 0);
+            } else if (kind == S_IFLNK) { /* to where the report must not go */
+                assert_int_equal(symlink("/tmp/gm-oom-link-target-never-written", path), 0);
             } else {
                 FILE *f = fopen(path, "w");
                 assert_non_null(f);
@@ -293,6 +295,13 @@ static void existing_files_kept(void **state) {
     planted(S_IFREG);
 }
 
+/* A symbolic link at the old names is neither followed nor replaced. */
+static void planted_links(void **state) {
+    (void)state;
+    planted(S_IFLNK);
+    assert_int_equal(access("/tmp/gm-oom-link-target-never-written", F_OK), -1);
+}
+
 /* A DIR that cannot take the report (gone, a 4k path): one line on stderr
  * says what was not written and why; the OOM still came back (oom_into). */
 static void unwritable_dir(void **state) {
@@ -330,6 +339,7 @@ int main(void) {
         cmocka_unit_test(capacity),      cmocka_unit_test(fragmentation), cmocka_unit_test(outside),
         cmocka_unit_test(verdict_edges), cmocka_unit_test(report_files),  cmocka_unit_test(bad_dir),
         cmocka_unit_test(planted_fifo),  cmocka_unit_test(existing_files_kept), cmocka_unit_test(unwritable_dir),
+        cmocka_unit_test(planted_links),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
