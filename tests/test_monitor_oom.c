@@ -68,6 +68,15 @@ static void fragment(gm_allocator *a, gm_devptr *y, gm_devptr *z) {
     gm_free(a, x);
 }
 
+/* fragment() on a new 1 GiB device (torch policy), then a 300 MiB request
+ * that runs out of memory. */
+static void fragmented_oom(gm_backend **b, gm_allocator **a, gm_devptr *y, gm_devptr *z) {
+    assert_int_equal(gm_test_make(GM_POLICY_TORCH, NULL, 1 * GIB, false, b, a), GM_OK);
+    fragment(*a, y, z);
+    gm_devptr p;
+    assert_int_equal(gm_malloc(*a, 0, 300 * MIB, 0, &p), GM_ENOMEM);
+}
+
 static void fragmentation(void **state) {
     (void)state;
     gm_backend *b;
@@ -142,10 +151,8 @@ static void report_files(void **state) {
     assert_true(gm_history_enabled());
     gm_backend *b;
     gm_allocator *a;
-    assert_int_equal(gm_test_make(GM_POLICY_TORCH, NULL, 1 * GIB, false, &b, &a), GM_OK);
-    gm_devptr y, z, p;
-    fragment(a, &y, &z);
-    assert_int_equal(gm_malloc(a, 0, 300 * MIB, 0, &p), GM_ENOMEM);
+    gm_devptr y, z;
+    fragmented_oom(&b, &a, &y, &z);
     char detail[1024];
     snprintf(detail, sizeof detail, "%s", gm_last_error_detail());
     char path[512], note[512];
@@ -191,10 +198,8 @@ static void oom_into(const char *dir, char *err, size_t len) {
     gm_history_enable(4096);
     gm_backend *b;
     gm_allocator *a;
-    assert_int_equal(gm_test_make(GM_POLICY_TORCH, NULL, 1 * GIB, false, &b, &a), GM_OK);
-    gm_devptr y, z, p;
-    fragment(a, &y, &z);
-    assert_int_equal(gm_malloc(a, 0, 300 * MIB, 0, &p), GM_ENOMEM);
+    gm_devptr y, z;
+    fragmented_oom(&b, &a, &y, &z);
     char tmpl[] = "/tmp/gm-oom-err-XXXXXX";
     int fd = mkstemp(tmpl), saved = dup(2);
     assert_true(fd >= 0 && saved >= 0);
