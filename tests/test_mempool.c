@@ -8,6 +8,7 @@
  * refused with a clear error and changes nothing; traces keep pool ids.
  * What a capture may not do: test_mempool_capture.c. */
 #include "mempool_test.h"
+#include "util/idmap.h" /* gm__work_steps */
 
 /* ---- segments by pool -------------------------------------------------- */
 
@@ -370,6 +371,97 @@ static void test_checkpoint_restore(void **state) {
     gm_test_destroy(b, a);
 }
 
+/* Issue 43, item 7: a checkpoint that outlives its pool is stale once a new
+ * pool takes the id: restoring it is refused and changes nothing (it used to
+ * free the new pool's live blocks), freeing it leaves the new pool's pins
+ * alone (the new pool's own checkpoint then failed with GM_ESTATE). */
+static void test_stale_checkpoint(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, false, &b, &a);
+    gm_pool_checkpoint *old = NULL, *now = NULL;
+    OK(gm_pool_retain(a, 0, 4, 2));
+    OK(gm_pool_checkpoint_take(a, 0, 4, 2, &old)); /* of the empty pool */
+    OK(gm_pool_release(a, 0, 4, 2));               /* the pool goes; old outlives it */
+    assert_int_equal(gm_pool_use_count(a, 0, 4, 2, &(int){0}), GM_EINVAL);
+    OK(gm_pool_retain(a, 0, 4, 2)); /* a new pool under the same id */
+    gm_devptr p[3];
+    for (int i = 0; i < 3; i++) OK(gm_malloc_pool(a, 0, 1 * MIB, 0, 4, 2, &p[i]));
+    OK(gm_pool_checkpoint_take(a, 0, 4, 2, &now));
+    restored r = {0};
+    assert_int_equal(gm_pool_checkpoint_restore(a, old, restore_cb, &r), GM_ESTATE);
+    assert_non_null(strstr(gm_last_error_detail(), "taken of an earlier private pool (4, 2)"));
+    assert_int_equal(r.nfreed + r.nallocd, 0);
+    gm_stats s = gm_test_stats(a);
+    assert_int_equal(s.allocation[GM_POOL_ALL].current, 3);
+    gm_pool_checkpoint_free(a, old); /* must not unpin the new pool's blocks */
+    OK(gm_free(a, p[1]));            /* pinned by now: held */
+    gm_test_check(a);
+    memset(&r, 0, sizeof r);
+    OK(gm_pool_checkpoint_restore(a, now, restore_cb, &r));
+    assert_true(has(r.allocd, r.nallocd, p[1]));
+    gm_block_info bi = {.size_of = sizeof bi};
+    OK(gm_block_lookup(a, p[1], NULL, &bi));
+    assert_true(bi.live);
+    gm_test_check(a);
+    for (int i = 0; i < 3; i++) OK(gm_free(a, p[i]));
+    gm_pool_checkpoint_free(a, now);
+    OK(gm_pool_release(a, 0, 4, 2));
+    gm_test_check(a);
+    gm_test_destroy(b, a);
+}
+
+/* Issue 43, item 4: finding a pool does not walk the pools. 65535 pools (the
+ * most a device keeps) used to take 16-18 s to create and a malloc + free
+ * in the last cost 100x one in the first; now each costs a few probes of the
+ * pool index (gm__work_steps counts them: work measured, not timed). Freed
+ * slots are reused lowest first, and the next pool past the most is
+ * refused. */
+static void test_many_pools(void **state) {
+    gm_backend *b;
+    gm_allocator *a;
+    make(state, false, &b, &a);
+    enum { N = 65535 };
+    uint64_t before = gm__work_steps;
+    for (uint64_t i = 1; i <= N; i++) OK(gm_pool_retain(a, 0, i, 7));
+    uint64_t create_steps = gm__work_steps - before;
+    if (create_steps < N || create_steps > 8ull * N) fail_msg("%d pools took %llu steps to create", N,
+                                                              (unsigned long long)create_steps);
+    assert_int_equal(gm_pool_retain(a, 0, N + 1, 7), GM_ENOSPACE);
+    uint64_t cost[2];
+    for (int k = 0; k < 2; k++) {
+        uint64_t id = k ? N : 1;
+        gm_devptr p;
+        before = gm__work_steps;
+        OK(gm_malloc_pool(a, 0, 1 * MIB, 0, id, 7, &p));
+        OK(gm_free(a, p));
+        cost[k] = gm__work_steps - before;
+        if (cost[k] < 1 || cost[k] > 16) fail_msg("a malloc + free in pool %llu took %llu steps",
+                                                   (unsigned long long)id, (unsigned long long)cost[k]);
+        gm_block_info bi = {.size_of = sizeof bi};
+        assert_int_equal(gm_block_lookup(a, p, NULL, &bi), GM_EFOREIGN);
+    }
+    /* release three, make three: they take the freed slots, lowest first,
+     * and each id still names its own pool */
+    uint64_t gone[] = {30000, 5, 60000};
+    for (int i = 0; i < 3; i++) OK(gm_pool_release(a, 0, gone[i], 7));
+    for (int i = 0; i < 3; i++) OK(gm_pool_retain(a, 0, N + 1 + (uint64_t)i, 8));
+    for (uint64_t id = N + 1; id <= N + 3; id++) {
+        gm_devptr p;
+        OK(gm_malloc_pool(a, 0, 1 * MIB, 0, id, 8, &p));
+        gm_block_info bi = {.size_of = sizeof bi};
+        OK(gm_block_lookup(a, p, NULL, &bi));
+        assert_true(bi.pool_id[0] == id && bi.pool_id[1] == 8);
+        OK(gm_free(a, p));
+    }
+    for (int i = 0; i < 3; i++) assert_int_equal(gm_pool_use_count(a, 0, gone[i], 7, &(int){0}), GM_EINVAL);
+    int uses = 0;
+    OK(gm_pool_use_count(a, 0, 29999, 7, &uses));
+    assert_int_equal(uses, 1);
+    gm_test_check(a);
+    gm_test_destroy(b, a);
+}
+
 static void test_bad_input(void **state) {
     gm_backend *b;
     gm_allocator *a;
@@ -546,6 +638,7 @@ static void test_replay_pools(void **state) {
         cmocka_unit_test_prestate(test_destroy_with_pools, &k), cmocka_unit_test_prestate(test_replay_pools, &k), \
         cmocka_unit_test_prestate(test_release_waits, &k), \
         cmocka_unit_test_prestate(test_checkpoint_restore, &k), \
+        cmocka_unit_test_prestate(test_stale_checkpoint, &k), cmocka_unit_test_prestate(test_many_pools, &k), \
     }
 
 /* GM_TEST_POLICY=torch or gpumem runs one policy only */

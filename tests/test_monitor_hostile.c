@@ -203,12 +203,80 @@ static void copies_refused(void **state) {
     gm_test_shm_allocator_free(a);
 }
 
+/* ---- issue 43, item 5: label values that are not UTF-8 -------------------- */
+
+static bool valid_utf8(const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int n = gm__utf8_len(p);
+        if (!n) return false;
+        p += n;
+    }
+    return true;
+}
+
+/* Run cmd with text on its stdin; its exit status (-1 when it cannot run). */
+static int pipe_to(const char *cmd, const char *text) {
+    FILE *f = popen(cmd, "w");
+    if (!f) return -1;
+    fputs(text, f);
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A run id of 100 'é' is cut on a character boundary when published (63
+ * of them, 126 bytes, not 63 and a half); a label, command name and run id
+ * holding invalid bytes (an older or foreign publisher's header) come out
+ * of every format as valid UTF-8, U+FFFD in their place: promtool accepts
+ * the scrape, python's json the smi/log JSON. */
+static void labels_not_utf8(void **state) {
+    (void)state;
+    char run[201] = "";
+    for (int i = 0; i < 100; i++) strcat(run, "\xc3\xa9");
+    setenv("GPUMEM_RUN_ID", run, 1);
+    gm__shm_header h;
+    memset(&h, 0, sizeof h);
+    gm__identity_fill(&h);
+    unsetenv("GPUMEM_RUN_ID");
+    assert_int_equal(strlen(h.run_id), 126);
+    assert_true(valid_utf8(h.run_id));
+    assert_int_equal(memcmp(h.run_id, run, 126), 0);
+
+    gm__mon_dev dev = {.index = 0, .have_mem = true, .total = 1 << 30, .uuid = "GPU-\xff-uuid"};
+    gm__mon_row row = {.pid = 42, .device = 0, .have_alloc = true, .source = GM__SRC_GPUMEM};
+    gm__ident_unknown(&row.id);
+    memset(row.id.run_id, 'r', sizeof row.id.run_id - 2);
+    row.id.run_id[sizeof row.id.run_id - 2] = '\xc3'; /* cut in the middle of an 'é' */
+    snprintf(row.id.hostname, sizeof row.id.hostname, "host\xed\xa0\x80"); /* a surrogate */
+    snprintf(row.comm, sizeof row.comm, "py\xe2\x82");                    /* cut '€' */
+    snprintf(row.label, sizeof row.label, "job \"q\"\\\n\x01\xff\xfe end");
+    gm__mon_sample smp = {.time_ns = 1, .ndevices = 1, .devs = &dev, .nrows = 1, .rows = &row};
+    gm__sbuf out[4] = {{0}};
+    gm__format_prometheus(&smp, &out[0]);
+    gm__format_json(&smp, &out[1], true);
+    gm__format_csv(&smp, &out[2]);
+    gm__format_table(&smp, &out[3]);
+    for (int i = 0; i < 4; i++) {
+        assert_false(out[i].oom);
+        if (!valid_utf8(out[i].p)) fail_msg("format %d is not UTF-8:\n%s", i, out[i].p);
+    }
+    assert_non_null(strstr(out[0].p, "label=\"job \\\"q\\\"\\\\\\n\x01\xef\xbf\xbd\xef\xbf\xbd end\""));
+    assert_non_null(strstr(out[0].p, "comm=\"py\xef\xbf\xbd\xef\xbf\xbd\""));
+    assert_non_null(strstr(out[1].p, "\"label\":\"job \\\"q\\\"\\\\\\n\\u0001\xef\xbf\xbd\xef\xbf\xbd end\""));
+    if (system("command -v promtool >/dev/null 2>&1") == 0)
+        assert_int_equal(pipe_to("promtool check metrics >/dev/null", out[0].p), 0);
+    if (system("command -v python3 >/dev/null 2>&1") == 0)
+        assert_int_equal(pipe_to("python3 -c 'import json,sys; json.loads(sys.stdin.buffer.read().decode(\"utf-8\"))'",
+                                 out[1].p), 0);
+    for (int i = 0; i < 4; i++) gm__sbuf_free(&out[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(planted_fifo),
         cmocka_unit_test(shrinking_segment),
         cmocka_unit_test(truncation_never_kills_the_publisher),
         cmocka_unit_test(copies_refused),
+        cmocka_unit_test(labels_not_utf8),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -448,7 +448,11 @@ GM_API int gm_pool_capture_calls(gm_allocator *a, int device, int who, uint64_t 
  * freed (cb(ptr, size, false)), each block of it is reported freed and
  * allocated again if live (cb false, then true) or handed out again if
  * held (cb true); callbacks run under the device lock and must not call the
- * allocator. Free every checkpoint before destroying the allocator. */
+ * allocator. A checkpoint names the pool it was taken of, not only its id:
+ * once that pool is gone (released, its last block freed), restoring the
+ * checkpoint is GM_ESTATE and changes nothing, even if a new pool has the
+ * id, and freeing it leaves the new pool alone. Free every checkpoint
+ * before destroying the allocator. */
 typedef struct gm_pool_checkpoint gm_pool_checkpoint;
 typedef void (*gm_pool_restore_cb)(gm_devptr ptr, uint64_t size, bool allocated, void *arg);
 GM_API int gm_pool_checkpoint_take(gm_allocator *a, int device, uint64_t id0, uint64_t id1,

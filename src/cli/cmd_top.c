@@ -146,12 +146,6 @@ static void put_line(int y, const char *fmt, ...) {
     mvaddnstr(y, 0, buf, COLS);
 }
 
-static void printable(char *dst, const char *src, size_t len) {
-    size_t i = 0;
-    for (; src[i] && i + 1 < len; i++) dst[i] = (unsigned char)src[i] < 0x20 ? '?' : src[i];
-    dst[i] = '\0';
-}
-
 static int draw_devices(const ui *u, int y) {
     char b1[24], b2[24], b3[24], b4[24], b5[24], b6[24];
     for (int d = 0; d < u->s.ndevices && y < LINES - 8; d++, y++) {
@@ -250,8 +244,8 @@ static int draw_table(ui *u, int y, int max_rows) {
             !strcasestr(r->id.run_id, u->filter))
             continue;
         char name[33], job[13], rank[12] = "-", pid[16];
-        printable(name, r->label, sizeof name);
-        printable(job, r->id.run_id[0] ? r->id.run_id : "-", sizeof job);
+        gm__format_printable(name, r->label, sizeof name);
+        gm__format_printable(job, r->id.run_id[0] ? r->id.run_id : "-", sizeof job);
         if (r->id.rank >= 0) snprintf(rank, sizeof rank, "%d", r->id.rank);
         bool a = r->have_alloc;
         const gm__shm_values *v = &r->v;

@@ -34,13 +34,47 @@ static gm__mempool *slot_pool(const gm__device *d, uint16_t mpool) {
     return d->mp && mpool && mpool <= d->mp->n ? d->mp->slot[mpool - 1] : NULL;
 }
 
-gm__mempool *gm__mempool_find(gm__device *d, uint64_t id0, uint64_t id1) {
-    if (!d->mp) return NULL;
-    for (uint32_t i = 0; i < d->mp->n; i++) {
-        gm__mempool *p = d->mp->slot[i];
-        if (p && p->id0 == id0 && p->id1 == id1) return p;
+static uint64_t pool_key(uint64_t id0, uint64_t id1) {
+    const uint64_t k[2] = {id0, id1};
+    return gm__hash_bytes(k, sizeof k);
+}
+
+/* The slot of byid holding pool (id0, id1), or the empty one where it goes. */
+static size_t index_find(const struct gm__mempools *mp, uint64_t id0, uint64_t id1, uint64_t key) {
+    const gm__idmap *m = &mp->byid;
+    size_t j = gm__idmap_home(m, key);
+    gm__work_steps++; /* one a probe, as gm__idmap_find counts: replay feeds pool ids from a trace */
+    for (; m->id[j] != GM__IDMAP_EMPTY; j = gm__idmap_next(m, j)) {
+        const gm__mempool *p = mp->slot[m->id[j]];
+        if (m->key[j] == key && p->id0 == id0 && p->id1 == id1) break;
     }
-    return NULL;
+    return j;
+}
+
+gm__mempool *gm__mempool_find(gm__device *d, uint64_t id0, uint64_t id1) {
+    if (!d->mp || !d->mp->byid.count) return NULL;
+    const gm__idmap *m = &d->mp->byid;
+    size_t j = index_find(d->mp, id0, id1, pool_key(id0, id1));
+    return m->id[j] == GM__IDMAP_EMPTY ? NULL : d->mp->slot[m->id[j]];
+}
+
+/* The min-heap of vacant slot indices. */
+static void vacant_push(struct gm__mempools *mp, uint16_t v) {
+    uint32_t i = mp->nvacant++;
+    for (; i && mp->vacant[(i - 1) / 2] > v; i = (i - 1) / 2) mp->vacant[i] = mp->vacant[(i - 1) / 2];
+    mp->vacant[i] = v;
+}
+
+static uint16_t vacant_pop(struct gm__mempools *mp) {
+    uint16_t top = mp->vacant[0], last = mp->vacant[--mp->nvacant];
+    uint32_t i = 0, n = mp->nvacant;
+    for (uint32_t c; (c = 2 * i + 1) < n; i = c) {
+        if (c + 1 < n && mp->vacant[c + 1] < mp->vacant[c]) c++;
+        if (mp->vacant[c] >= last) break;
+        mp->vacant[i] = mp->vacant[c];
+    }
+    if (n) mp->vacant[i] = last;
+    return top;
 }
 
 static void fold(gm_stat *dst, const gm_stat *now, const gm_stat *was) {
@@ -68,23 +102,24 @@ void gm__mempool_sync(gm__device *d, gm__mempool *p) {
     p->synced = *now;
 }
 
-/* A slot for a new pool: a freed one, else a new one (at most 65535). */
+/* A slot for a new pool: the lowest freed one, else a new one (at most
+ * 65535), and room for it in the index. */
 static int take_slot(gm__device *d, uint32_t *out) {
     if (!d->mp && !(d->mp = calloc(1, sizeof *d->mp))) return GM_ENOHOSTMEM;
     struct gm__mempools *mp = d->mp;
-    for (uint32_t i = 0; i < mp->n; i++)
-        if (!mp->slot[i]) {
-            *out = i;
-            return GM_OK;
-        }
+    if (gm__idmap_reserve(&mp->byid, 16) != GM_OK) return GM_ENOHOSTMEM;
+    if (mp->nvacant) {
+        *out = vacant_pop(mp);
+        return GM_OK;
+    }
     if (mp->n == UINT16_MAX)
         return gm__set_error(GM_ENOSPACE, "device %d has %u private pools, the most gpumem keeps: release some "
                              "(CUDA graphs, MemPools) first", d->index, (unsigned)mp->n);
     if (mp->n == mp->cap) {
         uint32_t cap = mp->cap ? mp->cap * 2 : 8;
-        gm__mempool **s = realloc(mp->slot, cap * sizeof *s);
-        if (!s) return GM_ENOHOSTMEM;
-        mp->slot = s;
+        if (!gm__realloc_array(&mp->slot, cap, sizeof *mp->slot) ||
+            !gm__realloc_array(&mp->vacant, cap, sizeof *mp->vacant))
+            return GM_ENOHOSTMEM;
         mp->cap = cap;
     }
     mp->slot[mp->n] = NULL;
@@ -97,7 +132,10 @@ int gm__mempool_create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **
     int rc = take_slot(d, &i);
     if (rc != GM_OK) return rc;
     gm__mempool *p = calloc(1, sizeof *p);
-    if (!p) return gm__set_error(GM_ENOHOSTMEM, "out of host memory creating a private pool on device %d", d->index);
+    if (!p) {
+        vacant_push(d->mp, (uint16_t)i);
+        return gm__set_error(GM_ENOHOSTMEM, "out of host memory creating a private pool on device %d", d->index);
+    }
     p->id0 = id0;
     p->id1 = id1;
     p->cfg = *d->cfg;
@@ -105,15 +143,15 @@ int gm__mempool_create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **
      * blocks, no idle memory moved or given back while it is in use. */
     p->cfg.gpumem_plan = false;
     p->cfg.gpumem_slack = INFINITY;
-    p->view = *d;
-    p->view.owner = d;
-    p->view.mp = NULL;
-    p->view.capturing = 0;
-    p->view.pstate = NULL;
-    p->view.cfg = &p->cfg;
-    p->view.pools_reserved = 0;
-    p->view.synced = &p->synced;
-    memset(&p->view.stats, 0, sizeof p->view.stats);
+    /* What the pool's policy sees of the device, field by field: never the
+     * lock word, which other threads spin on meanwhile (a copy of the whole
+     * struct raced gm__devlock_try: issue 43, item 6); the view's own lock
+     * is never taken (the device's guards it). */
+    p->view = (gm__device){.index = d->index, .alloc = d->alloc, .backend = d->backend, .pops = d->pops,
+                           .total_memory = d->total_memory, .memory_fraction = d->memory_fraction,
+                           .fraction_set = d->fraction_set, .allowed_memory_maximum = d->allowed_memory_maximum,
+                           .fe = d->fe, .owner = d, .cfg = &p->cfg, .synced = &p->synced};
+    gm__devlock_init(&p->view.lock);
     p->view.stats.size = sizeof p->view.stats;
     p->view.stats.max_split_size = d->stats.max_split_size;
     p->synced = p->view.stats;
@@ -121,11 +159,15 @@ int gm__mempool_create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **
     gm__mempool_sync(d, p);
     if (rc != GM_OK) {
         free(p);
+        vacant_push(d->mp, (uint16_t)i);
         return gm__set_error(rc, "creating a private pool on device %d failed: %s", d->index, gm_strerror(rc));
     }
     p->use_count = 1;
     p->slot = (uint16_t)(i + 1);
+    p->gen = d->mp->made++;
     d->mp->slot[i] = p;
+    uint64_t key = pool_key(id0, id1);
+    gm__idmap_set(&d->mp->byid, index_find(d->mp, id0, id1, key), key, i); /* room: take_slot */
     *out = p;
     return GM_OK;
 }
@@ -147,7 +189,9 @@ void gm__mempool_trim(gm__device *d, gm__mempool *p) {
     if (p->use_count > 0 || p->emptying) return;
     (void)gm__mempool_empty(d, p);
     if (p->blocks) return;
+    gm__idmap_del(&d->mp->byid, index_find(d->mp, p->id0, p->id1, pool_key(p->id0, p->id1)));
     d->mp->slot[p->slot - 1] = NULL;
+    vacant_push(d->mp, (uint16_t)(p->slot - 1));
     d->pops->destroy(p->view.pstate);
     /* whatever the policy still held is gone with it: out of the device's stats */
 #define GM__MP_GONE(s) (s).freed += (s).current > 0 ? (s).current : 0, (s).current = 0;
@@ -211,6 +255,8 @@ void gm__mempool_destroy_all(gm__device *d) {
         free(p);
     }
     free(d->mp->slot);
+    free(d->mp->vacant);
+    gm__idmap_free(&d->mp->byid);
     free(d->mp);
     d->mp = NULL;
 }

@@ -16,6 +16,7 @@
  * do. Every function here runs with the device lock held. */
 typedef struct gm__mempool {
     uint64_t id0, id1;
+    uint64_t gen;      /* pools made on the device before it: a checkpoint names the pool it was taken of */
     uint16_t slot;     /* its index in gm__mempools.slot + 1: what its blocks' mpool holds */
     int use_count;     /* graphs and MemPool handles holding it (createOrIncrefPool) */
     bool allocating;   /* between gm_pool_begin and gm_pool_end */
@@ -38,6 +39,14 @@ struct gm__mempools {
     gm__mempool **slot; /* by gm__block_hdr.mpool - 1; NULL = free slot */
     uint32_t n;         /* slots in use or freed (high-water mark) */
     uint32_t cap;
+    /* Lookups and creation do not walk the pools (bench/RESULTS.md,
+     * 2026-12-07, bench_pools): byid maps a keyed hash of the pool id to its
+     * slot index (ids compared on a match), vacant is a min-heap of freed
+     * slot indices (the lowest is reused first, as the walk did). */
+    gm__idmap byid;
+    uint16_t *vacant;
+    uint32_t nvacant;
+    uint64_t made;      /* pools created so far: the next one's gen */
 };
 
 /* The pool (id0, id1) of d, or NULL. */

@@ -180,6 +180,7 @@ struct gm_pool_checkpoint {
     gm_allocator *alloc;
     int device;
     uint64_t id0, id1;
+    uint64_t gen; /* the pool's: a later pool under the same id is another pool */
     size_t n;
     gm_devptr *ptr; /* the pool's live blocks at the checkpoint, sorted */
 };
@@ -248,6 +249,7 @@ int gm_pool_checkpoint_take(gm_allocator *a, int device, uint64_t id0, uint64_t 
     c->device = device;
     c->id0 = id0;
     c->id1 = id1;
+    c->gen = p->gen;
     for (uint64_t i = 0; i <= fe->map.mask; i++)
         if (fe->map.slots[i].key && fe->map.slots[i].block->mpool == s) c->ptr[c->n++] = fe->map.slots[i].key;
     if (c->n) qsort(c->ptr, c->n, sizeof *c->ptr, cmp_ptr);
@@ -284,7 +286,7 @@ void gm_pool_checkpoint_free(gm_allocator *a, gm_pool_checkpoint *c) {
     if (d) {
         gm__devlock_lock(&d->lock);
         gm__mempool *p = gm__mempool_find(d, c->id0, c->id1);
-        if (p && p->ncheckpoints) {
+        if (p && p->gen == c->gen && p->ncheckpoints) { /* else its pool is gone: nothing of it is pinned */
             unpin(p, c, c->n);
             p->ncheckpoints--;
             give_back_unpinned(d, p);
@@ -324,6 +326,11 @@ int gm_pool_checkpoint_restore(gm_allocator *a, const gm_pool_checkpoint *c, gm_
     gm__mempool *p;
     int rc = enter_pool(a, c->device, c->id0, c->id1, "gm_pool_checkpoint_restore", &d, &p);
     if (rc != GM_OK) return rc;
+    if (p->gen != c->gen)
+        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_checkpoint_restore: the checkpoint was taken of an earlier "
+                                      "private pool (%llu, %llu) on device %d, released and gone since; the pool "
+                                      "now under that id is another one; nothing was changed (free the checkpoint)",
+                                      (unsigned long long)c->id0, (unsigned long long)c->id1, d->index));
     uint16_t s = p->slot;
     size_t nrevive;
     if ((rc = restore_check(d, p, s, c, &nrevive)) != GM_OK) return leave(d, rc);

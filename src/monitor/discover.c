@@ -25,8 +25,14 @@
 
 /* Seqlock attempts on a mapped record: each is a copy of 120 bytes (tens of
  * ns), so a record updated millions of times a second settles within a few;
- * a writer stopped inside an update (killed) costs ~1 ms. */
+ * a writer stopped inside an update (killed) costs ~1 ms. A reader's first
+ * read of a record, which has no earlier copy to hold, then sleeps and
+ * retries for up to FIRST_READ_WAIT_MS: the tries pass in well under a
+ * millisecond, less than a writer preempted inside its update stays off
+ * the CPU, and that made the first sample of a busy writer blank (issue
+ * 43, item 10). Once per record: a stopped writer costs it once. */
 #define READ_TRIES 100000
+#define FIRST_READ_WAIT_MS 200
 
 /* Beacon names: <prefix><uid>.<16 hex digits>, where prefix is
  * gm__shm_prefix_any's; in node mode any decimal uid (no leading zero),
@@ -63,6 +69,7 @@ typedef struct segment {
     size_t map_len; /* the header's segment_size: GM__SHM_SIZE, or GM__SHM_SIZE_V3 */
     bool seen;
     bool good[GM__SHM_DEVICES];
+    bool waited[GM__SHM_DEVICES]; /* a first read waited for the writer (once: a stopped one never finishes) */
     gm__shm_values last[GM__SHM_DEVICES];
 } segment;
 
@@ -204,7 +211,11 @@ static void report(segment *s, gm__mon_proc *p) {
     for (uint32_t i = 0; i < p->ndevices; i++) {
         if (!__atomic_load_n(&rec[i].used, __ATOMIC_RELAXED)) continue;
         p->used[i] = true;
-        if (gm__shm_read_record(&rec[i], &p->v[i], READ_TRIES) == GM_OK) {
+        /* no good copy yet (a first sample): wait for a writer stopped inside
+         * its update, once per record, rather than report it blank */
+        int wait_ms = s->good[i] || s->waited[i] ? 0 : FIRST_READ_WAIT_MS;
+        s->waited[i] = s->waited[i] || wait_ms;
+        if (gm__shm_read_record_wait(&rec[i], &p->v[i], READ_TRIES, wait_ms) == GM_OK) {
             s->last[i] = p->v[i];
             s->good[i] = true;
         } else if (s->good[i]) {

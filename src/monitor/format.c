@@ -56,14 +56,35 @@ void gm__sbuf_free(gm__sbuf *b) {
     memset(b, 0, sizeof *b);
 }
 
+/* ---- text values: the one writer -------------------------------------------
+ * Every string the monitor prints (labels, run ids, names: from other
+ * processes' headers, the environment, /proc) goes through put_text: valid
+ * UTF-8 passes, each invalid byte becomes U+FFFD (JSON and Prometheus's
+ * text format require UTF-8: one bad byte made promtool reject a whole
+ * scrape; issue 43, item 5), then the format's own escapes. */
+enum { TEXT_JSON, TEXT_PROM, TEXT_CSV };
+
+static void put_text(gm__sbuf *b, const char *s, int how) {
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        const unsigned char *run = p; /* plain bytes go out in one piece */
+        int n;
+        while ((n = gm__utf8_len(p)) > 1 || (n == 1 && *p >= 0x20 && *p != 0x7F && *p != '"' && *p != '\\'))
+            p += n;
+        sbuf_put(b, (const char *)run, (size_t)(p - run));
+        if (!*p) return;
+        unsigned c = *p++;
+        if (!n) sbuf_put(b, GM__UTF8_REPLACEMENT, sizeof GM__UTF8_REPLACEMENT - 1);
+        else if (how == TEXT_CSV) sbuf_put(b, c == '"' ? "\"\"" : (const char *)p - 1, c == '"' ? 2 : 1);
+        else if (c == '"' || c == '\\') gm__sbuf_printf(b, "\\%c", c);
+        else if (c == '\n') sbuf_put(b, "\\n", 2);
+        else if (how == TEXT_JSON) gm__sbuf_printf(b, "\\u%04x", c); /* the other controls */
+        else sbuf_put(b, (const char *)p - 1, 1);                     /* Prometheus: as they are */
+    }
+}
+
 static void json_str(gm__sbuf *b, const char *s) {
     sbuf_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') gm__sbuf_printf(b, "\\%c", *p);
-        else if (*p == '\n') sbuf_put(b, "\\n", 2);
-        else if (*p < 0x20) gm__sbuf_printf(b, "\\u%04x", *p);
-        else sbuf_put(b, (const char *)p, 1);
-    }
+    put_text(b, s, TEXT_JSON);
     sbuf_put(b, "\"", 1);
 }
 
@@ -195,13 +216,10 @@ void gm__format_json(const gm__mon_sample *s, gm__sbuf *b, bool one_line) {
  * line with the process fields empty ----------------------------------- */
 
 static void csv_str(gm__sbuf *b, const char *s) {
-    if (!strpbrk(s, ",\"\n\r")) {
-        gm__sbuf_printf(b, "%s", s);
-        return;
-    }
-    gm__sbuf_printf(b, "\"");
-    for (; *s; s++) gm__sbuf_printf(b, *s == '"' ? "\"\"" : "%c", *s);
-    gm__sbuf_printf(b, "\"");
+    bool quote = strpbrk(s, ",\"\n\r") != NULL;
+    if (quote) sbuf_put(b, "\"", 1);
+    put_text(b, s, TEXT_CSV);
+    if (quote) sbuf_put(b, "\"", 1);
 }
 
 static void csv_int(gm__sbuf *b, bool have, long long v) {
@@ -291,11 +309,10 @@ static const char *cell(bool have, long long v, int type, char *buf, size_t len)
     return buf;
 }
 
-/* labels may hold newlines and control characters: keep the table on one line */
-static void printable(char *dst, const char *src, size_t len) {
-    size_t i = 0;
-    for (; src[i] && i + 1 < len; i++) dst[i] = (unsigned char)src[i] < 0x20 ? '?' : src[i];
-    dst[i] = '\0';
+void gm__format_printable(char *dst, const char *src, size_t len) {
+    gm__utf8_copy(dst, len, src); /* valid UTF-8, cut on a character boundary (put_text's rule) */
+    for (char *p = dst; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7F) *p = '?';
 }
 
 const char *gm__format_pid(const gm__mon_row *r, char *buf, size_t len) {
@@ -332,7 +349,7 @@ static void format_jobs(const gm__mon_sample *s, gm__sbuf *b) {
             char rk[24];
             if (world > 0) snprintf(rk, sizeof rk, "%d/%d", ranks, world);
             else snprintf(rk, sizeof rk, "%d", ranks);
-            printable(job, id->run_id, sizeof job);
+            gm__format_printable(job, id->run_id, sizeof job);
             gm__sbuf_printf(b, "%-40s %11s %11s %11s %11s %11s %5lld\n", job, rk, human(true, alloc, b1, 24),
                             human(true, res, b2, 24), human(lo != INT64_MAX, lo, b3, 24),
                             human(lo != INT64_MAX, hi, b4, 24), (long long)ooms);
@@ -390,8 +407,8 @@ void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
         const gm__mon_row *r = &s->rows[i];
         const gm__shm_values *v = &r->v;
         char name[17], job[13], rank[12] = "-", pid[16];
-        printable(name, r->label, sizeof name);
-        printable(job, r->id.run_id[0] ? r->id.run_id : "-", sizeof job);
+        gm__format_printable(name, r->label, sizeof name);
+        gm__format_printable(job, r->id.run_id[0] ? r->id.run_id : "-", sizeof job);
         if (r->id.rank >= 0) snprintf(rank, sizeof rank, "%d", r->id.rank);
         bool a = r->have_alloc;
         gm__sbuf_printf(b, "%-4d %-8s %-16s %-12s %5s %11s", r->device, gm__format_pid(r, pid, sizeof pid), name, job, rank,
@@ -409,16 +426,7 @@ void gm__format_table(const gm__mon_sample *s, gm__sbuf *b) {
 
 /* ---- Prometheus text format 0.0.4 ---------------------------------------- */
 
-void gm__prom_escape(gm__sbuf *b, const char *s) {
-    for (;;) {
-        size_t run = strcspn(s, "\\\"\n");
-        sbuf_put(b, s, run);
-        s += run;
-        if (!*s) return;
-        sbuf_put(b, *s == '\\' ? "\\\\" : *s == '"' ? "\\\"" : "\\n", 2);
-        s++;
-    }
-}
+void gm__prom_escape(gm__sbuf *b, const char *s) { put_text(b, s, TEXT_PROM); }
 
 static void prom_family(gm__sbuf *b, const char *name, const char *type, const char *help) {
     gm__sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);

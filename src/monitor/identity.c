@@ -13,6 +13,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +45,7 @@ static int32_t env_int(const char *const *names) {
  * the first v1 line's path: a container's is its id, "/" outside one. */
 static void own_cgroup(char *buf, size_t len) {
     buf[0] = '\0';
-    FILE *f = fopen("/proc/self/cgroup", "re");
+    FILE *f = gm__proc_fopen("/proc/self/cgroup");
     if (!f) return;
     char line[512];
     while (fgets(line, sizeof line, f)) {
@@ -64,24 +65,43 @@ void gm__identity_fill(gm__shm_header *h) {
     static const char *const rank_env[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", NULL};
     static const char *const local_env[] = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", NULL};
     static const char *const world_env[] = {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", NULL};
-    const char *run = first_env(run_env);
-    snprintf(h->run_id, sizeof h->run_id, "%s", run ? run : "");
+    /* values from the environment go out as label values: valid UTF-8, cut
+     * on character boundaries (util/utf8.c) */
+    gm__utf8_copy(h->run_id, sizeof h->run_id, first_env(run_env));
     h->rank = env_int(rank_env);
     h->local_rank = env_int(local_env);
     h->world_size = env_int(world_env);
-    if (gethostname(h->hostname, sizeof h->hostname) != 0) h->hostname[0] = '\0';
-    h->hostname[sizeof h->hostname - 1] = '\0';
+    char buf[512];
+    if (gethostname(buf, sizeof buf) != 0) buf[0] = '\0';
+    buf[sizeof buf - 1] = '\0';
+    gm__utf8_copy(h->hostname, sizeof h->hostname, buf);
     if (getenv("KUBERNETES_SERVICE_HOST")) {
         const char *ns = getenv("POD_NAMESPACE"), *pod = getenv("POD_NAME");
-        snprintf(h->k8s_pod, sizeof h->k8s_pod, "%s%s%s", ns && *ns ? ns : "", ns && *ns ? "/" : "",
+        snprintf(buf, sizeof buf, "%s%s%s", ns && *ns ? ns : "", ns && *ns ? "/" : "",
                  pod && *pod ? pod : h->hostname);
+        gm__utf8_copy(h->k8s_pod, sizeof h->k8s_pod, buf);
     }
-    own_cgroup(h->cgroup, sizeof h->cgroup);
+    own_cgroup(buf, sizeof buf);
+    gm__utf8_copy(h->cgroup, sizeof h->cgroup, buf);
 }
 
 const char *gm__proc_root(void) {
     const char *r = getenv("GPUMEM_PROC_ROOT");
     return r && r[0] == '/' ? r : "/proc";
+}
+
+FILE *gm__proc_fopen(const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "r");
+    if (!f) close(fd);
+    return f;
 }
 
 void gm__proc_path(char *buf, size_t len, int pid, const char *what) {
@@ -139,7 +159,7 @@ static bool parse_nspid(const char *p, int *ids, int max, int *count) {
 int gm__proc_nspid(int pid, int *ids, int max) {
     char path[PATH_MAX], line[512];
     gm__proc_path(path, sizeof path, pid, "status");
-    FILE *f = fopen(path, "re");
+    FILE *f = gm__proc_fopen(path);
     if (!f) return 0;
     int count = 0;
     while (fgets(line, sizeof line, f)) {

@@ -40,6 +40,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define GM__SHM_DIR "/dev/shm" /* the default of gm__shm_dir() */
 #define GM__SHM_MAGIC 0x314d48534d454d47ULL /* "GMEMSHM1" */
@@ -253,6 +254,11 @@ const char *gm__shm_dir(void);
 const char *gm__proc_root(void);
 /* <root>/<pid>/<what>, or <root>/self/<what> for pid 0. */
 void gm__proc_path(char *buf, size_t len, int pid, const char *what);
+/* Open a /proc file to read (identity.c): only a regular file, and never a
+ * wait for one (O_NONBLOCK, then fstat): a FIFO planted under
+ * GPUMEM_PROC_ROOT used to hang smi and the exporter's sampler (issue 43,
+ * item 9). NULL (errno set) for anything else. */
+FILE *gm__proc_fopen(const char *path);
 /* Start time of pid (field 22 of /proc/<pid>/stat; pid 0: this process).
  * GM_EIO if the process is gone or a zombie. */
 int gm__proc_start_time(int pid, uint64_t *out);
@@ -308,6 +314,13 @@ gm__shm_header *gm__publisher_header(gm__publisher *p);
  * `max_tries` attempts (a writer stopped or killed inside its update). */
 int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tries);
 int gm__shm_read_step(const gm__shm_step *r, gm__shm_step_values *out, int max_tries);
+/* The same, then, while still torn, up to wait_ms more in 0.1 ms sleeps
+ * (each counted in gm__shm_read_waits), each followed by a few tries: a
+ * reader's first copy of a record has no earlier one to fall back on, and a
+ * writer preempted inside its update made that first sample blank (issue
+ * 43, item 10). */
+int gm__shm_read_record_wait(const gm__shm_record *r, gm__shm_values *out, int max_tries, int wait_ms);
+extern unsigned long gm__shm_read_waits;
 
 /* ---- discovery (discover.c) -------------------------------------------- */
 
@@ -541,6 +554,9 @@ void gm__sbuf_free(gm__sbuf *b);
 void gm__format_json(const gm__mon_sample *s, gm__sbuf *b, bool one_line);
 void gm__format_csv_header(gm__sbuf *b);
 void gm__format_csv(const gm__mon_sample *s, gm__sbuf *b);
+/* A label for a table cell (smi, top): valid UTF-8 cut on a character
+ * boundary to fit len, controls as '?' so the row stays one line. */
+void gm__format_printable(char *dst, const char *src, size_t len);
 void gm__format_table(const gm__mon_sample *s, gm__sbuf *b);
 void gm__format_prometheus(const gm__mon_sample *s, gm__sbuf *b);
 /* A row's PID cell: the pid, "?" after it when joined to NVML by inference,
@@ -583,18 +599,22 @@ const char *gm__oom_verdict_name(int verdict);
 /* The text report; `who` holds pid, comm and the identity fields. */
 void gm__oom_report_text(const gm__oom_facts *f, const gm__shm_header *who, const char *detail, const char *snapshot,
                          gm__sbuf *b);
-/* Writes the snapshot of the allocation history (gm_history_dump, from the
- * report layer: the caller above both lends it, so monitor needs no report). */
-typedef int (*gm__snapshot_fn)(const char *path, int format);
-/* Write <dir>/gpumem-oom-<pid>-<n>.txt (+ .pickle when history is on and
- * snapshot is given); path gets the report's path ("" once
- * GM_OOM_REPORTS_MAX were written). */
+/* The allocation history as torch memory snapshot bytes, malloc'd
+ * (gm__history_snapshot_bytes, from the report layer: the caller above both
+ * lends it, so monitor needs no report). */
+typedef int (*gm__snapshot_fn)(uint8_t **out, size_t *len);
+/* Write <dir>/gpumem-oom-<pid>-<n>-<random>.txt (+ .pickle when history is
+ * on and snapshot is given), as new files only (oom_report.c: files); path
+ * gets the report's path ("" once GM_OOM_REPORTS_MAX were written or when
+ * it could not be written: GM_EIO, the detail says why), snap_note why the
+ * snapshot was not written ("" when it was, or none was asked for). */
 int gm__oom_report_write(gm_allocator *a, int device, uint64_t size, const char *dir, const char *detail,
-                         gm__snapshot_fn snapshot, char *path, size_t len);
+                         gm__snapshot_fn snapshot, char *path, size_t len, char *snap_note, size_t note_len);
 /* With GPUMEM_OOM_REPORT=DIR: make DIR and record allocation history (for
  * the snapshot). Call once when the allocator is made. */
 int gm__oom_report_setup(void);
-/* With GPUMEM_OOM_REPORT=DIR: the report of this OOM, its path on stderr. */
+/* With GPUMEM_OOM_REPORT=DIR: the report of this OOM, its path on stderr,
+ * or one line there saying what was not written and why. */
 void gm__oom_report_from_env(gm_allocator *a, int device, uint64_t size, const char *detail,
                              gm__snapshot_fn snapshot);
 

@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -230,29 +231,87 @@ void gm__oom_report_text(const gm__oom_facts *f, const gm__shm_header *who, cons
     else gm__sbuf_printf(b, "\nsnapshot: none (allocation history was not recorded)\n");
 }
 
-/* ---- files ----------------------------------------------------------------- */
+/* ---- files -----------------------------------------------------------------
+ * DIR may be shared (two containers, both pid 1) and writable by others: a
+ * name there is never predictable (pid, sequence number and 64 random bits),
+ * never reused (O_CREAT|O_EXCL: an existing file, FIFO or link at the name is
+ * left alone and another name tried), never followed (O_NOFOLLOW) and never
+ * waited on (O_NONBLOCK). What could not be written is said on stderr by the
+ * caller; the out-of-memory error goes back to the program either way. */
 
-/* Write b to path, never through a link nor over an existing file. */
-static int write_new(const char *path, const gm__sbuf *b) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) return gm__set_error(GM_EIO, "oom report: %s: %s", path, strerror(errno));
-    size_t done = 0;
-    while (done < b->len) {
-        ssize_t n = write(fd, b->p + done, b->len - done);
-        if (n <= 0) {
-            int e = errno;
-            close(fd);
-            return gm__set_error(GM_EIO, "oom report: writing %s: %s", path, strerror(e));
-        }
-        done += (size_t)n;
+#define GM_OOM_NAME_TRIES 8
+
+static int write_all(int fd, const void *p, size_t len) {
+    const char *c = p;
+    while (len) {
+        ssize_t n = write(fd, c, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return n < 0 ? errno : EIO;
+        c += n;
+        len -= (size_t)n;
     }
-    return close(fd) == 0 ? GM_OK : gm__set_error(GM_EIO, "oom report: closing %s: %s", path, strerror(errno));
+    return 0;
+}
+
+static int create_new(const char *path) {
+    return open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+}
+
+static uint64_t name_bits(void) {
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) == (ssize_t)sizeof r) return r;
+    struct timespec ts; /* no entropy yet (early boot): still unlikely to be guessed */
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^ ((uint64_t)getpid() << 32);
+}
+
+/* Create base.txt (and base.pickle when snap) as new files under a fresh
+ * base name in dir; the paths in txt and pickle. GM_EIO with the reason. */
+static int open_pair(const char *dir, int n, bool snap, char *txt, char *pickle, size_t len, int *fd_txt,
+                     int *fd_snap, int *snap_errno) {
+    int e = EEXIST;
+    for (int t = 0; t < GM_OOM_NAME_TRIES && e == EEXIST; t++) {
+        char base[PATH_MAX];
+        int bl = snprintf(base, sizeof base, "%s/gpumem-oom-%d-%d-%016llx", dir, (int)getpid(), n,
+                          (unsigned long long)name_bits());
+        if (bl < 0 || (size_t)bl + 8 > len)
+            return gm__set_error(GM_EIO, "the directory's path is too long for a report's name (%s)",
+                                 strerror(ENAMETOOLONG));
+        snprintf(txt, len, "%s.txt", base);
+        snprintf(pickle, len, "%s.pickle", base);
+        if ((*fd_txt = create_new(txt)) < 0) {
+            e = errno;
+            continue;
+        }
+        if (!snap || (*fd_snap = create_new(pickle)) >= 0) return GM_OK;
+        if ((e = errno) != EEXIST) { /* the report is still written, without its snapshot */
+            *snap_errno = e;
+            return GM_OK;
+        }
+        close(*fd_txt);
+        unlink(txt);
+    }
+    return gm__set_error(GM_EIO, "%s: %s", txt, strerror(e));
+}
+
+/* The snapshot into fd; on failure the file is removed and why goes to note. */
+static bool write_snapshot(int fd, const char *path, gm__snapshot_fn snapshot, char *note, size_t len) {
+    uint8_t *buf = NULL;
+    size_t n = 0;
+    int rc = snapshot(&buf, &n), e = rc ? 0 : write_all(fd, buf, n);
+    free(buf);
+    if (close(fd) != 0 && !rc && !e) e = errno;
+    if (!rc && !e) return true;
+    snprintf(note, len, "%s: %s", path, rc ? gm_last_error_detail() : strerror(e));
+    unlink(path);
+    return false;
 }
 
 int gm__oom_report_write(gm_allocator *a, int device, uint64_t size, const char *dir, const char *detail,
-                         gm__snapshot_fn snapshot, char *path, size_t len) {
+                         gm__snapshot_fn snapshot, char *path, size_t len, char *snap_note, size_t note_len) {
     static int seq;
     if (len) path[0] = '\0';
+    if (note_len) snap_note[0] = '\0';
     int n = __atomic_fetch_add(&seq, 1, __ATOMIC_RELAXED);
     if (n >= GM_OOM_REPORTS_MAX) return GM_OK; /* enough evidence: a loop catching OOMs must not fill the disk */
     gm__oom_facts f;
@@ -262,16 +321,26 @@ int gm__oom_report_write(gm_allocator *a, int device, uint64_t size, const char 
     who.pid = (int32_t)getpid();
     gm__proc_comm(0, who.comm, sizeof who.comm);
     gm__identity_fill(&who);
-    char base[PATH_MAX], snap[PATH_MAX + 16];
-    snprintf(base, sizeof base, "%s/gpumem-oom-%d-%d", dir, (int)getpid(), n);
-    snprintf(snap, sizeof snap, "%s.pickle", base);
-    bool have_snap = snapshot && gm_history_enabled() && snapshot(snap, GM_HISTORY_TORCH) == GM_OK;
+    char snap[PATH_MAX + 64];
+    int fd = -1, fd_snap = -1;
+    bool want_snap = snapshot && gm_history_enabled();
+    int snap_errno = 0;
+    int rc = open_pair(dir, n, want_snap, path, snap, len < sizeof snap ? len : sizeof snap, &fd, &fd_snap,
+                       &snap_errno);
+    if (rc != GM_OK) {
+        if (len) path[0] = '\0';
+        return rc;
+    }
+    if (snap_errno) snprintf(snap_note, note_len, "%s: %s", snap, strerror(snap_errno));
+    bool have_snap = fd_snap >= 0 && write_snapshot(fd_snap, snap, snapshot, snap_note, note_len);
     gm__sbuf b = {0};
     gm__oom_report_text(&f, &who, detail, have_snap ? snap : NULL, &b);
-    snprintf(path, len, "%s.txt", base);
-    int rc = b.oom ? GM_ENOHOSTMEM : write_new(path, &b);
+    int e = b.oom ? ENOMEM : write_all(fd, b.p, b.len);
     gm__sbuf_free(&b);
-    return rc;
+    if (close(fd) != 0 && !e) e = errno;
+    if (!e) return GM_OK;
+    unlink(path); /* ours, and not whole */
+    return gm__set_error(GM_EIO, "%s: %s", path, strerror(e));
 }
 
 int gm__oom_report_setup(void) {
@@ -290,7 +359,11 @@ void gm__oom_report_from_env(gm_allocator *a, int device, uint64_t size, const c
                              gm__snapshot_fn snapshot) {
     const char *dir = getenv("GPUMEM_OOM_REPORT");
     if (!dir || !*dir || !a) return;
-    char path[PATH_MAX + 16];
-    if (gm__oom_report_write(a, device, size, dir, detail, snapshot, path, sizeof path) == GM_OK && path[0])
-        fprintf(stderr, "gpumem: out-of-memory report written to %s\n", path);
+    char path[PATH_MAX + 64], note[PATH_MAX + 256];
+    int rc = gm__oom_report_write(a, device, size, dir, detail, snapshot, path, sizeof path, note, sizeof note);
+    if (note[0]) fprintf(stderr, "gpumem: out-of-memory snapshot not written: %s\n", note);
+    if (rc == GM_OK && path[0]) fprintf(stderr, "gpumem: out-of-memory report written to %s\n", path);
+    else if (rc != GM_OK)
+        fprintf(stderr, "gpumem: out-of-memory report not written: %s (GPUMEM_OOM_REPORT=%s)\n",
+                gm_last_error_detail(), dir);
 }

@@ -58,7 +58,7 @@ const char *gm__shm_dir(void) {
 int gm__proc_start_time(int pid, uint64_t *out) {
     char path[PATH_MAX], buf[1024];
     gm__proc_path(path, sizeof path, pid, "stat");
-    FILE *f = fopen(path, "re");
+    FILE *f = gm__proc_fopen(path);
     if (!f) return GM_EIO;
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
@@ -82,9 +82,13 @@ void gm__proc_comm(int pid, char *buf, size_t len) {
     char path[PATH_MAX];
     gm__proc_path(path, sizeof path, pid, "comm");
     buf[0] = '\0';
-    FILE *f = fopen(path, "re");
+    FILE *f = gm__proc_fopen(path);
     if (!f) return;
-    if (fgets(buf, (int)len, f)) buf[strcspn(buf, "\n")] = '\0';
+    char raw[64]; /* the kernel cuts a name at 15 bytes, in the middle of a character if it falls there */
+    if (fgets(raw, sizeof raw, f)) {
+        raw[strcspn(raw, "\n")] = '\0';
+        gm__utf8_copy(buf, len, raw);
+    }
     fclose(f);
 }
 
@@ -231,7 +235,7 @@ static void fill_header(gm__publisher *p, const char *label, uint32_t source) {
     h->pidns_ino = gm__proc_pidns(0);
     h->host_pid = gm__host_pid_self(); /* 0 inside a container: readers outside map it, inside infer it */
     gm__proc_comm(0, h->comm, sizeof h->comm);
-    snprintf(h->label, sizeof h->label, "%s", label && *label ? label : h->comm);
+    gm__utf8_copy(h->label, sizeof h->label, label && *label ? label : h->comm);
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     snprintf(h->visible, sizeof h->visible, "%s", vis ? vis : "");
     gm__identity_fill(h);
@@ -602,4 +606,18 @@ int gm__shm_read_step(const gm__shm_step *r, gm__shm_step_values *out, int max_t
 
 int gm__shm_read_record(const gm__shm_record *r, gm__shm_values *out, int max_tries) {
     return seqlock_copy(&r->seq, (const int64_t *)&r->v, (int64_t *)out, sizeof *out / 8, max_tries);
+}
+
+unsigned long gm__shm_read_waits;
+
+int gm__shm_read_record_wait(const gm__shm_record *r, gm__shm_values *out, int max_tries, int wait_ms) {
+    int rc = gm__shm_read_record(r, out, max_tries);
+    /* the writer was descheduled inside its update (a 28-instruction window,
+     * but a loaded host preempts it there now and then): let it run */
+    for (long k = 0; rc != GM_OK && k < 10L * wait_ms; k++) {
+        __atomic_fetch_add(&gm__shm_read_waits, 1, __ATOMIC_RELAXED);
+        nanosleep(&(struct timespec){0, 100000}, NULL);
+        rc = gm__shm_read_record(r, out, 1000);
+    }
+    return rc;
 }

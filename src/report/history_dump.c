@@ -94,6 +94,17 @@ int gm_history_dump(const char *path, int format) {
     return rc;
 }
 
+int gm__history_snapshot_bytes(uint8_t **out, size_t *len) {
+    *out = NULL;
+    *len = 0;
+    gm_trace *t;
+    int rc = gm_history_to_trace(&t, NULL);
+    if (rc) return rc;
+    rc = gm_trace_encode_snapshot(t, out, len);
+    gm_trace_free(t);
+    return rc;
+}
+
 /* The core records the OOM and calls gm_history_dump through the hook it is
  * lent here (src/core/history.c: the core calls nothing above it). */
 int gm_history_dump_on_oom(const char *path, int format) {

@@ -252,6 +252,9 @@ int gm_trace_encode_snapshot(const gm_trace *t, uint8_t **out, size_t *len);
  * first), tags a frame {category, GM_TAG_CATEGORY_FILE} on the tagged
  * allocation. *dropped: entries the ring had dropped. */
 int gm_history_to_trace(gm_trace **out, uint64_t *dropped);
+/* The history as torch memory snapshot bytes (malloc'd): what an OOM report
+ * keeps beside it (src/monitor/oom_report.c, lent by the layer above). */
+int gm__history_snapshot_bytes(uint8_t **out, size_t *len);
 
 /* The report's byte and share formatting: the library's one byte formatter
  * (gm__format_bytes, "13.24 GiB") and a percentage of a whole (0 of 0 is 0). */

@@ -10,6 +10,7 @@
 #include "gpumem/gpumem.h"
 #include "internal.h"
 #include "monitor/monitor.h" /* gm__format_bytes */
+#include "report/report.h"  /* gm__history_snapshot_bytes */
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -235,7 +236,7 @@ static int alloc_raw(int64_t size, int device, uint64_t stream, uint64_t id0, ui
          * (src/monitor/oom_report.c), and the detail is kept across it */
         char detail[2048];
         snprintf(detail, sizeof detail, "%s", gm_last_error_detail());
-        gm__oom_report_from_env(a, device, (uint64_t)size, detail, gm_history_dump);
+        gm__oom_report_from_env(a, device, (uint64_t)size, detail, gm__history_snapshot_bytes);
         const char *d = detail;
         const char *lead = "Out of memory. ";
         if (!strncmp(d, lead, strlen(lead))) d += strlen(lead);

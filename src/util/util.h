@@ -50,4 +50,15 @@ static inline void gm__clear_error(void) {
 /* For `check` ops: write the broken invariant into err; returns GM_ESTATE. */
 int gm__check_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* UTF-8 (utf8.c). The length of the valid sequence at s (1..4), or 0 if
+ * there is none (overlongs, surrogates and code points above U+10FFFF are
+ * not; a NUL ends any sequence). */
+int gm__utf8_len(const unsigned char *s);
+/* U+FFFD, what an invalid byte becomes */
+#define GM__UTF8_REPLACEMENT "\xEF\xBF\xBD"
+/* src into dst (cap bytes with the NUL) as valid UTF-8: each invalid byte
+ * becomes U+FFFD, and it is cut before the first character that does not
+ * fit whole (never in the middle of one). */
+void gm__utf8_copy(char *dst, size_t cap, const char *src);
+
 #endif /* GPUMEM_UTIL_UTIL_H */
