@@ -135,6 +135,9 @@ uint64_t gm_replay_prog_bad_events(const gm_replay_prog *p, const char **first);
 /* Private pools the program allocates into (the trace's nonzero
  * segment_pool_ids on its device); each is retained for the whole run. */
 uint32_t gm_replay_prog_pools(const gm_replay_prog *p);
+/* 1 + the pool op i (an alloc, in program order) allocates into, 0: the
+ * device's own memory (tests). */
+uint32_t gm__replay_op_pool(const gm_replay_prog *p, size_t i);
 
 /* The device calls whose cost depends on their size, as gm_bcall kinds, and
  * their names in replay's JSON. */
