@@ -142,12 +142,14 @@ static void test_scope_flood(void **state) {
 /* ---- the snapshot reader's scans: one dict named by every event ------------ */
 
 /* {"device_traces": [[d, d, ...]]}, d an event dict with `keys` extra keys,
- * named `refs` times through the memo (2 bytes each). */
-static buf shared_dict_snapshot(size_t keys, size_t refs) {
+ * named `refs` times through the memo (2 bytes each); or {"segments": [d,
+ * d, ...]}. */
+static buf shared_dict_snapshot(size_t keys, size_t refs, bool segments) {
     buf b = {0};
     put(&b, "\x80\x04}(", 4);
-    put_str(&b, "device_traces");
-    put(&b, "](](", 4); /* [ [ MARK */
+    put_str(&b, segments ? "segments" : "device_traces");
+    if (segments) put(&b, "](", 2); /* [ MARK */
+    else put(&b, "](](", 4); /* [ [ MARK */
     put(&b, "}(", 2);
     put_str(&b, "action");
     put_str(&b, "alloc");
@@ -163,25 +165,36 @@ static buf shared_dict_snapshot(size_t keys, size_t refs) {
     }
     put(&b, "uq\x00", 3); /* SETITEMS, BINPUT 0 */
     for (size_t i = 1; i < refs; i++) put(&b, "h\x00", 2); /* BINGET 0 */
-    put(&b, "eeu.", 4); /* APPENDS, APPENDS, SETITEMS, STOP */
+    if (segments) put(&b, "eu.", 3); /* APPENDS, SETITEMS, STOP */
+    else put(&b, "eeu.", 4); /* APPENDS, APPENDS, SETITEMS, STOP */
     return b;
 }
 
 static void test_shared_dict(void **state) {
     (void)state;
-    /* 4096 x 4096 scans from ~60 KB: refused within the budget */
-    buf b = shared_dict_snapshot(4096, 4096);
+    /* segments: 4096 x 4096 scans from ~60 KB: refused within the budget */
+    buf b = shared_dict_snapshot(4096, 4096, true);
     uint64_t s0 = gm__work_steps;
     gm_trace *t = NULL;
     assert_int_equal(gm_trace_load_mem(b.b, b.n, &t), GM_EFORMAT);
     uint64_t steps = gm__work_steps - s0;
     assert_null(t);
     if (!strstr(gm_last_error_detail(), "steps per byte")) fail_msg("error: %s", gm_last_error_detail());
-    print_message("shared dict: %zu bytes, %llu steps, refused\n", b.n, (unsigned long long)steps);
+    print_message("shared segment dict: %zu bytes, %llu steps, refused\n", b.n, (unsigned long long)steps);
     assert_true(steps <= ((uint64_t)1 << 20) + 64 * b.n + 2 * 4096 + 16 * b.n);
     free(b.b);
+    /* events: the dict is read once (tagged with its event), then copied */
+    b = shared_dict_snapshot(4096, 4096, false);
+    s0 = gm__work_steps;
+    assert_int_equal(gm_trace_load_mem(b.b, b.n, &t), GM_OK);
+    steps = gm__work_steps - s0;
+    assert_int_equal(t->nevents, 4096);
+    print_message("shared event dict: %zu bytes, %llu steps\n", b.n, (unsigned long long)steps);
+    assert_true(steps <= 4 * b.n);
+    gm_trace_free(t);
+    free(b.b);
     /* a few sharers of a small dict are fine */
-    b = shared_dict_snapshot(3, 100);
+    b = shared_dict_snapshot(3, 100, false);
     assert_int_equal(gm_trace_load_mem(b.b, b.n, &t), GM_OK);
     assert_int_equal(t->nevents, 100);
     gm_trace_free(t);
@@ -402,7 +415,7 @@ static void test_steps_per_byte(void **state) {
         for (int shape = 0; shape < 3; shape++) {
             buf b = {0};
             if (shape == 2) {
-                b = shared_dict_snapshot(n, n);
+                b = shared_dict_snapshot(n, n, lg % 2);
             } else {
                 put(&b, "\x80\x04](", 4);
                 uint64_t k = 0;

@@ -112,6 +112,9 @@ int gm__tb_string(gm__trace_builder *b, const char *s, size_t n, uint32_t *id);
 int gm__tb_frame(gm__trace_builder *b, uint32_t name, uint32_t file, int32_t line, uint32_t *id);
 int gm__tb_stack(gm__trace_builder *b, const uint32_t *frames, uint32_t n, uint32_t *id1);
 int gm__tb_event(gm__trace_builder *b, const gm_trace_event *e);
+size_t gm__tb_nevents(const gm__trace_builder *b);
+/* Event i again, on `device` (a snapshot that names one event dict twice). */
+int gm__tb_event_copy(gm__trace_builder *b, size_t i, int device);
 int gm__tb_segment(gm__trace_builder *b, const gm_trace_segment *s);
 int gm__tb_conf(gm__trace_builder *b, const char *conf);
 /* Sort events by device (stable) and hand over; the builder is consumed. */

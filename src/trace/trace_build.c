@@ -207,6 +207,15 @@ int gm__tb_event(gm__trace_builder *b, const gm_trace_event *e) {
     return GM_OK;
 }
 
+size_t gm__tb_nevents(const gm__trace_builder *b) { return b->t->nevents; }
+
+int gm__tb_event_copy(gm__trace_builder *b, size_t i, int device) {
+    if (i >= b->t->nevents) return gm__set_error(GM_EFORMAT, "event %zu of %zu", i, b->t->nevents);
+    gm_trace_event e = b->t->events[i];
+    e.device = (uint8_t)device;
+    return gm__tb_event(b, &e);
+}
+
 int gm__tb_segment(gm__trace_builder *b, const gm_trace_segment *s) {
     gm_trace *t = b->t;
     if (vec_reserve(&b->mem, (void **)&t->segments, &b->seg_cap, t->nsegments, sizeof *t->segments))
