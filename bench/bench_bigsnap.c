@@ -11,7 +11,8 @@
  * its own list of D frames drawn from a few hundred shared frame dicts, as
  * torch's py_symbolize shares them. Python's pickle.load reads the output.
  *
- * usage: bench_bigsnap OUT.pickle.gz EVENTS [--frames D] [--level L]
+ * usage: bench_bigsnap OUT.pickle.gz EVENTS [--frames D] [--level L] [--batch B]
+ * (--batch: items per APPENDS, for small fuzz seeds with several batches)
  * Files go wherever OUT says (never into the source tree: they are large). */
 #include <stdint.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@
 #include <zlib.h>
 
 #define FRAME_TARGET 65536
-#define BATCH 1000
+static int batch = 1000; /* CPython's pickler appends 1000 items at a time */
 
 typedef struct pk {
     gzFile gz;
@@ -191,7 +192,7 @@ typedef struct gen {
 } gen;
 
 static void emit(gen *g, int action, uint64_t addr, uint64_t size) {
-    if (g->n && g->n % BATCH == 0) { /* the device list's APPENDS, a new MARK */
+    if (g->n && g->n % (uint64_t)batch == 0) { /* the device list's APPENDS, a new MARK */
         op(g->w, 'e');
         op(g->w, '(');
     }
@@ -315,13 +316,14 @@ static void segments(pk *w) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: bench_bigsnap OUT.pickle.gz EVENTS [--frames D] [--level L]\n");
+        fprintf(stderr, "usage: bench_bigsnap OUT.pickle.gz EVENTS [--frames D] [--level L] [--batch B]\n");
         return 2;
     }
     int depth = 0, level = 6;
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--frames")) depth = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--level")) level = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]) > 0 ? atoi(argv[i + 1]) : 1000;
     }
     if (depth < 0 || depth > 64) depth = 64;
     char mode[8];

@@ -16,8 +16,11 @@
 #include "trace/trace.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <zlib.h>
 
 typedef struct buf {
     uint8_t *b;
@@ -292,11 +295,69 @@ static void test_stream_reuse(void **state) {
     free(b.b);
 }
 
+/* ---- gzip from a file: inflated by a second thread ------------------------- */
+
+static void write_gz(const char *path, const buf *b, size_t cut, long flip) {
+    uLongf n = compressBound((uLong)b->n) + 64;
+    uint8_t *z = malloc(n);
+    assert_non_null(z);
+    z_stream s = {0};
+    assert_int_equal(deflateInit2(&s, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+    s.next_in = b->b;
+    s.avail_in = (uInt)b->n;
+    s.next_out = z;
+    s.avail_out = (uInt)n;
+    assert_int_equal(deflate(&s, Z_FINISH), Z_STREAM_END);
+    size_t len = s.total_out;
+    deflateEnd(&s);
+    if (flip >= 0) z[flip] ^= 0x5a;
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(z, 1, cut && cut < len ? cut : len, f), cut && cut < len ? cut : len);
+    fclose(f);
+    free(z);
+}
+
+static void test_stream_gzip_file(void **state) {
+    (void)state;
+    char path[] = "/tmp/gm_stream_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    buf b = snapshot(70000, 2, ST_FRAMES); /* several MiB: the thread's four 1 MiB blocks wrap */
+    assert_true(b.n > 5 * ((size_t)1 << 20));
+    gm_trace *mem = load(&b), *t = NULL;
+    write_gz(path, &b, 0, -1);
+    if (gm_trace_load_file(path, &t)) fail_msg("%s", gm_last_error_detail());
+    same_trace(mem, t);
+    gm_trace_free(t);
+    /* cut anywhere, or a byte changed: a clear error, the thread stopped (no leak, no hang) */
+    static const size_t cuts[] = {3, 20, 5000, 200000, 400000};
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
+        write_gz(path, &b, cuts[i], -1);
+        assert_int_equal(gm_trace_load_file(path, &t), GM_EFORMAT);
+        if (!strstr(gm_last_error_detail(), "truncated")) fail_msg("cut %zu: %s", cuts[i], gm_last_error_detail());
+    }
+    write_gz(path, &b, 0, 100000);
+    assert_int_equal(gm_trace_load_file(path, &t), GM_EFORMAT);
+    if (!strstr(gm_last_error_detail(), "gzip") && !strstr(gm_last_error_detail(), "malformed"))
+        fail_msg("%s", gm_last_error_detail());
+    /* a pickle error early in a big file: the thread is stopped while it has blocks to give */
+    b.b[40] = 0xff;
+    write_gz(path, &b, 0, -1);
+    assert_int_equal(gm_trace_load_file(path, &t), GM_EFORMAT);
+    assert_null(t);
+    unlink(path);
+    gm_trace_free(mem);
+    free(b.b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream_same_as_tree),
         cmocka_unit_test(test_stream_memory_flat),
         cmocka_unit_test(test_stream_reuse),
+        cmocka_unit_test(test_stream_gzip_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #define HUGE_PAGE ((size_t)2 << 20)
@@ -249,8 +250,12 @@ static void *zp_main(void *arg) {
     return NULL;
 }
 
-/* Start inflating r's source in a thread (no thread: r inflates itself). */
+/* Start inflating r's source in a thread (no thread: r inflates itself).
+ * Regular files only: a read of one always returns, so stopping the thread
+ * never waits on a pipe's writer. */
 static void zp_start(reader *r) {
+    struct stat st;
+    if (fstat(fileno(r->src.in), &st) != 0 || !S_ISREG(st.st_mode)) return;
     zpipe *zp = calloc(1, sizeof *zp);
     if (!zp) return;
     zp->src = &r->src;
