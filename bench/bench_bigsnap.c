@@ -78,6 +78,10 @@ static void str_new(pk *w, const char *s) {
     op(w, (uint8_t)n);
     put(w, s, n);
 }
+static void str_memo(pk *w, const char *s) { /* a str object used once (memoized all the same) */
+    str_new(w, s);
+    memoize(w);
+}
 static void str(pk *w, sobj *o) {
     if (o->memo >= 0) {
         get(w, (uint32_t)o->memo);
@@ -142,8 +146,7 @@ static void frame_dict(pk *w, int f) {
     frame_memo[f] = memoize(w);
     op(w, '(');
     str(w, &keys[K_NAME]);
-    str_new(w, frame_names[f]);
-    memoize(w);
+    str_memo(w, frame_names[f]);
     str(w, &keys[K_FILE]);
     str(w, &frame_files[f % 8]);
     str(w, &keys[K_LINE]);
@@ -176,8 +179,7 @@ static void event(pk *w, int action, uint64_t addr, uint64_t size, int64_t t, in
         op(w, 'e');
     }
     str(w, &keys[K_CC]);
-    str_new(w, "N/A"); /* a new str object per event, as torch makes it */
-    memoize(w);
+    str_memo(w, "N/A"); /* a new str object per event, as torch makes it */
     str(w, &keys[K_UM]);
     str(w, &empty_str);
     op(w, 'u');
@@ -256,29 +258,22 @@ static void segments(pk *w) {
     op(w, '(');
     int64_t v[] = {0, (int64_t)SEG_BASE, (int64_t)SEG_SIZE, 0, 0, 0, 0};
     for (int i = 0; i < 7; i++) {
-        str_new(w, sk[i]);
-        memoize(w);
+        str_memo(w, sk[i]);
         int_(w, v[i]);
     }
-    str_new(w, sk[7]);
-    memoize(w);
-    str_new(w, "large");
-    memoize(w);
-    str_new(w, sk[8]);
-    memoize(w);
+    str_memo(w, sk[7]);
+    str_memo(w, "large");
+    str_memo(w, sk[8]);
     int_(w, 0);
     int_(w, 0);
     op(w, 0x86);
     memoize(w);
-    str_new(w, sk[9]);
-    memoize(w);
+    str_memo(w, sk[9]);
     op(w, 0x89);
-    str_new(w, sk[10]);
-    memoize(w);
+    str_memo(w, sk[10]);
     op(w, ']');
     memoize(w);
-    str_new(w, sk[11]);
-    memoize(w);
+    str_memo(w, sk[11]);
     op(w, ']');
     memoize(w);
     /* the weights' blocks, one memoized dict each: as in a real snapshot,
@@ -300,8 +295,7 @@ static void segments(pk *w) {
             if (k < 3) {
                 int_(w, (int64_t)SEG_BASE + b);
             } else if (k == 3) {
-                str_new(w, "active_allocated");
-                memoize(w);
+                str_memo(w, "active_allocated");
             } else {
                 op(w, ']');
                 memoize(w);
@@ -347,24 +341,19 @@ int main(int argc, char **argv) {
     op(&w, '}');
     memoize(&w);
     op(&w, '(');
-    str_new(&w, "segments");
-    memoize(&w);
+    str_memo(&w, "segments");
     segments(&w);
-    str_new(&w, "device_traces");
-    memoize(&w);
+    str_memo(&w, "device_traces");
     gen g = {.w = &w, .want = strtoull(argv[2], NULL, 10), .depth = depth};
     if (g.want < 1) g.want = 1;
     events(&g);
-    str_new(&w, "allocator_settings");
-    memoize(&w);
+    str_memo(&w, "allocator_settings");
     op(&w, '}');
     memoize(&w);
-    str_new(&w, "PYTORCH_CUDA_ALLOC_CONF");
-    memoize(&w);
+    str_memo(&w, "PYTORCH_CUDA_ALLOC_CONF");
     str(&w, &empty_str);
     op(&w, 's');
-    str_new(&w, "external_annotations");
-    memoize(&w);
+    str_memo(&w, "external_annotations");
     op(&w, ']');
     memoize(&w);
     op(&w, 'u');

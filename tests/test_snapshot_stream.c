@@ -15,6 +15,8 @@
 #include "trace/pickle.h"
 #include "trace/trace.h"
 
+#include "pickle_buf.h"
+
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,41 +24,20 @@
 #include <unistd.h>
 #include <zlib.h>
 
-typedef struct buf {
-    uint8_t *b;
-    size_t n, cap;
-    uint32_t memo;
-} buf;
-
-static void put(buf *b, const void *p, size_t n) {
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2;
-        b->b = realloc(b->b, b->cap);
-        assert_non_null(b->b);
-    }
-    memcpy(b->b + b->n, p, n);
-    b->n += n;
-}
-static void op(buf *b, uint8_t o) { put(b, &o, 1); }
 static void le32(buf *b, uint32_t v) {
-    for (int i = 0; i < 4; i++) op(b, (uint8_t)(v >> (8 * i)));
+    for (int i = 0; i < 4; i++) put_op(b, (uint8_t)(v >> (8 * i)));
 }
 static uint32_t memo_put(buf *b) { /* LONG_BINPUT */
-    op(b, 'r');
+    put_op(b, 'r');
     le32(b, b->memo);
     return b->memo++;
 }
 static void memo_get(buf *b, uint32_t i) { /* LONG_BINGET */
-    op(b, 'j');
+    put_op(b, 'j');
     le32(b, i);
 }
-static void str(buf *b, const char *s) { /* SHORT_BINUNICODE */
-    op(b, 0x8c);
-    op(b, (uint8_t)strlen(s));
-    put(b, s, strlen(s));
-}
 static void int_(buf *b, uint32_t v) { /* BININT */
-    op(b, 'J');
+    put_op(b, 'J');
     le32(b, v);
 }
 
@@ -67,7 +48,7 @@ typedef struct sref {
 } sref;
 static void sstr(buf *b, sref *r) {
     if (r->memo >= 0) return memo_get(b, (uint32_t)r->memo);
-    str(b, r->s);
+    put_str(b, r->s);
     r->memo = memo_put(b);
 }
 
@@ -90,18 +71,18 @@ static buf snapshot(size_t n, int ndev, int how) {
     uint32_t ev3 = 0;
     put(&b, "\x80\x04}", 3);
     memo_put(&b);
-    op(&b, '(');
-    str(&b, "device_traces");
+    put_op(&b, '(');
+    put_str(&b, "device_traces");
     memo_put(&b);
-    op(&b, ']');
+    put_op(&b, ']');
     memo_put(&b);
-    if (ndev > 1) op(&b, '(');
+    if (ndev > 1) put_op(&b, '(');
     for (int d = 0; d < ndev; d++) {
-        if (how & ST_TREE) op(&b, '(');
+        if (how & ST_TREE) put_op(&b, '(');
         else {
-            op(&b, ']');
+            put_op(&b, ']');
             memo_put(&b);
-            op(&b, '(');
+            put_op(&b, '(');
         }
         for (size_t i = 0; i < n; i++) {
             if (i && i % 1000 == 0 && !(how & ST_TREE)) put(&b, "e(", 2);
@@ -109,10 +90,10 @@ static buf snapshot(size_t n, int ndev, int how) {
                 memo_get(&b, ev3);
                 continue;
             }
-            op(&b, '}');
+            put_op(&b, '}');
             uint32_t m = memo_put(&b);
             if (i == 3 && d == 0) ev3 = m;
-            op(&b, '(');
+            put_op(&b, '(');
             sstr(&b, &k_action);
             sstr(&b, i % 2 ? &a_free : &a_alloc);
             sstr(&b, &k_addr);
@@ -124,51 +105,51 @@ static buf snapshot(size_t n, int ndev, int how) {
                 if (i % 5 == 4 && list_memo[(i + 3) % 8] >= 0) {
                     memo_get(&b, (uint32_t)list_memo[(i + 3) % 8]); /* an earlier event's list */
                 } else {
-                    op(&b, ']');
+                    put_op(&b, ']');
                     list_memo[i % 8] = memo_put(&b);
-                    op(&b, '(');
+                    put_op(&b, '(');
                     for (size_t k = 0; k < 3; k++) {
                         size_t f = (i * 7 + k) % 20;
                         if (frame_memo[f] >= 0) {
                             memo_get(&b, (uint32_t)frame_memo[f]);
                             continue;
                         }
-                        op(&b, '}');
+                        put_op(&b, '}');
                         frame_memo[f] = memo_put(&b);
-                        op(&b, '(');
+                        put_op(&b, '(');
                         sstr(&b, &k_name);
                         char nm[16];
                         snprintf(nm, sizeof nm, "fn%zu", f);
-                        str(&b, nm);
+                        put_str(&b, nm);
                         sstr(&b, &k_file);
                         sstr(&b, &file);
                         sstr(&b, &k_line);
                         int_(&b, (uint32_t)f);
-                        op(&b, 'u');
+                        put_op(&b, 'u');
                     }
-                    op(&b, 'e');
+                    put_op(&b, 'e');
                 }
             }
-            op(&b, 'u');
+            put_op(&b, 'u');
         }
         if (how & ST_TREE) {
-            op(&b, 'l');
+            put_op(&b, 'l');
             memo_put(&b);
         } else {
-            op(&b, 'e');
+            put_op(&b, 'e');
         }
         if ((how & ST_MISPLACE) && d == 0) put(&b, "0]", 2); /* POP the list, an empty one instead */
     }
-    op(&b, ndev > 1 ? 'e' : 'a');
+    put_op(&b, ndev > 1 ? 'e' : 'a');
     if (how & ST_MODIFY) {
         memo_get(&b, ev3);
-        str(&b, "late");
-        op(&b, 'N');
-        op(&b, 's');
-        op(&b, '0');
+        put_str(&b, "late");
+        put_op(&b, 'N');
+        put_op(&b, 's');
+        put_op(&b, '0');
     }
-    str(&b, "segments");
-    op(&b, ']');
+    put_str(&b, "segments");
+    put_op(&b, ']');
     put(&b, "u.", 2);
     return b;
 }

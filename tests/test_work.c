@@ -21,6 +21,7 @@
 #include "trace/trace.h"
 
 #include "fnv_flood.h"
+#include "pickle_buf.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -30,28 +31,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-typedef struct buf {
-    uint8_t *b;
-    size_t n, cap;
-} buf;
-
-static void put(buf *b, const void *p, size_t n) {
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2;
-        b->b = realloc(b->b, b->cap);
-        assert_non_null(b->b);
-    }
-    memcpy(b->b + b->n, p, n);
-    b->n += n;
-}
-static void put_op(buf *b, uint8_t op) { put(b, &op, 1); }
-static void put_str(buf *b, const char *s) { /* SHORT_BINUNICODE */
-    size_t n = strlen(s);
-    assert_true(n < 256);
-    put_op(b, 0x8c);
-    put_op(b, (uint8_t)n);
-    put(b, s, n);
-}
 static void put_int(buf *b, uint32_t v) { /* BININT */
     put_op(b, 'J');
     for (int i = 0; i < 4; i++) put_op(b, (uint8_t)(v >> (8 * i)));
@@ -210,7 +189,7 @@ static void put_le(uint8_t *p, uint64_t v, int n) {
 /* A .gmt of `body` (declared as its length), then `pad` zero bytes. */
 static buf gmt_file(const uint8_t *body, size_t n, size_t pad) {
     uLong bound = compressBound((uLong)n);
-    buf b = {malloc(24 + bound + pad), 0, 24 + bound + pad};
+    buf b = {malloc(24 + bound + pad), 0, 24 + bound + pad, 0};
     assert_non_null(b.b);
     memcpy(b.b, GM_TRACE_MAGIC, 8);
     put_le(b.b + 8, GM_TRACE_VERSION, 4);
