@@ -266,9 +266,8 @@ static const char *bad_segment(const gm_trace_event *e) {
     return NULL;
 }
 
-static int collect_hints(gm_replay_prog *p, const gm_trace_event *ev, size_t n) {
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += ev[i].action == GM_TA_SEGMENT_ALLOC;
+/* k: the segment_allocs among the n events (counted by the caller's pass) */
+static int collect_hints(gm_replay_prog *p, const gm_trace_event *ev, size_t n, size_t k) {
     if (!k) return GM_OK;
     p->hint_size = malloc(k * sizeof *p->hint_size);
     p->hint_addr = malloc(k * sizeof *p->hint_addr);
@@ -302,13 +301,15 @@ int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out) {
     /* old snapshots record no free_completed: then free_requested is the free */
     int free_action = GM_TA_FREE_COMPLETED;
     bool any_completed = false, any_requested = false;
+    size_t segs = 0;
     for (size_t i = 0; i < n; i++) {
         any_completed |= ev[i].action == GM_TA_FREE_COMPLETED;
         any_requested |= ev[i].action == GM_TA_FREE_REQUESTED;
+        segs += ev[i].action == GM_TA_SEGMENT_ALLOC;
     }
     if (!any_completed && any_requested) free_action = GM_TA_FREE_REQUESTED;
     uint32_t *seg_pool = malloc((t->nsegments ? t->nsegments : 1) * sizeof *seg_pool);
-    int rc = seg_pool ? collect_hints(p, ev, n) : GM_ENOHOSTMEM;
+    int rc = seg_pool ? collect_hints(p, ev, n, segs) : GM_ENOHOSTMEM;
     if (!rc) rc = collect_pools(p, t, device, seg_pool);
     if (!rc && p->npools && !(p->op_pool = calloc(n ? n : 1, sizeof *p->op_pool))) rc = GM_ENOHOSTMEM;
     if (!rc) rc = compile_events(p, ev, n, free_action);
