@@ -34,6 +34,8 @@
 
 #define INTERN_MAX 64 /* intern str objects up to this many bytes */
 #define ITEM_CLASSES 40
+#define RECENT 64 /* direct-mapped, so a file can only make it miss, never search it */
+#define RECENT_MAX 16
 
 /* ---- the loader -------------------------------------------------------- */
 
@@ -58,6 +60,7 @@ struct gm__pickle {
     size_t memo_cap, memo_count;
     pobj **intern;
     size_t intern_cap, intern_count;
+    pobj *recent[RECENT]; /* interned short strs by a cheap index: a snapshot names a few thousand times a second */
     /* streaming */
     const gm__pickle_sink *sink;
     uint64_t seq;                   /* containers made so far */
@@ -442,12 +445,20 @@ static int intern_grow(gm__pickle *p) {
 static gm__pval mk_bytes(gm__pickle *p, gm__ptype t, const uint8_t *s, size_t n) {
     uint32_t h = 0;
     size_t slot = 0;
+    size_t ri = n ? (n * 31 + s[0] * 7 + s[n - 1]) % RECENT : 0;
+    if (t == GM__PT_STR && n <= RECENT_MAX) { /* before the keyed hash: 'N/A' for every event */
+        pobj *o = p->recent[ri];
+        if (o && o->len == n && memcmp(o->u.s, s, n) == 0) return PV(o);
+    }
     if (t == GM__PT_STR && n <= INTERN_MAX) {
         if (p->intern_count * 2 >= p->intern_cap && intern_grow(p) != GM_OK) return 0;
         h = hash_bytes(s, n);
         slot = h & (p->intern_cap - 1);
         for (pobj *o; (o = p->intern[slot]) != NULL; slot = (slot + 1) & (p->intern_cap - 1), gm__work_steps++)
-            if (o->hash == h && o->len == n && memcmp(o->u.s, s, n) == 0) return PV(o);
+            if (o->hash == h && o->len == n && memcmp(o->u.s, s, n) == 0) {
+                if (n <= RECENT_MAX) p->recent[ri] = o;
+                return PV(o);
+            }
     }
     pobj *o = arena_alloc(p, sizeof *o + n + 1);
     if (!o) return 0;
@@ -461,6 +472,7 @@ static gm__pval mk_bytes(gm__pickle *p, gm__ptype t, const uint8_t *s, size_t n)
     if (t == GM__PT_STR && n <= INTERN_MAX) {
         p->intern[slot] = o;
         p->intern_count++;
+        if (n <= RECENT_MAX) p->recent[ri] = o;
     }
     return PV(o);
 }
