@@ -21,6 +21,7 @@
 #include "trace/trace.h"
 
 #include "fnv_flood.h"
+#include "pickle_buf.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -30,28 +31,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-typedef struct buf {
-    uint8_t *b;
-    size_t n, cap;
-} buf;
-
-static void put(buf *b, const void *p, size_t n) {
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2;
-        b->b = realloc(b->b, b->cap);
-        assert_non_null(b->b);
-    }
-    memcpy(b->b + b->n, p, n);
-    b->n += n;
-}
-static void put_op(buf *b, uint8_t op) { put(b, &op, 1); }
-static void put_str(buf *b, const char *s) { /* SHORT_BINUNICODE */
-    size_t n = strlen(s);
-    assert_true(n < 256);
-    put_op(b, 0x8c);
-    put_op(b, (uint8_t)n);
-    put(b, s, n);
-}
 static void put_int(buf *b, uint32_t v) { /* BININT */
     put_op(b, 'J');
     for (int i = 0; i < 4; i++) put_op(b, (uint8_t)(v >> (8 * i)));
@@ -142,12 +121,14 @@ static void test_scope_flood(void **state) {
 /* ---- the snapshot reader's scans: one dict named by every event ------------ */
 
 /* {"device_traces": [[d, d, ...]]}, d an event dict with `keys` extra keys,
- * named `refs` times through the memo (2 bytes each). */
-static buf shared_dict_snapshot(size_t keys, size_t refs) {
+ * named `refs` times through the memo (2 bytes each); or {"segments": [d,
+ * d, ...]}. */
+static buf shared_dict_snapshot(size_t keys, size_t refs, bool segments) {
     buf b = {0};
     put(&b, "\x80\x04}(", 4);
-    put_str(&b, "device_traces");
-    put(&b, "](](", 4); /* [ [ MARK */
+    put_str(&b, segments ? "segments" : "device_traces");
+    if (segments) put(&b, "](", 2); /* [ MARK */
+    else put(&b, "](](", 4); /* [ [ MARK */
     put(&b, "}(", 2);
     put_str(&b, "action");
     put_str(&b, "alloc");
@@ -163,25 +144,36 @@ static buf shared_dict_snapshot(size_t keys, size_t refs) {
     }
     put(&b, "uq\x00", 3); /* SETITEMS, BINPUT 0 */
     for (size_t i = 1; i < refs; i++) put(&b, "h\x00", 2); /* BINGET 0 */
-    put(&b, "eeu.", 4); /* APPENDS, APPENDS, SETITEMS, STOP */
+    if (segments) put(&b, "eu.", 3); /* APPENDS, SETITEMS, STOP */
+    else put(&b, "eeu.", 4); /* APPENDS, APPENDS, SETITEMS, STOP */
     return b;
 }
 
 static void test_shared_dict(void **state) {
     (void)state;
-    /* 4096 x 4096 scans from ~60 KB: refused within the budget */
-    buf b = shared_dict_snapshot(4096, 4096);
+    /* segments: 4096 x 4096 scans from ~60 KB: refused within the budget */
+    buf b = shared_dict_snapshot(4096, 4096, true);
     uint64_t s0 = gm__work_steps;
     gm_trace *t = NULL;
     assert_int_equal(gm_trace_load_mem(b.b, b.n, &t), GM_EFORMAT);
     uint64_t steps = gm__work_steps - s0;
     assert_null(t);
     if (!strstr(gm_last_error_detail(), "steps per byte")) fail_msg("error: %s", gm_last_error_detail());
-    print_message("shared dict: %zu bytes, %llu steps, refused\n", b.n, (unsigned long long)steps);
+    print_message("shared segment dict: %zu bytes, %llu steps, refused\n", b.n, (unsigned long long)steps);
     assert_true(steps <= ((uint64_t)1 << 20) + 64 * b.n + 2 * 4096 + 16 * b.n);
     free(b.b);
+    /* events: the dict is read once (tagged with its event), then copied */
+    b = shared_dict_snapshot(4096, 4096, false);
+    s0 = gm__work_steps;
+    assert_int_equal(gm_trace_load_mem(b.b, b.n, &t), GM_OK);
+    steps = gm__work_steps - s0;
+    assert_int_equal(t->nevents, 4096);
+    print_message("shared event dict: %zu bytes, %llu steps\n", b.n, (unsigned long long)steps);
+    assert_true(steps <= 4 * b.n);
+    gm_trace_free(t);
+    free(b.b);
     /* a few sharers of a small dict are fine */
-    b = shared_dict_snapshot(3, 100);
+    b = shared_dict_snapshot(3, 100, false);
     assert_int_equal(gm_trace_load_mem(b.b, b.n, &t), GM_OK);
     assert_int_equal(t->nevents, 100);
     gm_trace_free(t);
@@ -197,7 +189,7 @@ static void put_le(uint8_t *p, uint64_t v, int n) {
 /* A .gmt of `body` (declared as its length), then `pad` zero bytes. */
 static buf gmt_file(const uint8_t *body, size_t n, size_t pad) {
     uLong bound = compressBound((uLong)n);
-    buf b = {malloc(24 + bound + pad), 0, 24 + bound + pad};
+    buf b = {malloc(24 + bound + pad), 0, 24 + bound + pad, 0};
     assert_non_null(b.b);
     memcpy(b.b, GM_TRACE_MAGIC, 8);
     put_le(b.b + 8, GM_TRACE_VERSION, 4);
@@ -402,7 +394,7 @@ static void test_steps_per_byte(void **state) {
         for (int shape = 0; shape < 3; shape++) {
             buf b = {0};
             if (shape == 2) {
-                b = shared_dict_snapshot(n, n);
+                b = shared_dict_snapshot(n, n, lg % 2);
             } else {
                 put(&b, "\x80\x04](", 4);
                 uint64_t k = 0;
@@ -427,12 +419,119 @@ static void test_steps_per_byte(void **state) {
     }
 }
 
+/* ---- issue 43 item 4: replay compile, linear in private-pool segments ------ */
+
+/* A trace of nseg segments of 2 MiB in npools pools (segment i in pool
+ * i % npools, or none for every seventh), one allocation in each. */
+static gm_trace *pool_trace(size_t nseg, uint32_t npools) {
+    gm__trace_builder *b = gm__tb_new();
+    assert_non_null(b);
+    for (size_t i = 0; i < nseg; i++) {
+        uint64_t base = (uint64_t)(i + 1) << 21;
+        gm_trace_segment s = {.address = base, .total_size = (uint64_t)1 << 21, .large = true};
+        if (i % 7) {
+            s.pool_id[0] = 1 + i % npools;
+            s.pool_id[1] = 3;
+        }
+        assert_int_equal(gm__tb_segment(b, &s), GM_OK);
+        gm_trace_event e = {.addr = base + 512, .size = 512, .action = GM_TA_ALLOC, .time_us = (int64_t)i};
+        assert_int_equal(gm__tb_event(b, &e), GM_OK);
+    }
+    gm_trace *t;
+    assert_int_equal(gm__tb_finish(b, "gmt", &t), GM_OK);
+    return t;
+}
+
+static void test_pool_segments(void **state) {
+    (void)state;
+    /* 8192 pool segments and allocations: a scan of every segment per
+     * allocation was ~3e7 steps (101-122 s for a 130 KB trace); an index
+     * is a few dozen steps per segment and allocation */
+    size_t n = 8192;
+    gm_trace *t = pool_trace(n, 64);
+    uint64_t s0 = gm__work_steps;
+    gm_replay_prog *p;
+    assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
+    uint64_t steps = gm__work_steps - s0;
+    print_message("pool segments: %zu segments and allocations, %llu steps\n", n, (unsigned long long)steps);
+    if (steps > 64 * 2 * n) fail_msg("%llu steps to compile %zu pool segments: not linear", (unsigned long long)steps, n);
+    assert_int_equal(gm_replay_prog_pools(p), 64);
+    uint32_t number[65] = {0}, np = 0; /* pools are numbered in the order of their first segment */
+    for (size_t i = 0; i < n; i++) {
+        uint32_t want = 0;
+        if (i % 7) want = number[1 + i % 64] ? number[1 + i % 64] : (number[1 + i % 64] = ++np);
+        assert_int_equal(gm__replay_op_pool(p, i), want);
+    }
+    gm_replay_prog_free(p);
+    gm_trace_free(t);
+}
+
+/* Overlapping segments (a hostile trace; torch never writes them), other
+ * devices, pool 0: the pool of an address is that of the first segment in
+ * the trace's order that holds it, as a scan finds it. */
+static void test_pool_overlaps(void **state) {
+    (void)state;
+    uint64_t x = 88172645463325252ull;
+    for (int round = 0; round < 50; round++) {
+        gm__trace_builder *b = gm__tb_new();
+        assert_non_null(b);
+        size_t nseg = 1 + (size_t)(x % 40), nev = 200;
+        gm_trace_segment segs[40];
+        for (size_t i = 0; i < nseg; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            gm_trace_segment s = {.address = (x % 64) << 12, .total_size = ((x >> 8) % 24) << 12,
+                                  .device = (uint8_t)((x >> 20) % 5 == 0)};
+            if ((x >> 24) % 4) s.pool_id[0] = 1 + (x >> 28) % 5, s.pool_id[1] = (x >> 32) % 2;
+            if (round == 0 && i == 0) s.address = UINT64_MAX - 4095, s.total_size = 8192; /* wraps */
+            segs[i] = s;
+            assert_int_equal(gm__tb_segment(b, &s), GM_OK);
+        }
+        uint64_t addrs[200];
+        for (size_t i = 0; i < nev; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            addrs[i] = round == 0 && i < 10 ? UINT64_MAX - i * 1000 : (x % (100 << 12)) + 1;
+            gm_trace_event e = {.addr = addrs[i], .size = 512, .action = GM_TA_ALLOC};
+            assert_int_equal(gm__tb_event(b, &e), GM_OK);
+        }
+        gm_trace *t;
+        assert_int_equal(gm__tb_finish(b, "gmt", &t), GM_OK);
+        gm_replay_prog *p;
+        assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
+        /* the pools, numbered by first segment; then each address by scan */
+        uint64_t ids[40][2];
+        uint32_t np = 0;
+        for (size_t i = 0; i < nseg; i++) {
+            if (segs[i].device || (!segs[i].pool_id[0] && !segs[i].pool_id[1])) continue;
+            uint32_t k = 0;
+            while (k < np && (ids[k][0] != segs[i].pool_id[0] || ids[k][1] != segs[i].pool_id[1])) k++;
+            if (k == np) ids[np][0] = segs[i].pool_id[0], ids[np++][1] = segs[i].pool_id[1];
+        }
+        assert_int_equal(gm_replay_prog_pools(p), np);
+        for (size_t e = 0; e < nev; e++) {
+            uint32_t want = 0;
+            for (size_t i = 0; i < nseg && !want; i++) {
+                const gm_trace_segment *s = &segs[i];
+                if (s->device || (!s->pool_id[0] && !s->pool_id[1])) continue;
+                if (addrs[e] < s->address || addrs[e] - s->address >= s->total_size) continue;
+                for (uint32_t k = 0; k < np; k++)
+                    if (ids[k][0] == s->pool_id[0] && ids[k][1] == s->pool_id[1]) want = k + 1;
+            }
+            if (gm__replay_op_pool(p, e) != want)
+                fail_msg("round %d, address 0x%llx: pool %u, a scan finds %u", round, (unsigned long long)addrs[e],
+                         gm__replay_op_pool(p, e), want);
+        }
+        gm_replay_prog_free(p);
+        gm_trace_free(t);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_intern_flood),     cmocka_unit_test(test_scope_flood),
         cmocka_unit_test(test_shared_dict),      cmocka_unit_test(test_padded_gmt),
         cmocka_unit_test(test_endless_input),    cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_steps_per_byte),
+        cmocka_unit_test(test_steps_per_byte),   cmocka_unit_test(test_pool_segments),
+        cmocka_unit_test(test_pool_overlaps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,22 +5,37 @@
  * become opaque values. Gzip input is inflated in windows (a trace of 80 MB
  * never sits in memory whole); need() guarantees that n bytes are readable
  * before any opcode argument is touched, which is the whole bounds story.
- * Every table counts against limits.max_memory. */
+ * Every table counts against limits.max_memory.
+ *
+ * Streaming (pickle.h's sink): a snapshot's events are converted as they are
+ * appended, and the containers of a batch (the items between a MARK and its
+ * APPENDS) are released and reused, so ten million events never stand as a
+ * tree. A container may be released only when nothing can reach it again:
+ * it was made after the batch's MARK (so it is not on the stack below it),
+ * no container holds it (o.hash counts them), one memo entry at most holds
+ * it (that entry becomes a GM__PT_CONVERTED value carrying the client's
+ * tag), and the client tagged it. Containers and item arrays come from free
+ * lists, item arrays in power-of-two classes. */
 #include "pickle_value.h"
 
 #include "util/idmap.h"
 #include "internal.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #define HUGE_PAGE ((size_t)2 << 20)
 #define CHUNK_MAX ((size_t)32 << 20)
 
 #define INTERN_MAX 64 /* intern str objects up to this many bytes */
+#define ITEM_CLASSES 40
+#define RECENT 64 /* direct-mapped, so a file can only make it miss, never search it */
+#define RECENT_MAX 16
 
 /* ---- the loader -------------------------------------------------------- */
 
@@ -39,28 +54,48 @@ struct gm__pickle {
     /* tables (freed after loading) */
     gm__pval *stack;
     size_t sp, stack_cap;
-    size_t *marks;
+    struct pmark { size_t sp; uint64_t seq; } *marks; /* seq: containers made before the MARK */
     size_t nmarks, marks_cap;
     gm__pval *memo;
     size_t memo_cap, memo_count;
     pobj **intern;
     size_t intern_cap, intern_count;
+    pobj *recent[RECENT]; /* interned short strs by a cheap index: a snapshot names a few thousand times a second */
+    /* streaming */
+    const gm__pickle_sink *sink;
+    uint64_t seq;                   /* containers made so far */
+    pcont *free_cont;               /* released containers (linked through o.u.items) */
+    gm__pval *free_items[ITEM_CLASSES]; /* released item arrays of 2^c items (linked through [0]) */
+    gm__pval *work;                 /* containers being released */
+    size_t nwork, work_cap;
+    const struct reader *rd;        /* while loading: where the input is */
 };
+
+/* Where the bytes come from: zlib over the head and `in`, or `in` alone.
+ * Gzip from a file is inflated by a thread of its own (zpipe) while the
+ * opcodes run: inflating is a fifth of reading a big snapshot. */
+typedef struct zsrc {
+    z_stream z;
+    /* a file read as the parse goes (NULL: all input is in memory), so a
+     * pipe or /dev/zero is refused at its first bad byte, never buffered */
+    FILE *in;
+    uint8_t *ibuf; /* gzip: compressed bytes read from `in` */
+    bool ieof, zend;
+    int zerr;       /* why it ended: 0 at its end, else ZERR_* */
+    uint64_t iread; /* bytes read from `in` */
+} zsrc;
+
+struct zpipe;
 
 typedef struct reader {
     const uint8_t *p, *end, *wbase;
     uint64_t base; /* absolute offset of wbase[0] */
     bool gz, zend; /* zend: the input (after gunzip) has ended */
     int zerr; /* why it ended: 0 at its end, else ZERR_* */
-    z_stream z;
+    zsrc src; /* the inflating thread's while it runs; read here once it has ended */
+    struct zpipe *pipe;
     uint8_t *buf;
     size_t bufcap;
-    /* a file read as the parse goes (NULL: all input is in memory), so a
-     * pipe or /dev/zero is refused at its first bad byte, never buffered */
-    FILE *in;
-    uint8_t *ibuf; /* gzip: compressed bytes read from `in` */
-    bool ieof;
-    uint64_t iread; /* bytes read from `in` */
     gm__pickle *pk;
 } reader;
 
@@ -129,7 +164,7 @@ void gm__pickle_limits_init(gm__pickle_limits *l) {
 /* ---- input window ------------------------------------------------------ */
 
 /* Read up to room bytes of `in` (counted against the file limit). */
-static size_t read_in(reader *r, uint8_t *out, size_t room) {
+static size_t read_in(zsrc *r, uint8_t *out, size_t room) {
     size_t k = fread(out, 1, room, r->in);
     r->iread += k;
     if (r->iread > GM_LIMIT_TRACE_FILE_BYTES) {
@@ -145,7 +180,7 @@ static size_t read_in(reader *r, uint8_t *out, size_t room) {
 }
 
 /* gzip from a file: more compressed input once zlib has used it all. */
-static void gz_fill(reader *r) {
+static void gz_fill(zsrc *r) {
     if (r->z.avail_in || !r->in || r->ieof) return;
     if (!r->ibuf && !(r->ibuf = malloc(IBUF_SIZE))) {
         r->zerr = ZERR_IO;
@@ -159,7 +194,7 @@ static void gz_fill(reader *r) {
 /* One inflate call into out[0..room): returns the bytes it produced. At the
  * end of the stream, on corruption or on a cut file it sets zend (and zerr);
  * concatenated gzip members continue the stream. */
-static size_t inflate_into(reader *r, uint8_t *out, size_t room) {
+static size_t inflate_into(zsrc *r, uint8_t *out, size_t room) {
     gz_fill(r);
     if (r->zend) return 0;
     r->z.next_out = out;
@@ -179,17 +214,127 @@ static size_t inflate_into(reader *r, uint8_t *out, size_t room) {
     return produced;
 }
 
+/* ---- the inflating thread ---------------------------------------------- */
+
+#define ZP_BLOCKS 4
+#define ZP_BLOCK ((size_t)1 << 20)
+
+typedef struct zpipe {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint8_t *blk[ZP_BLOCKS];
+    size_t len[ZP_BLOCKS];
+    unsigned head, count; /* filled blocks: head, head + 1, ... (mod ZP_BLOCKS) */
+    size_t off;           /* bytes of blk[head] taken */
+    bool done, stop;      /* done: the source ended (zsrc's zend); stop: the reader left */
+    zsrc *src;
+} zpipe;
+
+static void *zp_main(void *arg) {
+    zpipe *zp = arg;
+    pthread_mutex_lock(&zp->mu);
+    while (!zp->stop && !zp->done) {
+        if (zp->count == ZP_BLOCKS) {
+            pthread_cond_wait(&zp->cv, &zp->mu);
+            continue;
+        }
+        unsigned slot = (zp->head + zp->count) % ZP_BLOCKS;
+        pthread_mutex_unlock(&zp->mu);
+        size_t k = 0;
+        while (k < ZP_BLOCK && !zp->src->zend) k += inflate_into(zp->src, zp->blk[slot] + k, ZP_BLOCK - k);
+        pthread_mutex_lock(&zp->mu);
+        zp->len[slot] = k;
+        zp->count++;
+        zp->done = zp->src->zend;
+        pthread_cond_broadcast(&zp->cv);
+    }
+    pthread_mutex_unlock(&zp->mu);
+    return NULL;
+}
+
+/* Start inflating r's source in a thread (no thread: r inflates itself).
+ * Regular files only: a read of one always returns, so stopping the thread
+ * never waits on a pipe's writer. */
+static void zp_start(reader *r) {
+    struct stat st;
+    if (fstat(fileno(r->src.in), &st) != 0 || !S_ISREG(st.st_mode)) return;
+    zpipe *zp = calloc(1, sizeof *zp);
+    if (!zp) return;
+    zp->src = &r->src;
+    bool mu = pthread_mutex_init(&zp->mu, NULL) == 0;
+    bool cv = mu && pthread_cond_init(&zp->cv, NULL) == 0, ok = cv;
+    for (int i = 0; ok && i < ZP_BLOCKS; i++) ok = (zp->blk[i] = malloc(ZP_BLOCK)) != NULL;
+    if (ok && pthread_create(&zp->th, NULL, zp_main, zp) == 0) {
+        r->pipe = zp;
+        return;
+    }
+    for (int i = 0; i < ZP_BLOCKS; i++) free(zp->blk[i]);
+    if (cv) pthread_cond_destroy(&zp->cv);
+    if (mu) pthread_mutex_destroy(&zp->mu);
+    free(zp);
+}
+
+static void zp_end(reader *r) {
+    zpipe *zp = r->pipe;
+    if (!zp) return;
+    pthread_mutex_lock(&zp->mu);
+    zp->stop = true;
+    pthread_cond_broadcast(&zp->cv);
+    pthread_mutex_unlock(&zp->mu);
+    pthread_join(zp->th, NULL);
+    pthread_cond_destroy(&zp->cv);
+    pthread_mutex_destroy(&zp->mu);
+    for (int i = 0; i < ZP_BLOCKS; i++) free(zp->blk[i]);
+    free(zp);
+    r->pipe = NULL;
+}
+
+/* Bytes the thread inflated, into out[0..room); at the source's end (and
+ * every block taken) the reader's zend and zerr. */
+static size_t zp_take(reader *r, uint8_t *out, size_t room) {
+    zpipe *zp = r->pipe;
+    pthread_mutex_lock(&zp->mu);
+    while (!zp->count && !zp->done) pthread_cond_wait(&zp->cv, &zp->mu);
+    if (!zp->count) { /* ended, and all of it taken: the thread has stopped touching src */
+        r->zend = true;
+        r->zerr = zp->src->zerr;
+        pthread_mutex_unlock(&zp->mu);
+        return 0;
+    }
+    unsigned h = zp->head;
+    size_t k = zp->len[h] - zp->off < room ? zp->len[h] - zp->off : room, off = zp->off;
+    pthread_mutex_unlock(&zp->mu);
+    memcpy(out, zp->blk[h] + off, k); /* blk[h] is the reader's until it is given back */
+    pthread_mutex_lock(&zp->mu);
+    zp->off += k;
+    if (zp->off == zp->len[h]) {
+        zp->head = (h + 1) % ZP_BLOCKS;
+        zp->count--;
+        zp->off = 0;
+        pthread_cond_broadcast(&zp->cv);
+    }
+    pthread_mutex_unlock(&zp->mu);
+    return k;
+}
+
 /* More input into out[0..room): inflated, or read from the file. */
 static size_t produce(reader *r, uint8_t *out, size_t room) {
-    size_t k = r->gz ? inflate_into(r, out, room) : r->in && !r->ieof ? read_in(r, out, room) : 0;
-    if (!k && !r->gz) r->zend = true;
+    size_t k;
+    if (r->pipe) {
+        k = zp_take(r, out, room);
+    } else {
+        k = r->gz ? inflate_into(&r->src, out, room) : r->src.in && !r->src.ieof ? read_in(&r->src, out, room) : 0;
+        r->zerr = r->src.zerr;
+        if (r->src.zend || (!k && !r->gz)) r->zend = true;
+    }
     gm__work_steps += k; /* bytes read are work too (idmap.h) */
     return k;
 }
 
 /* Slow path of need(): make n bytes readable, moving the window into buf. */
 static bool refill(reader *r, size_t n) {
-    if (r->zend || (!r->gz && !r->in)) return false;
+    if (r->zend || (!r->gz && !r->src.in)) return false;
     size_t have = (size_t)(r->end - r->p);
     r->base += (uint64_t)(r->p - r->wbase);
     /* where the window is, as numbers: r->buf may move below */
@@ -234,11 +379,45 @@ static gm__pval mk_int(gm__pickle *p, int64_t i) {
 }
 
 static gm__pval mk_obj(gm__pickle *p, gm__ptype t) {
+    if (pv_is_cont(t)) {
+        pcont *c = p->free_cont;
+        if (c) p->free_cont = (pcont *)(void *)c->o.u.items;
+        else if (!(c = arena_alloc(p, sizeof *c))) return 0;
+        memset(c, 0, sizeof *c);
+        c->o.type = t;
+        c->seq = ++p->seq;
+        return PV(&c->o);
+    }
     pobj *o = arena_alloc(p, sizeof *o);
     if (!o) return 0;
     memset(o, 0, sizeof *o);
     o->type = t;
     return PV(o);
+}
+
+/* Item arrays: 2^c items, from class c's free list or the arena. */
+static gm__pval *items_alloc(gm__pickle *p, size_t need, uint64_t *cap) {
+    int c = 1;
+    while (((size_t)1 << c) < need) c++;
+    if (c >= ITEM_CLASSES) {
+        gm__set_error(GM_ENOHOSTMEM, "pickle container too large");
+        return NULL;
+    }
+    *cap = (uint64_t)1 << c;
+    gm__pval *a = p->free_items[c];
+    if (a) {
+        p->free_items[c] = (gm__pval *)(uintptr_t)a[0];
+        return a;
+    }
+    return arena_alloc(p, ((size_t)1 << c) * sizeof *a);
+}
+
+static void items_release(gm__pickle *p, gm__pval *a, uint64_t cap) {
+    if (!a || !cap || (cap & (cap - 1))) return;
+    int c = 0;
+    while (((uint64_t)1 << c) < cap) c++;
+    a[0] = (gm__pval)(uintptr_t)p->free_items[c];
+    p->free_items[c] = a;
 }
 
 /* keyed (idmap.h): a file cannot pick strings that share a probe chain
@@ -266,12 +445,20 @@ static int intern_grow(gm__pickle *p) {
 static gm__pval mk_bytes(gm__pickle *p, gm__ptype t, const uint8_t *s, size_t n) {
     uint32_t h = 0;
     size_t slot = 0;
+    size_t ri = n ? (n * 31 + s[0] * 7 + s[n - 1]) % RECENT : 0;
+    if (t == GM__PT_STR && n <= RECENT_MAX) { /* before the keyed hash: 'N/A' for every event */
+        pobj *o = p->recent[ri];
+        if (o && o->len == n && memcmp(o->u.s, s, n) == 0) return PV(o);
+    }
     if (t == GM__PT_STR && n <= INTERN_MAX) {
         if (p->intern_count * 2 >= p->intern_cap && intern_grow(p) != GM_OK) return 0;
         h = hash_bytes(s, n);
         slot = h & (p->intern_cap - 1);
         for (pobj *o; (o = p->intern[slot]) != NULL; slot = (slot + 1) & (p->intern_cap - 1), gm__work_steps++)
-            if (o->hash == h && o->len == n && memcmp(o->u.s, s, n) == 0) return PV(o);
+            if (o->hash == h && o->len == n && memcmp(o->u.s, s, n) == 0) {
+                if (n <= RECENT_MAX) p->recent[ri] = o;
+                return PV(o);
+            }
     }
     pobj *o = arena_alloc(p, sizeof *o + n + 1);
     if (!o) return 0;
@@ -285,25 +472,29 @@ static gm__pval mk_bytes(gm__pickle *p, gm__ptype t, const uint8_t *s, size_t n)
     if (t == GM__PT_STR && n <= INTERN_MAX) {
         p->intern[slot] = o;
         p->intern_count++;
+        if (n <= RECENT_MAX) p->recent[ri] = o;
     }
     return PV(o);
 }
 
-/* Append n values to a container's item array (arena, doubling). */
+/* Append n values to a container's item array (doubling), counting the
+ * references to containers among them. */
 static int cont_append(gm__pickle *p, pobj *o, const gm__pval *v, size_t n) {
     size_t per = o->type == GM__PT_DICT ? 2 : 1;
     size_t need_items = (size_t)(o->len * per) + n;
     if (need_items > o->cap) {
-        size_t ncap = o->cap ? (size_t)o->cap * 2 : need_items;
-        if (ncap < need_items) ncap = need_items;
-        gm__pval *ni = arena_alloc(p, ncap * sizeof *ni);
+        uint64_t ncap;
+        gm__pval *ni = items_alloc(p, need_items, &ncap);
         if (!ni) return GM_ENOHOSTMEM;
         if (o->len) memcpy(ni, o->u.items, (size_t)(o->len * per) * sizeof *ni);
+        items_release(p, o->u.items, o->cap);
         o->u.items = ni;
         o->cap = ncap;
     }
     memcpy(o->u.items + o->len * per, v, n * sizeof *v);
     o->len += n / per;
+    for (size_t i = 0; i < n; i++)
+        if (pv_is_cont(pv_type(v[i])) && PO(v[i])->hash != UINT32_MAX) PO(v[i])->hash++;
     return GM_OK;
 }
 
@@ -370,7 +561,7 @@ static inline int push(gm__pickle *p, gm__pval v) {
 }
 
 static inline size_t stack_floor(const gm__pickle *p) {
-    return p->nmarks ? p->marks[p->nmarks - 1] : 0;
+    return p->nmarks ? p->marks[p->nmarks - 1].sp : 0;
 }
 
 static gm__pval mk_long(gm__pickle *p, const uint8_t *b, size_t n) {
@@ -410,8 +601,11 @@ static int memo_put(gm__pickle *p, reader *r, uint64_t at, uint8_t op, uint64_t 
             return GM_ENOHOSTMEM;
         memset(p->memo + old, 0, (p->memo_cap - old) * sizeof *p->memo);
     }
-    if (!p->memo[idx]) p->memo_count++;
-    p->memo[idx] = p->stack[p->sp - 1];
+    gm__pval old = p->memo[idx], v = p->stack[p->sp - 1];
+    if (!old) p->memo_count++;
+    else if (pv_is_cont(pv_type(old)) && PC(old)->memo == idx + 1) PC(old)->memo = 0;
+    if (pv_is_cont(pv_type(v))) PC(v)->memo = PC(v)->memo ? UINT64_MAX : idx + 1;
+    p->memo[idx] = v;
     return GM_OK;
 }
 
@@ -467,10 +661,73 @@ static int op_stack_global(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
     return s ? push(p, mk_opaque(p, PO(s)->u.s)) : GM_ENOHOSTMEM;
 }
 
+/* ---- streaming (pickle.h's sink) ------------------------------------------ */
+
+/* Ask the sink whether it takes the list at stack position t, at the list's
+ * first APPEND(S): the list it goes into is the one below it (APPEND of a
+ * single item), or the one below the MARK under it (a batch of siblings). */
+static int stream_claim(gm__pickle *p, size_t t) {
+    pcont *c = PC(p->stack[t]);
+    c->flags |= PC_CHECKED;
+    size_t x = p->nmarks, o = SIZE_MAX; /* o: the outer list's position */
+    for (int k = 0; x > 0 && k < 4 && p->marks[x - 1].sp > t; k++) x--;
+    size_t m = x > 0 && p->marks[x - 1].sp <= t ? p->marks[x - 1].sp : 0; /* the siblings start at m */
+    if (m >= 1 && pv_type(p->stack[m - 1]) == GM__PT_LIST) {
+        o = m - 1;
+    } else if (t >= 1 && pv_type(p->stack[t - 1]) == GM__PT_LIST) {
+        o = t - 1;
+        m = t;
+    }
+    if (o == SIZE_MAX || c->o.len) return GM_OK;
+    bool take = false;
+    size_t index = (size_t)PO(p->stack[o])->len + (t - m);
+    int rc = p->sink->claim(p->sink->ctx, p, p->stack[t], p->stack[o], o ? p->stack[o - 1] : 0, index, &take);
+    if (!rc && take) c->flags |= PC_STREAMED;
+    return rc;
+}
+
+static bool releasable(const gm__pval v, uint64_t seq) {
+    if (!pv_is_cont(pv_type(v))) return false;
+    const pcont *c = PC(v);
+    return c->seq > seq && c->o.hash == 0 && c->memo != UINT64_MAX && c->tag &&
+           !(c->flags & (PC_QUEUED | PC_STREAMED));
+}
+
+static int work_push(gm__pickle *p, gm__pval v) {
+    if (table_grow(p, (void **)&p->work, &p->work_cap, p->nwork + 1, sizeof *p->work)) return GM_ENOHOSTMEM;
+    PC(v)->flags |= PC_QUEUED;
+    p->work[p->nwork++] = v;
+    return GM_OK;
+}
+
+/* After the sink converted a batch (items made after the MARK of `seq`):
+ * release what nothing else holds, and what only released ones held. */
+static int stream_release(gm__pickle *p, const gm__pval *items, size_t n, uint64_t seq) {
+    for (size_t i = 0; i < n; i++)
+        if (releasable(items[i], seq) && work_push(p, items[i])) return GM_ENOHOSTMEM;
+    while (p->nwork) {
+        gm__pval v = p->work[--p->nwork];
+        pcont *c = PC(v);
+        size_t k = (size_t)(c->o.len * (c->o.type == GM__PT_DICT ? 2 : 1));
+        for (size_t i = 0; i < k; i++) {
+            gm__pval e = c->o.u.items[i];
+            if (!pv_is_cont(pv_type(e)) || PO(e)->hash == UINT32_MAX) continue;
+            PO(e)->hash--;
+            if (releasable(e, seq) && work_push(p, e)) return GM_ENOHOSTMEM;
+        }
+        if (c->memo) p->memo[c->memo - 1] = (c->tag << 3) | TAG_CONV;
+        items_release(p, c->o.u.items, c->o.cap);
+        c->o.type = GM__PT_ABSENT;
+        c->o.u.items = (gm__pval *)(void *)p->free_cont;
+        p->free_cont = c;
+    }
+    return GM_OK;
+}
+
 /* SETITEM(S)/APPEND(S)/ADDITEMS into `target` (opaque targets swallow). */
 static int op_fill(gm__pickle *p, reader *r, uint64_t at, uint8_t op, gm__pval target,
                    const gm__pval *v, size_t n, gm__ptype want) {
-    gm__ptype t = gm__pv_type(target);
+    gm__ptype t = pv_type(target);
     if (t == GM__PT_OPAQUE) return GM_OK;
     if (t != want) {
         char msg[80];
@@ -479,26 +736,51 @@ static int op_fill(gm__pickle *p, reader *r, uint64_t at, uint8_t op, gm__pval t
         return op_err(r, at, op, msg);
     }
     if (want == GM__PT_DICT && (n & 1)) return op_err(r, at, op, "odd number of items");
+    if (PC(target)->tag && !(PC(target)->flags & PC_STREAMED))
+        return op_err(r, at, op, "changes a container already converted (a snapshot's event or frames)");
     return n ? cont_append(p, PO(target), v, n) : GM_OK;
 }
 
-/* Pop to the last MARK; *k is where the items start. */
-static int pop_mark(gm__pickle *p, reader *r, uint64_t at, uint8_t op, size_t *k) {
+/* APPEND(S) into the list at stack position t: streamed or stored. seq:
+ * the batch's MARK (UINT64_MAX: APPEND, no batch; nothing is released). */
+static int op_append(gm__pickle *p, reader *r, uint64_t at, uint8_t op, size_t t, const gm__pval *v,
+                     size_t n, uint64_t seq) {
+    gm__pval target = p->stack[t];
+    if (p->sink && pv_type(target) == GM__PT_LIST) {
+        if (!(PC(target)->flags & PC_CHECKED)) {
+            int rc = stream_claim(p, t);
+            if (rc) return rc;
+        }
+        if (PC(target)->flags & PC_STREAMED) {
+            p->rd = r;
+            int rc = p->sink->items(p->sink->ctx, p, target, v, n);
+            return rc ? rc : stream_release(p, v, n, seq);
+        }
+    }
+    return op_fill(p, r, at, op, target, v, n, GM__PT_LIST);
+}
+
+/* Pop to the last MARK; *k is where the items start, *seq what was made before it. */
+static int pop_mark(gm__pickle *p, reader *r, uint64_t at, uint8_t op, size_t *k, uint64_t *seq) {
     if (!p->nmarks) return op_err(r, at, op, "no MARK on the stack");
-    *k = p->marks[--p->nmarks];
+    p->nmarks--;
+    *k = p->marks[p->nmarks].sp;
+    if (seq) *seq = p->marks[p->nmarks].seq;
     return GM_OK;
 }
 
 static int op_marked(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
     size_t k = 0;
-    int rc = pop_mark(p, r, at, op, &k);
+    uint64_t seq = 0;
+    int rc = pop_mark(p, r, at, op, &k, &seq);
     if (rc) return rc;
     size_t n = p->sp - k;
     gm__pval *items = p->stack ? p->stack + k : NULL; /* MARK on a never-used stack */
     gm__ptype want = op == 'u' ? GM__PT_DICT : op == 0x90 ? GM__PT_SET : GM__PT_LIST;
     if (op == 'u' || op == 'e' || op == 0x90) {
         if (k <= stack_floor(p)) return op_err(r, at, op, "no container below the MARK");
-        rc = op_fill(p, r, at, op, p->stack[k - 1], items, n, want);
+        rc = op == 'e' ? op_append(p, r, at, op, k - 1, items, n, seq)
+                       : op_fill(p, r, at, op, p->stack[k - 1], items, n, want);
         p->sp = k;
         return rc;
     }
@@ -535,7 +817,7 @@ static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
     case '(':
         if (table_grow(p, (void **)&p->marks, &p->marks_cap, p->nmarks + 1, sizeof *p->marks))
             return GM_ENOHOSTMEM;
-        p->marks[p->nmarks++] = p->sp;
+        p->marks[p->nmarks++] = (struct pmark){p->sp, p->seq};
         return GM_OK;
     case '0':
         if (p->sp > stack_floor(p)) p->sp--;
@@ -544,7 +826,7 @@ static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
         return GM_OK;
     case '1': {
         size_t k = 0;
-        int rc = pop_mark(p, r, at, op, &k);
+        int rc = pop_mark(p, r, at, op, &k, NULL);
         if (!rc) p->sp = k;
         return rc;
     }
@@ -603,7 +885,7 @@ static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
         return op_fill(p, r, at, op, p->stack[p->sp - 1], p->stack + p->sp, 2, GM__PT_DICT);
     case 'a':
         p->sp -= 1;
-        return op_fill(p, r, at, op, p->stack[p->sp - 1], p->stack + p->sp, 1, GM__PT_LIST);
+        return op_append(p, r, at, op, p->sp - 1, p->stack + p->sp, 1, UINT64_MAX);
     case 0x85: case 0x86: case 0x87: {
         size_t n = (size_t)(op - 0x84);
         gm__pval c = mk_cont(p, GM__PT_TUPLE, p->stack + p->sp - n, n);
@@ -632,7 +914,7 @@ static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
 
 static int gz_error(reader *r) {
     if (r->zerr == ZERR_IO) return gm__set_error(GM_EIO, "error reading the input after %llu bytes",
-                                                 (unsigned long long)r->iread);
+                                                 (unsigned long long)r->src.iread);
     if (r->zerr == ZERR_FILE_LIMIT)
         return gm__set_error(GM_EFORMAT, "input longer than %llu bytes (GM_LIMIT_TRACE_FILE_BYTES); "
                              "convert it to .gmt on a machine with the memory",
@@ -641,7 +923,7 @@ static int gz_error(reader *r) {
         return gm__set_error(GM_EFORMAT, "gzip stream ends early (after %llu decompressed bytes): "
                              "the file is truncated", (unsigned long long)roff(r, r->end));
     return gm__set_error(GM_EFORMAT, "gzip stream is corrupt (%s) after %llu decompressed bytes",
-                         r->z.msg ? r->z.msg : "bad data", (unsigned long long)roff(r, r->end));
+                         r->src.z.msg ? r->src.z.msg : "bad data", (unsigned long long)roff(r, r->end));
 }
 
 /* After STOP: the input must end there. For gzip, inflate the rest so
@@ -651,7 +933,7 @@ static int gz_error(reader *r) {
 static int finish_input(reader *r) {
     size_t extra = (size_t)(r->end - r->p);
     uint8_t sink[64];
-    while (!extra && !r->zend && (r->gz || r->in)) extra += produce(r, sink, sizeof sink);
+    while (!extra && !r->zend && (r->gz || r->src.in)) extra += produce(r, sink, sizeof sink);
     if (extra)
         return gm__set_error(GM_EFORMAT, "data after the pickle's STOP opcode%s: not one pickle "
                              "(corrupt or concatenated file?)", r->gz ? " inside the gzip stream" : "");
@@ -690,10 +972,12 @@ static void pickle_free_tables(gm__pickle *p) {
     free(p->marks);
     free(p->memo);
     free(p->intern);
+    free(p->work);
     p->stack = NULL;
     p->marks = NULL;
     p->memo = NULL;
     p->intern = NULL;
+    p->work = NULL;
 }
 
 void gm__pickle_free(gm__pickle *p) {
@@ -706,36 +990,40 @@ void gm__pickle_free(gm__pickle *p) {
     free(p);
 }
 
-int gm__pickle_load_stream(FILE *in, const void *head, size_t len, const gm__pickle_limits *limits,
-                           gm__pickle **out) {
+int gm__pickle_load_sink(FILE *in, const void *head, size_t len, const gm__pickle_limits *limits,
+                         const gm__pickle_sink *sink, gm__pickle **out) {
     *out = NULL;
     if (!head && len) return gm__set_error(GM_EINVAL, "no input");
     gm__pickle *p = calloc(1, sizeof *p);
     if (!p) return GM_ENOHOSTMEM;
     if (limits) p->lim = *limits;
     else gm__pickle_limits_init(&p->lim);
+    p->sink = sink && sink->claim && sink->items ? sink : NULL;
     reader r = {0};
     r.pk = p;
-    r.in = in;
+    r.src.in = in;
     const uint8_t *d = head;
     if (len >= 2 && d[0] == 0x1f && d[1] == 0x8b) {
         r.gz = true;
-        if (inflateInit2(&r.z, 16 + MAX_WBITS) != Z_OK) {
+        if (inflateInit2(&r.src.z, 16 + MAX_WBITS) != Z_OK) {
             free(p);
             return gm__set_error(GM_ENOHOSTMEM, "zlib initialisation failed");
         }
-        r.z.next_in = (Bytef *)(uintptr_t)d;
-        r.z.avail_in = (uInt)len; /* checked below: < 4 GiB */
+        r.src.z.next_in = (Bytef *)(uintptr_t)d;
+        r.src.z.avail_in = (uInt)len; /* checked below: < 4 GiB */
         r.p = r.end = r.wbase = r.buf;
+        if (in && len <= UINT32_MAX) zp_start(&r); /* a file: inflate beside the opcodes */
     } else {
         r.p = r.wbase = d;
         r.end = d + len;
     }
     int rc = len > UINT32_MAX && r.gz ? gm__set_error(GM_EINVAL, "compressed input over 4 GiB")
                                       : run_ops(p, &r);
-    if (r.gz) inflateEnd(&r.z);
+    zp_end(&r);
+    if (r.gz) inflateEnd(&r.src.z);
     free(r.buf);
-    free(r.ibuf);
+    free(r.src.ibuf);
+    p->rd = NULL;
     pickle_free_tables(p);
     if (rc != GM_OK) {
         gm__pickle_free(p);
@@ -745,9 +1033,23 @@ int gm__pickle_load_stream(FILE *in, const void *head, size_t len, const gm__pic
     return GM_OK;
 }
 
+int gm__pickle_load_stream(FILE *in, const void *head, size_t len, const gm__pickle_limits *limits,
+                           gm__pickle **out) {
+    return gm__pickle_load_sink(in, head, len, limits, NULL, out);
+}
+
 int gm__pickle_load(const void *data, size_t len, const gm__pickle_limits *limits, gm__pickle **out) {
-    return gm__pickle_load_stream(NULL, data, len, limits, out);
+    return gm__pickle_load_sink(NULL, data, len, limits, NULL, out);
 }
 
 gm__pval gm__pickle_root(const gm__pickle *p) { return p ? p->root : 0; }
-uint64_t gm__pickle_input_bytes(const gm__pickle *p) { return p ? p->consumed : 0; }
+uint64_t gm__pickle_arena_bytes(const gm__pickle *p) {
+    uint64_t n = 0;
+    for (const chunk *c = p ? p->chunks : NULL; c; c = c->next) n += c->cap;
+    return n;
+}
+
+uint64_t gm__pickle_input_bytes(const gm__pickle *p) {
+    if (!p) return 0;
+    return p->rd ? roff(p->rd, p->rd->p) : p->consumed;
+}

@@ -8,18 +8,11 @@
 
 #include <string.h>
 
-gm__ptype gm__pv_type(gm__pval v) {
-    switch (PV_TAG(v)) {
-    case TAG_PTR: return v ? (gm__ptype)PO(v)->type : GM__PT_ABSENT;
-    case TAG_INT: return GM__PT_INT;
-    case TAG_SPECIAL: return v == PV_NONE ? GM__PT_NONE : GM__PT_BOOL;
-    }
-    return GM__PT_ABSENT;
-}
+gm__ptype gm__pv_type(gm__pval v) { return pv_type(v); }
 
 const char *gm__pv_type_name(gm__pval v) {
     static const char *names[] = {"absent", "None", "bool", "int", "int", "float", "str",
-                                  "bytes", "list", "tuple", "dict", "set", "object"};
+                                  "bytes", "list", "tuple", "dict", "set", "object", "converted object"};
     return names[gm__pv_type(v)];
 }
 
@@ -83,6 +76,13 @@ gm__pval gm__pv_item(gm__pval v, size_t i) {
     return PO(v)->u.items[i];
 }
 
+const gm__pval *gm__pv_dict_items(gm__pval v, size_t *n) {
+    *n = 0;
+    if (pv_type(v) != GM__PT_DICT) return NULL;
+    *n = (size_t)PO(v)->len;
+    return PO(v)->u.items;
+}
+
 gm__pval gm__pv_dict_key(gm__pval v, size_t i) {
     if (gm__pv_type(v) != GM__PT_DICT || i >= PO(v)->len) return 0;
     return PO(v)->u.items[2 * i];
@@ -104,4 +104,15 @@ gm__pval gm__pv_dict_get(gm__pval v, const char *key) {
         if (s && n == kl && memcmp(s, key, n) == 0) return PO(v)->u.items[2 * i + 1];
     }
     return 0;
+}
+
+uint64_t gm__pv_tag(gm__pval v) {
+    if (PV_TAG(v) == TAG_CONV) return v >> 3;
+    return pv_is_cont(gm__pv_type(v)) ? PC(v)->tag : 0;
+}
+
+bool gm__pv_set_tag(gm__pval v, uint64_t tag) {
+    if (!tag || tag >> 60 || !pv_is_cont(gm__pv_type(v))) return false;
+    PC(v)->tag = tag;
+    return true;
 }

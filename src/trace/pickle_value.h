@@ -7,12 +7,14 @@
 
 #include "pickle.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define PV_TAG(v) ((v) & 7u)
 #define TAG_PTR 0u
 #define TAG_INT 1u
 #define TAG_SPECIAL 2u
+#define TAG_CONV 3u /* a container released after its client converted it: the client's tag << 3 */
 #define PV_NONE ((gm__pval)0x02)
 #define PV_FALSE ((gm__pval)0x0A)
 #define PV_TRUE ((gm__pval)0x12)
@@ -33,7 +35,37 @@ typedef struct pobj {
     } u;
 } pobj;
 
+/* Containers (list, tuple, dict, set) carry more: what streaming needs to
+ * release one safely (pickle.c, "streaming"). o.hash counts the container
+ * references to it (saturating at UINT32_MAX: never released). */
+typedef struct pcont {
+    pobj o;
+    uint64_t seq;  /* creation order */
+    uint64_t tag;  /* the client's (gm__pv_set_tag), 0: none */
+    uint64_t memo; /* 1 + the memo index that holds it, 0: none, UINT64_MAX: more than one */
+    uint32_t flags;
+    uint32_t pad;
+} pcont;
+enum { PC_CHECKED = 1, PC_STREAMED = 2, PC_QUEUED = 4 };
+
+static inline bool pv_is_cont(gm__ptype t) {
+    return t == GM__PT_LIST || t == GM__PT_TUPLE || t == GM__PT_DICT || t == GM__PT_SET;
+}
+
 static inline pobj *PO(gm__pval v) { return (pobj *)(uintptr_t)v; }
+static inline pcont *PC(gm__pval v) { return (pcont *)(uintptr_t)v; }
+
+/* gm__pv_type, inline for the reader's own loops */
+static inline gm__ptype pv_type(gm__pval v) {
+    switch (PV_TAG(v)) {
+    case TAG_PTR: return v ? (gm__ptype)PO(v)->type : GM__PT_ABSENT;
+    case TAG_INT: return GM__PT_INT;
+    case TAG_SPECIAL: return v == PV_NONE ? GM__PT_NONE : GM__PT_BOOL;
+    case TAG_CONV: return GM__PT_CONVERTED;
+    }
+    return GM__PT_ABSENT;
+}
+
 static inline gm__pval PV(pobj *o) { return (gm__pval)(uintptr_t)o; }
 
 #endif /* GPUMEM_PICKLE_VALUE_H */

@@ -58,35 +58,142 @@ static void bad_event(gm_replay_prog *p, size_t i, const char *what, uint64_t si
 
 #define SKIPPED_SLOT UINT64_MAX /* sizes[] of an alloc skipped as bad */
 
-/* The device's pools, from its final segments: p->pools, p->op_pool. */
-static int collect_pools(gm_replay_prog *p, const gm_trace *t, int device, size_t n) {
-    for (size_t i = 0; i < t->nsegments; i++) {
+/* The device's pools, from its final segments: p->pools (distinct ids, in
+ * the order of their first segment) and seg_pool[i] (1 + the pool of
+ * segment i, 0: not a pool segment of the device). Ids are found through a
+ * keyed table, so the work is linear in the segments (#43 item 4: a scan of
+ * the pools per segment was quadratic). */
+static int collect_pools(gm_replay_prog *p, const gm_trace *t, int device, uint32_t *seg_pool) {
+    gm__idmap ids = {0}; /* hash of the pool id -> index into p->pools */
+    uint32_t cap = 0;
+    int rc = GM_OK;
+    for (size_t i = 0; i < t->nsegments && !rc; i++) {
         const gm_trace_segment *s = &t->segments[i];
+        seg_pool[i] = 0;
         if (s->device != device || (!s->pool_id[0] && !s->pool_id[1])) continue;
-        uint32_t k = 0;
-        while (k < p->npools && (p->pools[k][0] != s->pool_id[0] || p->pools[k][1] != s->pool_id[1])) k++;
-        if (k < p->npools) continue;
-        if (p->npools == UINT16_MAX) return gm__set_error(GM_EINVAL, "trace has more private pools than gpumem keeps");
-        uint64_t(*np)[2] = realloc(p->pools, (p->npools + 1) * sizeof *np);
-        if (!np) return GM_ENOHOSTMEM;
-        p->pools = np;
+        if ((rc = gm__idmap_reserve(&ids, 64))) break;
+        uint64_t h = gm__hash_bytes(s->pool_id, sizeof s->pool_id);
+        size_t j = gm__idmap_home(&ids, h);
+        for (; ids.id[j] != GM__IDMAP_EMPTY; j = gm__idmap_next(&ids, j)) {
+            const uint64_t *q = p->pools[ids.id[j]];
+            if (ids.key[j] == h && q[0] == s->pool_id[0] && q[1] == s->pool_id[1]) break;
+        }
+        if (ids.id[j] != GM__IDMAP_EMPTY) {
+            seg_pool[i] = ids.id[j] + 1;
+            continue;
+        }
+        if (p->npools == UINT16_MAX) {
+            rc = gm__set_error(GM_EINVAL, "trace has more private pools than gpumem keeps");
+            break;
+        }
+        if (p->npools == cap) {
+            cap = cap ? cap * 2 : 16;
+            uint64_t(*np)[2] = realloc(p->pools, cap * sizeof *np);
+            if (!np) {
+                rc = GM_ENOHOSTMEM;
+                break;
+            }
+            p->pools = np;
+        }
         p->pools[p->npools][0] = s->pool_id[0];
-        p->pools[p->npools++][1] = s->pool_id[1];
+        p->pools[p->npools][1] = s->pool_id[1];
+        gm__idmap_set(&ids, j, h, p->npools);
+        seg_pool[i] = ++p->npools;
     }
-    if (p->npools && !(p->op_pool = calloc(n ? n : 1, sizeof *p->op_pool))) return GM_ENOHOSTMEM;
-    return GM_OK;
+    gm__idmap_free(&ids);
+    return rc;
 }
 
-/* 1 + the pool whose final segment holds addr on the device, or 0. */
-static uint16_t pool_of(const gm_replay_prog *p, const gm_trace *t, int device, uint64_t addr) {
+/* Which pool holds an address: the pool segments' ranges cut into disjoint
+ * runs, each owned by the first segment (in the trace's order) that covers
+ * it, as a scan of the segments in order would find; a lookup is a binary
+ * search. */
+typedef struct prange {
+    uint64_t lo, hi; /* inclusive: a segment may end at the top of the address space */
+    uint32_t seg;
+} prange;
+
+static int by_lo(const void *a, const void *b) {
+    const prange *x = a, *y = b;
+    gm__work_steps++;
+    if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
+    return x->seg < y->seg ? -1 : x->seg > y->seg;
+}
+
+/* a min-heap of segment indexes (the covering segment that comes first) */
+static void heap_push(prange *h, size_t *n, prange v) {
+    size_t i = (*n)++;
+    for (; i && h[(i - 1) / 2].seg > v.seg; i = (i - 1) / 2, gm__work_steps++) h[i] = h[(i - 1) / 2];
+    h[i] = v;
+}
+static void heap_pop(prange *h, size_t *n) {
+    prange v = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && h[c + 1].seg < h[c].seg) c++;
+        if (h[c].seg >= v.seg) break;
+        h[i] = h[c];
+        i = c;
+        gm__work_steps++;
+    }
+    if (*n) h[i] = v;
+}
+
+/* The runs of the n ranges r (sorted by lo): out (room for 2n), *nout. */
+static void pool_runs(const prange *r, size_t n, prange *heap, prange *out, size_t *nout) {
+    size_t hn = 0, next = 0, k = 0;
+    uint64_t at = n ? r[0].lo : 0;
+    for (;;) {
+        while (next < n && r[next].lo <= at) heap_push(heap, &hn, r[next++]);
+        while (hn && heap[0].hi < at) heap_pop(heap, &hn);
+        if (!hn) {
+            if (next == n) break;
+            at = r[next].lo;
+            continue;
+        }
+        /* heap[0] owns [at, end]: up to its end or the next start, whichever first */
+        uint64_t end = heap[0].hi;
+        if (next < n && r[next].lo - 1 < end) end = r[next].lo - 1;
+        if (k && out[k - 1].seg == heap[0].seg && out[k - 1].hi + 1 == at) out[k - 1].hi = end;
+        else out[k++] = (prange){at, end, heap[0].seg};
+        if (end == UINT64_MAX) break;
+        at = end + 1;
+    }
+    *nout = k;
+}
+
+/* p->op_pool for every alloc op (1 + its pool, 0: the device's own). */
+static int assign_pools(gm_replay_prog *p, const gm_trace *t, const gm_trace_event *ev, const uint32_t *seg_pool) {
+    size_t n = 0;
+    for (size_t i = 0; i < t->nsegments; i++) n += seg_pool[i] && t->segments[i].total_size;
+    prange *r = malloc((n ? n : 1) * 4 * sizeof *r);
+    if (!r) return GM_ENOHOSTMEM;
+    prange *heap = r + n, *runs = r + 2 * n;
+    size_t k = 0, nruns = 0;
     for (size_t i = 0; i < t->nsegments; i++) {
         const gm_trace_segment *s = &t->segments[i];
-        if (s->device != device || (!s->pool_id[0] && !s->pool_id[1])) continue;
-        if (addr < s->address || addr - s->address >= s->total_size) continue;
-        for (uint32_t k = 0; k < p->npools; k++)
-            if (p->pools[k][0] == s->pool_id[0] && p->pools[k][1] == s->pool_id[1]) return (uint16_t)(k + 1);
+        if (!seg_pool[i] || !s->total_size) continue;
+        uint64_t hi = s->address + (s->total_size - 1);
+        r[k++] = (prange){s->address, hi < s->address ? UINT64_MAX : hi, (uint32_t)i};
     }
-    return 0;
+    qsort(r, n, sizeof *r, by_lo);
+    pool_runs(r, n, heap, runs, &nruns);
+    for (size_t i = 0; i < p->nops; i++) {
+        if (p->ops[i].ev & OP_FREE) continue;
+        uint64_t addr = ev[p->ops[i].ev].addr;
+        size_t lo = 0, hi = nruns; /* the last run that starts at or below addr */
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            gm__work_steps++;
+            if (runs[mid].lo <= addr) lo = mid + 1;
+            else hi = mid;
+        }
+        p->op_pool[i] = lo && addr <= runs[lo - 1].hi ? (uint16_t)seg_pool[runs[lo - 1].seg] : 0;
+    }
+    free(r);
+    return GM_OK;
 }
 
 static int compile_events(gm_replay_prog *p, const gm_trace_event *ev, size_t n, int free_action) {
@@ -159,9 +266,8 @@ static const char *bad_segment(const gm_trace_event *e) {
     return NULL;
 }
 
-static int collect_hints(gm_replay_prog *p, const gm_trace_event *ev, size_t n) {
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += ev[i].action == GM_TA_SEGMENT_ALLOC;
+/* k: the segment_allocs among the n events (counted by the caller's pass) */
+static int collect_hints(gm_replay_prog *p, const gm_trace_event *ev, size_t n, size_t k) {
     if (!k) return GM_OK;
     p->hint_size = malloc(k * sizeof *p->hint_size);
     p->hint_addr = malloc(k * sizeof *p->hint_addr);
@@ -195,16 +301,20 @@ int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out) {
     /* old snapshots record no free_completed: then free_requested is the free */
     int free_action = GM_TA_FREE_COMPLETED;
     bool any_completed = false, any_requested = false;
+    size_t segs = 0;
     for (size_t i = 0; i < n; i++) {
         any_completed |= ev[i].action == GM_TA_FREE_COMPLETED;
         any_requested |= ev[i].action == GM_TA_FREE_REQUESTED;
+        segs += ev[i].action == GM_TA_SEGMENT_ALLOC;
     }
     if (!any_completed && any_requested) free_action = GM_TA_FREE_REQUESTED;
-    int rc = collect_hints(p, ev, n);
-    if (!rc) rc = collect_pools(p, t, device, n);
+    uint32_t *seg_pool = malloc((t->nsegments ? t->nsegments : 1) * sizeof *seg_pool);
+    int rc = seg_pool ? collect_hints(p, ev, n, segs) : GM_ENOHOSTMEM;
+    if (!rc) rc = collect_pools(p, t, device, seg_pool);
+    if (!rc && p->npools && !(p->op_pool = calloc(n ? n : 1, sizeof *p->op_pool))) rc = GM_ENOHOSTMEM;
     if (!rc) rc = compile_events(p, ev, n, free_action);
-    for (size_t i = 0; !rc && p->op_pool && i < p->nops; i++)
-        if (!(p->ops[i].ev & OP_FREE)) p->op_pool[i] = pool_of(p, t, device, ev[p->ops[i].ev].addr);
+    if (!rc && p->op_pool) rc = assign_pools(p, t, ev, seg_pool);
+    free(seg_pool);
     if (rc) {
         gm_replay_prog_free(p);
         return rc == GM_ENOHOSTMEM ? gm__set_error(rc, "out of host memory compiling a replay") : rc;
@@ -226,6 +336,9 @@ void gm_replay_prog_free(gm_replay_prog *p) {
 size_t gm_replay_prog_ops(const gm_replay_prog *p) { return p->nops; }
 int64_t gm_replay_prog_peak_requested(const gm_replay_prog *p) { return p->trace_peak_requested; }
 uint32_t gm_replay_prog_pools(const gm_replay_prog *p) { return p->npools; }
+uint32_t gm__replay_op_pool(const gm_replay_prog *p, size_t i) {
+    return p->op_pool && i < p->nops ? p->op_pool[i] : 0;
+}
 uint64_t gm_replay_prog_bad_events(const gm_replay_prog *p, const char **first) {
     if (first) *first = p->bad_first;
     return p->bad_events;

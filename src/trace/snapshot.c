@@ -4,7 +4,17 @@
  *
  * Keys and action names are short strings, which the pickle reader interns,
  * so the per-event work is pointer comparisons against small caches: a
- * million events convert in tens of milliseconds. */
+ * million events convert in tens of milliseconds.
+ *
+ * Streamed: the lists of device_traces are claimed as the pickle reader
+ * meets them (pickle.h's sink) and their events converted a batch at a time,
+ * after which the reader releases the batch's dicts; a 10 M-event snapshot
+ * never stands as a tree (bench/RESULTS.md, 2026-12-07). What was converted
+ * is tagged (kind in the low 2 bits): an event dict with its event, a frames
+ * list with its stack, a frame dict with its frame, so a memo reference to
+ * one, released or not, costs nothing more. At the end the snapshot's own
+ * structure must hold each streamed list where it was claimed; a list that
+ * was not streamed (a pickle built another way) is read from the tree. */
 #include "trace.h"
 
 #include "util/idmap.h"
@@ -35,22 +45,22 @@ static void pc_put(pcache *c, gm__pval k, int v) {
     }
 }
 
+enum { K_DEVICE_LIST, K_EVENT, K_STACK, K_FRAME }; /* tag kinds */
+#define TAG(kind, payload) (((uint64_t)(payload) << 2) | (kind))
+#define MAX_DEVICES 256
+
 #define SCACHE 4096
 typedef struct reader {
     gm__trace_builder *b;
     pcache keys, actions;
     gm__pval skey[SCACHE]; /* str pval -> string id */
     uint32_t sval[SCACHE];
-    gm__pval last_frames;
-    uint32_t last_stack;
-    /* frames list (pval) -> stack id + 1: a pickle can point a million
-     * events at a few big frame lists through its memo, and each list is
-     * read once, so the work stays linear in the input */
-    gm__idmap stacks;
     uint32_t *fbuf;
     size_t fcap;
-    uint64_t skipped;
+    uint64_t entries, skipped;
     uint64_t input, steps0; /* pickle bytes; gm__work_steps at the start */
+    gm__pval streamed[MAX_DEVICES]; /* the list claimed for device d */
+    bool placed[MAX_DEVICES];       /* found at device_traces[d] in the end */
 } reader;
 
 /* A pickle's memo lets one dict stand for many events or frames, and dict
@@ -69,13 +79,15 @@ static int budget(const reader *r) {
                          (unsigned long long)r->input);
 }
 
+/* (the caches hold str values only: containers are released and reused) */
 static int field_of(reader *r, gm__pval k) {
     int f = pc_get(&r->keys, k);
     if (f >= 0) return f;
     static const char *names[] = {"action", "addr", "size", "stream", "time_us", "frames"};
     const char *s = gm__pv_str(k, NULL);
+    if (!s) return F_OTHER;
     f = F_OTHER;
-    for (int i = 0; s && i < F_OTHER; i++)
+    for (int i = 0; i < F_OTHER; i++)
         if (!strcmp(s, names[i])) f = i;
     pc_put(&r->keys, k, f);
     return f;
@@ -85,8 +97,9 @@ static int action_of(reader *r, gm__pval v) {
     int a = pc_get(&r->actions, v);
     if (a >= 0) return a;
     const char *s = gm__pv_str(v, NULL);
+    if (!s) return GM_TA_COUNT;
     a = GM_TA_COUNT;
-    for (int i = 0; s && i < GM_TA_COUNT; i++)
+    for (int i = 0; i < GM_TA_COUNT; i++)
         if (!strcmp(s, gm_trace_action_name(i))) a = i;
     pc_put(&r->actions, v, a);
     return a;
@@ -105,25 +118,51 @@ static int string_id(reader *r, gm__pval v, uint32_t *id) {
         return GM_OK;
     }
     int rc = gm__tb_string(r->b, s, n, id);
-    if (!rc && v) {
+    if (!rc && gm__pv_type(v) == GM__PT_STR) {
         r->skey[h] = v;
         r->sval[h] = *id;
     }
     return rc;
 }
 
-static int stack_of(reader *r, gm__pval frames, uint32_t *id1) {
-    if (frames == r->last_frames && frames) {
-        *id1 = r->last_stack;
-        return GM_OK;
+/* A value converted (tagged) as `kind` earlier: *id its payload. A value
+ * released after its conversion as another kind is refused: only a pickle
+ * built by hand uses one object so. */
+static int converted(gm__pval v, int kind, const char *as, uint64_t *id, bool *hit) {
+    uint64_t tag = gm__pv_tag(v);
+    *hit = tag && (int)(tag & 3) == kind;
+    if (*hit) *id = tag >> 2;
+    if (!*hit && gm__pv_type(v) == GM__PT_CONVERTED)
+        return gm__set_error(GM_EFORMAT, "snapshot uses one object as %s and as something else (a "
+                                         "hand-built pickle?); not a torch.cuda.memory snapshot", as);
+    return GM_OK;
+}
+
+static int frame_of(reader *r, gm__pval f, uint32_t *id) {
+    uint64_t x = 0;
+    bool hit;
+    int rc = converted(f, K_FRAME, "a frame", &x, &hit);
+    if (rc || hit) {
+        *id = (uint32_t)x;
+        return rc;
     }
-    if (gm__idmap_reserve(&r->stacks, 256)) return GM_ENOHOSTMEM;
-    size_t slot = gm__idmap_find(&r->stacks, frames);
-    if (frames && r->stacks.id[slot] != GM__IDMAP_EMPTY) {
-        *id1 = r->stacks.id[slot];
-        r->last_frames = frames;
-        r->last_stack = *id1;
-        return GM_OK;
+    uint32_t name, file;
+    int64_t line = 0;
+    gm__pv_int(gm__pv_dict_get(f, "line"), &line);
+    rc = string_id(r, gm__pv_dict_get(f, "name"), &name);
+    if (!rc) rc = string_id(r, gm__pv_dict_get(f, "filename"), &file);
+    if (!rc) rc = gm__tb_frame(r->b, name, file, (int32_t)line, id);
+    if (!rc && !gm__pv_tag(f)) gm__pv_set_tag(f, TAG(K_FRAME, *id));
+    return rc;
+}
+
+static int stack_of(reader *r, gm__pval frames, uint32_t *id1) {
+    uint64_t x = 0;
+    bool hit;
+    int crc = converted(frames, K_STACK, "frames", &x, &hit);
+    if (crc || hit) {
+        *id1 = (uint32_t)x;
+        return crc;
     }
     size_t n = gm__pv_len(frames);
     if (n > GM_LIMIT_STACK_DEPTH) n = GM_LIMIT_STACK_DEPTH;
@@ -134,23 +173,14 @@ static int stack_of(reader *r, gm__pval frames, uint32_t *id1) {
         r->fcap = n;
     }
     for (size_t i = 0; i < n; i++) {
-        gm__pval f = gm__pv_item(frames, i);
-        uint32_t name, file;
-        int64_t line = 0;
-        gm__pv_int(gm__pv_dict_get(f, "line"), &line);
-        int rc = string_id(r, gm__pv_dict_get(f, "name"), &name);
-        if (!rc) rc = string_id(r, gm__pv_dict_get(f, "filename"), &file);
-        if (!rc) rc = gm__tb_frame(r->b, name, file, (int32_t)line, &r->fbuf[i]);
+        int rc = frame_of(r, gm__pv_item(frames, i), &r->fbuf[i]);
         if (rc) return rc;
     }
     int rc = budget(r);
     if (!rc) rc = gm__tb_stack(r->b, r->fbuf, (uint32_t)n, id1);
-    if (!rc) {
-        r->last_frames = frames;
-        r->last_stack = *id1;
-        /* ids are < 2^32 - 1 (GM__IDMAP_EMPTY is never a stack id) */
-        if (frames && *id1 != GM__IDMAP_EMPTY) gm__idmap_set(&r->stacks, slot, frames, *id1);
-    }
+    /* read once: a pickle can point a million events at a few big frame
+     * lists through its memo, and the work stays linear in the input */
+    if (!rc && !gm__pv_tag(frames)) gm__pv_set_tag(frames, TAG(K_STACK, *id1));
     return rc;
 }
 
@@ -159,19 +189,20 @@ static int read_event(reader *r, gm__pval d, int device) {
     e.device = (uint8_t)device;
     int action = GM_TA_COUNT;
     bool have_size = false;
-    size_t n = gm__pv_len(d);
+    size_t n;
+    const gm__pval *kv = gm__pv_dict_items(d, &n);
     gm__work_steps += n;
     int brc = budget(r);
     if (brc) return brc;
     for (size_t i = 0; i < n; i++) {
-        gm__pval v = gm__pv_dict_val(d, i);
+        gm__pval v = kv[2 * i + 1];
         int64_t x = 0;
-        switch (field_of(r, gm__pv_dict_key(d, i))) {
+        switch (field_of(r, kv[2 * i])) {
         case F_ACTION: action = action_of(r, v); break;
-        case F_ADDR: if (gm__pv_int(v, &x)) e.addr = (uint64_t)x; break;
-        case F_SIZE: if ((have_size = gm__pv_int(v, &x))) e.size = (uint64_t)x; break;
-        case F_STREAM: if (gm__pv_int(v, &x)) e.stream = (uint64_t)x; break;
-        case F_TIME: if (gm__pv_int(v, &x)) e.time_us = x; break;
+        case F_ADDR: if (gm__pv_int_fast(v, &x)) e.addr = (uint64_t)x; break;
+        case F_SIZE: if ((have_size = gm__pv_int_fast(v, &x))) e.size = (uint64_t)x; break;
+        case F_STREAM: if (gm__pv_int_fast(v, &x)) e.stream = (uint64_t)x; break;
+        case F_TIME: if (gm__pv_int_fast(v, &x)) e.time_us = x; break;
         case F_FRAMES: {
             int rc = stack_of(r, v, &e.stack);
             if (rc) return rc;
@@ -186,6 +217,49 @@ static int read_event(reader *r, gm__pval d, int device) {
     }
     e.action = (uint8_t)action;
     return gm__tb_event(r->b, &e);
+}
+
+/* One entry of device_traces[device]: an event, or skipped. */
+static int read_entry(reader *r, gm__pval v, int device) {
+    r->entries++;
+    uint64_t x = 0;
+    bool hit;
+    converted(v, K_EVENT, "an event", &x, &hit);
+    if (hit && x) return gm__tb_event_copy(r->b, (size_t)x - 1, device); /* named again */
+    if (hit || gm__pv_type(v) != GM__PT_DICT) {
+        r->skipped++;
+        if (!gm__pv_tag(v)) gm__pv_set_tag(v, TAG(K_EVENT, 0));
+        return GM_OK;
+    }
+    size_t n0 = gm__tb_nevents(r->b);
+    int rc = read_event(r, v, device);
+    if (!rc && !gm__pv_tag(v)) gm__pv_set_tag(v, TAG(K_EVENT, gm__tb_nevents(r->b) > n0 ? n0 + 1 : 0));
+    return rc;
+}
+
+/* ---- streaming (pickle.h's sink) ------------------------------------------- */
+
+static int sink_claim(void *ctx, gm__pickle *p, gm__pval list, gm__pval outer, gm__pval key, size_t index,
+                      bool *take) {
+    (void)p;
+    (void)outer;
+    reader *r = ctx;
+    const char *k = gm__pv_str(key, NULL);
+    *take = k && !strcmp(k, "device_traces") && index < MAX_DEVICES && !r->streamed[index] &&
+            !gm__pv_tag(list) && gm__pv_set_tag(list, TAG(K_DEVICE_LIST, index + 1));
+    if (*take) r->streamed[index] = list;
+    return GM_OK;
+}
+
+static int sink_items(void *ctx, gm__pickle *p, gm__pval list, const gm__pval *items, size_t n) {
+    reader *r = ctx;
+    int device = (int)(gm__pv_tag(list) >> 2) - 1;
+    r->input = gm__pickle_input_bytes(p);
+    for (size_t i = 0; i < n; i++) {
+        int rc = read_entry(r, items[i], device);
+        if (rc) return rc;
+    }
+    return GM_OK;
 }
 
 static uint64_t dict_u64(gm__pval d, const char *key) {
@@ -236,32 +310,38 @@ static int read_root(reader *r, gm__pval root) {
         return gm__set_error(GM_EFORMAT, "snapshot 'device_traces' is a %s, not a list",
                              gm__pv_type_name(traces));
     size_t nd = gm__pv_len(traces);
-    if (nd > 256) return gm__set_error(GM_EFORMAT, "snapshot has %zu devices (max 256)", nd);
-    uint64_t entries = 0;
+    if (nd > MAX_DEVICES) return gm__set_error(GM_EFORMAT, "snapshot has %zu devices (max %d)", nd, MAX_DEVICES);
     for (size_t d = 0; d < nd; d++) {
         gm__pval evs = gm__pv_item(traces, d);
         if (gm__pv_type(evs) != GM__PT_LIST)
             return gm__set_error(GM_EFORMAT, "snapshot 'device_traces'[%zu] is a %s, not a list of "
                                  "events", d, gm__pv_type_name(evs));
-        size_t n = gm__pv_len(evs);
-        entries += n;
-        for (size_t i = 0; i < n; i++) {
-            gm__pval e = gm__pv_item(evs, i);
-            if (gm__pv_type(e) != GM__PT_DICT) {
-                r->skipped++;
-                continue;
-            }
-            int rc = read_event(r, e, (int)d);
+        uint64_t tag = gm__pv_tag(evs);
+        if (tag && (tag & 3) == K_DEVICE_LIST) { /* read as it came */
+            if (evs != r->streamed[d] || r->placed[d])
+                return gm__set_error(GM_EFORMAT, "snapshot 'device_traces'[%zu] is the list of device %llu's "
+                                     "events, or a repeat (a hand-built pickle?); not a torch.cuda.memory "
+                                     "snapshot", d, (unsigned long long)(tag >> 2) - 1);
+            r->placed[d] = true;
+            continue;
+        }
+        for (size_t i = 0; i < gm__pv_len(evs); i++) {
+            int rc = read_entry(r, gm__pv_item(evs, i), (int)d);
             if (rc) return rc;
         }
     }
+    for (size_t d = 0; d < MAX_DEVICES; d++)
+        if (r->streamed[d] && !r->placed[d])
+            return gm__set_error(GM_EFORMAT, "snapshot 'device_traces' was built in an unusual way: the "
+                                 "events read as device %zu's are not at device_traces[%zu] (a hand-built "
+                                 "pickle?); not a torch.cuda.memory snapshot", d, d);
     /* entries but not one event (e.g. objects a REDUCE built): not a trace
      * of this allocator, and replaying "0 events" would hide that */
-    if (entries && r->skipped == entries)
+    if (r->entries && r->skipped == r->entries)
         return gm__set_error(GM_EFORMAT, "snapshot 'device_traces' holds %llu entries and none is an "
                              "allocator event (a dict with a known 'action'); the file is not a "
                              "torch.cuda.memory._snapshot() or was altered",
-                             (unsigned long long)entries);
+                             (unsigned long long)r->entries);
     if (segs && gm__pv_type(segs) != GM__PT_LIST)
         return gm__set_error(GM_EFORMAT, "snapshot 'segments' is a %s, not a list",
                              gm__pv_type_name(segs));
@@ -275,38 +355,31 @@ static int read_root(reader *r, gm__pval root) {
     return rc;
 }
 
-static int from_pickle(int rc, gm__pickle *p, gm_trace **out) {
-    if (rc) return rc;
+int gm__trace_from_snapshot_stream(FILE *in, const void *head, size_t len, gm_trace **out) {
+    *out = NULL;
     reader *r = calloc(1, sizeof *r);
     if (!r || !(r->b = gm__tb_new())) {
         free(r);
-        gm__pickle_free(p);
         return gm__set_error(GM_ENOHOSTMEM, "out of host memory reading a snapshot");
     }
-    r->input = gm__pickle_input_bytes(p);
     r->steps0 = gm__work_steps;
-    rc = read_root(r, gm__pickle_root(p));
+    const gm__pickle_sink sink = {r, sink_claim, sink_items};
+    gm__pickle *p = NULL;
+    int rc = gm__pickle_load_sink(in, head, len, NULL, &sink, &p);
+    if (!rc) {
+        r->input = gm__pickle_input_bytes(p);
+        rc = read_root(r, gm__pickle_root(p));
+    }
     gm__pickle_free(p);
     uint64_t skipped = r->skipped;
     if (rc) gm__tb_discard(r->b);
     else rc = gm__tb_finish(r->b, "pytorch-snapshot", out);
     if (!rc) (*out)->skipped = skipped;
     free(r->fbuf);
-    gm__idmap_free(&r->stacks);
     free(r);
     return rc;
 }
 
 int gm_trace_from_snapshot(const void *data, size_t len, gm_trace **out) {
-    *out = NULL;
-    gm__pickle *p = NULL;
-    int rc = gm__pickle_load(data, len, NULL, &p);
-    return from_pickle(rc, p, out);
-}
-
-int gm__trace_from_snapshot_stream(FILE *in, const void *head, size_t len, gm_trace **out) {
-    *out = NULL;
-    gm__pickle *p = NULL;
-    int rc = gm__pickle_load_stream(in, head, len, NULL, &p);
-    return from_pickle(rc, p, out);
+    return gm__trace_from_snapshot_stream(NULL, data, len, out);
 }

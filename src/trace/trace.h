@@ -112,6 +112,9 @@ int gm__tb_string(gm__trace_builder *b, const char *s, size_t n, uint32_t *id);
 int gm__tb_frame(gm__trace_builder *b, uint32_t name, uint32_t file, int32_t line, uint32_t *id);
 int gm__tb_stack(gm__trace_builder *b, const uint32_t *frames, uint32_t n, uint32_t *id1);
 int gm__tb_event(gm__trace_builder *b, const gm_trace_event *e);
+size_t gm__tb_nevents(const gm__trace_builder *b);
+/* Event i again, on `device` (a snapshot that names one event dict twice). */
+int gm__tb_event_copy(gm__trace_builder *b, size_t i, int device);
 int gm__tb_segment(gm__trace_builder *b, const gm_trace_segment *s);
 int gm__tb_conf(gm__trace_builder *b, const char *conf);
 /* Sort events by device (stable) and hand over; the builder is consumed. */
@@ -135,6 +138,9 @@ uint64_t gm_replay_prog_bad_events(const gm_replay_prog *p, const char **first);
 /* Private pools the program allocates into (the trace's nonzero
  * segment_pool_ids on its device); each is retained for the whole run. */
 uint32_t gm_replay_prog_pools(const gm_replay_prog *p);
+/* 1 + the pool op i (an alloc, in program order) allocates into, 0: the
+ * device's own memory (tests). */
+uint32_t gm__replay_op_pool(const gm_replay_prog *p, size_t i);
 
 /* The device calls whose cost depends on their size, as gm_bcall kinds, and
  * their names in replay's JSON. */

@@ -61,6 +61,10 @@ struct gm__trace_builder {
     size_t ev_cap, str_cap, fr_cap, sf_cap, so_cap, seg_cap, nstack_frames;
     uint64_t mem; /* bytes of the vectors and strings */
     gm__idmap strs, frames, stacks;
+    /* events per device, and whether a device came after a higher one,
+     * counted as events come (a pass less over 10 M of them at the end) */
+    size_t per_dev[256];
+    bool unsorted;
 };
 
 gm__trace_builder *gm__tb_new(void) {
@@ -202,9 +206,20 @@ int gm__tb_event(gm__trace_builder *b, const gm_trace_event *e) {
                              (unsigned long long)GM_LIMIT_TRACE_EVENTS);
     if (vec_reserve(&b->mem, (void **)&t->events, &b->ev_cap, t->nevents, sizeof *t->events))
         return GM_ENOHOSTMEM;
+    if (t->nevents && e->device < t->events[t->nevents - 1].device) b->unsorted = true;
     t->events[t->nevents++] = *e;
+    b->per_dev[e->device]++;
     if (e->device + 1 > t->ndevices) t->ndevices = e->device + 1;
     return GM_OK;
+}
+
+size_t gm__tb_nevents(const gm__trace_builder *b) { return b->t->nevents; }
+
+int gm__tb_event_copy(gm__trace_builder *b, size_t i, int device) {
+    if (i >= b->t->nevents) return gm__set_error(GM_EFORMAT, "event %zu of %zu", i, b->t->nevents);
+    gm_trace_event e = b->t->events[i];
+    e.device = (uint8_t)device;
+    return gm__tb_event(b, &e);
 }
 
 int gm__tb_segment(gm__trace_builder *b, const gm_trace_segment *s) {
@@ -231,13 +246,8 @@ int gm__tb_finish(gm__trace_builder *b, const char *format, gm_trace **out) {
         gm__tb_discard(b);
         return gm__set_error(GM_ENOHOSTMEM, "out of host memory building a trace");
     }
-    bool sorted = true;
-    for (size_t i = 0; i < t->nevents; i++) {
-        t->dev_off[t->events[i].device + 1]++;
-        if (i && t->events[i].device < t->events[i - 1].device) sorted = false;
-    }
-    for (int d = 0; d < nd; d++) t->dev_off[d + 1] += t->dev_off[d];
-    if (!sorted) { /* stable counting sort by device */
+    for (int d = 0; d < nd; d++) t->dev_off[d + 1] = t->dev_off[d] + b->per_dev[d];
+    if (b->unsorted) { /* stable counting sort by device */
         gm_trace_event *s = malloc(t->nevents * sizeof *s);
         size_t *pos = malloc((size_t)nd * sizeof *pos);
         if (!s || !pos) {
