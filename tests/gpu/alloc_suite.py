@@ -29,6 +29,7 @@ torch does not count expandable segments' maps), losses.
 (DIR/JOB.pickle.gz, for `gpumem replay`). --cap-x X: a second table with every run
 capped at X times the job's native peak allocated (set_per_process_memory_fraction).
 """
+import contextlib
 import gc
 import gzip
 import json
@@ -169,18 +170,25 @@ def run_resnet50_amp(torch, meter, steps):
         meter.end(loss.item())
 
 
-def train_lm(torch, meter, model, amp, batches):
-    model.cuda().train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for ids in batches:
-        ids = ids.cuda()
+def train_steps(torch, meter, opt, batches, loss_of, amp=None):
+    """One measured training step per batch (already on the GPU): loss_of(batch) under autocast
+    (amp: its dtype, None for none), backward, optimizer step, gradients set to None."""
+    for batch in batches:
         meter.begin()
-        with torch.autocast("cuda", dtype=amp):
-            loss = model(input_ids=ids, labels=ids).loss
+        with torch.autocast("cuda", dtype=amp) if amp is not None else contextlib.nullcontext():
+            loss = loss_of(batch)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         meter.end(loss.item())
+
+
+def train_lm(torch, meter, model, amp, batches, params=None, fwd=None):
+    model.cuda().train()
+    opt = torch.optim.AdamW(params if params is not None else model.parameters(), lr=1e-4)
+    fwd = fwd or model
+    train_steps(torch, meter, opt, (ids.cuda() for ids in batches),
+                lambda ids: fwd(input_ids=ids, labels=ids).loss, amp)
 
 
 def run_llama_ckpt(torch, meter, steps):
@@ -251,19 +259,9 @@ def run_lora_varlen(torch, meter, steps):
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).cuda()
     params = _lora(torch, model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    opt = torch.optim.AdamW(params, lr=1e-4)
     g = torch.Generator().manual_seed(3)
     lens = [int(x) for x in torch.randint(128, 2049, (steps,), generator=g)]
-    for ids in lm_batches(torch, 32000, 4, lens, seed=3):
-        ids = ids.cuda()
-        meter.begin()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        meter.end(loss.item())
+    train_lm(torch, meter, model, torch.bfloat16, lm_batches(torch, 32000, 4, lens, seed=3), params=params)
 
 
 def run_serve_generate(torch, meter, steps):
@@ -307,18 +305,9 @@ def run_train_eval(torch, meter, steps):
 
 def run_compile_train(torch, meter, steps):
     from transformers import GPT2Config, GPT2LMHeadModel
-    model = GPT2LMHeadModel(GPT2Config()).cuda().train()
-    cmodel = torch.compile(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for ids in lm_batches(torch, 50257, 8, [512] * steps, seed=6):
-        ids = ids.cuda()
-        meter.begin()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = cmodel(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        meter.end(loss.item())
+    model = GPT2LMHeadModel(GPT2Config())
+    train_lm(torch, meter, model, torch.bfloat16, lm_batches(torch, 50257, 8, [512] * steps, seed=6),
+             fwd=torch.compile(model.cuda()))
 
 
 def run_cnn_varsize(torch, meter, steps):
@@ -327,17 +316,13 @@ def run_cnn_varsize(torch, meter, steps):
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     crit = torch.nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(7)
-    for _ in range(steps):
-        side = 32 * int(torch.randint(6, 16, (1,), generator=g))  # 192..480
-        x = torch.randn(32, 3, side, side, generator=g).cuda()
-        y = torch.randint(0, 1000, (32,), generator=g).cuda()
-        meter.begin()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = crit(m(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        meter.end(loss.item())
+
+    def batches():
+        for _ in range(steps):
+            side = 32 * int(torch.randint(6, 16, (1,), generator=g))  # 192..480
+            yield (torch.randn(32, 3, side, side, generator=g).cuda(),
+                   torch.randint(0, 1000, (32,), generator=g).cuda())
+    train_steps(torch, meter, opt, batches(), lambda b: crit(m(b[0]), b[1]), torch.bfloat16)
 
 
 def run_t5_varlen(torch, meter, steps):  # held out
@@ -347,18 +332,14 @@ def run_t5_varlen(torch, meter, steps):  # held out
     model = T5ForConditionalGeneration(cfg).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(8)
-    for _ in range(steps):
-        s = int(torch.randint(64, 513, (1,), generator=g))
-        t = int(torch.randint(16, 129, (1,), generator=g))
-        src = torch.randint(1, 32128, (16, s), generator=g).cuda()
-        tgt = torch.randint(1, 32128, (16, t), generator=g).cuda()
-        meter.begin()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=src, labels=tgt).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        meter.end(loss.item())
+
+    def batches():
+        for _ in range(steps):
+            s = int(torch.randint(64, 513, (1,), generator=g))
+            t = int(torch.randint(16, 129, (1,), generator=g))
+            yield (torch.randint(1, 32128, (16, s), generator=g).cuda(),
+                   torch.randint(1, 32128, (16, t), generator=g).cuda())
+    train_steps(torch, meter, opt, batches(), lambda b: model(input_ids=b[0], labels=b[1]).loss, torch.bfloat16)
 
 
 def run_detect_varsize(torch, meter, steps):  # held out
@@ -367,23 +348,20 @@ def run_detect_varsize(torch, meter, steps):  # held out
                                                              num_classes=91).cuda().train()
     opt = torch.optim.SGD(m.parameters(), lr=0.005, momentum=0.9)
     g = torch.Generator().manual_seed(9)
-    for _ in range(steps):
-        imgs, targets = [], []
-        for _ in range(4):
-            h, w = (int(v) for v in torch.randint(320, 801, (2,), generator=g))
-            imgs.append(torch.rand(3, h, w, generator=g).cuda())
-            n = int(torch.randint(1, 9, (1,), generator=g))
-            xy = torch.rand(n, 2, generator=g) * torch.tensor([w * 0.6, h * 0.6])
-            wh = 16 + torch.rand(n, 2, generator=g) * torch.tensor([w * 0.3, h * 0.3])
-            targets.append({"boxes": torch.cat([xy, xy + wh], 1).cuda(),
-                            "labels": torch.randint(1, 91, (n,), generator=g).cuda()})
-        meter.begin()
-        losses = m(imgs, targets)
-        loss = sum(losses.values())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        meter.end(loss.item())
+
+    def batches():
+        for _ in range(steps):
+            imgs, targets = [], []
+            for _ in range(4):
+                h, w = (int(v) for v in torch.randint(320, 801, (2,), generator=g))
+                imgs.append(torch.rand(3, h, w, generator=g).cuda())
+                n = int(torch.randint(1, 9, (1,), generator=g))
+                xy = torch.rand(n, 2, generator=g) * torch.tensor([w * 0.6, h * 0.6])
+                wh = 16 + torch.rand(n, 2, generator=g) * torch.tensor([w * 0.3, h * 0.3])
+                targets.append({"boxes": torch.cat([xy, xy + wh], 1).cuda(),
+                                "labels": torch.randint(1, 91, (n,), generator=g).cuda()})
+            yield imgs, targets
+    train_steps(torch, meter, opt, batches(), lambda b: sum(m(*b).values()))
 
 
 def child(job, alloc, steps, cap, record):
