@@ -157,6 +157,14 @@ typedef struct gm__mempool {
     gm__idmap pins;        /* block address -> checkpoints it is live in */
     gm__block_hdr **held;  /* pinned blocks the program freed */
     size_t nheld, cap_held;
+    /* gm_pool_set_options (view.popt points here), gm_pool_set_tag, and
+     * sleep: while asleep its memory is given back (view.track) and, with
+     * GM_SLEEP_OFFLOAD, the live blocks' contents wait in `saved` */
+    gm_pool_options opt;
+    char tag[GM_TAG_MAX];
+    bool asleep;
+    struct gm__saved *saved;
+    size_t nsaved;
 } gm__mempool;
 
 struct gm__mempools {
@@ -184,6 +192,9 @@ int gm__mempool_walk_segments(gm__device *d, gm_segment_cb cb, void *arg);
 int gm__mempool_check(gm__device *d, char *err, size_t errlen);
 /* Does a pool's policy hold address space at ptr (policies with owns)? */
 bool gm__mempool_owns(gm__device *d, gm_devptr ptr);
+/* An allocation of the device's own pools ran out of memory: place it in a
+ * use_on_oom pool instead (torch's use_on_oom); *mpool is its slot. */
+int gm__mempool_on_oom(gm__device *d, uint64_t size, gm_stream stream, gm__block_hdr **out, uint16_t *mpool);
 /* The pool id of block b (0, 0 for the device's own pools). */
 void gm__mempool_block_id(const gm__device *d, const gm__block_hdr *b, uint64_t id[2]);
 
@@ -207,6 +218,8 @@ void gm__block_revive(gm__device *d, gm__block_hdr *b);
 
 /* config.c: GM_OK, or GM_ECONFIG naming the first field out of range. */
 int gm__config_check(const gm_config *cfg, char *err, size_t errlen);
+/* config.c: the first key fixed at the allocator's start that differs between was and now, or NULL. */
+const char *gm__config_fixed_change(const gm_config *was, const gm_config *now);
 
 /* stats.c */
 int gm__format_summary(const gm_stats *s, int device, bool abbreviated, char *buf, size_t len);

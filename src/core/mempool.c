@@ -112,13 +112,21 @@ static int create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **out) 
     p->view.cfg = &p->cfg;
     p->view.pools_reserved = 0;
     p->view.synced = &p->synced;
+    p->opt.size = sizeof p->opt;
+    p->view.popt = &p->opt;
+    p->view.track = NULL;
+    if (gm__track_create(&p->view) != GM_OK) {
+        free(p);
+        return gm__set_error(GM_ENOHOSTMEM, "out of host memory creating a private pool on device %d", d->index);
+    }
     memset(&p->view.stats, 0, sizeof p->view.stats);
     p->view.stats.size = sizeof p->view.stats;
     p->view.stats.max_split_size = d->stats.max_split_size;
     p->synced = p->view.stats;
-    rc = d->pops->create(&p->view, &p->view.pstate);
+    rc = p->view.pops->create(&p->view, &p->view.pstate);
     gm__mempool_sync(d, p);
     if (rc != GM_OK) {
+        gm__track_destroy(&p->view);
         free(p);
         return gm__set_error(rc, "creating a private pool on device %d failed: %s", d->index, gm_strerror(rc));
     }
@@ -129,12 +137,35 @@ static int create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **out) 
     return GM_OK;
 }
 
+/* Contents of a sleeping pool's live blocks (GM_SLEEP_OFFLOAD). */
+struct gm__saved {
+    gm_devptr ptr;
+    uint64_t size;
+    void *buf;
+};
+
+static void drop_saved(gm__mempool *p) {
+    for (size_t i = 0; i < p->nsaved; i++) free(p->saved[i].buf);
+    free(p->saved);
+    p->saved = NULL;
+    p->nsaved = 0;
+}
+
+/* The host memory of a pool whose policy instance is gone. */
+static void pool_free(gm__mempool *p) {
+    drop_saved(p);
+    gm__track_destroy(&p->view);
+    free(p->held);
+    gm__idmap_free(&p->pins);
+    free(p);
+}
+
 /* The pool's policy gives its cache back. Its release may process the
  * device's pending frees and so hand the pool its last block: `emptying`
  * keeps that free from dropping the pool under this call. */
 static int empty_pool(gm__device *d, gm__mempool *p) {
     p->emptying = true;
-    int rc = d->pops->empty_cache(p->view.pstate);
+    int rc = p->view.pops->empty_cache(p->view.pstate);
     gm__mempool_sync(d, p);
     p->emptying = false;
     return rc;
@@ -147,7 +178,7 @@ static void trim(gm__device *d, gm__mempool *p) {
     (void)empty_pool(d, p);
     if (p->blocks) return;
     d->mp->slot[p->slot - 1] = NULL;
-    d->pops->destroy(p->view.pstate);
+    p->view.pops->destroy(p->view.pstate);
     /* whatever the policy still held is gone with it: out of the device's stats */
 #define GM__MP_GONE(s) (s).freed += (s).current > 0 ? (s).current : 0, (s).current = 0;
 #define GM__MP_GONE_ARRAY(n) for (int k = 0; k < GM_POOL_COUNT; k++) GM__MP_GONE(p->view.stats.n[k])
@@ -158,9 +189,7 @@ static void trim(gm__device *d, gm__mempool *p) {
 #undef GM__MP_GONE_SINGLE
 #undef GM__MP_GONE
     gm__mempool_sync(d, p);
-    free(p->held);
-    gm__idmap_free(&p->pins);
-    free(p);
+    pool_free(p);
 }
 
 static bool pinned(const gm__mempool *p, gm_devptr ptr) {
@@ -186,7 +215,7 @@ static bool hold(gm__mempool *p, gm__block_hdr *b) {
 void gm__mempool_free(gm__device *d, gm__block_hdr *b) {
     gm__mempool *p = slot_pool(d, b->mpool);
     if (pinned(p, b->ptr) && hold(p, b)) return;
-    d->pops->free(p->view.pstate, b);
+    p->view.pops->free(p->view.pstate, b);
     gm__mempool_sync(d, p);
     p->blocks--;
     if (!p->blocks && !p->use_count) trim(d, p);
@@ -204,10 +233,8 @@ void gm__mempool_destroy_all(gm__device *d) {
     for (uint32_t i = 0; i < d->mp->n; i++) {
         gm__mempool *p = d->mp->slot[i];
         if (!p) continue;
-        d->pops->destroy(p->view.pstate);
-        free(p->held);
-        gm__idmap_free(&p->pins);
-        free(p);
+        p->view.pops->destroy(p->view.pstate);
+        pool_free(p);
     }
     free(d->mp->slot);
     free(d->mp);
@@ -233,7 +260,7 @@ int gm__mempool_walk_segments(gm__device *d, gm_segment_cb cb, void *arg) {
         gm__mempool *p = d->mp->slot[i];
         if (!p) continue;
         walk_arg w = {cb, arg, p};
-        int rc = d->pops->walk_segments(p->view.pstate, walk_cb, &w);
+        int rc = p->view.pops->walk_segments(p->view.pstate, walk_cb, &w);
         if (rc) return rc;
     }
     return GM_OK;
@@ -242,7 +269,7 @@ int gm__mempool_walk_segments(gm__device *d, gm_segment_cb cb, void *arg) {
 bool gm__mempool_owns(gm__device *d, gm_devptr ptr) {
     for (uint32_t i = 0; d->mp && i < d->mp->n; i++) {
         gm__mempool *p = d->mp->slot[i];
-        if (p && d->pops->owns && d->pops->owns(p->view.pstate, ptr)) return true;
+        if (p && p->view.pops->owns && p->view.pops->owns(p->view.pstate, ptr)) return true;
     }
     return false;
 }
@@ -288,7 +315,7 @@ static int pools_check(gm__device *d, char *err, size_t errlen) {
             rc = gm__check_fail(err, errlen, "device %d: private pool (%llu, %llu) counts %llu blocks, %llu are out",
                                 d->index, (unsigned long long)p->id0, (unsigned long long)p->id1,
                                 (unsigned long long)p->blocks, (unsigned long long)count[i + 1]);
-        else rc = d->pops->check(p->view.pstate, err, errlen);
+        else rc = p->view.pops->check(p->view.pstate, err, errlen);
     }
     free(count);
     return rc;
@@ -572,7 +599,7 @@ static void give_back_unpinned(gm__device *d, gm__mempool *p) {
         if (pinned(p, b->ptr)) {
             p->held[k++] = b;
         } else {
-            d->pops->free(p->view.pstate, b);
+            p->view.pops->free(p->view.pstate, b);
             p->blocks--;
         }
     }
@@ -661,3 +688,267 @@ int gm_pool_checkpoint_restore(gm_allocator *a, const gm_pool_checkpoint *c, gm_
     }
     return leave(d, rc);
 }
+
+/* ---- options: another allocator's memory, use_on_oom, no_split -----------
+ * torch.cuda.MemPool(allocator=..., use_on_oom=..., no_split=...). A pool
+ * of another allocator's memory has no VMM: its segments are plain device
+ * allocations (devcall.c routes them to seg_alloc / seg_free), split as the
+ * device's policy splits plain segments (policy:torch, as torch splits a
+ * MemPool allocator's segments) or one per block (policy:gpumem's plain
+ * path). no_split runs the gpumem policy's plain path whatever the device's
+ * policy: every allocation a device allocation of its own. */
+
+static bool same_source(const gm_pool_options *a, const gm_pool_options *b) {
+    return a->no_split == b->no_split && a->seg_alloc == b->seg_alloc && a->seg_free == b->seg_free &&
+           a->seg_ctx == b->seg_ctx;
+}
+
+/* A new policy instance for the pool's new options (it holds no memory). */
+static int rebuild(gm__device *d, gm__mempool *p, const gm_pool_options *o) {
+    gm_pool_options was = p->opt;
+    const gm__policy_ops *was_ops = p->view.pops;
+    bool was_exp = p->cfg.expandable_segments;
+    p->view.pops->destroy(p->view.pstate);
+    p->view.pstate = NULL;
+    for (int k = 0; k < 2; k++) {
+        const gm_pool_options *use = k ? &was : o;
+        p->opt = *use;
+        p->opt.size = sizeof p->opt;
+        p->view.pops = use->no_split ? gm__policy_get(GM_POLICY_GPUMEM) : k ? was_ops : d->pops;
+        p->cfg.expandable_segments = k ? was_exp : d->cfg->expandable_segments && !use->seg_alloc;
+        int rc = p->view.pops->create(&p->view, &p->view.pstate);
+        gm__mempool_sync(d, p);
+        if (rc == GM_OK) return k ? GM_ENOHOSTMEM : GM_OK;
+    }
+    return GM_ENOHOSTMEM; /* not even the old one: the pool cannot place (every call fails cleanly) */
+}
+
+int gm_pool_set_options(gm_allocator *a, int device, uint64_t id0, uint64_t id1, const gm_pool_options *o) {
+    if (!o || o->size < sizeof *o)
+        return gm__set_error(GM_EINVAL, "gm_pool_set_options: NULL options, or size not set to sizeof(gm_pool_options)");
+    if (!o->seg_alloc != !o->seg_free)
+        return gm__set_error(GM_EINVAL, "gm_pool_set_options: seg_alloc and seg_free come together (both or neither)");
+    gm__device *d;
+    gm__mempool *p;
+    int rc = enter_pool(a, device, id0, id1, "gm_pool_set_options", &d, &p);
+    if (rc != GM_OK) return rc;
+    if (!same_source(&p->opt, o)) {
+        uint64_t phys = 0, plain = 0;
+        gm__track_usage(&p->view, &phys, &plain);
+        if (p->blocks || phys || plain || p->view.stats.reserved_bytes[GM_POOL_ALL].current || p->asleep)
+            return leave(d, gm__set_error(GM_ESTATE, "gm_pool_set_options: private pool (%llu, %llu) on device %d "
+                                          "already holds memory; its allocator and no_split are set before its "
+                                          "first allocation (create a new pool)", (unsigned long long)id0,
+                                          (unsigned long long)id1, d->index));
+        if ((rc = rebuild(d, p, o)) != GM_OK)
+            return leave(d, gm__set_error(rc, "gm_pool_set_options: the pool's policy could not be made again: %s",
+                                          gm_strerror(rc)));
+    }
+    p->opt.use_on_oom = o->use_on_oom;
+    return leave(d, GM_OK);
+}
+
+int gm__mempool_on_oom(gm__device *d, uint64_t size, gm_stream stream, gm__block_hdr **out, uint16_t *mpool) {
+    int rc = GM_ENOMEM;
+    for (uint32_t i = 0; d->mp && i < d->mp->n && rc == GM_ENOMEM; i++) {
+        gm__mempool *p = d->mp->slot[i];
+        if (!p || !p->opt.use_on_oom || !p->use_count || p->asleep) continue;
+        rc = p->view.pops->malloc(p->view.pstate, size, stream, out);
+        gm__mempool_sync(d, p);
+        if (rc == GM_OK) {
+            p->blocks++;
+            *mpool = p->slot;
+        } else if (rc != GM_ENOMEM) {
+            rc = GM_ENOMEM; /* the device's own failure is what the caller reports */
+        }
+    }
+    return rc;
+}
+
+/* ---- tags, sleep and wake ----------------------------------------------- */
+
+static int tag_check(const char *tag, bool null_ok, const char *what) {
+    if (!tag) return null_ok ? GM_OK : gm__set_error(GM_EINVAL, "%s: NULL tag", what);
+    size_t n = strlen(tag);
+    if (n >= GM_TAG_MAX || (!n && null_ok))
+        return gm__set_error(GM_EINVAL, "%s: tag '%.40s' is %s (1 to %d bytes)", what, tag, n ? "too long" : "empty",
+                             GM_TAG_MAX - 1);
+    return GM_OK;
+}
+
+int gm_pool_set_tag(gm_allocator *a, int device, uint64_t id0, uint64_t id1, const char *tag) {
+    gm__clear_error();
+    int rc = tag_check(tag, false, "gm_pool_set_tag");
+    if (rc != GM_OK) return rc;
+    gm__device *d;
+    gm__mempool *p;
+    if ((rc = enter_pool(a, device, id0, id1, "gm_pool_set_tag", &d, &p)) != GM_OK) return rc;
+    if (p->asleep)
+        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_set_tag: private pool tagged '%s' is asleep; wake it "
+                                      "before renaming it", p->tag));
+    snprintf(p->tag, sizeof p->tag, "%s", tag); /* "" removes the tag */
+    return leave(d, GM_OK);
+}
+
+static bool tag_match(const gm__mempool *p, const char *tag) {
+    return p && p->tag[0] && (!tag || !strcmp(p->tag, tag));
+}
+
+/* Copy the pool's live blocks to host memory; nothing kept on failure. */
+static int offload(gm__device *d, gm__mempool *p) {
+    gm__fe_dev *fe = d->fe;
+    size_t n = 0;
+    for (uint64_t i = 0; i <= fe->map.mask; i++) n += fe->map.slots[i].key && fe->map.slots[i].block->mpool == p->slot;
+    if (!n) return GM_OK;
+    if (!(p->saved = calloc(n, sizeof *p->saved))) return GM_ENOHOSTMEM;
+    int rc = GM_OK;
+    for (uint64_t i = 0; i <= fe->map.mask && rc == GM_OK; i++) {
+        gm__block_hdr *b = fe->map.slots[i].key ? fe->map.slots[i].block : NULL;
+        if (!b || b->mpool != p->slot) continue;
+        struct gm__saved *s = &p->saved[p->nsaved++];
+        s->ptr = b->ptr;
+        s->size = b->requested;
+        if (!(s->buf = malloc(s->size))) rc = GM_ENOHOSTMEM;
+        else rc = gm__be_copy_to_host(d, s->buf, s->ptr, s->size);
+    }
+    if (rc != GM_OK) drop_saved(p);
+    return rc;
+}
+
+/* Can the pool sleep? Its memory must be mapped handles (GM_ENOTSUP). */
+static int sleep_check(gm__device *d, gm__mempool *p) {
+    uint64_t phys, plain;
+    gm__track_usage(&p->view, &phys, &plain);
+    if (!plain) return GM_OK;
+    return gm__set_error(GM_ENOTSUP, "private pool tagged '%s' on device %d holds %llu plain device allocations "
+                         "(policy:torch without expandable_segments, no_split, or another allocator's memory): "
+                         "their memory cannot be given back at the same addresses; use policy:gpumem (the "
+                         "default) or expandable_segments:True for pools that sleep", p->tag, d->index,
+                         (unsigned long long)plain);
+}
+
+static int pool_sleep(gm__device *d, gm__mempool *p, bool save, uint64_t *released) {
+    *released = 0;
+    if (p->asleep) return GM_OK;
+    int rc = save ? offload(d, p) : GM_OK;
+    if (rc != GM_OK)
+        return gm__set_error(rc, "saving the contents of private pool tagged '%s' on device %d failed: %s; "
+                             "nothing was released", p->tag, d->index, gm_strerror(rc));
+    rc = gm__track_sleep(&p->view, released);
+    gm__mempool_sync(d, p);
+    if (rc != GM_OK) {
+        drop_saved(p);
+        return gm__set_error(rc, "releasing private pool tagged '%s' on device %d failed: %s; nothing was "
+                             "released", p->tag, d->index, gm_strerror(rc));
+    }
+    p->asleep = true;
+    return GM_OK;
+}
+
+static int pool_wake(gm__device *d, gm__mempool *p) {
+    if (!p->asleep) return GM_OK;
+    int rc = gm__track_wake(&p->view);
+    gm__mempool_sync(d, p);
+    if (rc != GM_OK)
+        return gm__set_error(rc, "waking private pool tagged '%s' on device %d failed: %s; it stays asleep "
+                             "(free device memory, then wake it again)", p->tag, d->index, gm_strerror(rc));
+    p->asleep = false;
+    /* contents back, for the blocks still live (a block freed while asleep lost them) */
+    for (size_t i = 0; i < p->nsaved; i++) {
+        const struct gm__saved *s = &p->saved[i];
+        gm__block_hdr *b = live_in(d, p->slot, s->ptr);
+        if (b && b->requested == s->size && rc == GM_OK) rc = gm__be_copy_to_device(d, s->ptr, s->buf, s->size);
+    }
+    drop_saved(p);
+    return rc == GM_OK ? GM_OK
+                       : gm__set_error(rc, "restoring the contents of private pool tagged '%s' on device %d failed: "
+                                       "%s", p->tag, d->index, gm_strerror(rc));
+}
+
+/* The devices a sleep or wake acts on: `device`, or every one made (-1). */
+static int sleep_devices(gm_allocator *a, int device, gm__device **list, int *n) {
+    *n = 0;
+    if (device == -1) {
+        for (int i = 0; i < a->ndevices; i++)
+            if ((list[*n] = __atomic_load_n(&a->devices[i], __ATOMIC_ACQUIRE))) (*n)++;
+        return GM_OK;
+    }
+    int rc = gm__device_get(a, device, &list[0]);
+    if (rc == GM_OK) *n = 1;
+    return rc;
+}
+
+/* Check every device before changing any: capture, unknown tag, pools that cannot sleep. */
+static int sleep_precheck(gm__device **list, int n, const char *tag, bool sleeping, const char *what) {
+    int found = 0, rc = GM_OK;
+    for (int k = 0; k < n && rc == GM_OK; k++) {
+        gm__device *d = list[k];
+        gm__devlock_lock(&d->lock);
+        if (gm__device_capturing(d))
+            rc = gm__set_error(GM_ESTATE, "%s: a capture (a CUDA graph, a use_mem_pool block) is under way on "
+                               "device %d; end it first", what, d->index);
+        for (uint32_t i = 0; d->mp && i < d->mp->n && rc == GM_OK; i++) {
+            gm__mempool *p = d->mp->slot[i];
+            if (!tag_match(p, tag)) continue;
+            found++;
+            if (sleeping && !p->asleep) rc = sleep_check(d, p);
+        }
+        gm__devlock_unlock(&d->lock);
+    }
+    if (rc == GM_OK && tag && !found)
+        rc = gm__set_error(GM_EINVAL, "%s: no private pool is tagged '%s' (tag one with gm_pool_set_tag, or "
+                           "gpumem.torch.sleep_pool('%s'))", what, tag, tag);
+    return rc;
+}
+
+int gm_allocator_sleep(gm_allocator *a, int device, const char *tag, unsigned flags, uint64_t *released) {
+    gm__clear_error();
+    if (released) *released = 0;
+    if (!a) return gm__set_error(GM_EINVAL, "gm_allocator_sleep: NULL allocator");
+    if (flags & ~GM_SLEEP_OFFLOAD) return gm__set_error(GM_EINVAL, "gm_allocator_sleep: unknown flags 0x%x", flags);
+    int rc = tag_check(tag, true, "gm_allocator_sleep"), n = 0;
+    gm__device *list[GM_MAX_DEVICES];
+    if (rc == GM_OK) rc = sleep_devices(a, device, list, &n);
+    if (rc == GM_OK) rc = sleep_precheck(list, n, tag, true, "gm_allocator_sleep");
+    for (int k = 0; k < n && rc == GM_OK; k++) {
+        gm__device *d = list[k];
+        gm__devlock_lock(&d->lock);
+        int64_t before = d->stats.reserved_bytes[GM_POOL_ALL].current;
+        uint64_t got = 0;
+        for (uint32_t i = 0; d->mp && i < d->mp->n && rc == GM_OK; i++) {
+            gm__mempool *p = d->mp->slot[i];
+            if (!tag_match(p, tag)) continue;
+            rc = pool_sleep(d, p, flags & GM_SLEEP_OFFLOAD, &got);
+            if (released) *released += got;
+        }
+        if (rc == GM_OK && !tag) { /* the idle cache of everything else */
+            rc = gm__device_process_events(d, true);
+            if (rc == GM_OK) rc = d->pops->empty_cache(d->pstate);
+            for (uint32_t i = 0; d->mp && i < d->mp->n && rc == GM_OK; i++)
+                if (d->mp->slot[i] && !d->mp->slot[i]->asleep) rc = empty_pool(d, d->mp->slot[i]);
+            if (rc == GM_OK) rc = gm__mempool_empty_released(d);
+            int64_t drop = before - d->stats.reserved_bytes[GM_POOL_ALL].current;
+            if (released && drop > 0) *released += (uint64_t)drop;
+        }
+        leave(d, rc);
+    }
+    return rc;
+}
+
+int gm_allocator_wake(gm_allocator *a, int device, const char *tag) {
+    gm__clear_error();
+    if (!a) return gm__set_error(GM_EINVAL, "gm_allocator_wake: NULL allocator");
+    int rc = tag_check(tag, true, "gm_allocator_wake"), n = 0;
+    gm__device *list[GM_MAX_DEVICES];
+    if (rc == GM_OK) rc = sleep_devices(a, device, list, &n);
+    if (rc == GM_OK) rc = sleep_precheck(list, n, tag, false, "gm_allocator_wake");
+    for (int k = 0; k < n && rc == GM_OK; k++) {
+        gm__device *d = list[k];
+        gm__devlock_lock(&d->lock);
+        for (uint32_t i = 0; d->mp && i < d->mp->n && rc == GM_OK; i++)
+            if (tag_match(d->mp->slot[i], tag)) rc = pool_wake(d, d->mp->slot[i]);
+        leave(d, rc);
+    }
+    return rc;
+}
+
