@@ -312,7 +312,8 @@ def sleepable(tag, device=None):
     """Allocations made inside go to sleep_pool(tag): what sleep(tag) releases and wake(tag) maps
     back at the same addresses."""
     torch = _torch()
-    with torch.cuda.use_mem_pool(sleep_pool(tag, device)):
+    dev = _device(device)
+    with torch.cuda.use_mem_pool(sleep_pool(tag, dev), device=dev):
         yield
 
 
