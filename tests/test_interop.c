@@ -378,6 +378,10 @@ static void settings_live(void **state) {
     assert_string_equal(v, "4");
     OK(gm_allocator_set_settings(a, "per_process_memory_fraction:0.5"));
     assert_int_equal(gm_malloc(a, 0, 5 * GIB, 0, &q), GM_ENOMEM); /* the fraction applies at once */
+    OK(gm_set_memory_fraction(a, 0, 0.25)); /* set apart from the settings: a later string keeps it */
+    OK(gm_allocator_set_settings(a, "garbage_collection_threshold:0.6"));
+    assert_int_equal(gm_malloc(a, 0, 3 * GIB, 0, &q), GM_ENOMEM);
+    OK(gm_allocator_set_settings(a, "per_process_memory_fraction:1"));
     OK(gm_allocator_set_settings(a, "expandable_segments:True"));
     OK(gm_malloc(a, 0, 30 * MIB, 0, &q)); /* a new expandable segment */
     gm_test_check(a);

@@ -525,7 +525,7 @@ int gm_empty_cache(gm_allocator *a, int device) {
 /* The settings of every policy instance (the device's, its private pools')
  * follow a->cfg; lock held. A pool keeps its own plan, slack and (for
  * another allocator's memory or no_split) expandable_segments. */
-static void settings_apply(gm__device *d, const gm_config *c) {
+static void settings_apply(gm__device *d, const gm_config *was, const gm_config *c) {
     for (uint32_t i = 0; d->mp && i < d->mp->n; i++) {
         gm__mempool *p = d->mp->slot[i];
         if (!p) continue;
@@ -535,8 +535,8 @@ static void settings_apply(gm__device *d, const gm_config *c) {
         if (p->opt.seg_alloc || p->opt.no_split) pc.expandable_segments = p->cfg.expandable_segments;
         p->cfg = pc;
     }
-    if (c->per_process_memory_fraction != d->memory_fraction &&
-        (d->fraction_set || c->per_process_memory_fraction < 1.0))
+    /* the string set the fraction (else one set by gm_set_memory_fraction stays) */
+    if (c->per_process_memory_fraction != was->per_process_memory_fraction)
         set_fraction(d, c->per_process_memory_fraction);
 }
 
@@ -560,9 +560,10 @@ int gm_allocator_set_settings(gm_allocator *a, const char *str) {
         for (int i = 0; i < a->ndevices; i++)
             if ((list[n] = dev_peek(a, i))) n++;
         for (int i = 0; i < n; i++) gm__devlock_lock(&list[i]->lock); /* in index order */
+        gm_config was = a->cfg;
         a->cfg = c;
         for (int i = 0; i < n; i++) {
-            settings_apply(list[i], &c);
+            settings_apply(list[i], &was, &c);
             publish(list[i]);
         }
         for (int i = n - 1; i >= 0; i--) gm__devlock_unlock(&list[i]->lock);
