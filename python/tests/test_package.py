@@ -202,6 +202,33 @@ class SimBackendTest(unittest.TestCase):
         _lib.free_raw(p)
         self.assertEqual(gt.check(0), "")
 
+    def test_set_allocator_settings_is_routed(self):
+        """install() makes torch.cuda.memory._set_allocator_settings gpumem's (torch never tells a
+        pluggable allocator): a stand-in torch module shows the replacement and its refusal."""
+        import types
+        calls = []
+        fake = types.ModuleType("torch")
+        fake.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(_set_allocator_settings=calls.append))
+        old_mod, old_orig = sys.modules.get("torch"), gt._state.get("orig_set_allocator_settings")
+        sys.modules["torch"] = fake
+        gt._state["orig_set_allocator_settings"] = None
+        try:
+            _lib.configure("policy:gpumem", "sim")
+            gt._patch_allocator_settings()
+            self.assertIs(fake.cuda.memory._set_allocator_settings, gt.set_allocator_settings)
+            _lib.free_raw(_lib.alloc_raw(MIB, 0, 0))
+            fake.cuda.memory._set_allocator_settings("per_process_memory_fraction:0.5")
+            with self.assertRaises(_lib.GpumemError) as cm:
+                fake.cuda.memory._set_allocator_settings("expandable_segments:True")
+            self.assertIn("policy:torch", str(cm.exception))  # a key of the other policy: named, refused
+            self.assertEqual(calls, [])  # torch's own setter is not called
+        finally:
+            if old_mod is None:
+                del sys.modules["torch"]
+            else:
+                sys.modules["torch"] = old_mod
+            gt._state["orig_set_allocator_settings"] = old_orig
+
     def test_summary_and_usage_line(self):
         _lib.configure("policy:gpumem", "sim")
         p = _lib.alloc_raw(5 * MIB, 0, 0)
