@@ -26,6 +26,8 @@ static struct fake {
     int events_created, events_destroyed, unmaps, sets;
     CUresult alloc_result, set_access_result, query_result;
     int vmm_attr;
+    int rdma_attr, rdma_flag; /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED; the flag cuMemCreate saw */
+    unsigned char devmem[64]; /* what the fake copies read and write */
     int alloc_mode, exchanges; /* the capture mode cuMemAlloc ran in; mode swaps */
 } F;
 static _Thread_local int capture_mode; /* the thread's stream capture mode (0: global) */
@@ -43,7 +45,10 @@ static int cur_dev(void) {
 static CUresult f_init(unsigned fl) { return F.init_result; }
 static CUresult f_count(int *n) { *n = F.ndev; return 0; }
 static CUresult f_get(CUdevice *d, int i) { *d = i; return i < F.ndev ? 0 : 101; }
-static CUresult f_attr(int *v, int a, CUdevice d) { *v = F.vmm_attr; return 0; }
+static CUresult f_attr(int *v, int a, CUdevice d) {
+    *v = a == GM__CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED ? F.rdma_attr : F.vmm_attr;
+    return 0;
+}
 static CUresult f_retain(CUcontext *c, CUdevice d) { F.retained[d]++; *c = ctx_of(d); return 0; }
 static CUresult f_release(CUdevice d) { F.released[d]++; return 0; }
 static CUresult f_getcur(CUcontext *c) { *c = cur; return 0; }
@@ -83,6 +88,7 @@ static CUresult f_reserve(CUdeviceptr *p, size_t s, size_t a, CUdeviceptr addr, 
 static CUresult f_afree(CUdeviceptr p, size_t s) { return 0; }
 static CUresult f_create(CUmemGenericAllocationHandle *h, size_t s, const gm__cu_alloc_prop *p,
                          unsigned long long fl) {
+    F.rdma_flag = p->alloc_flags.gpu_direct_rdma_capable;
     *h = 42;
     return 0;
 }
@@ -99,6 +105,16 @@ static CUresult f_access(CUdeviceptr p, size_t s, const gm__cu_access_desc *d, s
 static CUresult f_ev_create(CUevent *e, unsigned fl) {
     if (cur_dev() < 0) return GM__CUDA_ERROR_INVALID_CONTEXT;
     *e = (CUevent)(void *)&ev_tag[F.events_created++ % 64];
+    return 0;
+}
+static CUresult f_dtoh(void *dst, CUdeviceptr src, size_t n) {
+    if (cur_dev() < 0) return GM__CUDA_ERROR_INVALID_CONTEXT;
+    memcpy(dst, F.devmem + (src - 0x600000000000ull), n);
+    return 0;
+}
+static CUresult f_htod(CUdeviceptr dst, const void *src, size_t n) {
+    if (cur_dev() < 0) return GM__CUDA_ERROR_INVALID_CONTEXT;
+    memcpy(F.devmem + (dst - 0x600000000000ull), src, n);
     return 0;
 }
 static CUresult f_ev_record(CUevent e, CUstream s) { return 0; }
@@ -122,6 +138,7 @@ static gm__cuda_driver fake_driver(void) {
         .cuMemSetAccess = f_access, .cuEventCreate = f_ev_create, .cuEventRecord = f_ev_record,
         .cuEventQuery = f_ev_query, .cuEventSynchronize = f_ev_sync, .cuEventDestroy = f_ev_destroy,
         .cuGetErrorName = f_errname, .cuThreadExchangeStreamCaptureMode = f_exchange,
+        .cuMemcpyDtoH = f_dtoh, .cuMemcpyHtoD = f_htod,
     };
     return d;
 }
@@ -301,6 +318,35 @@ static void vmm_paths(void **state) {
     ops->destroy(ctx);
 }
 
+/* Issue 46: VMM memory a NIC can register where the device supports it
+ * (as torch's expandable segments and NCCL's ncclMemAlloc ask), and the
+ * synchronous copies sleep's offload uses, in the device's context. */
+static void rdma_flag_and_copies(void **state) {
+    gm__cuda_driver d = fake_driver();
+    const gm_backend_ops *ops;
+    void *ctx;
+    gm_physmem h;
+    for (int attr = 0; attr < 2; attr++) {
+        F.rdma_attr = attr;
+        F.rdma_flag = -1;
+        open_fake(&d, &ops, &ctx);
+        assert_int_equal(ops->phys_create(ctx, 0, 2u << 20, &h), GM_OK);
+        assert_int_equal(F.rdma_flag, attr);
+        ops->destroy(ctx);
+    }
+    open_fake(&d, &ops, &ctx);
+    char in[8] = "gpumem!", out[8] = {0};
+    assert_int_equal(ops->copy_to_device(ctx, 1, 0x600000000000ull + 8, in, sizeof in), GM_OK);
+    assert_int_equal(ops->copy_to_host(ctx, 1, out, 0x600000000000ull + 8, sizeof out), GM_OK);
+    assert_string_equal(out, "gpumem!");
+    assert_null(cur); /* the caller's context is back */
+    ops->destroy(ctx);
+    d.cuMemcpyDtoH = NULL; /* an old driver: no offload */
+    open_fake(&d, &ops, &ctx);
+    assert_int_equal(ops->copy_to_host(ctx, 0, out, 0x600000000000ull, 1), GM_ENOTSUP);
+    ops->destroy(ctx);
+}
+
 static void events_are_pooled(void **state) {
     gm__cuda_driver d = fake_driver();
     const gm_backend_ops *ops;
@@ -355,6 +401,7 @@ int main(void) {
         cmocka_unit_test_setup(oom_is_enomem_with_detail, setup),
         cmocka_unit_test_setup(malloc_relaxed_capture_mode, setup),
         cmocka_unit_test_setup(vmm_paths, setup),
+        cmocka_unit_test_setup(rdma_flag_and_copies, setup),
         cmocka_unit_test_setup(events_are_pooled, setup),
         cmocka_unit_test_setup(backend_object_wraps_ops, setup),
     };

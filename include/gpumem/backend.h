@@ -63,6 +63,11 @@ typedef struct gm_backend_ops {
     int (*event_query)(void *ctx, int dev, gm_event ev, bool *done);
     int (*event_sync)(void *ctx, int dev, gm_event ev);
     int (*event_destroy)(void *ctx, int dev, gm_event ev);
+
+    /* optional (appended): synchronous copies between device memory and host
+     * memory, for gm_allocator_sleep's offload. Not counted kinds. */
+    int (*copy_to_host)(void *ctx, int dev, void *dst, gm_devptr src, uint64_t size);
+    int (*copy_to_device)(void *ctx, int dev, gm_devptr dst, const void *src, uint64_t size);
 } gm_backend_ops;
 
 /* Wrap a table and its context into a backend object (takes ownership of

@@ -287,6 +287,11 @@ GM_API int gm_sim_live_objects(gm_backend *b, int device, gm_sim_live *out);
 #define GM_SIM_SIZE_BUCKETS 64
 GM_API int gm_sim_call_sizes(gm_backend *b, int device, int kind, uint64_t count[GM_SIM_SIZE_BUCKETS],
                              uint64_t bytes[GM_SIM_SIZE_BUCKETS]);
+/* Sim only: write / read n bytes of mapped memory at addr (contents the
+ * simulator keeps for the memory it maps; never-written memory reads as
+ * zeros). GM_EINVAL where a byte is not mapped. Tests of sleep and wake. */
+GM_API int gm_sim_write(gm_backend *b, int device, gm_devptr addr, const void *src, uint64_t n);
+GM_API int gm_sim_read(gm_backend *b, int device, gm_devptr addr, void *dst, uint64_t n);
 
 /* The CUDA driver backend (libcuda.so.1 via dlopen). GM_ENODRIVER without it. */
 GM_API int gm_cuda_create(gm_backend **out);
@@ -460,6 +465,71 @@ GM_API int gm_pool_checkpoint_take(gm_allocator *a, int device, uint64_t id0, ui
 GM_API int gm_pool_checkpoint_restore(gm_allocator *a, const gm_pool_checkpoint *c, gm_pool_restore_cb cb,
                                       void *arg);
 GM_API void gm_pool_checkpoint_free(gm_allocator *a, gm_pool_checkpoint *c);
+
+/* Options of a private pool (torch.cuda.MemPool(allocator=..., use_on_oom=...,
+ * no_split=...)). use_on_oom: an allocation on the device's own pools that
+ * runs out of memory is placed in this pool before it fails (torch's
+ * use_on_oom). no_split: every allocation in the pool is a device allocation
+ * of its own (torch's no_split; also what a pool served by another allocator
+ * does under policy:gpumem). seg_alloc / seg_free: the pool's device memory
+ * comes from another allocator (torch's MemPool(allocator=...), e.g. NCCL's
+ * ncclMemAlloc) instead of the backend; gpumem places blocks in it and counts
+ * it in the device's statistics as its own. They run under the device lock
+ * and must not call gpumem; seg_alloc returns GM_ENOMEM when it has nothing.
+ * Options that change how the pool gets memory (no_split, the allocator) are
+ * taken only while the pool holds no memory (else GM_ESTATE); use_on_oom any
+ * time. */
+typedef int (*gm_seg_alloc_fn)(void *ctx, int device, uint64_t size, gm_stream stream, gm_devptr *out);
+typedef void (*gm_seg_free_fn)(void *ctx, int device, gm_devptr ptr, uint64_t size);
+typedef struct gm_pool_options {
+    uint32_t size; /* sizeof(gm_pool_options) */
+    bool use_on_oom;
+    bool no_split;
+    gm_seg_alloc_fn seg_alloc; /* NULL: the backend's memory */
+    gm_seg_free_fn seg_free;
+    void *seg_ctx;
+} gm_pool_options;
+GM_API int gm_pool_set_options(gm_allocator *a, int device, uint64_t id0, uint64_t id1, const gm_pool_options *o);
+
+/* ---- sleep and wake (vLLM's sleep mode, RL weight swaps) -----------------
+ * A tagged private pool can be put to sleep: the physical memory behind all
+ * of its segments (live blocks and idle cache) is given back to the device
+ * while every address stays reserved, and wake maps fresh memory at the same
+ * addresses. With GM_SLEEP_OFFLOAD the live blocks' contents are copied to
+ * host memory first and back at wake (vLLM's sleep level 1); without it they
+ * are lost (level 2, a KV cache). The caller synchronises the device first:
+ * nothing may run on the pool's memory while it sleeps.
+ *
+ * gm_pool_set_tag names a private pool ("weights", "kv_cache"; at most
+ * GM_TAG_MAX - 1 bytes). gm_allocator_sleep(tag) sleeps every pool with that
+ * tag on `device` (-1: every device); tag NULL sleeps every tagged pool and
+ * gives back the idle cache of the rest (gm_empty_cache). *released (may be
+ * NULL) is the device memory given back. An unknown tag is GM_EINVAL; a pool
+ * whose segments are not mapped memory (policy:torch without
+ * expandable_segments, another allocator's pool) is GM_ENOTSUP, checked
+ * before anything changes; during a capture GM_ESTATE. Sleeping a sleeping
+ * pool, or waking an awake one, does nothing. While a pool sleeps an
+ * allocation in it is GM_ESTATE (wake it first); a free is fine (its saved
+ * contents are dropped); the device's own pools allocate as usual, on
+ * fresh memory. Statistics keep counting a sleeping pool's memory as
+ * reserved (its layout is unchanged); the device's free memory (and
+ * nvidia-smi) shows it released. A wake that runs out of memory gives back
+ * what it mapped and leaves the pool asleep (GM_ENOMEM). */
+#define GM_TAG_MAX 32
+#define GM_SLEEP_OFFLOAD 1u
+GM_API int gm_pool_set_tag(gm_allocator *a, int device, uint64_t id0, uint64_t id1, const char *tag);
+GM_API int gm_allocator_sleep(gm_allocator *a, int device, const char *tag, unsigned flags, uint64_t *released);
+GM_API int gm_allocator_wake(gm_allocator *a, int device, const char *tag);
+
+/* Change settings while the allocator runs (torch.cuda.memory.
+ * _set_allocator_settings): `str` in PYTORCH_CUDA_ALLOC_CONF syntax, on top
+ * of the settings in effect. Keys the policy reads on every call change at
+ * once (roundup_power2_divisions, garbage_collection_threshold,
+ * max_non_split_rounding, expandable_segments for new segments, the memory
+ * fraction, the host-side keys); a key fixed when the allocator was made
+ * (policy, backend, max_split_size_mb, gpumem_*) is GM_ECONFIG naming it, as
+ * is a key gm_config_parse refuses. Nothing of the string applies then. */
+GM_API int gm_allocator_set_settings(gm_allocator *a, const char *str);
 
 /* ---- publication for out-of-process monitors --------------------------- */
 

@@ -25,18 +25,25 @@
 // (src/core/mempool.c). With no capture under way an allocation pays one
 // atomic load (a plain load on x86) for this.
 //
-// Not supported (each fails with a message naming gpumem): IPC handles,
-// MemPool(allocator=...), use_on_oom and no_split pools.
+// torch.cuda.MemPool(allocator=...) (e.g. NCCL's ncclMemAlloc through a
+// CUDAPluggableAllocator): the library's pool gets its segments from that
+// allocator's raw_alloc / raw_delete (gm_pool_options.seg_alloc), and
+// gpumem places blocks in them and counts them; use_on_oom and no_split
+// are the pool's options too. Not supported (fails with a message naming
+// gpumem): IPC handles.
 #include <torch/extension.h>
 
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <dlfcn.h>
+
+#include <map>
 
 #include <algorithm>
 #include <atomic>
@@ -68,7 +75,7 @@ using PA = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
   X(walk_blocks) X(config) X(note_failed_free) X(set_segment_observer)        \
   X(alloc_pool) X(pool_retain) X(pool_begin) X(pool_end) X(pool_release)     \
   X(pool_use_count) X(pool_empty_cache) X(pool_checkpoint) X(pool_restore)    \
-  X(pool_checkpoint_free)
+  X(pool_checkpoint_free) X(pool_set_options)
 
 struct Api {
 #define GM_SHIM_FIELD(n) decltype(&gpumem_torch_##n) n;
@@ -263,32 +270,65 @@ class GpumemAllocator : public PA {
   // torch.cuda.MemPool's constructor calls setUseOnOOM(true) for
   // MemPool(use_on_oom=True) and setNoSplit for MemPool(no_split=True); its
   // destructor (torch 2.11) calls setUseOnOOM(false) on every pool, then
-  // releasePool and emptyCache(id). gpumem never serves an out-of-memory
-  // retry from a private pool, so false has nothing to undo and must not
-  // throw (a throw from ~MemPool terminates the process: the first H200 run
-  // of issue 28 aborted at exit so); true and no_split are refused with a
-  // message, from the constructor only. Declared without `override`: an
-  // older torch has a two-argument setUseOnOOM, or neither.
+  // releasePool and emptyCache(id). Both are the library pool's options
+  // (gm_pool_set_options): use_on_oom serves an allocation the device's own
+  // pools cannot place from the pool's memory, no_split makes every
+  // allocation in the pool a device allocation of its own. false (from a
+  // destructor) must not throw (a throw from ~MemPool terminates the
+  // process: the first H200 run of issue 28 aborted at exit so). Declared
+  // without `override`: an older torch has a two-argument setUseOnOOM, or
+  // neither.
 #ifdef __clang__
 #pragma clang diagnostic push
 #pragma clang diagnostic ignored "-Winconsistent-missing-override"
 #endif
   void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) {
-    if (use_on_oom) refuse_use_on_oom();
+    set_pool_option(device, mempool_id, [&](gm_pool_options& o) { o.use_on_oom = use_on_oom; }, use_on_oom,
+                    "MemPool(use_on_oom=True)");
   }
-  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id) { refuse_use_on_oom(); }
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id) { setUseOnOOM(device, mempool_id, true); }
   void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) {
-    TORCH_CHECK(false, "gpumem: torch.cuda.MemPool(no_split=True) is not supported: gpumem's pools place "
-                "blocks by its own policy; create the MemPool without no_split, or run with PyTorch's "
-                "allocator (`gpumem run --native`)");
+    set_pool_option(device, mempool_id, [](gm_pool_options& o) { o.no_split = true; }, true,
+                    "MemPool(no_split=True)");
   }
 #ifdef __clang__
 #pragma clang diagnostic pop
 #endif
-  static void refuse_use_on_oom() {
-    TORCH_CHECK(false, "gpumem: torch.cuda.MemPool(use_on_oom=True) is not supported: gpumem never serves an "
-                "out-of-memory retry from a private pool; create the MemPool without use_on_oom, or run with "
-                "PyTorch's allocator (`gpumem run --native`)");
+  // The pool's options as the library holds them, changed by `edit`; a
+  // failure raises (strict) or is dropped (from a destructor).
+  template <class Edit>
+  void set_pool_option(c10::DeviceIndex device, c10::MempoolId_t id, Edit edit, bool strict, const char* what) {
+    std::lock_guard<std::mutex> g(mu_);
+    gm_pool_options o = pool_opts_.count(id) ? pool_opts_[id] : gm_pool_options{};
+    o.size = sizeof o;
+    edit(o);
+    int st = api.pool_set_options(device, id.first, id.second, &o);
+    if (st == 0) pool_opts_[id] = o;
+    else if (strict) check(st, what);
+  }
+  // A MemPool's allocator: its raw_alloc / raw_delete give the library
+  // pool's segments. They run under gpumem's device lock: the allocator
+  // must not allocate through gpumem (a pluggable allocator of C functions,
+  // as NCCL's, does not). Exceptions stop here (C calls them).
+  static int other_alloc(void* ctx, int device, uint64_t size, gm_stream, gm_devptr* out) noexcept {
+    try {
+      c10::cuda::CUDAGuard g(static_cast<c10::DeviceIndex>(device));
+      auto stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+      void* p = static_cast<cca::CUDAAllocator*>(ctx)->raw_alloc_with_stream(size, stream);
+      if (!p) return GM_ENOMEM;
+      *out = reinterpret_cast<gm_devptr>(p);
+      return 0;
+    } catch (...) {
+      return GM_ENOMEM;
+    }
+  }
+  static void other_free(void* ctx, int device, gm_devptr ptr, uint64_t) noexcept {
+    try {
+      c10::cuda::CUDAGuard g(static_cast<c10::DeviceIndex>(device));
+      static_cast<cca::CUDAAllocator*>(ctx)->raw_delete(reinterpret_cast<void*>(ptr));
+    } catch (...) {
+      api.note_failed_free();
+    }
   }
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override {
     int n = 0;
@@ -305,10 +345,10 @@ class GpumemAllocator : public PA {
 #endif
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                           std::shared_ptr<cca::CUDAAllocator> allocator) {
-    retain_pool(device, mempool_id, allocator != nullptr);
+    retain_pool(device, mempool_id, allocator.get());
   }
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, cca::CUDAAllocator* allocator) {
-    retain_pool(device, mempool_id, allocator != nullptr);
+    retain_pool(device, mempool_id, allocator);
   }
   // CUDA graph trees (torch.compile reduce-overhead) take a checkpoint of
   // the pool after every recording, and restore one before recording a
@@ -415,11 +455,21 @@ class GpumemAllocator : public PA {
                                          c10::Device(c10::DeviceType::CUDA, device));
     return delta;
   }
-  void retain_pool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool own_allocator) {
-    TORCH_CHECK(!own_allocator, "gpumem: torch.cuda.MemPool(allocator=...) allocates with another allocator, "
-                "which gpumem does not call; create the MemPool without one (gpumem's pool), or run with "
-                "PyTorch's allocator (`gpumem run --native`)");
+  // A pool made, or given one more use; one with an allocator of its own
+  // (not gpumem itself) takes its segments from it.
+  void retain_pool(c10::DeviceIndex device, c10::MempoolId_t mempool_id, cca::CUDAAllocator* other) {
     check(api.pool_retain(device, mempool_id.first, mempool_id.second), "createOrIncrefPool");
+    if (!other || other == this) return;
+    try {
+      set_pool_option(device, mempool_id, [&](gm_pool_options& o) {
+        o.seg_alloc = &other_alloc;
+        o.seg_free = &other_free;
+        o.seg_ctx = other;
+      }, true, "MemPool(allocator=...)");
+    } catch (...) {
+      api.pool_release(device, mempool_id.first, mempool_id.second); // the MemPool is not made: no use left
+      throw;
+    }
   }
 
   template <class S>
@@ -577,8 +627,9 @@ class GpumemAllocator : public PA {
   std::vector<Capture> captures_;
   std::atomic<int> ncaptures_{0};
 
-  std::mutex mu_; // fraction_, observers_
+  std::mutex mu_; // fraction_, observers_, pool_opts_
   std::unordered_map<int, double> fraction_;
+  std::map<c10::MempoolId_t, gm_pool_options> pool_opts_; // what set_pool_option last gave each pool
   std::vector<cca::OutOfMemoryObserver> observers_;
 
   std::atomic<bool> history_on_{false};

@@ -17,6 +17,7 @@ torch is imported lazily, so the stats functions work (device given as an
 int) in processes that never import torch, e.g. the package's CPU tests.
 """
 import contextlib
+import ctypes
 import os
 import sys
 
@@ -97,6 +98,7 @@ def install(conf=None, backend="cuda", label=None):
         raise RuntimeError("gpumem.torch.install: PyTorch refused to swap its allocator (%s); install() must run "
                            "before the first CUDA allocation" % e) from e
     _state.update(installed=True, conf=conf, mode=mode)
+    _patch_allocator_settings()
     if mode == "pluggable":
         _warn("gpumem: the C++ shim gpumem._C is not available (%s); gpumem runs through torch's "
               "CUDAPluggableAllocator, where torch.cuda.memory_allocated() and the rest of torch's memory API "
@@ -109,6 +111,29 @@ def install(conf=None, backend="cuda", label=None):
 def _warn(msg):
     import warnings  # noqa: PLC0415
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _patch_allocator_settings():
+    """torch.cuda.memory._set_allocator_settings(str) reaches gpumem's settings.
+
+    torch applies it to its own allocator's config object only (a pluggable
+    allocator is never told), so under gpumem it would do nothing: it is
+    replaced by set_allocator_settings, which applies what gpumem supports
+    and raises for the rest."""
+    memory = _torch().cuda.memory
+    if _state.get("orig_set_allocator_settings") is None and hasattr(memory, "_set_allocator_settings"):
+        _state["orig_set_allocator_settings"] = memory._set_allocator_settings
+        memory._set_allocator_settings = set_allocator_settings
+
+
+def set_allocator_settings(conf):
+    """Change gpumem's settings while the process runs (what torch.cuda.memory._set_allocator_settings
+    does once gpumem is installed). conf is PYTORCH_CUDA_ALLOC_CONF syntax on top of the settings in
+    effect: keys read on every allocation change at once (roundup_power2_divisions,
+    garbage_collection_threshold, max_non_split_rounding_mb, expandable_segments, the memory
+    fraction, the pinned_* keys); keys the allocator was built with (policy, max_split_size_mb,
+    gpumem_*) and unknown keys raise GpumemError naming them, and nothing of conf applies."""
+    _lib.check(_lib.load().gpumem_torch_set_settings(_lib._enc(str(conf))), "_set_allocator_settings")
 
 
 def _patch_record_stream():
@@ -252,6 +277,73 @@ def record_stream(tensor, stream):
     ptr = tensor.untyped_storage().data_ptr()
     if ptr:
         _lib.record_stream_raw(ptr, int(stream.cuda_stream))
+
+
+# ---- sleep and wake (vLLM's sleep mode, RL weight swaps) --------------------
+
+_sleep_pools = {}  # (tag, device) -> the torch.cuda.MemPool sleep_pool made
+
+
+def tag_pool(pool, tag, device=None):
+    """Name a private pool (a torch.cuda.MemPool, or a pool id pair) so that sleep(tag) and
+    wake(tag) act on it; tag "" removes the name."""
+    ids = pool.id if hasattr(pool, "id") else tuple(pool)
+    _lib.check(_lib.load().gpumem_torch_pool_set_tag(_device(device), int(ids[0]), int(ids[1]), _lib._enc(tag)),
+               "tag_pool")
+
+
+def sleep_pool(tag, device=None):
+    """The torch.cuda.MemPool gpumem sleeps under `tag` on device (made on first use). Allocate what
+    should sleep in it: `with torch.cuda.use_mem_pool(gt.sleep_pool("weights")): model = ...`, or
+    use sleepable(tag)."""
+    torch = _torch()
+    dev = _device(device)
+    pool = _sleep_pools.get((tag, dev))
+    if pool is None:
+        with torch.cuda.device(dev):
+            pool = torch.cuda.MemPool()
+        tag_pool(pool, tag, dev)
+        _sleep_pools[(tag, dev)] = pool
+    return pool
+
+
+@contextlib.contextmanager
+def sleepable(tag, device=None):
+    """Allocations made inside go to sleep_pool(tag): what sleep(tag) releases and wake(tag) maps
+    back at the same addresses."""
+    torch = _torch()
+    dev = _device(device)
+    with torch.cuda.use_mem_pool(sleep_pool(tag, dev), device=dev):
+        yield
+
+
+def _synchronize():
+    torch = sys.modules.get("torch")  # no torch (the package's CPU tests): nothing to wait for
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def sleep(tag=None, offload=False, device=-1):
+    """Give back the device memory of the pools tagged `tag` (None: every tagged pool, and the idle
+    cache of everything else), keeping every address: tensors in them stay valid Python objects but
+    must not be used until wake(). offload=True copies their contents to host memory first and
+    restores them at wake (vLLM's sleep level 1: weights); without it the contents are lost (level
+    2: a KV cache). Allocating in a sleeping pool raises; the rest of the program allocates as
+    usual. Returns the bytes given back. device -1: every device."""
+    _synchronize()
+    released = ctypes.c_uint64(0)
+    dev = -1 if device == -1 else _device(device)
+    _lib.check(_lib.load().gpumem_torch_sleep(dev, _lib._enc(tag), 1 if offload else 0, ctypes.byref(released)),
+               "sleep")
+    return released.value
+
+
+def wake(tag=None, device=-1):
+    """Map fresh device memory behind the sleeping pools tagged `tag` (None: every one), at the
+    addresses they had, and restore what sleep(offload=True) saved."""
+    dev = -1 if device == -1 else _device(device)
+    _lib.check(_lib.load().gpumem_torch_wake(dev, _lib._enc(tag)), "wake")
+    _synchronize()
 
 
 def check(device=-1):

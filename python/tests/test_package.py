@@ -160,6 +160,75 @@ class SimBackendTest(unittest.TestCase):
             _lib.free_raw(own)
             self.assertEqual(gt.check(0), "")
 
+    def test_sleep_and_wake(self):
+        """Issue 46: a tagged pool's memory goes back at sleep and returns at wake, at its addresses."""
+        import ctypes
+        lib = _lib.load()
+        _lib.configure("policy:gpumem", "sim")
+        _lib.check(lib.gpumem_torch_pool_retain(0, 3, 0), "pool_retain")
+        gt.tag_pool((3, 0), "weights", 0)
+        out = ctypes.c_uint64(0)
+        _lib.check(lib.gpumem_torch_alloc_pool(30 * MIB, 0, 0, 3, 0, ctypes.byref(out)), "alloc_pool")
+        free0, _ = gt.mem_get_info(0)
+        released = gt.sleep("weights", offload=True)
+        self.assertGreaterEqual(released, 30 * MIB)
+        self.assertEqual(gt.mem_get_info(0)[0], free0 + released)
+        self.assertEqual(gt.sleep("weights"), 0)  # asleep already: nothing more
+        with self.assertRaises(_lib.GpumemError) as cm:
+            _lib.check(lib.gpumem_torch_alloc_pool(MIB, 0, 0, 3, 0, ctypes.byref(ctypes.c_uint64(0))), "alloc")
+        self.assertEqual(cm.exception.status_name, "GM_ESTATE")
+        with self.assertRaises(_lib.GpumemError) as cm:
+            gt.wake("weight")
+        self.assertEqual(cm.exception.status_name, "GM_EINVAL")
+        self.assertIn("no private pool is tagged 'weight'", str(cm.exception))
+        gt.wake("weights")
+        self.assertEqual(gt.mem_get_info(0)[0], free0)
+        self.assertEqual(gt.check(0), "")
+        _lib.free_raw(out.value)
+        _lib.check(lib.gpumem_torch_pool_release(0, 3, 0), "pool_release")
+
+    def test_allocator_settings(self):
+        """Issue 46: torch.cuda.memory._set_allocator_settings reaches gpumem's settings."""
+        _lib.configure("policy:torch", "sim")
+        gt.set_allocator_settings("max_split_size_mb:64")  # before the allocator exists: any key
+        p = _lib.alloc_raw(MIB, 0, 0)
+        gt.set_allocator_settings("roundup_power2_divisions:4,expandable_segments:True")
+        for bad, key in (("max_split_size_mb:128", "max_split_size_mb"), ("policy:gpumem", "policy"),
+                         ("no_such_key:1", "no_such_key")):
+            with self.assertRaises(_lib.GpumemError) as cm:
+                gt.set_allocator_settings(bad)
+            self.assertEqual(cm.exception.status_name, "GM_ECONFIG")
+            self.assertIn(key, str(cm.exception))
+        _lib.free_raw(p)
+        self.assertEqual(gt.check(0), "")
+
+    def test_set_allocator_settings_is_routed(self):
+        """install() makes torch.cuda.memory._set_allocator_settings gpumem's (torch never tells a
+        pluggable allocator): a stand-in torch module shows the replacement and its refusal."""
+        import types
+        calls = []
+        fake = types.ModuleType("torch")
+        fake.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(_set_allocator_settings=calls.append))
+        old_mod, old_orig = sys.modules.get("torch"), gt._state.get("orig_set_allocator_settings")
+        sys.modules["torch"] = fake
+        gt._state["orig_set_allocator_settings"] = None
+        try:
+            _lib.configure("policy:gpumem", "sim")
+            gt._patch_allocator_settings()
+            self.assertIs(fake.cuda.memory._set_allocator_settings, gt.set_allocator_settings)
+            _lib.free_raw(_lib.alloc_raw(MIB, 0, 0))
+            fake.cuda.memory._set_allocator_settings("per_process_memory_fraction:0.5")
+            with self.assertRaises(_lib.GpumemError) as cm:
+                fake.cuda.memory._set_allocator_settings("expandable_segments:True")
+            self.assertIn("policy:torch", str(cm.exception))  # a key of the other policy: named, refused
+            self.assertEqual(calls, [])  # torch's own setter is not called
+        finally:
+            if old_mod is None:
+                del sys.modules["torch"]
+            else:
+                sys.modules["torch"] = old_mod
+            gt._state["orig_set_allocator_settings"] = old_orig
+
     def test_summary_and_usage_line(self):
         _lib.configure("policy:gpumem", "sim")
         p = _lib.alloc_raw(5 * MIB, 0, 0)

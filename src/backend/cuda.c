@@ -39,6 +39,7 @@ typedef struct cuda_dev {
     CUdevice cudev;
     CUcontext ctx;
     bool vmm;
+    bool rdma; /* VMM memory can be made GPUDirect RDMA capable */
     uint64_t granularity;
     CUevent *pool;
     size_t npool, cap;
@@ -86,6 +87,10 @@ static int dev_setup_locked(cuda_ctx *c, int dev, cuda_dev *d) {
         if (c->drv.cuDeviceGetAttribute(&v, GM__CU_DEVICE_ATTRIBUTE_VMM_SUPPORTED, d->cudev) ==
                 GM__CUDA_SUCCESS)
             d->vmm = v != 0;
+        v = 0;
+        if (c->drv.cuDeviceGetAttribute(&v, GM__CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                        d->cudev) == GM__CUDA_SUCCESS)
+            d->rdma = v != 0;
     }
     __atomic_store_n(&d->ready, 1, __ATOMIC_RELEASE);
     return GM_OK;
@@ -199,6 +204,10 @@ static void fill_prop(gm__cu_alloc_prop *p, const cuda_dev *d) {
     p->requested_handle_types = GM__CU_MEM_HANDLE_TYPE_NONE;
     p->location.type = GM__CU_MEM_LOCATION_TYPE_DEVICE;
     p->location.id = d->cudev;
+    /* as torch's expandable segments and NCCL's ncclMemAlloc ask: memory a
+     * NIC can register (GPUDirect RDMA), where the device supports it
+     * (docs/allocator.md, "RDMA registration") */
+    p->alloc_flags.gpu_direct_rdma_capable = d->rdma;
 }
 
 static int vmm_enter(cuda_ctx *c, int dev, cuda_dev **d, ctx_guard *g) {
@@ -326,6 +335,30 @@ static int cu_unmap(void *ctx, int dev, gm_devptr va, uint64_t size) {
     leave(c, &g);
     if (r != GM__CUDA_SUCCESS && !cu_gone(r)) return cu_fail(c, r, "cuMemUnmap", dev, size);
     return GM_OK;
+}
+
+static int cu_copy_to_host(void *ctx, int dev, void *dst, gm_devptr src, uint64_t size) {
+    cuda_ctx *c = ctx;
+    cuda_dev *d;
+    ctx_guard g;
+    if (!c->drv.cuMemcpyDtoH) return GM_ENOTSUP;
+    int st = enter(c, dev, &d, &g);
+    if (st != GM_OK) return st;
+    CUresult r = c->drv.cuMemcpyDtoH(dst, (CUdeviceptr)src, (size_t)size);
+    leave(c, &g);
+    return r == GM__CUDA_SUCCESS ? GM_OK : cu_fail(c, r, "cuMemcpyDtoH", dev, size);
+}
+
+static int cu_copy_to_device(void *ctx, int dev, gm_devptr dst, const void *src, uint64_t size) {
+    cuda_ctx *c = ctx;
+    cuda_dev *d;
+    ctx_guard g;
+    if (!c->drv.cuMemcpyHtoD) return GM_ENOTSUP;
+    int st = enter(c, dev, &d, &g);
+    if (st != GM_OK) return st;
+    CUresult r = c->drv.cuMemcpyHtoD((CUdeviceptr)dst, src, (size_t)size);
+    leave(c, &g);
+    return r == GM__CUDA_SUCCESS ? GM_OK : cu_fail(c, r, "cuMemcpyHtoD", dev, size);
 }
 
 /* ---- events ---------------------------------------------------------- */
@@ -471,6 +504,8 @@ static const gm_backend_ops cuda_ops = {
     .event_query = cu_event_query,
     .event_sync = cu_event_sync,
     .event_destroy = cu_event_destroy,
+    .copy_to_host = cu_copy_to_host,
+    .copy_to_device = cu_copy_to_device,
 };
 
 static bool drv_complete(const gm__cuda_driver *d, const char **missing) {
@@ -591,6 +626,8 @@ static void drv_load(void *dl, gm__cuda_driver *d) {
     LOAD(cuEventQuery, "cuEventQuery");
     LOAD(cuEventSynchronize, "cuEventSynchronize");
     LOAD(cuEventDestroy, "cuEventDestroy_v2");
+    LOAD(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
+    LOAD(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
     LOAD(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
     LOAD(cuGetErrorName, "cuGetErrorName");
     LOAD(cuGetErrorString, "cuGetErrorString");

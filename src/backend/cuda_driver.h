@@ -36,6 +36,7 @@ enum {
 #define GM__CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
 #define GM__CU_MEM_ALLOC_GRANULARITY_MINIMUM 0x0
 #define GM__CU_DEVICE_ATTRIBUTE_VMM_SUPPORTED 102
+#define GM__CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED 116
 #define GM__CU_STREAM_CAPTURE_MODE_RELAXED 2 /* CUstreamCaptureMode: GLOBAL 0, THREAD_LOCAL 1 */
 
 /* Same layout as cuda.h's CUmemLocation / CUmemAllocationProp / CUmemAccessDesc. */
@@ -93,6 +94,9 @@ typedef struct gm__cuda_driver {
     CUresult (*cuEventQuery)(CUevent ev);
     CUresult (*cuEventSynchronize)(CUevent ev);
     CUresult (*cuEventDestroy)(CUevent ev);
+    /* optional: synchronous copies (gm_allocator_sleep's offload) */
+    CUresult (*cuMemcpyDtoH)(void *dst, CUdeviceptr src, size_t n);
+    CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void *src, size_t n);
     /* optional: the calling thread's stream capture mode, swapped (CUDA 10.1+) */
     CUresult (*cuThreadExchangeStreamCaptureMode)(int *mode);
     /* messages: optional */

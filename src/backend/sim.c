@@ -38,6 +38,7 @@ typedef struct range_set {
 typedef struct sim_phys {
     uint64_t size;
     gm_devptr mapped_va; /* 0 = not mapped */
+    uint8_t *data;       /* contents, allocated at the first write (gm_sim_write, copy_to_device) */
     uint32_t gen;
     bool used;
 } sim_phys;
@@ -250,6 +251,7 @@ static void sim_destroy(void *ctx) {
         free(d->lists);
         gm__idmap_free(&d->hint_lists);
         rs_free(&d->reservations);
+        for (size_t k = 0; k < d->phys.n; k++) free(((sim_phys *)slot_at(&d->phys, k))->data);
         free(d->phys.v);
         free(d->phys.free_idx);
         free(d->events.v);
@@ -375,6 +377,8 @@ static int sim_phys_release(void *ctx, int dev, gm_physmem h) {
     else {
         d->used -= p->size;
         count_size(d, GM_BCALL_PHYS_RELEASE, p->size);
+        free(p->data);
+        p->data = NULL;
         p->used = false;
         d->nphys--;
         slot_release(&d->phys, idx);
@@ -495,6 +499,45 @@ static int sim_event_destroy(void *ctx, int dev, gm_event ev) {
     SIM_LEAVE()
 }
 
+/* Contents: copy n bytes between host memory and mapped memory at addr,
+ * granule by granule; GM_EINVAL (nothing copied) where a byte is not mapped.
+ * Memory never written reads as zeros; a handle's buffer is made at its
+ * first write. */
+static int sim_copy(sim *s, sim_dev *d, gm_devptr addr, uint8_t *host, uint64_t n, bool write) {
+    uint64_t g = s->opt.granularity;
+    for (int pass = 0; pass < 2; pass++) { /* check every byte, then copy */
+        for (uint64_t done = 0; done < n;) {
+            gm_devptr a = addr + done;
+            sim_range *r = rs_find(&d->reservations, a, NULL);
+            uint32_t slot = r && r->pages ? r->pages[(a - r->start) / g] : 0;
+            if (!slot) return GM_EINVAL;
+            sim_phys *p = slot_at(&d->phys, slot - 1);
+            uint64_t off = a - p->mapped_va, k = p->size - off < n - done ? p->size - off : n - done;
+            if (pass == 1 && write) {
+                if (!p->data && !(p->data = calloc(1, p->size))) return GM_ENOHOSTMEM;
+                memcpy(p->data + off, host + done, k);
+            } else if (pass == 1) {
+                if (p->data) memcpy(host + done, p->data + off, k);
+                else memset(host + done, 0, k);
+            }
+            done += k;
+        }
+    }
+    return GM_OK;
+}
+
+static int sim_copy_to_host(void *ctx, int dev, void *dst, gm_devptr src, uint64_t size) {
+    SIM_ENTER(ctx, dev)
+    rc = sim_copy(s, d, src, dst, size, false);
+    SIM_LEAVE()
+}
+
+static int sim_copy_to_device(void *ctx, int dev, gm_devptr dst, const void *src, uint64_t size) {
+    SIM_ENTER(ctx, dev)
+    rc = sim_copy(s, d, dst, (uint8_t *)(uintptr_t)src, size, true);
+    SIM_LEAVE()
+}
+
 static const gm_backend_ops sim_ops = {
     .version = GM_BACKEND_VERSION,
     .size = sizeof(gm_backend_ops),
@@ -515,6 +558,8 @@ static const gm_backend_ops sim_ops = {
     .event_query = sim_event_query,
     .event_sync = sim_event_sync,
     .event_destroy = sim_event_destroy,
+    .copy_to_host = sim_copy_to_host,
+    .copy_to_device = sim_copy_to_device,
 };
 
 /* ---- public --------------------------------------------------------------- */
@@ -644,4 +689,22 @@ int gm_sim_add_address_hint(gm_backend *b, int device, uint64_t size, gm_devptr 
         l->tail = k;
     }
     SIM_LEAVE()
+}
+
+int gm_sim_write(gm_backend *b, int device, gm_devptr addr, const void *src, uint64_t n) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    const gm_backend_ops *ops;
+    void *ctx = b ? gm__backend_ctx(b, &ops) : NULL;
+    if (!ctx || ops->destroy != sim_destroy || (!src && n))
+        return gm__set_error(GM_EINVAL, "gm_sim_write: not a sim backend, or NULL source");
+    return sim_copy_to_device(ctx, device, addr, src, n);
+}
+
+int gm_sim_read(gm_backend *b, int device, gm_devptr addr, void *dst, uint64_t n) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    const gm_backend_ops *ops;
+    void *ctx = b ? gm__backend_ctx(b, &ops) : NULL;
+    if (!ctx || ops->destroy != sim_destroy || (!dst && n))
+        return gm__set_error(GM_EINVAL, "gm_sim_read: not a sim backend, or NULL destination");
+    return sim_copy_to_host(ctx, device, dst, addr, n);
 }

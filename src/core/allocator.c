@@ -290,8 +290,13 @@ int gm_malloc(gm_allocator *a, int device, size_t size, gm_stream stream, gm_dev
     gm__block_hdr *b = NULL;
     if (rc == GM_OK) rc = gm__ptrmap_reserve(&fe->map);
     if (rc == GM_OK) rc = d->pops->malloc(d->pstate, size, stream, &b);
-    if (rc != GM_OK) return alloc_failed(d, rc, size, stream);
-    alloc_done(d, b, size, stream, 0);
+    uint16_t mpool = 0;
+    if (__builtin_expect(rc != GM_OK, 0)) {
+        /* torch's use_on_oom: a MemPool's memory serves the device's own pools before they fail */
+        if (rc == GM_ENOMEM && d->mp) rc = gm__mempool_on_oom(d, size, stream, &b, &mpool);
+        if (rc != GM_OK) return alloc_failed(d, rc, size, stream);
+    }
+    alloc_done(d, b, size, stream, mpool);
     *out = b->ptr;
     return GM_OK;
 }
@@ -310,9 +315,15 @@ int gm_malloc_pool(gm_allocator *a, int device, size_t size, gm_stream stream, u
                              "gm_pool_begin or gm_pool_retain it first", device, (unsigned long long)id0,
                              (unsigned long long)id1);
     }
+    if (rc == GM_OK && p->asleep) {
+        gm__devlock_unlock(&d->lock);
+        return gm__set_error(GM_ESTATE, "gm_malloc_pool: private pool (%llu, %llu) tagged '%s' on device %d is "
+                             "asleep (gm_allocator_sleep); wake it first", (unsigned long long)id0,
+                             (unsigned long long)id1, p->tag, device);
+    }
     if (rc == GM_OK) rc = gm__ptrmap_reserve(&fe->map);
     if (rc == GM_OK) {
-        rc = d->pops->malloc(p->view.pstate, size, stream, &b);
+        rc = p->view.pops->malloc(p->view.pstate, size, stream, &b);
         gm__mempool_sync(d, p);
     }
     if (rc != GM_OK) return alloc_failed(d, rc, size, stream);
@@ -431,6 +442,56 @@ int gm_empty_cache(gm_allocator *a, int device) {
         publish(d);
         gm__devlock_unlock(&d->lock);
     }
+    return rc;
+}
+
+/* The settings of every policy instance (the device's, its private pools')
+ * follow a->cfg; lock held. A pool keeps its own plan, slack and (for
+ * another allocator's memory or no_split) expandable_segments. */
+static void settings_apply(gm__device *d, const gm_config *was, const gm_config *c) {
+    for (uint32_t i = 0; d->mp && i < d->mp->n; i++) {
+        gm__mempool *p = d->mp->slot[i];
+        if (!p) continue;
+        gm_config pc = *c;
+        pc.gpumem_plan = p->cfg.gpumem_plan;
+        pc.gpumem_slack = p->cfg.gpumem_slack;
+        if (p->opt.seg_alloc || p->opt.no_split) pc.expandable_segments = p->cfg.expandable_segments;
+        p->cfg = pc;
+    }
+    /* the string set the fraction (else one set by gm_set_memory_fraction stays) */
+    if (c->per_process_memory_fraction != was->per_process_memory_fraction)
+        set_fraction(d, c->per_process_memory_fraction);
+}
+
+int gm_allocator_set_settings(gm_allocator *a, const char *str) {
+    gm__clear_error(); /* a call that succeeds leaves no stale detail */
+    if (!a) return gm__set_error(GM_EINVAL, "gm_allocator_set_settings: NULL allocator");
+    char err[512];
+    pthread_mutex_lock(&a->devices_lock); /* no device is made meanwhile */
+    gm_config c = a->cfg;
+    int rc = gm_config_parse(&c, str, err, sizeof err);
+    const char *fixed = rc == GM_OK ? gm__config_fixed_change(&a->cfg, &c) : NULL;
+    if (rc != GM_OK) {
+        rc = gm__set_error(rc, "allocator settings \"%s\": %s", str, err);
+    } else if (fixed) {
+        rc = gm__set_error(GM_ECONFIG, "allocator settings \"%s\": %s cannot change while the allocator runs (its "
+                           "policy was built with it); set it at start: GPUMEM_CONF, `gpumem run --conf`, or "
+                           "gpumem.torch.install(conf)", str, fixed);
+    } else {
+        gm__device *list[GM_MAX_DEVICES];
+        int n = 0;
+        for (int i = 0; i < a->ndevices; i++)
+            if ((list[n] = dev_peek(a, i))) n++;
+        for (int i = 0; i < n; i++) gm__devlock_lock(&list[i]->lock); /* in index order */
+        gm_config was = a->cfg;
+        a->cfg = c;
+        for (int i = 0; i < n; i++) {
+            settings_apply(list[i], &was, &c);
+            publish(list[i]);
+        }
+        for (int i = n - 1; i >= 0; i--) gm__devlock_unlock(&list[i]->lock);
+    }
+    pthread_mutex_unlock(&a->devices_lock);
     return rc;
 }
 

@@ -446,6 +446,20 @@ int gm_config_parse(gm_config *cfg, const char *str, char *err, size_t errlen) {
     return GM_OK;
 }
 
+/* Keys an allocator's policy state and statistics are built from when it
+ * is made: gm_allocator_set_settings refuses to change them. Every other
+ * key is read on each call (or has no effect) and may change live. */
+static const char *const fixed_at_start[] = {"policy", "backend", "max_split_size_mb", "gpumem_slack",
+                                              "gpumem_chunks", "gpumem_plan"};
+
+const char *gm__config_fixed_change(const gm_config *was, const gm_config *now) {
+    for (size_t i = 0; i < sizeof fixed_at_start / sizeof *fixed_at_start; i++) {
+        const setting *s = find_setting(fixed_at_start[i]);
+        if (s && !setting_is_default(now, was, s)) return s->key;
+    }
+    return NULL;
+}
+
 int gm__config_check(const gm_config *c, char *err, size_t errlen) {
     for (size_t i = 0; i < NSETTINGS; i++) {
         if (setting_ok(c, &settings[i])) continue;

@@ -66,6 +66,8 @@ gm__device *gm__lock_owner(gm_allocator *a, gm_devptr ptr, gm__block_hdr **out, 
 
 /* config.c: GM_OK, or GM_ECONFIG naming the first field out of range. */
 int gm__config_check(const gm_config *cfg, char *err, size_t errlen);
+/* config.c: the first key fixed at the allocator's start that differs between was and now, or NULL. */
+const char *gm__config_fixed_change(const gm_config *was, const gm_config *now);
 
 /* stats.c */
 int gm__format_summary(const gm_stats *s, int device, bool abbreviated, char *buf, size_t len);

@@ -130,6 +130,13 @@ struct gm__device {
      * (gm__device_others_reserved; mempool.c keeps these two). */
     uint64_t pools_reserved;     /* the device: its private pools' reserved bytes, as last folded in */
     const gm_stats *synced;      /* a pool's view: its stats as last folded into the owner's */
+    /* A private pool's view only (mempool.c sets them; devcall.c follows
+     * them on every device call of the view): the pool's options (another
+     * allocator's segments, no VMM), and its physical handles, tracked so
+     * that the pool can sleep and wake at stable addresses. NULL on the
+     * device itself: its calls pay one branch each. */
+    const gm_pool_options *popt;
+    struct gm__phys_track *track;
 };
 
 /* The bytes reserved on d's device by policy instances other than d's: the
@@ -242,6 +249,25 @@ int gm__be_cleanup_va_release(gm__device *d, gm_devptr va, uint64_t size);
 int gm__be_cleanup_phys_release(gm__device *d, gm_physmem h);
 int gm__be_cleanup_unmap(gm__device *d, gm_devptr va, uint64_t size);
 int gm__be_cleanup_event_destroy(gm__device *d, gm_event ev);
+/* Synchronous copies (gm_allocator_sleep's offload; GM_ENOTSUP without). */
+int gm__be_copy_to_host(gm__device *d, void *dst, gm_devptr src, uint64_t size);
+int gm__be_copy_to_device(gm__device *d, gm_devptr dst, const void *src, uint64_t size);
+
+/* ---- sleep and wake of a private pool's view (devcall.c) ------------------
+ * A view with a tracker hands its policy handles of its own (not the
+ * backend's), so the memory behind them can be released and created again
+ * at the same addresses while the policy keeps its handles. */
+int gm__track_create(gm__device *view);
+void gm__track_destroy(gm__device *view);
+/* Bytes of physical memory the view holds; plain (malloc'd) segments live. */
+void gm__track_usage(const gm__device *view, uint64_t *phys_bytes, uint64_t *plain_segments);
+bool gm__track_asleep(const gm__device *view);
+/* Unmap and release every handle (a failed unmap maps back what was
+ * unmapped and changes nothing); *released: bytes given back. */
+int gm__track_sleep(gm__device *view, uint64_t *released);
+/* Create and map every released handle again (a failure gives back what
+ * this call made: still asleep). */
+int gm__track_wake(gm__device *view);
 
 /* ---- hooks: what the layers above lend the core -------------------------
  * The core calls nothing above it (docs/architecture.md). Two things it does

@@ -150,14 +150,22 @@ int gm__mempool_create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **
     p->view = (gm__device){.index = d->index, .alloc = d->alloc, .backend = d->backend, .pops = d->pops,
                            .total_memory = d->total_memory, .memory_fraction = d->memory_fraction,
                            .fraction_set = d->fraction_set, .allowed_memory_maximum = d->allowed_memory_maximum,
-                           .fe = d->fe, .owner = d, .cfg = &p->cfg, .synced = &p->synced};
+                           .fe = d->fe, .owner = d, .cfg = &p->cfg, .synced = &p->synced,
+                           .popt = &p->opt};
     gm__devlock_init(&p->view.lock);
+    p->opt.size = sizeof p->opt;
+    if (gm__track_create(&p->view) != GM_OK) {
+        free(p);
+        vacant_push(d->mp, (uint16_t)i);
+        return gm__set_error(GM_ENOHOSTMEM, "out of host memory creating a private pool on device %d", d->index);
+    }
     p->view.stats.size = sizeof p->view.stats;
     p->view.stats.max_split_size = d->stats.max_split_size;
     p->synced = p->view.stats;
-    rc = d->pops->create(&p->view, &p->view.pstate);
+    rc = p->view.pops->create(&p->view, &p->view.pstate);
     gm__mempool_sync(d, p);
     if (rc != GM_OK) {
+        gm__track_destroy(&p->view);
         free(p);
         vacant_push(d->mp, (uint16_t)i);
         return gm__set_error(rc, "creating a private pool on device %d failed: %s", d->index, gm_strerror(rc));
@@ -172,12 +180,35 @@ int gm__mempool_create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **
     return GM_OK;
 }
 
+/* Contents of a sleeping pool's live blocks (GM_SLEEP_OFFLOAD). */
+struct gm__saved {
+    gm_devptr ptr;
+    uint64_t size;
+    void *buf;
+};
+
+static void drop_saved(gm__mempool *p) {
+    for (size_t i = 0; i < p->nsaved; i++) free(p->saved[i].buf);
+    free(p->saved);
+    p->saved = NULL;
+    p->nsaved = 0;
+}
+
+/* The host memory of a pool whose policy instance is gone. */
+static void pool_free(gm__mempool *p) {
+    drop_saved(p);
+    gm__track_destroy(&p->view);
+    free(p->held);
+    gm__idmap_free(&p->pins);
+    free(p);
+}
+
 /* The pool's policy gives its cache back. Its release may process the
  * device's pending frees and so hand the pool its last block: `emptying`
  * keeps that free from dropping the pool under this call. */
 int gm__mempool_empty(gm__device *d, gm__mempool *p) {
     p->emptying = true;
-    int rc = d->pops->empty_cache(p->view.pstate);
+    int rc = p->view.pops->empty_cache(p->view.pstate);
     gm__mempool_sync(d, p);
     p->emptying = false;
     return rc;
@@ -192,7 +223,7 @@ void gm__mempool_trim(gm__device *d, gm__mempool *p) {
     gm__idmap_del(&d->mp->byid, index_find(d->mp, p->id0, p->id1, pool_key(p->id0, p->id1)));
     d->mp->slot[p->slot - 1] = NULL;
     vacant_push(d->mp, (uint16_t)(p->slot - 1));
-    d->pops->destroy(p->view.pstate);
+    p->view.pops->destroy(p->view.pstate);
     /* whatever the policy still held is gone with it: out of the device's stats */
 #define GM__MP_GONE(s) (s).freed += (s).current > 0 ? (s).current : 0, (s).current = 0;
 #define GM__MP_GONE_ARRAY(n) for (int k = 0; k < GM_POOL_COUNT; k++) GM__MP_GONE(p->view.stats.n[k])
@@ -203,9 +234,12 @@ void gm__mempool_trim(gm__device *d, gm__mempool *p) {
 #undef GM__MP_GONE_SINGLE
 #undef GM__MP_GONE
     gm__mempool_sync(d, p);
-    free(p->held);
-    gm__idmap_free(&p->pins);
-    free(p);
+    pool_free(p);
+}
+
+gm__block_hdr *gm__mempool_live(gm__device *d, uint16_t s, gm_devptr ptr) {
+    gm__block_hdr *b = gm__ptrmap_find(&((gm__fe_dev *)d->fe)->map, ptr);
+    return b && b->mpool == s ? b : NULL;
 }
 
 bool gm__mempool_pinned(const gm__mempool *p, gm_devptr ptr) {
@@ -231,7 +265,7 @@ static bool hold(gm__mempool *p, gm__block_hdr *b) {
 void gm__mempool_free(gm__device *d, gm__block_hdr *b) {
     gm__mempool *p = slot_pool(d, b->mpool);
     if (gm__mempool_pinned(p, b->ptr) && hold(p, b)) return;
-    d->pops->free(p->view.pstate, b);
+    p->view.pops->free(p->view.pstate, b);
     gm__mempool_sync(d, p);
     p->blocks--;
     if (!p->blocks && !p->use_count) gm__mempool_trim(d, p);
@@ -249,10 +283,8 @@ void gm__mempool_destroy_all(gm__device *d) {
     for (uint32_t i = 0; i < d->mp->n; i++) {
         gm__mempool *p = d->mp->slot[i];
         if (!p) continue;
-        d->pops->destroy(p->view.pstate);
-        free(p->held);
-        gm__idmap_free(&p->pins);
-        free(p);
+        p->view.pops->destroy(p->view.pstate);
+        pool_free(p);
     }
     free(d->mp->slot);
     free(d->mp->vacant);
@@ -280,7 +312,7 @@ int gm__mempool_walk_segments(gm__device *d, gm_segment_cb cb, void *arg) {
         gm__mempool *p = d->mp->slot[i];
         if (!p) continue;
         walk_arg w = {cb, arg, p};
-        int rc = d->pops->walk_segments(p->view.pstate, walk_cb, &w);
+        int rc = p->view.pops->walk_segments(p->view.pstate, walk_cb, &w);
         if (rc) return rc;
     }
     return GM_OK;
@@ -289,7 +321,7 @@ int gm__mempool_walk_segments(gm__device *d, gm_segment_cb cb, void *arg) {
 bool gm__mempool_owns(gm__device *d, gm_devptr ptr) {
     for (uint32_t i = 0; d->mp && i < d->mp->n; i++) {
         gm__mempool *p = d->mp->slot[i];
-        if (p && d->pops->owns && d->pops->owns(p->view.pstate, ptr)) return true;
+        if (p && p->view.pops->owns && p->view.pops->owns(p->view.pstate, ptr)) return true;
     }
     return false;
 }
@@ -335,7 +367,7 @@ static int pools_check(gm__device *d, char *err, size_t errlen) {
             rc = gm__check_fail(err, errlen, "device %d: private pool (%llu, %llu) counts %llu blocks, %llu are out",
                                 d->index, (unsigned long long)p->id0, (unsigned long long)p->id1,
                                 (unsigned long long)p->blocks, (unsigned long long)count[i + 1]);
-        else rc = d->pops->check(p->view.pstate, err, errlen);
+        else rc = p->view.pops->check(p->view.pstate, err, errlen);
     }
     free(count);
     return rc;
@@ -355,4 +387,125 @@ void gm__mempool_block_id(const gm__device *d, const gm__block_hdr *b, uint64_t 
     const gm__mempool *p = slot_pool(d, b->mpool);
     id[0] = p ? p->id0 : 0;
     id[1] = p ? p->id1 : 0;
+}
+
+/* ---- options: another allocator's memory, use_on_oom, no_split -----------
+ * torch.cuda.MemPool(allocator=..., use_on_oom=..., no_split=...). A pool
+ * of another allocator's memory has no VMM: its segments are plain device
+ * allocations (devcall.c routes them to seg_alloc / seg_free), split as the
+ * device's policy splits plain segments (policy:torch, as torch splits a
+ * MemPool allocator's segments) or one per block (policy:gpumem's plain
+ * path). no_split runs the gpumem policy's plain path whatever the device's
+ * policy: every allocation a device allocation of its own. The entry
+ * points (gm_pool_set_options, gm_pool_set_tag, gm_allocator_sleep and
+ * _wake) are in pools.c; what they do to one pool is here. */
+
+/* A new policy instance for the pool's new options (it holds no memory). */
+int gm__mempool_rebuild(gm__device *d, gm__mempool *p, const gm_pool_options *o) {
+    gm_pool_options was = p->opt;
+    const gm__policy_ops *was_ops = p->view.pops;
+    bool was_exp = p->cfg.expandable_segments;
+    p->view.pops->destroy(p->view.pstate);
+    p->view.pstate = NULL;
+    for (int k = 0; k < 2; k++) {
+        const gm_pool_options *use = k ? &was : o;
+        p->opt = *use;
+        p->opt.size = sizeof p->opt;
+        p->view.pops = use->no_split ? gm__policy_get(GM_POLICY_GPUMEM) : k ? was_ops : d->pops;
+        p->cfg.expandable_segments = k ? was_exp : d->cfg->expandable_segments && !use->seg_alloc;
+        int rc = p->view.pops->create(&p->view, &p->view.pstate);
+        gm__mempool_sync(d, p);
+        if (rc == GM_OK) return k ? GM_ENOHOSTMEM : GM_OK;
+    }
+    return GM_ENOHOSTMEM; /* not even the old one: the pool cannot place (every call fails cleanly) */
+}
+
+int gm__mempool_on_oom(gm__device *d, uint64_t size, gm_stream stream, gm__block_hdr **out, uint16_t *mpool) {
+    int rc = GM_ENOMEM;
+    for (uint32_t i = 0; d->mp && i < d->mp->n && rc == GM_ENOMEM; i++) {
+        gm__mempool *p = d->mp->slot[i];
+        if (!p || !p->opt.use_on_oom || !p->use_count || p->asleep) continue;
+        rc = p->view.pops->malloc(p->view.pstate, size, stream, out);
+        gm__mempool_sync(d, p);
+        if (rc == GM_OK) {
+            p->blocks++;
+            *mpool = p->slot;
+        } else if (rc != GM_ENOMEM) {
+            rc = GM_ENOMEM; /* the device's own failure is what the caller reports */
+        }
+    }
+    return rc;
+}
+
+/* ---- sleep and wake of one pool ------------------------------------------ */
+
+/* Copy the pool's live blocks to host memory; nothing kept on failure. */
+static int offload(gm__device *d, gm__mempool *p) {
+    gm__fe_dev *fe = d->fe;
+    size_t n = 0;
+    for (uint64_t i = 0; i <= fe->map.mask; i++) n += fe->map.slots[i].key && fe->map.slots[i].block->mpool == p->slot;
+    if (!n) return GM_OK;
+    if (!(p->saved = calloc(n, sizeof *p->saved))) return GM_ENOHOSTMEM;
+    int rc = GM_OK;
+    for (uint64_t i = 0; i <= fe->map.mask && rc == GM_OK; i++) {
+        gm__block_hdr *b = fe->map.slots[i].key ? fe->map.slots[i].block : NULL;
+        if (!b || b->mpool != p->slot) continue;
+        struct gm__saved *s = &p->saved[p->nsaved++];
+        s->ptr = b->ptr;
+        s->size = b->requested;
+        if (!(s->buf = malloc(s->size))) rc = GM_ENOHOSTMEM;
+        else rc = gm__be_copy_to_host(d, s->buf, s->ptr, s->size);
+    }
+    if (rc != GM_OK) drop_saved(p);
+    return rc;
+}
+
+/* Can the pool sleep? Its memory must be mapped handles (GM_ENOTSUP). */
+int gm__mempool_sleep_check(gm__device *d, gm__mempool *p) {
+    uint64_t phys, plain;
+    gm__track_usage(&p->view, &phys, &plain);
+    if (!plain) return GM_OK;
+    return gm__set_error(GM_ENOTSUP, "private pool tagged '%s' on device %d holds %llu plain device allocations "
+                         "(policy:torch without expandable_segments, no_split, or another allocator's memory): "
+                         "their memory cannot be given back at the same addresses; use policy:gpumem (the "
+                         "default) or expandable_segments:True for pools that sleep", p->tag, d->index,
+                         (unsigned long long)plain);
+}
+
+int gm__mempool_sleep(gm__device *d, gm__mempool *p, bool save, uint64_t *released) {
+    *released = 0;
+    if (p->asleep) return GM_OK;
+    int rc = save ? offload(d, p) : GM_OK;
+    if (rc != GM_OK)
+        return gm__set_error(rc, "saving the contents of private pool tagged '%s' on device %d failed: %s; "
+                             "nothing was released", p->tag, d->index, gm_strerror(rc));
+    rc = gm__track_sleep(&p->view, released);
+    gm__mempool_sync(d, p);
+    if (rc != GM_OK) {
+        drop_saved(p);
+        return gm__set_error(rc, "releasing private pool tagged '%s' on device %d failed: %s; nothing was "
+                             "released", p->tag, d->index, gm_strerror(rc));
+    }
+    p->asleep = true;
+    return GM_OK;
+}
+
+int gm__mempool_wake(gm__device *d, gm__mempool *p) {
+    if (!p->asleep) return GM_OK;
+    int rc = gm__track_wake(&p->view);
+    gm__mempool_sync(d, p);
+    if (rc != GM_OK)
+        return gm__set_error(rc, "waking private pool tagged '%s' on device %d failed: %s; it stays asleep "
+                             "(free device memory, then wake it again)", p->tag, d->index, gm_strerror(rc));
+    p->asleep = false;
+    /* contents back, for the blocks still live (a block freed while asleep lost them) */
+    for (size_t i = 0; i < p->nsaved; i++) {
+        const struct gm__saved *s = &p->saved[i];
+        gm__block_hdr *b = gm__mempool_live(d, p->slot, s->ptr);
+        if (b && b->requested == s->size && rc == GM_OK) rc = gm__be_copy_to_device(d, s->ptr, s->buf, s->size);
+    }
+    drop_saved(p);
+    return rc == GM_OK ? GM_OK
+                       : gm__set_error(rc, "restoring the contents of private pool tagged '%s' on device %d failed: "
+                                       "%s", p->tag, d->index, gm_strerror(rc));
 }

@@ -33,6 +33,14 @@ typedef struct gm__mempool {
     gm__idmap pins;        /* block address -> checkpoints it is live in */
     gm__block_hdr **held;  /* pinned blocks the program freed */
     size_t nheld, cap_held;
+    /* gm_pool_set_options (view.popt points here), gm_pool_set_tag, and
+     * sleep: while asleep its memory is given back (view.track) and, with
+     * GM_SLEEP_OFFLOAD, the live blocks' contents wait in `saved` */
+    gm_pool_options opt;
+    char tag[GM_TAG_MAX];
+    bool asleep;
+    struct gm__saved *saved;
+    size_t nsaved;
 } gm__mempool;
 
 struct gm__mempools {
@@ -68,6 +76,8 @@ int gm__mempool_create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **
 int gm__mempool_empty(gm__device *d, gm__mempool *p);
 void gm__mempool_trim(gm__device *d, gm__mempool *p);
 bool gm__mempool_pinned(const gm__mempool *p, gm_devptr ptr);
+/* The live block at ptr if it belongs to pool slot s, else NULL. */
+gm__block_hdr *gm__mempool_live(gm__device *d, uint16_t s, gm_devptr ptr);
 /* Every pool's segments, with their pool id; every pool's check. */
 int gm__mempool_walk_segments(gm__device *d, gm_segment_cb cb, void *arg);
 /* pools' block counts and policy checks, then the device's own policy
@@ -75,6 +85,23 @@ int gm__mempool_walk_segments(gm__device *d, gm_segment_cb cb, void *arg);
 int gm__mempool_check(gm__device *d, char *err, size_t errlen);
 /* Does a pool's policy hold address space at ptr (policies with owns)? */
 bool gm__mempool_owns(gm__device *d, gm_devptr ptr);
+/* An allocation of the device's own pools ran out of memory: place it in a
+ * use_on_oom pool instead (torch's use_on_oom); *mpool is its slot. */
+int gm__mempool_on_oom(gm__device *d, uint64_t size, gm_stream stream, gm__block_hdr **out, uint16_t *mpool);
+/* gm_pool_set_options (pools.c): a new policy instance for pool p, which
+ * holds no memory, under options o (its allocator, no_split); on failure
+ * the old one again (GM_ENOHOSTMEM either way). */
+int gm__mempool_rebuild(gm__device *d, gm__mempool *p, const gm_pool_options *o);
+/* Sleep and wake of one tagged pool (gm_allocator_sleep / _wake, pools.c):
+ * can it sleep (GM_ENOTSUP when its memory is not mapped handles); give its
+ * memory back at stable addresses, the live blocks' contents first copied
+ * to host memory with `save` (*released: bytes given back); its memory
+ * back, and the saved contents of the blocks still live. A failed sleep
+ * releases nothing; a failed wake leaves the pool asleep (a failed copy of
+ * the contents back is reported, the pool awake). */
+int gm__mempool_sleep_check(gm__device *d, gm__mempool *p);
+int gm__mempool_sleep(gm__device *d, gm__mempool *p, bool save, uint64_t *released);
+int gm__mempool_wake(gm__device *d, gm__mempool *p);
 /* The pool id of block b (0, 0 for the device's own pools). */
 void gm__mempool_block_id(const gm__device *d, const gm__block_hdr *b, uint64_t id[2]);
 

@@ -215,12 +215,6 @@ static int pin(gm__mempool *p, const gm_pool_checkpoint *c) {
     return GM_OK;
 }
 
-/* The live block at ptr if it belongs to pool slot s, else NULL. */
-static gm__block_hdr *live_in(gm__device *d, uint16_t s, gm_devptr ptr) {
-    gm__block_hdr *b = gm__ptrmap_find(&((gm__fe_dev *)d->fe)->map, ptr);
-    return b && b->mpool == s ? b : NULL;
-}
-
 static size_t held_at(const gm__mempool *p, gm_devptr ptr) {
     for (size_t i = 0; i < p->nheld; i++)
         if (p->held[i]->ptr == ptr) return i;
@@ -271,7 +265,7 @@ static void give_back_unpinned(gm__device *d, gm__mempool *p) {
         if (gm__mempool_pinned(p, b->ptr)) {
             p->held[k++] = b;
         } else {
-            d->pops->free(p->view.pstate, b);
+            p->view.pops->free(p->view.pstate, b);
             p->blocks--;
         }
     }
@@ -304,7 +298,7 @@ static int restore_check(gm__device *d, gm__mempool *p, uint16_t s, const gm_poo
                          size_t *nrevive) {
     *nrevive = 0;
     for (size_t i = 0; i < c->n; i++) {
-        if (live_in(d, s, c->ptr[i])) continue;
+        if (gm__mempool_live(d, s, c->ptr[i])) continue;
         if (held_at(p, c->ptr[i]) == SIZE_MAX)
             return gm__set_error(GM_ESTATE, "gm_pool_checkpoint_restore: block 0x%llx of the checkpoint is neither "
                                  "live nor held in pool (%llu, %llu) (out of host memory when it was freed?); "
@@ -352,7 +346,7 @@ int gm_pool_checkpoint_restore(gm_allocator *a, const gm_pool_checkpoint *c, gm_
     /* the checkpoint's blocks: live ones stay (freed and allocated again, in
      * torch's terms), held ones are handed out again */
     for (size_t i = 0; i < c->n && rc == GM_OK; i++) {
-        gm__block_hdr *b = live_in(d, s, c->ptr[i]);
+        gm__block_hdr *b = gm__mempool_live(d, s, c->ptr[i]);
         if (b) {
             cb(b->ptr, b->size, false, arg);
         } else {
@@ -364,4 +358,150 @@ int gm_pool_checkpoint_restore(gm_allocator *a, const gm_pool_checkpoint *c, gm_
         cb(b->ptr, b->size, true, arg);
     }
     return leave(d, rc);
+}
+
+/* ---- options, tags, sleep and wake (what they do to a pool: mempool.c) -- */
+
+static bool same_source(const gm_pool_options *a, const gm_pool_options *b) {
+    return a->no_split == b->no_split && a->seg_alloc == b->seg_alloc && a->seg_free == b->seg_free &&
+           a->seg_ctx == b->seg_ctx;
+}
+
+int gm_pool_set_options(gm_allocator *a, int device, uint64_t id0, uint64_t id1, const gm_pool_options *o) {
+    if (!o || o->size < sizeof *o)
+        return gm__set_error(GM_EINVAL, "gm_pool_set_options: NULL options, or size not set to sizeof(gm_pool_options)");
+    if (!o->seg_alloc != !o->seg_free)
+        return gm__set_error(GM_EINVAL, "gm_pool_set_options: seg_alloc and seg_free come together (both or neither)");
+    gm__device *d;
+    gm__mempool *p;
+    int rc = enter_pool(a, device, id0, id1, "gm_pool_set_options", &d, &p);
+    if (rc != GM_OK) return rc;
+    if (!same_source(&p->opt, o)) {
+        uint64_t phys = 0, plain = 0;
+        gm__track_usage(&p->view, &phys, &plain);
+        if (p->blocks || phys || plain || p->view.stats.reserved_bytes[GM_POOL_ALL].current || p->asleep)
+            return leave(d, gm__set_error(GM_ESTATE, "gm_pool_set_options: private pool (%llu, %llu) on device %d "
+                                          "already holds memory; its allocator and no_split are set before its "
+                                          "first allocation (create a new pool)", (unsigned long long)id0,
+                                          (unsigned long long)id1, d->index));
+        if ((rc = gm__mempool_rebuild(d, p, o)) != GM_OK)
+            return leave(d, gm__set_error(rc, "gm_pool_set_options: the pool's policy could not be made again: %s",
+                                          gm_strerror(rc)));
+    }
+    p->opt.use_on_oom = o->use_on_oom;
+    return leave(d, GM_OK);
+}
+
+static int tag_check(const char *tag, bool null_ok, const char *what) {
+    if (!tag) return null_ok ? GM_OK : gm__set_error(GM_EINVAL, "%s: NULL tag", what);
+    size_t n = strlen(tag);
+    if (n >= GM_TAG_MAX || (!n && null_ok))
+        return gm__set_error(GM_EINVAL, "%s: tag '%.40s' is %s (1 to %d bytes)", what, tag, n ? "too long" : "empty",
+                             GM_TAG_MAX - 1);
+    return GM_OK;
+}
+
+int gm_pool_set_tag(gm_allocator *a, int device, uint64_t id0, uint64_t id1, const char *tag) {
+    gm__clear_error();
+    int rc = tag_check(tag, false, "gm_pool_set_tag");
+    if (rc != GM_OK) return rc;
+    gm__device *d;
+    gm__mempool *p;
+    if ((rc = enter_pool(a, device, id0, id1, "gm_pool_set_tag", &d, &p)) != GM_OK) return rc;
+    if (p->asleep)
+        return leave(d, gm__set_error(GM_ESTATE, "gm_pool_set_tag: private pool tagged '%s' is asleep; wake it "
+                                      "before renaming it", p->tag));
+    snprintf(p->tag, sizeof p->tag, "%s", tag); /* "" removes the tag */
+    return leave(d, GM_OK);
+}
+
+static bool tag_match(const gm__mempool *p, const char *tag) {
+    return p && p->tag[0] && (!tag || !strcmp(p->tag, tag));
+}
+
+/* The devices a sleep or wake acts on: `device`, or every one made (-1). */
+static int sleep_devices(gm_allocator *a, int device, gm__device **list, int *n) {
+    *n = 0;
+    if (device == -1) {
+        for (int i = 0; i < a->ndevices; i++)
+            if ((list[*n] = dev_peek(a, i))) (*n)++;
+        return GM_OK;
+    }
+    int rc = get_device(a, device, &list[0]);
+    if (rc == GM_OK) *n = 1;
+    return rc;
+}
+
+/* Check every device before changing any: capture, unknown tag, pools that cannot sleep. */
+static int sleep_precheck(gm__device **list, int n, const char *tag, bool sleeping, const char *what) {
+    int found = 0, rc = GM_OK;
+    for (int k = 0; k < n && rc == GM_OK; k++) {
+        gm__device *d = list[k];
+        gm__devlock_lock(&d->lock);
+        if (gm__device_capturing(d))
+            rc = gm__set_error(GM_ESTATE, "%s: a capture (a CUDA graph, a use_mem_pool block) is under way on "
+                               "device %d; end it first", what, d->index);
+        for (uint32_t i = 0; d->mp && i < d->mp->n && rc == GM_OK; i++) {
+            gm__mempool *p = d->mp->slot[i];
+            if (!tag_match(p, tag)) continue;
+            found++;
+            if (sleeping && !p->asleep) rc = gm__mempool_sleep_check(d, p);
+        }
+        gm__devlock_unlock(&d->lock);
+    }
+    if (rc == GM_OK && tag && !found)
+        rc = gm__set_error(GM_EINVAL, "%s: no private pool is tagged '%s' (tag one with gm_pool_set_tag, or "
+                           "gpumem.torch.sleep_pool('%s'))", what, tag, tag);
+    return rc;
+}
+
+int gm_allocator_sleep(gm_allocator *a, int device, const char *tag, unsigned flags, uint64_t *released) {
+    gm__clear_error();
+    if (released) *released = 0;
+    if (!a) return gm__set_error(GM_EINVAL, "gm_allocator_sleep: NULL allocator");
+    if (flags & ~GM_SLEEP_OFFLOAD) return gm__set_error(GM_EINVAL, "gm_allocator_sleep: unknown flags 0x%x", flags);
+    int rc = tag_check(tag, true, "gm_allocator_sleep"), n = 0;
+    gm__device *list[GM_MAX_DEVICES];
+    if (rc == GM_OK) rc = sleep_devices(a, device, list, &n);
+    if (rc == GM_OK) rc = sleep_precheck(list, n, tag, true, "gm_allocator_sleep");
+    for (int k = 0; k < n && rc == GM_OK; k++) {
+        gm__device *d = list[k];
+        gm__devlock_lock(&d->lock);
+        int64_t before = d->stats.reserved_bytes[GM_POOL_ALL].current;
+        uint64_t got = 0;
+        for (uint32_t i = 0; d->mp && i < d->mp->n && rc == GM_OK; i++) {
+            gm__mempool *p = d->mp->slot[i];
+            if (!tag_match(p, tag)) continue;
+            rc = gm__mempool_sleep(d, p, flags & GM_SLEEP_OFFLOAD, &got);
+            if (released) *released += got;
+        }
+        if (rc == GM_OK && !tag) { /* the idle cache of everything else */
+            rc = gm__device_process_events(d, true);
+            if (rc == GM_OK) rc = d->pops->empty_cache(d->pstate);
+            for (uint32_t i = 0; d->mp && i < d->mp->n && rc == GM_OK; i++)
+                if (d->mp->slot[i] && !d->mp->slot[i]->asleep) rc = gm__mempool_empty(d, d->mp->slot[i]);
+            if (rc == GM_OK) rc = gm__mempool_empty_released(d);
+            int64_t drop = before - d->stats.reserved_bytes[GM_POOL_ALL].current;
+            if (released && drop > 0) *released += (uint64_t)drop;
+        }
+        leave(d, rc);
+    }
+    return rc;
+}
+
+int gm_allocator_wake(gm_allocator *a, int device, const char *tag) {
+    gm__clear_error();
+    if (!a) return gm__set_error(GM_EINVAL, "gm_allocator_wake: NULL allocator");
+    int rc = tag_check(tag, true, "gm_allocator_wake"), n = 0;
+    gm__device *list[GM_MAX_DEVICES];
+    if (rc == GM_OK) rc = sleep_devices(a, device, list, &n);
+    if (rc == GM_OK) rc = sleep_precheck(list, n, tag, false, "gm_allocator_wake");
+    for (int k = 0; k < n && rc == GM_OK; k++) {
+        gm__device *d = list[k];
+        gm__devlock_lock(&d->lock);
+        for (uint32_t i = 0; d->mp && i < d->mp->n && rc == GM_OK; i++)
+            if (tag_match(d->mp->slot[i], tag)) rc = gm__mempool_wake(d, d->mp->slot[i]);
+        leave(d, rc);
+    }
+    return rc;
 }

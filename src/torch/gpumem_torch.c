@@ -282,6 +282,59 @@ GM__TORCH_POOL_CALL(release, "releasePool")
 GM__TORCH_POOL_CALL(empty_cache, "emptyCache(mempool_id)")
 #undef GM__TORCH_POOL_CALL
 
+int gpumem_torch_pool_set_tag(int device, uint64_t id0, uint64_t id1, const char *tag) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_pool_set_tag(a, device, id0, id1, tag);
+    return st == GM_OK ? GM_OK : fail_lib(st, "pool_set_tag");
+}
+
+int gpumem_torch_pool_set_options(int device, uint64_t id0, uint64_t id1, const gm_pool_options *o) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_pool_set_options(a, device, id0, id1, o);
+    return st == GM_OK ? GM_OK : fail_lib(st, "MemPool options");
+}
+
+int gpumem_torch_sleep(int device, const char *tag, int offload, uint64_t *released) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_allocator_sleep(a, device, tag, offload ? GM_SLEEP_OFFLOAD : 0, released);
+    return st == GM_OK ? GM_OK : fail_lib(st, "sleep");
+}
+
+int gpumem_torch_wake(int device, const char *tag) {
+    gm_allocator *a;
+    int st = get(&a);
+    if (st != GM_OK) return st;
+    st = gm_allocator_wake(a, device, tag);
+    return st == GM_OK ? GM_OK : fail_lib(st, "wake");
+}
+
+int gpumem_torch_set_settings(const char *conf) {
+    gm__clear_error();
+    if (!conf) return fail(GM_EINVAL, "gpumem: _set_allocator_settings: NULL settings");
+    pthread_mutex_lock(&g_lock);
+    gm_allocator *a = g_alloc;
+    int st = GM_OK;
+    if (!a) { /* nothing made yet: every key may change, for the allocator to come */
+        if (!g_configured && (st = parse_conf(NULL, &g_cfg)) == GM_OK) g_configured = true;
+        char err[512] = "";
+        gm_config c = g_cfg;
+        if (st == GM_OK && (st = gm_config_parse(&c, conf, err, sizeof err)) != GM_OK)
+            fail(st, "gpumem: bad allocator settings \"%s\": %s", conf, err);
+        else if (st == GM_OK)
+            g_cfg = c;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (!a) return st == GM_OK ? (gm__clear_error(), GM_OK) : st;
+    st = gm_allocator_set_settings(a, conf);
+    return st == GM_OK ? GM_OK : fail_lib(st, "_set_allocator_settings");
+}
+
 int gpumem_torch_pool_checkpoint(int device, uint64_t id0, uint64_t id1, gm_pool_checkpoint **out) {
     gm_allocator *a;
     int st = get(&a);

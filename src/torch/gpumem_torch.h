@@ -56,6 +56,17 @@ extern "C" {
                                           gm_pool_checkpoint **out), "i:iQQp")                          \
     X(int, gpumem_torch_pool_restore, (gm_pool_checkpoint *c, gm_pool_restore_cb cb, void *arg), "i:ppp") \
     X(void, gpumem_torch_pool_checkpoint_free, (gm_pool_checkpoint *c), "v:p")                          \
+    /* Sleep and wake (gm_allocator_sleep / _wake): name a private pool; sleep                         \
+     * the pools tagged tag (NULL: every tagged pool, and the idle cache of the                         \
+     * rest) on device (-1 every device), saving contents to host when offload;                         \
+     * *released: bytes given back. */                                                                   \
+    X(int, gpumem_torch_pool_set_tag, (int device, uint64_t id0, uint64_t id1, const char *tag), "i:iQQs") \
+    X(int, gpumem_torch_sleep, (int device, const char *tag, int offload, uint64_t *released), "i:isiU") \
+    X(int, gpumem_torch_wake, (int device, const char *tag), "i:is")                                    \
+    /* torch.cuda.memory._set_allocator_settings: settings changed while the                             \
+     * process runs (gm_allocator_set_settings; before the allocator exists, on                          \
+     * top of the configured settings, every key). */                                                    \
+    X(int, gpumem_torch_set_settings, (const char *conf), "i:s")                                        \
     X(int, gpumem_torch_record_stream, (uint64_t ptr, uint64_t stream), "i:QQ")                         \
     X(int, gpumem_torch_empty_cache, (int device), "i:i")                                               \
     /* gm_step_mark: one step of the training loop ended (gpumem_plan:on). */                           \
@@ -134,6 +145,9 @@ GPUMEM_TORCH_API int gpumem_torch_walk_segments(int device, gm_segment_cb cb, vo
 GPUMEM_TORCH_API int gpumem_torch_walk_blocks(int device, gm_block_cb cb, void *arg);
 GPUMEM_TORCH_API int gpumem_torch_config(gm_config *out, char *conf_str, size_t len);
 GPUMEM_TORCH_API void gpumem_torch_note_failed_free(void);
+/* gm_pool_set_options for torch.cuda.MemPool(allocator=..., use_on_oom=...,
+ * no_split=...): the shim passes the other allocator's calls. */
+GPUMEM_TORCH_API int gpumem_torch_pool_set_options(int device, uint64_t id0, uint64_t id1, const gm_pool_options *o);
 /* gm_set_segment_observer: segment_alloc/free/map/unmap as they happen, for
  * the shim's torch-format trace. The callback runs under the device lock:
  * append to a buffer, never call back into gpumem. */
