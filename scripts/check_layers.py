@@ -12,7 +12,7 @@ Fails (exit 1) on an #include or a call that goes up a layer:
 The layers, bottom to top (a folder may use its own files and any lower
 layer; folders on one floor may not use each other):
 
-  0 util      src/util/      errors, hashing tables
+  0 util      src/util/      errors, hashing tables, UTF-8, JSON strings, bytes
   1 backend   src/backend/   the backend table (table.c) and the backends
   2 core      src/core/      devices, front end, stats, history, config
   3 policy    src/policy/    one folder per policy

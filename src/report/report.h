@@ -13,6 +13,7 @@
 #define GPUMEM_REPORT_REPORT_H
 
 #include "trace/trace.h"
+#include "util/text.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -257,8 +258,7 @@ int gm__history_to_trace(gm_trace **out, uint64_t *dropped);
 int gm__history_snapshot_bytes(uint8_t **out, size_t *len);
 
 /* The report's byte and share formatting: the library's one byte formatter
- * (gm__format_bytes, "13.24 GiB") and a percentage of a whole (0 of 0 is 0). */
-const char *gm__format_bytes(int64_t bytes, char *buf, size_t len);
+ * (gm__format_bytes, util/text.h) and a percentage of a whole (0 of 0 is 0). */
 static inline const char *gm__report_bytes(double b, char *buf, size_t len) {
     return gm__format_bytes((int64_t)b, buf, len);
 }
