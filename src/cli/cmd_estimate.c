@@ -247,16 +247,6 @@ static const char *const fit_names[] = {"batch", "seq", "world"};
 
 /* ---- output ---------------------------------------------------------------- */
 
-static void json_str(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20) printf("\\u%04x", (unsigned char)*s);
-        else putchar(*s);
-    }
-    putchar('"');
-}
-
 static void json_cats(const int64_t *v) {
     printf("{");
     for (int k = 0; k < GM_EST_NCAT; k++) printf("%s\"%s\":%lld", k ? "," : "", gm_category_name(k), (long long)v[k]);
@@ -280,9 +270,9 @@ static void json_run(const gm_est_model *m, const gm_est_run *r) {
 
 static void json_strat(const gm_est_model *m, const strat *s) {
     printf("{\"name\":");
-    json_str(s->name);
+    cli_json_string(stdout, s->name);
     printf(",\"change\":");
-    json_str(s->change);
+    cli_json_string(stdout, s->change);
     printf(",\"metric\":\"%s\",\"peak_allocated\":%lld,\"peak_reserved\":%lld,\"device_total\":%lld,"
            "\"saving_bytes\":%lld,\"saving_pct\":%.2f",
            s->reserved_metric ? "peak_reserved" : "peak_allocated", (long long)s->res.peak_allocated,
@@ -298,7 +288,7 @@ static void json_strat(const gm_est_model *m, const strat *s) {
 static void print_json(ctx *c) {
     const gm_est_result *b = &c->base;
     printf("{\"model\":{\"name\":");
-    json_str(c->m.name);
+    cli_json_string(stdout, c->m.name);
     printf(",\"family\":\"%s\",\"head\":\"%s\",\"parameters\":%llu},\"run\":", gm__est_family_name(c->m.family),
            gm__est_head_name(c->m.head), (unsigned long long)b->params);
     json_run(&c->m, &c->run);
