@@ -67,8 +67,8 @@ static int write_scopes(const char *path, char (*strs)[16], size_t n) {
     }
     gm_trace *t;
     if (gm__tb_finish(b, "gmt", &t)) return 1;
-    int rc = gm_trace_write_gmt(t, path);
-    gm_trace_free(t);
+    int rc = gm__trace_write_gmt(t, path);
+    gm__trace_free(t);
     return rc != 0;
 }
 

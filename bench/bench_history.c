@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
     }
     gm_trace *t;
     gm_attribution *at;
-    if (gm_trace_load_file(path, &t) || gm_attribute(t, 0, &at)) {
+    if (gm__trace_load_file(path, &t) || gm__attribute(t, 0, &at)) {
         fprintf(stderr, "bench_history: %s: %s\n", path, gm_last_error_detail());
         return 1;
     }
@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
     free(ptr);
     gm_allocator_destroy(a);
     gm_backend_destroy(be);
-    gm_attribution_free(at);
-    gm_trace_free(t);
+    gm__attribution_free(at);
+    gm__trace_free(t);
     return 0;
 }

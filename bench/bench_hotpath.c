@@ -403,7 +403,7 @@ int main(int argc, char **argv) {
     static const char *const policies[] = {"gpumem", "torch"};
     for (size_t k = 0; k < npaths; k++) {
         gm_trace *t;
-        if (gm_trace_load_file(paths[k], &t)) {
+        if (gm__trace_load_file(paths[k], &t)) {
             printf("%s: %s\n", paths[k], gm_last_error_detail());
             continue;
         }
@@ -417,7 +417,7 @@ int main(int argc, char **argv) {
                 if (!only || !strcmp(only, policies[q])) bench_trace(name, &p, policies[q], reps, cg);
         }
         free_prog(&p);
-        gm_trace_free(t);
+        gm__trace_free(t);
     }
     for (int q = 0; q < 2; q++)
         if (synth && (!only || !strcmp(only, policies[q]))) bench_synth(policies[q], synth, cg);

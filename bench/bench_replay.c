@@ -22,7 +22,7 @@ static double now_s(void) {
 static void bench_one(const char *path) {
     double t0 = now_s();
     gm_trace *t;
-    if (gm_trace_load_file(path, &t)) {
+    if (gm__trace_load_file(path, &t)) {
         printf("%s: %s\n", path, gm_last_error_detail());
         return;
     }
@@ -30,10 +30,10 @@ static void bench_one(const char *path) {
     uint8_t *buf;
     size_t len;
     double gmt_load = 0;
-    if (gm_trace_encode_gmt(t, &buf, &len) == GM_OK) {
+    if (gm__trace_encode_gmt(t, &buf, &len) == GM_OK) {
         gm_trace *t2;
         t0 = now_s();
-        if (gm_trace_decode_gmt(buf, len, &t2) == GM_OK) gm_trace_free(t2);
+        if (gm__trace_decode_gmt(buf, len, &t2) == GM_OK) gm__trace_free(t2);
         gmt_load = now_s() - t0;
         free(buf);
     }
@@ -41,9 +41,9 @@ static void bench_one(const char *path) {
     printf("%-34s %8zu events  load %.3f s (gmt %.3f s, %zu KiB)\n", base, t->nevents, load, gmt_load,
            len / 1024);
     gm_replay_prog *p;
-    if (gm_replay_compile(t, 0, &p)) {
+    if (gm__replay_compile(t, 0, &p)) {
         printf("  compile: %s\n", gm_last_error_detail());
-        gm_trace_free(t);
+        gm__trace_free(t);
         return;
     }
     static const char *confs[] = {"", "expandable_segments:True", "policy:gpumem"};
@@ -55,15 +55,15 @@ static void bench_one(const char *path) {
         double best = 1e9;
         gm_replay_result r;
         for (int rep = 0; rep < 3; rep++) {
-            gm_replay_run(p, &cfg, 0, &r);
+            gm__replay_run(p, &cfg, 0, &r);
             if (r.seconds < best) best = r.seconds;
         }
         printf("  %-28s %7.2f M events/s  (%.3f s, peak reserved %lld)%s\n",
                confs[c][0] ? confs[c] : "torch default", (double)t->nevents / best / 1e6, best,
                (long long)r.peak_reserved, r.oom || r.error ? " [OOM/error]" : "");
     }
-    gm_replay_prog_free(p);
-    gm_trace_free(t);
+    gm__replay_prog_free(p);
+    gm__trace_free(t);
 }
 
 int main(int argc, char **argv) {

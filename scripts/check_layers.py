@@ -12,7 +12,7 @@ Fails (exit 1) on an #include or a call that goes up a layer:
 The layers, bottom to top (a folder may use its own files and any lower
 layer; folders on one floor may not use each other):
 
-  0 util      src/util/      errors, hashing tables
+  0 util      src/util/      errors, hashing tables, UTF-8, JSON strings, bytes
   1 backend   src/backend/   the backend table (table.c) and the backends
   2 core      src/core/      devices, front end, stats, history, config
   3 policy    src/policy/    one folder per policy
@@ -31,6 +31,8 @@ and three narrower rules:
     that make one (gm_sim_create, gm_cuda_create).
   - Inside a policy, files call downwards only, in the order POLICY_FLOORS
     lists (bottom first).
+  - A symbol the library defines as gm_NAME is public: a header in
+    include/gpumem/ declares it; an internal one is named gm__NAME.
 
 usage: check_layers.py [--src DIR] [--objects DIR_OR_FILE...] [--report]
                       [--max-up N] [--max-loops N]
@@ -356,6 +358,18 @@ def loops(edges):
     return out
 
 
+def public_names(src):
+    """Every gm_ name the public headers (include/gpumem/*.h) mention."""
+    inc = os.path.join(src, "..", "include", "gpumem")
+    names = set()
+    if os.path.isdir(inc):
+        for h in os.listdir(inc):
+            if h.endswith(".h"):
+                with open(os.path.join(inc, h)) as f:
+                    names.update(re.findall(r"\bgm_\w+", f.read()))
+    return names
+
+
 def check(src, objs, report, max_up=None, max_loops=None):
     bad = []
     upward = set()
@@ -372,6 +386,11 @@ def check(src, objs, report, max_up=None, max_loops=None):
             bad.append("%s: calls %s (%s): %s" % (a, s, b, why))
             upward.add((a, b))
     funcs = list(long_functions(src))
+    public = public_names(src)
+    for s in sorted(defs):
+        if re.match(r"gm_[^_]", s) and s not in public:
+            bad.append("%s: defines %s, which no header in include/gpumem/ declares: "
+                       "an internal symbol is named gm__%s" % (defs[s], s, s[3:]))
     for rel, line, name, n in funcs:
         if n > MAX_FUNCTION_LINES:
             bad.append("%s:%d: %s has %d lines (at most %d)" % (rel, line, name, n, MAX_FUNCTION_LINES))
@@ -452,9 +471,13 @@ def self_test():
         objs.append(build("core/loop.c"))
         results["loop"] = check(src, objs, False, max_up=0, max_loops=0)
         results["loop allowed"] = check(src, objs, False, max_up=0, max_loops=1)
+        write("core/alloc.c", "int core_loop(int x);\nint gm_alloc(int x) { return core_loop(x); }\n")
+        objs[1] = build("core/alloc.c")
+        results["internal gm_"] = check(src, objs, False, max_up=0, max_loops=1)
     finally:
         shutil.rmtree(tmp)
-    want = {"clean": 0, "upward include": 1, "upward call": 1, "peer include": 1, "loop": 1, "loop allowed": 0}
+    want = {"clean": 0, "upward include": 1, "upward call": 1, "peer include": 1, "loop": 1, "loop allowed": 0,
+            "internal gm_": 1}
     for k, v in want.items():
         print("self-test %-15s exit %d (want %d)%s" % (k, results[k], v, "" if results[k] == v else "  WRONG"))
     return 0 if results == want else 1

@@ -18,13 +18,13 @@
 
 static gm_est_model builtin(const char *name) {
     gm_est_model m;
-    if (gm_est_builtin_find(name, &m) != GM_OK) fail_msg("no built-in %s", name);
+    if (gm__est_builtin_find(name, &m) != GM_OK) fail_msg("no built-in %s", name);
     return m;
 }
 
 static gm_est_model from_json(const char *json) {
     gm_est_model m;
-    if (gm_est_model_from_hf_config(json, "test", &m) != GM_OK) fail_msg("config: %s", gm_last_error_detail());
+    if (gm__est_model_from_hf_config(json, "test", &m) != GM_OK) fail_msg("config: %s", gm_last_error_detail());
     return m;
 }
 
@@ -32,20 +32,20 @@ static gm_est_model from_json(const char *json) {
 static void test_param_counts(void **state) {
     (void)state;
     gm_est_model m = builtin("gpt2");
-    assert_int_equal(gm_est_param_count(&m), 124439808);
+    assert_int_equal(gm__est_param_count(&m), 124439808);
     m = builtin("bert-base-uncased");
-    assert_int_equal(gm_est_param_count(&m), 109514298);
+    assert_int_equal(gm__est_param_count(&m), 109514298);
     m = builtin("resnet50");
-    assert_int_equal(gm_est_param_count(&m), 25557032);
+    assert_int_equal(gm__est_param_count(&m), 25557032);
     m = builtin("resnet18");
-    assert_int_equal(gm_est_param_count(&m), 11689512);
+    assert_int_equal(gm__est_param_count(&m), 11689512);
     m = builtin("vit_b_16");
-    assert_int_equal(gm_est_param_count(&m), 86567656);
+    assert_int_equal(gm__est_param_count(&m), 86567656);
     m = from_json("{\"model_type\":\"bert\",\"architectures\":[\"BertForSequenceClassification\"],"
                   "\"hidden_size\":768,\"num_hidden_layers\":12,\"num_attention_heads\":12,"
                   "\"intermediate_size\":3072,\"vocab_size\":30522,\"max_position_embeddings\":512}");
     assert_int_equal(m.head, GM_EST_HEAD_SEQ_CLS);
-    assert_int_equal(gm_est_param_count(&m), 109483778);
+    assert_int_equal(gm__est_param_count(&m), 109483778);
     /* Llama by hand: embed 32000x1024; per layer 2 norms (1024 each), q and o
      * 1024x1024, k and v 256x1024 (4 kv heads of 64), gate/up/down 3 x
      * 2816x1024; final norm; untied lm_head 32000x1024 */
@@ -53,7 +53,7 @@ static void test_param_counts(void **state) {
                   "\"intermediate_size\":2816,\"num_hidden_layers\":8,\"num_attention_heads\":16,"
                   "\"num_key_value_heads\":4,\"vocab_size\":32000}");
     uint64_t layer = 2 * 1024 + 2 * 1024 * 1024 + 2 * 256 * 1024 + 3 * 2816 * 1024;
-    assert_int_equal(gm_est_param_count(&m), 2ull * 32000 * 1024 + 8 * layer + 1024);
+    assert_int_equal(gm__est_param_count(&m), 2ull * 32000 * 1024 + 8 * layer + 1024);
 }
 
 /* tiny GPT-2: vocab 4096 (so the loss's N x V buffers set the peak at the
@@ -82,11 +82,11 @@ static void test_hand_checked_bytes(void **state) {
     gm_est_model m2 = from_json(tiny_gpt2(2, js, sizeof js));
     /* elements: wte 4096x64, wpe 32x64, one block, ln_f */
     uint64_t block = 2 * 64 + 64 * 192 + 192 + 64 * 64 + 64 + 2 * 64 + 64 * 256 + 256 + 256 * 64 + 64;
-    assert_int_equal(gm_est_param_count(&m1), 4096 * 64 + 32 * 64 + block + 2 * 64);
+    assert_int_equal(gm__est_param_count(&m1), 4096 * 64 + 32 * 64 + block + 2 * 64);
     int64_t params1 = R512(4096 * 64 * 4) + R512(32 * 64 * 4) + tiny_layer_params() + 2 * R512(64 * 4);
 
     gm_est_run r;
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     r.batch = 2;
     r.seq = 32;
     gm_est_result res;
@@ -94,7 +94,7 @@ static void test_hand_checked_bytes(void **state) {
         {GM_EST_OPT_SGD, 0}, {GM_EST_OPT_SGD_MOMENTUM, 1}, {GM_EST_OPT_ADAMW, 2}, {GM_EST_OPT_ADAM, 2}};
     for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
         r.optimizer = opts[i].opt;
-        assert_int_equal(gm_est_scan(&m1, &r, &res), GM_OK);
+        assert_int_equal(gm__est_scan(&m1, &r, &res), GM_OK);
         assert_int_equal(res.peak_by_cat[GM_EST_CAT_PARAMS], params1);
         assert_int_equal(res.peak_by_cat[GM_EST_CAT_OPTSTATE], opts[i].states * params1);
         /* the first step has no optimizer state before its step */
@@ -106,7 +106,7 @@ static void test_hand_checked_bytes(void **state) {
      * or rounds to 512 either way) */
     r.optimizer = GM_EST_OPT_ADAMW;
     r.precision = GM_EST_BF16;
-    assert_int_equal(gm_est_scan(&m1, &r, &res), GM_OK);
+    assert_int_equal(gm__est_scan(&m1, &r, &res), GM_OK);
     int64_t half = R512(4096 * 64 * 2) + R512(32 * 64 * 2) + 4 * R512(64 * 2) + R512(64 * 192 * 2) +
                    R512(192 * 2) + R512(64 * 64 * 2) + R512(64 * 2) + R512(64 * 256 * 2) + R512(256 * 2) +
                    R512(256 * 64 * 2) + R512(64 * 2) + 2 * R512(64 * 2);
@@ -138,8 +138,8 @@ static void test_hand_checked_bytes(void **state) {
                     + R512(N * d)                   /* dropout mask */
                     + R512(N * d * 4);              /* block output (fp32) */
     gm_est_result a, b;
-    assert_int_equal(gm_est_scan(&m1, &r, &a), GM_OK);
-    assert_int_equal(gm_est_scan(&m2, &r, &b), GM_OK);
+    assert_int_equal(gm__est_scan(&m1, &r, &a), GM_OK);
+    assert_int_equal(gm__est_scan(&m2, &r, &b), GM_OK);
     assert_int_equal(a.peak_phase, GM_EST_PH_BACKWARD);
     assert_int_equal(b.peak_phase, GM_EST_PH_BACKWARD);
     assert_int_equal(b.peak - a.peak, saved + 3 * tiny_layer_params());
@@ -183,7 +183,7 @@ static void test_program_bookkeeping(void **state) {
                           "\"n_layer\":2,\"n_embd\":64,\"n_head\":2,\"vocab_size\":500,\"n_positions\":64}";
     gm_est_model models[16];
     int nm = 0;
-    for (size_t i = 0; i < gm_est_builtin_count(); i++) models[nm++] = *gm_est_builtin(i);
+    for (size_t i = 0; i < gm__est_builtin_count(); i++) models[nm++] = *gm__est_builtin(i);
     models[nm++] = from_json(llama);
     models[nm++] = from_json(vit);
     models[nm++] = from_json(gpt2cls);
@@ -193,33 +193,33 @@ static void test_program_bookkeeping(void **state) {
             for (int o = 0; o < GM_EST_NOPTIMIZER; o++)
                 for (int opt = 0; opt < 8; opt++) {
                     gm_est_run r;
-                    gm_est_run_init(&r);
+                    gm__est_run_init(&r);
                     r.batch = 2;
-                    r.seq = gm_est_is_vision(m) ? 0 : 16;
-                    r.image = gm_est_is_vision(m) && m->family == GM_EST_RESNET ? 64 : 0;
+                    r.seq = gm__est_is_vision(m) ? 0 : 16;
+                    r.image = gm__est_is_vision(m) && m->family == GM_EST_RESNET ? 64 : 0;
                     r.precision = p;
                     r.optimizer = o;
                     r.accum = opt & 1 ? 2 : 1;
-                    r.checkpointing = (opt & 2) && gm_est_is_hf(m);
+                    r.checkpointing = (opt & 2) && gm__est_is_hf(m);
                     r.keep_output = opt & 4;
-                    r.attention = (opt & 2) && gm_est_is_hf(m) ? GM_EST_ATTN_EAGER : GM_EST_ATTN_SDPA;
+                    r.attention = (opt & 2) && gm__est_is_hf(m) ? GM_EST_ATTN_EAGER : GM_EST_ATTN_SDPA;
                     gm_est_program prog;
                     char what[160];
                     snprintf(what, sizeof what, "%.*s %s %s opt %d", (int)sizeof m->name, m->name,
-                             gm_est_precision_name(p), gm_est_optimizer_name(o), opt);
-                    if (gm_est_build(m, &r, &prog) != GM_OK) fail_msg("%s: %s", what, gm_last_error_detail());
+                             gm__est_precision_name(p), gm__est_optimizer_name(o), opt);
+                    if (gm__est_build(m, &r, &prog) != GM_OK) fail_msg("%s: %s", what, gm_last_error_detail());
                     check_program(&prog, what);
-                    gm_est_program_free(&prog);
+                    gm__est_program_free(&prog);
                 }
         if (m->head != GM_EST_HEAD_CAUSAL_LM) continue;
         for (int p = GM_EST_FP32; p <= GM_EST_BF16; p += GM_EST_BF16 - GM_EST_FP32) { /* generation */
             gm_est_run r;
-            gm_est_run_init(&r);
+            gm__est_run_init(&r);
             r.batch = 3, r.seq = 8, r.generate = 5, r.precision = p;
             gm_est_program prog;
-            if (gm_est_build(m, &r, &prog) != GM_OK) fail_msg("%s generate: %s", m->name, gm_last_error_detail());
+            if (gm__est_build(m, &r, &prog) != GM_OK) fail_msg("%s generate: %s", m->name, gm_last_error_detail());
             check_program(&prog, "generate");
-            gm_est_program_free(&prog);
+            gm__est_program_free(&prog);
         }
     }
 }
@@ -229,10 +229,10 @@ static void test_orderings(void **state) {
     (void)state;
     gm_est_model m = builtin("gpt2");
     gm_est_run r;
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     r.seq = 1024;
     gm_est_result base, x;
-    assert_int_equal(gm_est_estimate(&m, &r, &base), GM_OK);
+    assert_int_equal(gm__est_estimate(&m, &r, &base), GM_OK);
     assert_true(base.replayed);
     /* allocated >= the sum of rounded live requests, reserved >= allocated */
     assert_true(base.peak_allocated >= base.peak);
@@ -240,24 +240,24 @@ static void test_orderings(void **state) {
     assert_true(base.peak_reserved_gpumem >= base.peak_allocated);
     gm_est_run v = r;
     v.checkpointing = true;
-    assert_int_equal(gm_est_scan(&m, &v, &x), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &v, &x), GM_OK);
     assert_true(x.peak < base.peak);
     v = r;
     v.batch = 4, v.accum = 2;
-    assert_int_equal(gm_est_scan(&m, &v, &x), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &v, &x), GM_OK);
     assert_true(x.peak < base.peak);
     v = r;
     v.precision = GM_EST_FP32;
-    assert_int_equal(gm_est_scan(&m, &v, &x), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &v, &x), GM_OK);
     assert_true(x.peak > base.peak);
     v = r;
     v.attention = GM_EST_ATTN_EAGER;
-    assert_int_equal(gm_est_scan(&m, &v, &x), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &v, &x), GM_OK);
     assert_true(x.peak > base.peak);
     /* fp16 autocast + GradScaler = bf16 autocast to within the scaler's bytes */
     v = r;
     v.precision = GM_EST_FP16_AUTOCAST;
-    assert_int_equal(gm_est_scan(&m, &v, &x), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &v, &x), GM_OK);
     assert_true(x.peak - base.peak <= 512 && x.peak >= base.peak);
 }
 
@@ -286,12 +286,12 @@ static void test_config_errors(void **state) {
         {"", "truncated JSON at byte 0"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        int rc = gm_est_model_from_hf_config(bad[i].json, "cfg.json", &m);
+        int rc = gm__est_model_from_hf_config(bad[i].json, "cfg.json", &m);
         if (rc == GM_OK) fail_msg("accepted %s", bad[i].json);
         if (!strstr(gm_last_error_detail(), bad[i].needle))
             fail_msg("error '%s' does not name '%s'", gm_last_error_detail(), bad[i].needle);
     }
-    assert_int_not_equal(gm_est_builtin_find("gpt5", &m), GM_OK);
+    assert_int_not_equal(gm__est_builtin_find("gpt5", &m), GM_OK);
     assert_non_null(strstr(gm_last_error_detail(), "gpt2"));
 }
 
@@ -299,24 +299,24 @@ static void test_run_errors(void **state) {
     (void)state;
     gm_est_model g = builtin("gpt2"), rn = builtin("resnet50");
     gm_est_run r;
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     r.batch = -1;
-    assert_int_equal(gm_est_check(&g, &r), GM_EINVAL);
-    gm_est_run_init(&r);
+    assert_int_equal(gm__est_check(&g, &r), GM_EINVAL);
+    gm__est_run_init(&r);
     r.seq = 2048; /* GPT-2 has 1024 positions */
-    assert_int_equal(gm_est_check(&g, &r), GM_EINVAL);
+    assert_int_equal(gm__est_check(&g, &r), GM_EINVAL);
     assert_non_null(strstr(gm_last_error_detail(), "1024"));
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     r.checkpointing = true;
-    assert_int_equal(gm_est_check(&rn, &r), GM_EINVAL);
-    gm_est_run_init(&r);
+    assert_int_equal(gm__est_check(&rn, &r), GM_EINVAL);
+    gm__est_run_init(&r);
     r.seq = 128;
-    assert_int_equal(gm_est_check(&rn, &r), GM_EINVAL);
-    gm_est_run_init(&r);
+    assert_int_equal(gm__est_check(&rn, &r), GM_EINVAL);
+    gm__est_run_init(&r);
     r.accum = 0;
-    assert_int_equal(gm_est_check(&g, &r), GM_EINVAL);
-    gm_est_run_init(&r);
-    assert_int_equal(gm_est_check(&g, &r), GM_OK);
+    assert_int_equal(gm__est_check(&g, &r), GM_EINVAL);
+    gm__est_run_init(&r);
+    assert_int_equal(gm__est_check(&g, &r), GM_OK);
     assert_int_equal(r.seq, 1024); /* default filled */
 }
 
@@ -325,23 +325,23 @@ static void test_fit(void **state) {
     (void)state;
     gm_est_model m = builtin("gpt2");
     gm_est_run r;
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     r.seq = 512;
     uint64_t cap = (uint64_t)20 << 30;
     int64_t best = 0;
     gm_est_result at;
-    assert_int_equal(gm_est_fit(&m, &r, 0, cap, &best, &at), GM_OK);
+    assert_int_equal(gm__est_fit(&m, &r, 0, cap, &best, &at), GM_OK);
     assert_true(best > 1);
     double margin = 1.0 + GM_EST_FIT_MARGIN;
     gm_est_result x;
     r.batch = best;
-    assert_int_equal(gm_est_estimate_torch(&m, &r, &x), GM_OK);
+    assert_int_equal(gm__est_estimate_torch(&m, &r, &x), GM_OK);
     assert_true((double)x.peak_reserved_torch * margin + (double)x.cuda_context <= (double)cap);
     r.batch = best + 1;
-    assert_int_equal(gm_est_estimate_torch(&m, &r, &x), GM_OK);
+    assert_int_equal(gm__est_estimate_torch(&m, &r, &x), GM_OK);
     assert_true((double)x.peak_reserved_torch * margin + (double)x.cuda_context > (double)cap);
     /* nothing fits in 1 GiB with AdamW on GPT-2 (1.5 GB of state alone) */
-    assert_int_equal(gm_est_fit(&m, &r, 0, (uint64_t)1 << 30, &best, NULL), GM_OK);
+    assert_int_equal(gm__est_fit(&m, &r, 0, (uint64_t)1 << 30, &best, NULL), GM_OK);
     assert_int_equal(best, 0);
 }
 
@@ -400,9 +400,9 @@ static void test_folded_scan_is_exact(void **state) {
                 snprintf(js, sizeof js, fmt[f], L);
                 gm_est_model m = from_json(js);
                 gm_est_run r;
-                gm_est_run_init(&r);
+                gm__est_run_init(&r);
                 r.batch = 2;
-                r.seq = gm_est_is_vision(&m) ? 0 : 16;
+                r.seq = gm__est_is_vision(&m) ? 0 : 16;
                 r.precision = v % GM_EST_NPRECISION;
                 r.accum = v & 4 ? 3 : 1;
                 r.checkpointing = v & 8;
@@ -415,13 +415,13 @@ static void test_folded_scan_is_exact(void **state) {
                     r.precision = GM_EST_BF16;
                 gm_est_result res;
                 gm_est_program p;
-                if (gm_est_scan(&m, &r, &res) != GM_OK) fail_msg("%s variant %d: %s", js, v, gm_last_error_detail());
-                assert_int_equal(gm_est_build(&m, &r, &p), GM_OK);
+                if (gm__est_scan(&m, &r, &res) != GM_OK) fail_msg("%s variant %d: %s", js, v, gm_last_error_detail());
+                assert_int_equal(gm__est_build(&m, &r, &p), GM_OK);
                 assert_int_equal(p.layers, L);
                 check_program(&p, js);
                 int64_t peak, phase[2][GM_EST_NPHASE];
                 full_scan(&p, &peak, phase);
-                gm_est_program_free(&p);
+                gm__est_program_free(&p);
                 /* ZeRO's flat buffers hold every layer at once: 512-byte rounding of a
                  * size that grows with the depth is affine only to within 512 bytes
                  * a layer for each of its (at most 8) buffers */
@@ -446,13 +446,13 @@ static void test_monotone_any_size(void **state) {
     (void)state;
     gm_est_model m = builtin("gpt2");
     gm_est_run r;
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     r.seq = 1024;
     int64_t prev = 0, d1 = 0;
     for (int64_t b = 1; b <= 65536; b *= 2) {
         r.batch = b;
         gm_est_result x;
-        assert_int_equal(gm_est_scan(&m, &r, &x), GM_OK);
+        assert_int_equal(gm__est_scan(&m, &r, &x), GM_OK);
         if (x.peak <= prev) fail_msg("batch %lld: peak %lld after %lld", (long long)b, (long long)x.peak, (long long)prev);
         if (b >= 128) { /* activations dominate: doubling the batch doubles the growth */
             int64_t d = x.peak - prev;
@@ -464,22 +464,22 @@ static void test_monotone_any_size(void **state) {
     gm_est_model l = from_json("{\"model_type\":\"llama\",\"architectures\":[\"LlamaForCausalLM\"],"
                                "\"hidden_size\":512,\"intermediate_size\":1408,\"num_hidden_layers\":24,"
                                "\"num_attention_heads\":8,\"vocab_size\":32000}");
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     prev = 0;
     for (int64_t s = 64; s <= (1 << 22); s *= 4) {
         r.seq = s;
         gm_est_result x;
-        assert_int_equal(gm_est_scan(&l, &r, &x), GM_OK);
+        assert_int_equal(gm__est_scan(&l, &r, &x), GM_OK);
         assert_true(x.peak > prev);
         prev = x.peak;
     }
     /* past 141 GiB, the replay follows the scan: batch 160 is 221 GiB, not 129 */
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     r.seq = 1024;
     for (int64_t b = 64; b <= 4096; b *= 4) {
         r.batch = b;
         gm_est_result x;
-        assert_int_equal(gm_est_estimate_torch(&m, &r, &x), GM_OK);
+        assert_int_equal(gm__est_estimate_torch(&m, &r, &x), GM_OK);
         assert_true(x.peak_allocated >= x.peak);
         assert_true(x.peak_reserved_torch >= x.peak_allocated);
         uint64_t cap = (uint64_t)x.peak; /* any capacity below the peak does not fit */
@@ -497,10 +497,10 @@ static void test_numbers_do_not_cost(void **state) {
                                "\"n_layer\":1000000000,\"n_embd\":768,\"n_head\":12,\"vocab_size\":50257,"
                                "\"n_positions\":1024}");
     gm_est_run r;
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     r.batch = 1, r.seq = 128;
     gm_est_result x;
-    assert_int_equal(gm_est_estimate(&m, &r, &x), GM_OK);
+    assert_int_equal(gm__est_estimate(&m, &r, &x), GM_OK);
     assert_int_equal(x.params, 1000000000ull * 7087872 + 50257ull * 768 + 1024 * 768 + 2 * 768);
     assert_true(x.events < 100000);
     assert_true(x.reserved_extrapolated);
@@ -508,13 +508,13 @@ static void test_numbers_do_not_cost(void **state) {
     assert_true(x.peak >= (int64_t)x.params * 16);
     assert_true(x.peak_reserved_torch >= x.peak_allocated && x.peak_allocated >= x.peak);
     r.batch = 8, r.seq = 1024; /* past 4 EiB: refused, not wrapped */
-    assert_int_equal(gm_est_scan(&m, &r, &x), GM_EINVAL);
+    assert_int_equal(gm__est_scan(&m, &r, &x), GM_EINVAL);
     assert_non_null(strstr(gm_last_error_detail(), "too large"));
     /* vocab 1e9: "0 B fits" before; the logits alone are N x V x 4 */
     m = from_json("{\"model_type\":\"gpt2\",\"architectures\":[\"GPT2LMHeadModel\"],\"n_layer\":12,"
                   "\"n_embd\":768,\"n_head\":12,\"vocab_size\":1000000000,\"n_positions\":1024}");
-    gm_est_run_init(&r);
-    assert_int_equal(gm_est_estimate_torch(&m, &r, &x), GM_OK);
+    gm__est_run_init(&r);
+    assert_int_equal(gm__est_estimate_torch(&m, &r, &x), GM_OK);
     assert_true(x.peak > (int64_t)8192 * 1000000000 * 4);
     assert_true(x.peak_allocated >= x.peak);
     /* every size 1e9: refused (UBSan saw signed overflow here before) */
@@ -522,34 +522,34 @@ static void test_numbers_do_not_cost(void **state) {
                                  "\"hidden_size\":1000000000,\"intermediate_size\":1000000000,"
                                  "\"num_hidden_layers\":1000000000,\"num_attention_heads\":1000000000,"
                                  "\"vocab_size\":1000000000}");
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     r.batch = 1 << 20, r.seq = 1 << 22;
-    assert_int_equal(gm_est_scan(&big, &r, &x), GM_EINVAL);
+    assert_int_equal(gm__est_scan(&big, &r, &x), GM_EINVAL);
     /* a patch embedding of 1e9 x 1e9 x 8192^2 is refused before it is counted */
     gm_est_model vit = from_json("{\"model_type\":\"vit\",\"architectures\":[\"ViTForImageClassification\"],"
                                  "\"hidden_size\":1000000000,\"num_hidden_layers\":1,\"num_attention_heads\":1,"
                                  "\"intermediate_size\":1,\"image_size\":8192,\"patch_size\":8192,"
                                  "\"num_channels\":1000000000}");
-    gm_est_run_init(&r);
-    assert_int_equal(gm_est_scan(&vit, &r, &x), GM_EINVAL);
+    gm__est_run_init(&r);
+    assert_int_equal(gm__est_scan(&vit, &r, &x), GM_EINVAL);
     /* accum 4096: 45 s and 2.3 GB before; the same events and peaks as accum 4 */
     m = builtin("gpt2");
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     r.accum = 4;
     gm_est_result a4, a4096;
-    assert_int_equal(gm_est_scan(&m, &r, &a4), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &r, &a4), GM_OK);
     r.accum = 4096;
-    assert_int_equal(gm_est_scan(&m, &r, &a4096), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &r, &a4096), GM_OK);
     assert_int_equal(a4096.peak, a4.peak);
     assert_int_equal(a4096.events, a4.events);
     /* generate: the decode steps beyond the last few are skipped over, and
      * the peak (the last step's) is the same as emitting every one */
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     r.precision = GM_EST_BF16, r.seq = 16, r.generate = 1000;
     gm_est_program p;
-    assert_int_equal(gm_est_build(&m, &r, &p), GM_OK);
+    assert_int_equal(gm__est_build(&m, &r, &p), GM_OK);
     assert_true(p.n < 50000);
-    gm_est_program_free(&p);
+    gm__est_program_free(&p);
     /* with the cache holding the peak (batch 2048), each new token adds its
      * k and v in every layer and a column of ids (and grows the copy cat
      * makes): steps 9 -> 10 (every decode step emitted, then the first
@@ -559,7 +559,7 @@ static void test_numbers_do_not_cost(void **state) {
     static const int64_t gens[] = {9, 10, 11, 999, 1000, 1001};
     for (size_t i = 0; i < 6; i++) {
         r.generate = gens[i];
-        assert_int_equal(gm_est_scan(&m, &r, &x), GM_OK);
+        assert_int_equal(gm__est_scan(&m, &r, &x), GM_OK);
         pk[i] = x.peak;
     }
     assert_int_equal(pk[1] - pk[0], pk[2] - pk[1]);
@@ -573,22 +573,22 @@ static void test_sharding(void **state) {
     (void)state;
     gm_est_model m = builtin("gpt2-medium");
     gm_est_run r;
-    gm_est_run_init(&r);
+    gm__est_run_init(&r);
     r.batch = 2, r.seq = 512, r.precision = GM_EST_BF16;
     gm_est_result one, ddp, z1, z2, z3, fsdp, fsdp8;
-    assert_int_equal(gm_est_scan(&m, &r, &one), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &r, &one), GM_OK);
     r.world = 8;
     r.shard = GM_EST_SHARD_DDP;
-    assert_int_equal(gm_est_scan(&m, &r, &ddp), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &r, &ddp), GM_OK);
     /* DDP = one GPU + its buckets (the gradients' bytes again) */
     int64_t grads = one.phase_by_cat[1][GM_EST_PH_OPTIMIZER][GM_EST_CAT_GRADS];
     assert_true(ddp.peak > one.peak && ddp.peak - one.peak <= grads + grads / 50);
     r.shard = GM_EST_SHARD_ZERO1;
-    assert_int_equal(gm_est_scan(&m, &r, &z1), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &r, &z1), GM_OK);
     r.shard = GM_EST_SHARD_ZERO2;
-    assert_int_equal(gm_est_scan(&m, &r, &z2), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &r, &z2), GM_OK);
     r.shard = GM_EST_SHARD_ZERO3;
-    assert_int_equal(gm_est_scan(&m, &r, &z3), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &r, &z3), GM_OK);
     assert_true(z3.steady_by_cat[GM_EST_CAT_PARAMS] < z1.steady_by_cat[GM_EST_CAT_PARAMS]);
     /* ZeRO-2 trades the full gradients for the reduce bucket (5e8 elements:
      * all of a model this size) plus the partition */
@@ -596,18 +596,18 @@ static void test_sharding(void **state) {
     assert_true(z1.peak < ddp.peak);
     r.shard = GM_EST_SHARD_FSDP;
     r.precision = GM_EST_BF16_AUTOCAST;
-    assert_int_equal(gm_est_scan(&m, &r, &fsdp), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &r, &fsdp), GM_OK);
     r.shard = GM_EST_SHARD_NONE, r.world = 1;
-    assert_int_equal(gm_est_scan(&m, &r, &one), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &r, &one), GM_OK);
     /* sharded parameters and optimizer state: an eighth (padded) of one GPU's */
     int64_t os1 = one.steady_by_cat[GM_EST_CAT_OPTSTATE], os8 = fsdp.steady_by_cat[GM_EST_CAT_OPTSTATE];
     assert_true(os8 * 8 >= os1 && os8 * 8 <= os1 + os1 / 20);
     r.shard = GM_EST_SHARD_FSDP, r.world = 64;
-    assert_int_equal(gm_est_scan(&m, &r, &fsdp8), GM_OK);
+    assert_int_equal(gm__est_scan(&m, &r, &fsdp8), GM_OK);
     assert_true(fsdp8.peak < fsdp.peak && fsdp.peak < one.peak);
     /* bad settings name what is wrong */
     r.world = 8, r.shard = GM_EST_SHARD_NONE;
-    assert_int_equal(gm_est_check(&m, &r), GM_EINVAL);
+    assert_int_equal(gm__est_check(&m, &r), GM_EINVAL);
     assert_non_null(strstr(gm_last_error_detail(), "--shard"));
 }
 
@@ -624,7 +624,7 @@ static void test_oom_explain(void **state) {
     in.by_category[GM_EST_CAT_OPTSTATE] = 8 * G;
     in.by_category[GM_EST_CAT_ACTS] = 40 * G;
     char buf[2048];
-    size_t need = gm_est_oom_explain(&in, buf, sizeof buf);
+    size_t need = gm__est_oom_explain(&in, buf, sizeof buf);
     assert_int_equal(need, strlen(buf));
     static const char *facts[] = {"tried to allocate 2.00 GiB", "80.00 GiB", "512.00 MiB is free",
                                   "70.00 GiB allocated", "8.00 GiB reserved but unallocated",
@@ -639,17 +639,17 @@ static void test_oom_explain(void **state) {
     assert_null(strstr(buf, "8-bit")); /* the fourth (6 GiB) is left out */
     /* truncation: the same length needed, the buffer terminated */
     char small[40];
-    assert_int_equal(gm_est_oom_explain(&in, small, sizeof small), need);
+    assert_int_equal(gm__est_oom_explain(&in, small, sizeof small), need);
     assert_int_equal(strlen(small), sizeof small - 1);
-    assert_int_equal(gm_est_oom_explain(&in, NULL, 0), need);
+    assert_int_equal(gm__est_oom_explain(&in, NULL, 0), need);
     /* nothing known, nothing reclaimable: says what else to do */
     gm_est_oom_info bare = {.requested = G, .device_total = 16 * G, .device_free = 0, .allocated = 15 * G,
                             .reserved = 15 * G};
-    gm_est_oom_explain(&bare, buf, sizeof buf);
+    gm__est_oom_explain(&bare, buf, sizeof buf);
     assert_non_null(strstr(buf, "--fit batch"));
     /* already on expandable segments: suggest gpumem's policy instead */
     in.expandable_segments = true;
-    gm_est_oom_explain(&in, buf, sizeof buf);
+    gm__est_oom_explain(&in, buf, sizeof buf);
     assert_null(strstr(buf, "expandable_segments:True"));
 }
 

@@ -91,7 +91,7 @@ static void test_scopes_across_threads(void **s) {
 
     gm_trace *t;
     uint64_t dropped = 9;
-    assert_int_equal(gm_history_to_trace(&t, &dropped), GM_OK);
+    assert_int_equal(gm__history_to_trace(&t, &dropped), GM_OK);
     assert_int_equal(dropped, 0);
     char buf[512];
     int seen = 0;
@@ -107,14 +107,14 @@ static void test_scopes_across_threads(void **s) {
         }
     }
     assert_int_equal(seen, 3);
-    gm_trace_free(t);
+    gm__trace_free(t);
     /* an allocation outside any scope has no frames */
     gm_devptr p, q, r;
     assert_int_equal(gm_malloc(a, 0, 512, 0, &p), GM_OK);
-    assert_int_equal(gm_history_to_trace(&t, NULL), GM_OK);
+    assert_int_equal(gm__history_to_trace(&t, NULL), GM_OK);
     assert_int_equal(t->events[t->nevents - 1].action, GM_TA_ALLOC);
     assert_int_equal(t->events[t->nevents - 1].stack, 0);
-    gm_trace_free(t);
+    gm__trace_free(t);
     /* the global scope names threads with none open, not those inside one */
     assert_int_equal(gm_scope_set_global("backward"), GM_OK);
     assert_int_equal(gm_malloc(a, 0, 512, 0, &q), GM_OK);
@@ -122,13 +122,13 @@ static void test_scopes_across_threads(void **s) {
     assert_int_equal(gm_malloc(a, 0, 512, 0, &r), GM_OK);
     gm_scope_pop();
     assert_int_equal(gm_scope_set_global(NULL), GM_OK);
-    assert_int_equal(gm_history_to_trace(&t, NULL), GM_OK);
+    assert_int_equal(gm__history_to_trace(&t, NULL), GM_OK);
     for (size_t i = 0; i < t->nevents; i++) {
         if (t->events[i].action != GM_TA_ALLOC) continue;
         if (t->events[i].addr == q) assert_string_equal(scopes_of(t, &t->events[i], buf, sizeof buf), "backward");
         if (t->events[i].addr == r) assert_string_equal(scopes_of(t, &t->events[i], buf, sizeof buf), "mine");
     }
-    gm_trace_free(t);
+    gm__trace_free(t);
     gm_free(a, q);
     gm_free(a, r);
     gm_free(a, p);
@@ -160,7 +160,7 @@ static void test_ring_drops_oldest(void **s) {
     assert_int_equal(held, 3);
     assert_int_equal(dropped, 2);
     gm_trace *t;
-    assert_int_equal(gm_history_to_trace(&t, &dropped), GM_OK);
+    assert_int_equal(gm__history_to_trace(&t, &dropped), GM_OK);
     assert_int_equal(dropped, 2);
     assert_int_equal(t->nevents, 3); /* the newest three, oldest first */
     assert_int_equal(t->events[0].action, GM_TA_ALLOC);
@@ -170,7 +170,7 @@ static void test_ring_drops_oldest(void **s) {
     assert_int_equal(t->events[1].addr, p1);
     assert_int_equal(t->events[2].action, GM_TA_FREE_COMPLETED);
     assert_true(t->events[0].time_us <= t->events[2].time_us);
-    gm_trace_free(t);
+    gm__trace_free(t);
 
     /* off: nothing more is recorded, what was stays for dumping */
     assert_int_equal(gm_history_enable(0), GM_OK);
@@ -225,7 +225,7 @@ static void test_dump_roundtrip(void **s) {
     assert_int_equal(gm_empty_cache(a, 0), GM_OK); /* segment_free */
 
     gm_trace *ref;
-    assert_int_equal(gm_history_to_trace(&ref, NULL), GM_OK);
+    assert_int_equal(gm__history_to_trace(&ref, NULL), GM_OK);
     bool seg = false;
     for (size_t i = 0; i < ref->nevents; i++) seg |= ref->events[i].action == GM_TA_SEGMENT_FREE;
     assert_true(seg);
@@ -236,20 +236,20 @@ static void test_dump_roundtrip(void **s) {
         snprintf(path, sizeof path, "%s/%s", dir, names[k]);
         assert_int_equal(gm_history_dump(path, k == 2 ? GM_HISTORY_GMT : GM_HISTORY_TORCH), GM_OK);
         gm_trace *t;
-        if (gm_trace_load_file(path, &t)) fail_msg("%s: %s", path, gm_last_error_detail());
+        if (gm__trace_load_file(path, &t)) fail_msg("%s: %s", path, gm_last_error_detail());
         assert_string_equal(t->format, k == 2 ? "gmt" : "pytorch-snapshot");
         same_events(ref, t);
         /* the tag decides the category of w; the report reads it */
         gm_attribution *at;
-        assert_int_equal(gm_attribute(t, 0, &at), GM_OK);
+        assert_int_equal(gm__attribute(t, 0, &at), GM_OK);
         assert_int_equal(at->bytes_by[GM_CAT_PARAMETERS][GM_AM_TAGGED], 4 << 20);
-        gm_attribution_free(at);
-        gm_trace_free(t);
+        gm__attribution_free(at);
+        gm__trace_free(t);
         unlink(path);
     }
     assert_int_equal(gm_history_dump(path, 7), GM_EINVAL);
     rmdir(dir);
-    gm_trace_free(ref);
+    gm__trace_free(ref);
     gm_free(a, w);
     gm_free(a, act);
     gm_history_enable(0);
@@ -271,11 +271,11 @@ static void test_oom_dump(void **s) {
     assert_int_equal(gm_malloc(a, 0, GM_TEST_GIB, 3, &p), GM_ENOMEM);
     assert_non_null(strstr(gm_last_error_detail(), "Out of memory"));
     gm_trace *t;
-    if (gm_trace_load_file(path, &t)) fail_msg("%s: %s", path, gm_last_error_detail());
+    if (gm__trace_load_file(path, &t)) fail_msg("%s: %s", path, gm_last_error_detail());
     assert_true(t->nevents >= 1);
     assert_int_equal(t->events[t->nevents - 1].action, GM_TA_OOM);
     assert_int_equal(t->events[t->nevents - 1].size, GM_TEST_GIB);
-    gm_trace_free(t);
+    gm__trace_free(t);
     unlink(path);
     rmdir(dir);
     gm_history_dump_on_oom(NULL, 0);

@@ -44,7 +44,7 @@ static uint8_t *read_all(const char *path, size_t *len) {
 
 static void expect_format_error(const void *data, size_t len, const char *words) {
     gm_trace *t = (gm_trace *)1;
-    int rc = gm_trace_load_mem(data, len, &t);
+    int rc = gm__trace_load_mem(data, len, &t);
     if (rc != GM_EFORMAT) fail_msg("want GM_EFORMAT (%s), got %s", words, gm_status_name(rc));
     assert_null(t);
     if (!strstr(gm_last_error_detail(), words))
@@ -119,21 +119,21 @@ static void test_replay_bad_events(void **state) {
     size_t off[2] = {0, n};
     gm_trace t = {.events = ev, .nevents = n, .ndevices = 1, .dev_off = off, .format = "test"};
     gm_replay_prog *p;
-    assert_int_equal(gm_replay_compile(&t, 0, &p), GM_OK);
+    assert_int_equal(gm__replay_compile(&t, 0, &p), GM_OK);
     const char *first = NULL;
-    assert_int_equal(gm_replay_prog_bad_events(p, &first), 5);
+    assert_int_equal(gm__replay_prog_bad_events(p, &first), 5);
     assert_non_null(strstr(first, "address 0"));
-    assert_int_equal(gm_replay_prog_ops(p), 2);
-    assert_int_equal(gm_replay_prog_peak_requested(p), 10); /* not wrapped into something tiny */
+    assert_int_equal(gm__replay_prog_ops(p), 2);
+    assert_int_equal(gm__replay_prog_peak_requested(p), 10); /* not wrapped into something tiny */
     gm_replay_result r;
-    assert_int_equal(gm_replay_run(p, NULL, 0, &r), GM_OK);
+    assert_int_equal(gm__replay_run(p, NULL, 0, &r), GM_OK);
     assert_int_equal(r.error, 0);
     assert_false(r.oom);
     assert_int_equal(r.bad_events, 5);
     assert_int_equal(r.allocs, 1);
     assert_int_equal(r.frees, 1);
     assert_int_equal(r.unknown_frees, 0);
-    gm_replay_prog_free(p);
+    gm__replay_prog_free(p);
 }
 
 /* ---- defect 2: hash flooding --------------------------------------------------- */
@@ -176,10 +176,10 @@ static void test_hash_flooding(void **state) {
     size_t off[2] = {0, nev};
     gm_trace t = {.events = ev, .nevents = nev, .ndevices = 1, .dev_off = off, .format = "test"};
     gm_replay_prog *p;
-    assert_int_equal(gm_replay_compile(&t, 0, &p), GM_OK);
-    assert_int_equal(gm_replay_prog_ops(p), nev);
-    assert_int_equal(gm_replay_prog_peak_requested(p), 512 * (int64_t)(nev / 2));
-    gm_replay_prog_free(p);
+    assert_int_equal(gm__replay_compile(&t, 0, &p), GM_OK);
+    assert_int_equal(gm__replay_prog_ops(p), nev);
+    assert_int_equal(gm__replay_prog_peak_requested(p), 512 * (int64_t)(nev / 2));
+    gm__replay_prog_free(p);
     free(ev);
 }
 
@@ -225,9 +225,9 @@ static void test_gmt_bomb(void **state) {
     /* exactly the empty trace: fine */
     f = make_gmt(body, 7, 7, &len);
     gm_trace *t;
-    assert_int_equal(gm_trace_load_mem(f, len, &t), GM_OK);
+    assert_int_equal(gm__trace_load_mem(f, len, &t), GM_OK);
     assert_int_equal(t->nevents, 0);
-    gm_trace_free(t);
+    gm__trace_free(t);
     /* bytes after the compressed stream */
     uint8_t *g = realloc(f, len + 3);
     assert_non_null(g);
@@ -253,20 +253,20 @@ static void test_gmt_extreme_times(void **state) {
     assert_int_equal(gm__tb_finish(b, "test", &t), GM_OK);
     uint8_t *buf;
     size_t len;
-    assert_int_equal(gm_trace_encode_gmt(t, &buf, &len), GM_OK); /* UBSan: no overflow */
+    assert_int_equal(gm__trace_encode_gmt(t, &buf, &len), GM_OK); /* UBSan: no overflow */
     gm_trace *t2;
-    assert_int_equal(gm_trace_decode_gmt(buf, len, &t2), GM_OK);
+    assert_int_equal(gm__trace_decode_gmt(buf, len, &t2), GM_OK);
     assert_int_equal(t2->nevents, n);
     for (size_t i = 0; i < n; i++) {
         assert_true(t2->events[i].time_us == times[i]);
         assert_true(t2->events[i].size == UINT64_MAX - i);
     }
     gm_replay_prog *p;
-    assert_int_equal(gm_replay_compile(t2, 0, &p), GM_OK);
-    gm_replay_prog_free(p);
+    assert_int_equal(gm__replay_compile(t2, 0, &p), GM_OK);
+    gm__replay_prog_free(p);
     free(buf);
-    gm_trace_free(t2);
-    gm_trace_free(t);
+    gm__trace_free(t2);
+    gm__trace_free(t);
 }
 
 /* ---- defect 10: inputs that must be errors --------------------------------------------- */
@@ -293,8 +293,8 @@ static void test_gzip_trailer(void **state) {
     size_t len;
     uint8_t *gz = read_all(src_path("tests/fuzz/corpus/snapshot.pickle.gz"), &len);
     gm_trace *t;
-    assert_int_equal(gm_trace_load_mem(gz, len, &t), GM_OK);
-    gm_trace_free(t);
+    assert_int_equal(gm__trace_load_mem(gz, len, &t), GM_OK);
+    gm__trace_free(t);
     gz[len - 6] ^= 0x55; /* CRC-32 (bytes len-8..len-5) */
     expect_format_error(gz, len, "gzip stream is corrupt");
     gz[len - 6] ^= 0x55;
@@ -344,7 +344,7 @@ static void test_trace_file_limit(void **state) {
     assert_int_equal(ftruncate(fd, (off_t)GM_LIMIT_TRACE_FILE_BYTES + 1), 0);
     close(fd);
     gm_trace *t = (gm_trace *)1;
-    assert_int_equal(gm_trace_load_file(path, &t), GM_EFORMAT);
+    assert_int_equal(gm__trace_load_file(path, &t), GM_EFORMAT);
     assert_null(t);
     assert_non_null(strstr(gm_last_error_detail(), "GM_LIMIT_TRACE_FILE_BYTES"));
     unlink(path);
@@ -371,13 +371,13 @@ static void test_hint_flood(void **state) {
     size_t off[2] = {0, k};
     gm_trace t = {.events = ev, .nevents = k, .ndevices = 1, .dev_off = off, .format = "test"};
     gm_replay_prog *p;
-    assert_int_equal(gm_replay_compile(&t, 0, &p), GM_OK);
+    assert_int_equal(gm__replay_compile(&t, 0, &p), GM_OK);
     gm_replay_result r;
-    assert_int_equal(gm_replay_run(p, NULL, 0, &r), GM_OK);
+    assert_int_equal(gm__replay_run(p, NULL, 0, &r), GM_OK);
     assert_int_equal(r.error, 0);
     assert_false(r.oom);
     assert_int_equal(r.allocs, nalloc);
-    gm_replay_prog_free(p);
+    gm__replay_prog_free(p);
     free(ev);
 }
 

@@ -579,32 +579,32 @@ static void test_trace_pool_ids(void **state) {
     gm_trace *t = pooled_trace(true), *back = NULL;
     uint8_t *buf = NULL;
     size_t len = 0;
-    OK(gm_trace_encode_snapshot(t, &buf, &len)); /* segment_pool_id as torch pickles it: a pair */
-    OK(gm_trace_from_snapshot(buf, len, &back));
+    OK(gm__trace_encode_snapshot(t, &buf, &len)); /* segment_pool_id as torch pickles it: a pair */
+    OK(gm__trace_from_snapshot(buf, len, &back));
     assert_int_equal(back->nsegments, 2);
     assert_true(back->segments[0].pool_id[0] == 1 && back->segments[0].pool_id[1] == 3);
     assert_true(back->segments[1].pool_id[0] == 0 && back->segments[1].pool_id[1] == 0);
     free(buf);
-    gm_trace_free(back);
-    OK(gm_trace_encode_gmt(t, &buf, &len));
-    OK(gm_trace_decode_gmt(buf, len, &back));
+    gm__trace_free(back);
+    OK(gm__trace_encode_gmt(t, &buf, &len));
+    OK(gm__trace_decode_gmt(buf, len, &back));
     assert_true(back->segments[0].pool_id[0] == 1 && back->segments[0].pool_id[1] == 3);
     assert_true(back->segments[1].pool_id[0] == 0 && back->segments[1].pool_id[1] == 0);
     free(buf);
-    gm_trace_free(back);
-    gm_trace_free(t);
+    gm__trace_free(back);
+    gm__trace_free(t);
 }
 
 static gm_replay_result replay(gm_trace *t, gm_policy_kind kind, uint32_t *npools) {
     gm_replay_prog *p = NULL;
-    OK(gm_replay_compile(t, 0, &p));
-    *npools = gm_replay_prog_pools(p);
+    OK(gm__replay_compile(t, 0, &p));
+    *npools = gm__replay_prog_pools(p);
     gm_config c;
     gm_config_init(&c);
     c.policy = kind;
     gm_replay_result r;
-    OK(gm_replay_run(p, &c, 0, &r));
-    gm_replay_prog_free(p);
+    OK(gm__replay_run(p, &c, 0, &r));
+    gm__replay_prog_free(p);
     return r;
 }
 
@@ -625,8 +625,8 @@ static void test_replay_pools(void **state) {
         assert_int_equal(r.segments, 2); /* the device's two segments */
         assert_int_equal(r0.segments, 1);
     }
-    gm_trace_free(pooled);
-    gm_trace_free(plain);
+    gm__trace_free(pooled);
+    gm__trace_free(plain);
 }
 
 #define TESTS(k)                                                                                          \

@@ -363,7 +363,7 @@ static size_t cl_slot(const cl_addrmap *m, uint64_t k) {
 
 static void cl_replay(const char *path, const char *conf, int mode, int every) {
     gm_trace *t = NULL;
-    if (gm_trace_load_file(path, &t) != GM_OK) fail_msg("%s: %s", path, gm_last_error_detail());
+    if (gm__trace_load_file(path, &t) != GM_OK) fail_msg("%s: %s", path, gm_last_error_detail());
     cl_make(conf, 141 * GIB, mode, 99);
     size_t lo = t->dev_off[0], hi = t->dev_off[1];
     cl_addrmap m = {calloc(1 << 20, 8), calloc(1 << 20, 8), (1 << 20) - 1};
@@ -409,7 +409,7 @@ static void cl_replay(const char *path, const char *conf, int mode, int every) {
     free(m.k);
     free(m.v);
     done();
-    gm_trace_free(t);
+    gm__trace_free(t);
 }
 
 static void test_cuda_like_traces(void **state) {

@@ -39,7 +39,7 @@ static void test_steady(void **state) {
         gm_config_init(&c);
         c.policy = k ? GM_POLICY_GPUMEM : GM_POLICY_TORCH;
         gm_replay_result r;
-        assert_int_equal(gm_replay_run(p, &c, 0, &r), GM_OK);
+        assert_int_equal(gm__replay_run(p, &c, 0, &r), GM_OK);
         assert_false(r.oom);
         assert_true(r.steady_started);
         assert_int_equal(r.peak_requested, 300 * MB);
@@ -52,14 +52,14 @@ static void test_steady(void **state) {
         assert_int_equal(sum, r.steady_device_calls);
         /* the same whole-trace result whatever the split */
         gm_replay_result r0;
-        assert_int_equal(gm_replay_run_steady(p, &c, 0, 0.0, &r0), GM_OK);
+        assert_int_equal(gm__replay_run_steady(p, &c, 0, 0.0, &r0), GM_OK);
         assert_int_equal(r0.peak_reserved, r.peak_reserved);
         assert_int_equal(r0.steady_peak_requested, 300 * MB); /* from the start: the warm-up counts */
     }
     gm_replay_result r;
-    assert_int_equal(gm_replay_run_steady(p, NULL, 0, 1.0, &r), GM_EINVAL);
-    assert_int_equal(gm_replay_run_steady(p, NULL, 0, -0.1, &r), GM_EINVAL);
-    gm_replay_prog_free(p);
+    assert_int_equal(gm__replay_run_steady(p, NULL, 0, 1.0, &r), GM_EINVAL);
+    assert_int_equal(gm__replay_run_steady(p, NULL, 0, -0.1, &r), GM_EINVAL);
+    gm__replay_prog_free(p);
 }
 
 int main(void) {

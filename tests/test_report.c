@@ -110,21 +110,21 @@ static void test_training_step(void **s) {
     (void)s;
     gm_trace *t = training_trace();
     gm_attribution *a;
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(gm__attribute(t, 0, &a), GM_OK);
     assert_true(a->has_frames);
     assert_int_equal(a->nallocs, 13);
     assert_int_equal(a->peak_bytes, 8827);
     assert_int_equal(a->peak_ev, 15);
-    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_PARAMETERS), 3000);
-    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_GRADIENTS), 1000);
-    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_OPTIMIZER), 4000);
-    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_ACTIVATIONS), 0);
-    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_TEMPORARIES), 40);
-    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_OTHER), 10 + 777);
+    assert_int_equal(gm__attr_peak_cat(a, GM_CAT_PARAMETERS), 3000);
+    assert_int_equal(gm__attr_peak_cat(a, GM_CAT_GRADIENTS), 1000);
+    assert_int_equal(gm__attr_peak_cat(a, GM_CAT_OPTIMIZER), 4000);
+    assert_int_equal(gm__attr_peak_cat(a, GM_CAT_ACTIVATIONS), 0);
+    assert_int_equal(gm__attr_peak_cat(a, GM_CAT_TEMPORARIES), 40);
+    assert_int_equal(gm__attr_peak_cat(a, GM_CAT_OTHER), 10 + 777);
     assert_int_equal(a->peak_by[GM_CAT_GRADIENTS][GM_AM_PHASE], 1000);
     assert_int_equal(a->peak_by[GM_CAT_OTHER][GM_AM_PHASE], 777);
-    assert_int_equal(gm_attr_peak_method(a, GM_AM_FRAMES), 7050);
-    assert_int_equal(gm_attr_peak_method(a, GM_AM_UNKNOWN), 0);
+    assert_int_equal(gm__attr_peak_method(a, GM_AM_FRAMES), 7050);
+    assert_int_equal(gm__attr_peak_method(a, GM_AM_UNKNOWN), 0);
     /* every allocation, live at the peak or not */
     assert_int_equal(a->bytes_by[GM_CAT_ACTIVATIONS][GM_AM_FRAMES], 100);
     assert_int_equal(a->bytes_by[GM_CAT_TEMPORARIES][GM_AM_FRAMES], 50 + 8 + 40);
@@ -137,17 +137,17 @@ static void test_training_step(void **s) {
 
     /* the peak is the one replay computes */
     gm_replay_prog *p;
-    assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
-    assert_int_equal(gm_replay_prog_peak_requested(p), a->peak_bytes);
-    gm_replay_prog_free(p);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    assert_int_equal(gm__replay_compile(t, 0, &p), GM_OK);
+    assert_int_equal(gm__replay_prog_peak_requested(p), a->peak_bytes);
+    gm__replay_prog_free(p);
+    gm__attribution_free(a);
+    gm__trace_free(t);
 }
 
 static const gm_frame_row *row(const gm_attribution *a, const gm_frame_row *rows, size_t n, const char *label) {
     char buf[256];
     for (size_t i = 0; i < n; i++)
-        if (!strcmp(gm_frame_row_label(a, &rows[i], buf, sizeof buf), label)) return &rows[i];
+        if (!strcmp(gm__frame_row_label(a, &rows[i], buf, sizeof buf), label)) return &rows[i];
     fail_msg("no row '%s'", label);
     return NULL;
 }
@@ -156,10 +156,10 @@ static void test_frame_table(void **s) {
     (void)s;
     gm_trace *t = training_trace();
     gm_attribution *a;
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(gm__attribute(t, 0, &a), GM_OK);
     gm_frame_row *rows;
     size_t n;
-    assert_int_equal(gm_frame_table(a, &rows, &n), GM_OK);
+    assert_int_equal(gm__frame_table(a, &rows, &n), GM_OK);
     const gm_frame_row *r = row(a, rows, n, "step (adam.py:11)");
     assert_int_equal(r->self_bytes, 40);
     assert_int_equal(r->total_bytes, 4040);
@@ -182,17 +182,17 @@ static void test_frame_table(void **s) {
     /* sorted: live at the peak, descending */
     for (size_t i = 1; i < n; i++) assert_true(rows[i - 1].total_peak >= rows[i].total_peak);
     free(rows);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    gm__attribution_free(a);
+    gm__trace_free(t);
 }
 
 static void test_timeline(void **s) {
     (void)s;
     gm_trace *t = training_trace();
     gm_attribution *a;
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(gm__attribute(t, 0, &a), GM_OK);
     gm_timeline *tl;
-    assert_int_equal(gm_timeline_build(a, NULL, 6, &tl), GM_OK); /* 2 buckets of 10 events */
+    assert_int_equal(gm__timeline_build(a, NULL, 6, &tl), GM_OK); /* 2 buckets of 10 events */
     assert_int_equal(tl->peak_requested, 8827);
     assert_true(tl->peak_reserved >= tl->peak_allocated && tl->peak_allocated >= 8827);
     assert_true(tl->npts <= 6);
@@ -212,9 +212,9 @@ static void test_timeline(void **s) {
         }
     assert_int_equal(placed, 8827);
     assert_int_equal(opt, 4000);
-    gm_timeline_free(tl);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    gm__timeline_free(tl);
+    gm__attribution_free(a);
+    gm__trace_free(t);
 }
 
 /* No frames anywhere: the lifetime rule. 20 events; P, Q, S, U alive to
@@ -237,15 +237,15 @@ static void test_lifetime_rule(void **s) {
     FREE(0x8000, 0); /* short, a parameter's size: unknown */
     gm_trace *t = finish(&x);
     gm_attribution *a;
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(gm__attribute(t, 0, &a), GM_OK);
     assert_false(a->has_frames);
     assert_int_equal(a->bytes_by[GM_CAT_PARAMETERS][GM_AM_LIFETIME], 1000 + 500 + 700 + 300);
     assert_int_equal(a->bytes_by[GM_CAT_OPTIMIZER][GM_AM_LIFETIME], 1000);
     assert_int_equal(a->bytes_by[GM_CAT_OTHER][GM_AM_UNKNOWN], 100 + 6 * 64 + 1000);
     assert_int_equal(a->peak_bytes, 1000 + 500 + 1000 + 700 + 300 + 1000);
-    assert_int_equal(gm_attr_peak_method(a, GM_AM_UNKNOWN), 1000);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    assert_int_equal(gm__attr_peak_method(a, GM_AM_UNKNOWN), 1000);
+    gm__attribution_free(a);
+    gm__trace_free(t);
 }
 
 /* No frames, but steps: live memory rises through forward and falls
@@ -282,7 +282,7 @@ static void test_step_rule(void **s) {
     }
     gm_trace *t = finish(&x);
     gm_attribution *a;
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(gm__attribute(t, 0, &a), GM_OK);
     assert_false(a->has_frames);
     assert_int_equal(a->nsteps, 3);
     assert_int_equal(a->bytes_by[GM_CAT_PARAMETERS][GM_AM_LIFETIME], 1500);
@@ -290,13 +290,13 @@ static void test_step_rule(void **s) {
     assert_int_equal(a->bytes_by[GM_CAT_ACTIVATIONS][GM_AM_STEPS], 3 * (4000 + 6000));
     assert_int_equal(a->bytes_by[GM_CAT_GRADIENTS][GM_AM_STEPS], 3 * 1500);
     assert_int_equal(a->bytes_by[GM_CAT_TEMPORARIES][GM_AM_STEPS], 3 * (100 + 1000 + 64));
-    assert_int_equal(gm_attr_peak_method(a, GM_AM_UNKNOWN), 0);
+    assert_int_equal(gm__attr_peak_method(a, GM_AM_UNKNOWN), 0);
     /* at the peak (the second step's high: P, S, A1, A2): nothing is "other" */
     assert_int_equal(a->peak_bytes, 1500 + 1500 + 4000 + 6000);
-    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_ACTIVATIONS), 10000);
-    assert_int_equal(gm_attr_peak_cat(a, GM_CAT_OTHER), 0);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    assert_int_equal(gm__attr_peak_cat(a, GM_CAT_ACTIVATIONS), 10000);
+    assert_int_equal(gm__attr_peak_cat(a, GM_CAT_OTHER), 0);
+    gm__attribution_free(a);
+    gm__trace_free(t);
 }
 
 /* Old snapshots have free_requested only; an alloc of a live address keeps
@@ -313,7 +313,7 @@ static void test_old_trace_and_anomalies(void **s) {
     ev(&x, GM_TA_FREE_REQUESTED, 0x40000000, 0, 0);
     gm_trace *t = finish(&x);
     gm_attribution *a;
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(gm__attribute(t, 0, &a), GM_OK);
     assert_int_equal(a->oversized_allocs, 1);
     assert_int_equal(a->free_action, GM_TA_FREE_REQUESTED);
     assert_int_equal(a->double_allocs, 1);
@@ -322,25 +322,25 @@ static void test_old_trace_and_anomalies(void **s) {
     assert_int_equal(a->allocs[1].end, 2);
     assert_int_equal(a->peak_bytes, 300);
     gm_replay_prog *p;
-    assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
-    assert_int_equal(gm_replay_prog_peak_requested(p), a->peak_bytes);
-    gm_replay_prog_free(p);
-    gm_attribution_free(a);
-    assert_int_equal(gm_attribute(t, 3, &a), GM_EDEVICE);
-    gm_trace_free(t);
+    assert_int_equal(gm__replay_compile(t, 0, &p), GM_OK);
+    assert_int_equal(gm__replay_prog_peak_requested(p), a->peak_bytes);
+    gm__replay_prog_free(p);
+    gm__attribution_free(a);
+    assert_int_equal(gm__attribute(t, 3, &a), GM_EDEVICE);
+    gm__trace_free(t);
 
     /* only an oversized alloc: replay makes no segment, and the timeline
      * (its segment map at the peak) still builds (fuzz_trace found it) */
     x = (tb){gm__tb_new(), 0};
     ev(&x, GM_TA_ALLOC, 0x40000000, GM_LIMIT_ALLOC_BYTES + 1, 0);
     t = finish(&x);
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(gm__attribute(t, 0, &a), GM_OK);
     assert_int_equal(a->peak_bytes, 0);
     gm_timeline *tl;
-    assert_int_equal(gm_timeline_build(a, NULL, 64, &tl), GM_OK);
-    gm_timeline_free(tl);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    assert_int_equal(gm__timeline_build(a, NULL, 64, &tl), GM_OK);
+    gm__timeline_free(tl);
+    gm__attribution_free(a);
+    gm__trace_free(t);
 }
 
 /* gpumem.torch.track's phase scopes decide phases without Python frames. */
@@ -364,15 +364,15 @@ static void test_phase_scopes(void **s) {
     ALLOC(0x7000, 1, 0);    /* no frames after the optimizer: its phase */
     gm_trace *t = finish(&x);
     gm_attribution *a;
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
+    assert_int_equal(gm__attribute(t, 0, &a), GM_OK);
     assert_int_equal(a->bytes_by[GM_CAT_PARAMETERS][GM_AM_TAGGED], 4096);
     assert_int_equal(a->bytes_by[GM_CAT_ACTIVATIONS][GM_AM_FRAMES], 100);
     assert_int_equal(a->bytes_by[GM_CAT_TEMPORARIES][GM_AM_FRAMES], 17);
     assert_int_equal(a->bytes_by[GM_CAT_GRADIENTS][GM_AM_FRAMES], 4096);
     assert_int_equal(a->bytes_by[GM_CAT_OPTIMIZER][GM_AM_FRAMES], 8192);
     assert_int_equal(a->bytes_by[GM_CAT_OPTIMIZER][GM_AM_PHASE], 1);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    gm__attribution_free(a);
+    gm__trace_free(t);
 }
 
 
@@ -419,17 +419,17 @@ static void check_view_sums(const gm_attribution *a, const gm_timeline *tl, cons
  * categories; scoped_free releases all four. */
 static void scoped_build(gm_trace *t, size_t points, size_t top, gm_attribution **a, gm_timeline **tl,
                          gm_scope_series **ss) {
-    assert_int_equal(gm_attribute(t, 0, a), GM_OK);
-    assert_int_equal(gm_timeline_build(*a, NULL, points, tl), GM_OK);
-    assert_int_equal(gm_scope_series_build(*a, *tl, top, ss), GM_OK);
+    assert_int_equal(gm__attribute(t, 0, a), GM_OK);
+    assert_int_equal(gm__timeline_build(*a, NULL, points, tl), GM_OK);
+    assert_int_equal(gm__scope_series_build(*a, *tl, top, ss), GM_OK);
     check_view_sums(*a, *tl, *ss);
 }
 
 static void scoped_free(gm_trace *t, gm_attribution *a, gm_timeline *tl, gm_scope_series *ss) {
-    gm_scope_series_free(ss);
-    gm_timeline_free(tl);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    gm__scope_series_free(ss);
+    gm__timeline_free(tl);
+    gm__attribution_free(a);
+    gm__trace_free(t);
 }
 
 static const gm_scope_view *view(const gm_scope_series *ss, int depth) {
@@ -501,10 +501,10 @@ static void test_scope_series_paths(void **s) {
     /* enc.1.mlp's own maximum: 200, before the peak */
     for (size_t j = 0; j < v->nseries; j++)
         if (!strcmp(v->names[j], "model.enc.1.mlp")) assert_int_equal(v->max[j], 200);
-    gm_scope_series_free(ss);
+    gm__scope_series_free(ss);
 
     /* top 2: the rest summed in "other scopes" */
-    assert_int_equal(gm_scope_series_build(a, tl, 2, &ss), GM_OK);
+    assert_int_equal(gm__scope_series_build(a, tl, 2, &ss), GM_OK);
     check_view_sums(a, tl, ss);
     v = view(ss, 4);
     assert_int_equal(v->nseries, 3);
@@ -598,9 +598,9 @@ static void test_scope_series_limits(void **s) {
     x = (tb){gm__tb_new(), 0};
     FREE(0x1000, 0); /* of an address never allocated: no allocation at all */
     t = finish(&x);
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
-    assert_int_equal(gm_timeline_build(a, NULL, 6000, &tl), GM_OK);
-    assert_int_equal(gm_scope_series_build(a, tl, 10, &ss), GM_OK);
+    assert_int_equal(gm__attribute(t, 0, &a), GM_OK);
+    assert_int_equal(gm__timeline_build(a, NULL, 6000, &tl), GM_OK);
+    assert_int_equal(gm__scope_series_build(a, tl, 10, &ss), GM_OK);
     assert_int_equal(ss->nviews, 1);
     assert_int_equal(ss->views[0].nseries, 0);
     assert_int_equal(ss->views[0].nscopes, 0);

@@ -156,7 +156,7 @@ static buf snapshot(size_t n, int ndev, int how) {
 
 static gm_trace *load(const buf *b) {
     gm_trace *t = NULL;
-    if (gm_trace_load_mem(b->b, b->n, &t)) fail_msg("%s", gm_last_error_detail());
+    if (gm__trace_load_mem(b->b, b->n, &t)) fail_msg("%s", gm_last_error_detail());
     return t;
 }
 
@@ -194,8 +194,8 @@ static void test_stream_same_as_tree(void **state) {
             assert_int_equal(a->nevents, 3500 * (size_t)ndev);
             same_trace(a, b);
             if (hows[h] & ST_FRAMES) assert_true(a->nstacks > 10);
-            gm_trace_free(a);
-            gm_trace_free(b);
+            gm__trace_free(a);
+            gm__trace_free(b);
             free(s.b);
             free(t.b);
         }
@@ -258,19 +258,19 @@ static void test_stream_reuse(void **state) {
     gm_trace *t = NULL;
     /* a released event changed afterwards: refused, nothing read */
     buf b = snapshot(3500, 1, ST_MODIFY);
-    assert_int_equal(gm_trace_load_mem(b.b, b.n, &t), GM_EFORMAT);
+    assert_int_equal(gm__trace_load_mem(b.b, b.n, &t), GM_EFORMAT);
     assert_null(t);
     if (!strstr(gm_last_error_detail(), "converted")) fail_msg("%s", gm_last_error_detail());
     free(b.b);
     /* streamed, then left out of device_traces */
     b = snapshot(3500, 2, ST_MISPLACE);
-    assert_int_equal(gm_trace_load_mem(b.b, b.n, &t), GM_EFORMAT);
+    assert_int_equal(gm__trace_load_mem(b.b, b.n, &t), GM_EFORMAT);
     if (!strstr(gm_last_error_detail(), "unusual")) fail_msg("%s", gm_last_error_detail());
     free(b.b);
     /* every prefix of a streamed pickle with frames: an error, never a crash */
     b = snapshot(1200, 2, ST_FRAMES | ST_AGAIN);
     for (size_t cut = 0; cut < b.n; cut += 1 + cut / 64) {
-        assert_int_equal(gm_trace_load_mem(b.b, cut, &t), GM_EFORMAT);
+        assert_int_equal(gm__trace_load_mem(b.b, cut, &t), GM_EFORMAT);
         assert_null(t);
     }
     free(b.b);
@@ -309,27 +309,27 @@ static void test_stream_gzip_file(void **state) {
     assert_true(b.n > 5 * ((size_t)1 << 20));
     gm_trace *mem = load(&b), *t = NULL;
     write_gz(path, &b, 0, -1);
-    if (gm_trace_load_file(path, &t)) fail_msg("%s", gm_last_error_detail());
+    if (gm__trace_load_file(path, &t)) fail_msg("%s", gm_last_error_detail());
     same_trace(mem, t);
-    gm_trace_free(t);
+    gm__trace_free(t);
     /* cut anywhere, or a byte changed: a clear error, the thread stopped (no leak, no hang) */
     static const size_t cuts[] = {3, 20, 5000, 200000, 400000};
     for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
         write_gz(path, &b, cuts[i], -1);
-        assert_int_equal(gm_trace_load_file(path, &t), GM_EFORMAT);
+        assert_int_equal(gm__trace_load_file(path, &t), GM_EFORMAT);
         if (!strstr(gm_last_error_detail(), "truncated")) fail_msg("cut %zu: %s", cuts[i], gm_last_error_detail());
     }
     write_gz(path, &b, 0, 100000);
-    assert_int_equal(gm_trace_load_file(path, &t), GM_EFORMAT);
+    assert_int_equal(gm__trace_load_file(path, &t), GM_EFORMAT);
     if (!strstr(gm_last_error_detail(), "gzip") && !strstr(gm_last_error_detail(), "malformed"))
         fail_msg("%s", gm_last_error_detail());
     /* a pickle error early in a big file: the thread is stopped while it has blocks to give */
     b.b[40] = 0xff;
     write_gz(path, &b, 0, -1);
-    assert_int_equal(gm_trace_load_file(path, &t), GM_EFORMAT);
+    assert_int_equal(gm__trace_load_file(path, &t), GM_EFORMAT);
     assert_null(t);
     unlink(path);
-    gm_trace_free(mem);
+    gm__trace_free(mem);
     free(b.b);
 }
 

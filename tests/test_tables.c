@@ -56,15 +56,15 @@ static void test_dummy_policy(void **state) {
     gm_replay_result rd, rt;
     gm_config torch;
     gm_config_init(&torch);
-    assert_int_equal(gm_replay_run(p, &c, 0, &rd), GM_OK);
-    assert_int_equal(gm_replay_run(p, &torch, 0, &rt), GM_OK);
+    assert_int_equal(gm__replay_run(p, &c, 0, &rd), GM_OK);
+    assert_int_equal(gm__replay_run(p, &torch, 0, &rt), GM_OK);
     assert_false(rd.oom);
     assert_true(rd.peak_reserved > 0 && rd.peak_reserved == rt.peak_reserved);
 
     /* tune: the dummy's setting is in the ranking, under its name */
     gm_tune_entry *e;
     int n;
-    assert_int_equal(gm_tune_run(p, 1ull << 34, 2, &e, &n), GM_OK);
+    assert_int_equal(gm__tune_run(p, 1ull << 34, 2, &e, &n), GM_OK);
     bool found = false;
     for (int i = 0; i < n; i++)
         if (!strcmp(e[i].conf, "policy:dummy")) {
@@ -74,9 +74,9 @@ static void test_dummy_policy(void **state) {
         }
     assert_true(found);
     for (int i = 1; i < n; i++) /* ranked: those that fit by peak reserved */
-        if (!gm_tune_failed(&e[i])) assert_true(e[i - 1].r.peak_reserved <= e[i].r.peak_reserved);
+        if (!gm__tune_failed(&e[i])) assert_true(e[i - 1].r.peak_reserved <= e[i].r.peak_reserved);
     free(e);
-    gm_replay_prog_free(p);
+    gm__replay_prog_free(p);
     gm__policy_unregister_last();
     assert_int_equal(gm_policy_find("dummy"), -1);
 }

@@ -26,7 +26,7 @@ static char *src_path(const char *rel) {
 
 static gm_trace *load(const char *path) {
     gm_trace *t = NULL;
-    if (gm_trace_load_file(path, &t)) fail_msg("%s: %s", path, gm_last_error_detail());
+    if (gm__trace_load_file(path, &t)) fail_msg("%s: %s", path, gm_last_error_detail());
     return t;
 }
 
@@ -66,7 +66,7 @@ static void test_snapshot_protocols(void **s) {
         gm_trace *t = load(src_path(files[i]));
         check_small(t);
         assert_string_equal(t->format, strstr(files[i], ".gmt") ? "gmt" : "pytorch-snapshot");
-        gm_trace_free(t);
+        gm__trace_free(t);
     }
 }
 
@@ -75,40 +75,40 @@ static void test_gmt_roundtrip_and_corruption(void **s) {
     gm_trace *t = load(src_path("tests/fuzz/corpus/snapshot_p4.pickle"));
     uint8_t *buf;
     size_t len;
-    assert_int_equal(gm_trace_encode_gmt(t, &buf, &len), GM_OK);
+    assert_int_equal(gm__trace_encode_gmt(t, &buf, &len), GM_OK);
     gm_trace *t2;
-    assert_int_equal(gm_trace_decode_gmt(buf, len, &t2), GM_OK);
+    assert_int_equal(gm__trace_decode_gmt(buf, len, &t2), GM_OK);
     check_small(t2);
     assert_memory_equal(t->events, t2->events, t->nevents * sizeof *t->events);
-    gm_trace_free(t2);
+    gm__trace_free(t2);
     /* every truncation and a flipped byte in each position: clean errors */
     for (size_t n = 0; n < len; n++) {
         t2 = (gm_trace *)1;
-        assert_int_equal(gm_trace_decode_gmt(buf, n, &t2), GM_EFORMAT);
+        assert_int_equal(gm__trace_decode_gmt(buf, n, &t2), GM_EFORMAT);
         assert_null(t2);
     }
     for (size_t i = 0; i < len; i++) {
         buf[i] ^= 0x5A;
-        if (gm_trace_decode_gmt(buf, len, &t2) == GM_OK) gm_trace_free(t2);
+        if (gm__trace_decode_gmt(buf, len, &t2) == GM_OK) gm__trace_free(t2);
         buf[i] ^= 0x5A;
     }
     buf[8] = 99; /* version */
-    assert_int_equal(gm_trace_decode_gmt(buf, len, &t2), GM_EFORMAT);
+    assert_int_equal(gm__trace_decode_gmt(buf, len, &t2), GM_EFORMAT);
     assert_non_null(strstr(gm_last_error_detail(), "version"));
     free(buf);
-    gm_trace_free(t);
+    gm__trace_free(t);
 }
 
 static void test_not_a_snapshot(void **s) {
     (void)s;
     gm_trace *t;
     static const uint8_t list[] = "\x80\x02]\x94.";
-    assert_int_equal(gm_trace_load_mem(list, sizeof list - 1, &t), GM_EFORMAT);
+    assert_int_equal(gm__trace_load_mem(list, sizeof list - 1, &t), GM_EFORMAT);
     assert_non_null(strstr(gm_last_error_detail(), "not a dict"));
     static const uint8_t d[] = "\x80\x02}\x94.";
-    assert_int_equal(gm_trace_load_mem(d, sizeof d - 1, &t), GM_EFORMAT);
+    assert_int_equal(gm__trace_load_mem(d, sizeof d - 1, &t), GM_EFORMAT);
     assert_non_null(strstr(gm_last_error_detail(), "device_traces"));
-    assert_int_equal(gm_trace_load_file("/nonexistent/x.pickle", &t), GM_EIO);
+    assert_int_equal(gm__trace_load_file("/nonexistent/x.pickle", &t), GM_EIO);
 }
 
 /* Events: alloc A, free of an unknown address, alloc A again while live,
@@ -124,17 +124,17 @@ static void test_compile_anomalies(void **s) {
     size_t off[2] = {0, 4};
     gm_trace t = {.events = ev, .nevents = 4, .ndevices = 1, .dev_off = off, .format = "test"};
     gm_replay_prog *p;
-    assert_int_equal(gm_replay_compile(&t, 0, &p), GM_OK);
-    assert_int_equal(gm_replay_prog_ops(p), 3);
-    assert_int_equal(gm_replay_prog_peak_requested(p), 30);
+    assert_int_equal(gm__replay_compile(&t, 0, &p), GM_OK);
+    assert_int_equal(gm__replay_prog_ops(p), 3);
+    assert_int_equal(gm__replay_prog_peak_requested(p), 30);
     gm_replay_result r;
-    assert_int_equal(gm_replay_run(p, NULL, 0, &r), GM_OK);
+    assert_int_equal(gm__replay_run(p, NULL, 0, &r), GM_OK);
     assert_int_equal(r.unknown_frees, 1);
     assert_int_equal(r.double_allocs, 1);
     assert_false(r.oom);
     assert_int_equal(r.peak_requested, 30);
-    gm_replay_prog_free(p);
-    assert_int_equal(gm_replay_compile(&t, 1, &p), GM_EDEVICE);
+    gm__replay_prog_free(p);
+    assert_int_equal(gm__replay_compile(&t, 1, &p), GM_EDEVICE);
     assert_null(p);
 }
 
@@ -160,10 +160,10 @@ static void test_shared_traces(void **s) {
     assert_true(t->nstacks > 0);
     assert_string_equal(t->alloc_conf, "");
     gm_replay_prog *p;
-    assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
-    assert_int_equal(gm_replay_prog_peak_requested(p), 6057040924); /* baselines.json */
-    gm_replay_prog_free(p);
-    gm_trace_free(t);
+    assert_int_equal(gm__replay_compile(t, 0, &p), GM_OK);
+    assert_int_equal(gm__replay_prog_peak_requested(p), 6057040924); /* baselines.json */
+    gm__replay_prog_free(p);
+    gm__trace_free(t);
 }
 
 /* Every committed fuzzer crash input: must load or fail cleanly. */
@@ -180,12 +180,12 @@ static void test_fuzz_regressions(void **s) {
         char p[8192];
         snprintf(p, sizeof p, "%s/%s", dpath, e->d_name);
         gm_trace *t;
-        if (gm_trace_load_file(p, &t) == GM_OK) {
+        if (gm__trace_load_file(p, &t) == GM_OK) {
             for (int dev = 0; dev < t->ndevices; dev++) {
                 gm_replay_prog *pr;
-                if (gm_replay_compile(t, dev, &pr) == GM_OK) gm_replay_prog_free(pr);
+                if (gm__replay_compile(t, dev, &pr) == GM_OK) gm__replay_prog_free(pr);
             }
-            gm_trace_free(t);
+            gm__trace_free(t);
         }
         n++;
     }

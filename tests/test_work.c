@@ -104,18 +104,18 @@ static void test_scope_flood(void **state) {
     gm_attribution *a;
     gm_timeline *tl;
     gm_scope_series *ss;
-    assert_int_equal(gm_attribute(t, 0, &a), GM_OK);
-    assert_int_equal(gm_timeline_build(a, &cfg, 6000, &tl), GM_OK);
+    assert_int_equal(gm__attribute(t, 0, &a), GM_OK);
+    assert_int_equal(gm__timeline_build(a, &cfg, 6000, &tl), GM_OK);
     uint64_t s0 = gm__work_steps;
-    assert_int_equal(gm_scope_series_build(a, tl, 10, &ss), GM_OK);
+    assert_int_equal(gm__scope_series_build(a, tl, 10, &ss), GM_OK);
     uint64_t steps = gm__work_steps - s0;
     assert_int_equal(ss->views[0].nscopes, n);
     print_message("scope flood: %zu scopes, %llu steps\n", n, (unsigned long long)steps);
     if (steps > 4 * n) fail_msg("%llu probes for %zu scopes: a probe chain was aimed at", (unsigned long long)steps, n);
-    gm_scope_series_free(ss);
-    gm_timeline_free(tl);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    gm__scope_series_free(ss);
+    gm__timeline_free(tl);
+    gm__attribution_free(a);
+    gm__trace_free(t);
 }
 
 /* ---- the snapshot reader's scans: one dict named by every event ------------ */
@@ -155,7 +155,7 @@ static void test_shared_dict(void **state) {
     buf b = shared_dict_snapshot(4096, 4096, true);
     uint64_t s0 = gm__work_steps;
     gm_trace *t = NULL;
-    assert_int_equal(gm_trace_load_mem(b.b, b.n, &t), GM_EFORMAT);
+    assert_int_equal(gm__trace_load_mem(b.b, b.n, &t), GM_EFORMAT);
     uint64_t steps = gm__work_steps - s0;
     assert_null(t);
     if (!strstr(gm_last_error_detail(), "steps per byte")) fail_msg("error: %s", gm_last_error_detail());
@@ -165,18 +165,18 @@ static void test_shared_dict(void **state) {
     /* events: the dict is read once (tagged with its event), then copied */
     b = shared_dict_snapshot(4096, 4096, false);
     s0 = gm__work_steps;
-    assert_int_equal(gm_trace_load_mem(b.b, b.n, &t), GM_OK);
+    assert_int_equal(gm__trace_load_mem(b.b, b.n, &t), GM_OK);
     steps = gm__work_steps - s0;
     assert_int_equal(t->nevents, 4096);
     print_message("shared event dict: %zu bytes, %llu steps\n", b.n, (unsigned long long)steps);
     assert_true(steps <= 4 * b.n);
-    gm_trace_free(t);
+    gm__trace_free(t);
     free(b.b);
     /* a few sharers of a small dict are fine */
     b = shared_dict_snapshot(3, 100, false);
-    assert_int_equal(gm_trace_load_mem(b.b, b.n, &t), GM_OK);
+    assert_int_equal(gm__trace_load_mem(b.b, b.n, &t), GM_OK);
     assert_int_equal(t->nevents, 100);
-    gm_trace_free(t);
+    gm__trace_free(t);
     free(b.b);
 }
 
@@ -215,7 +215,7 @@ static void test_padded_gmt(void **state) {
     free(zeros);
     uint64_t s0 = gm__work_steps;
     gm_trace *t = NULL;
-    assert_int_equal(gm_trace_load_mem(f.b, f.n, &t), GM_EFORMAT);
+    assert_int_equal(gm__trace_load_mem(f.b, f.n, &t), GM_EFORMAT);
     uint64_t steps = gm__work_steps - s0;
     if (!strstr(gm_last_error_detail(), "body byte 7: data after the trailer"))
         fail_msg("error: %s", gm_last_error_detail());
@@ -225,7 +225,7 @@ static void test_padded_gmt(void **state) {
     /* a good trace with zeros after its zlib stream: refused */
     uint8_t empty[7] = {0};
     f = gmt_file(empty, sizeof empty, 4096);
-    assert_int_equal(gm_trace_load_mem(f.b, f.n, &t), GM_EFORMAT);
+    assert_int_equal(gm__trace_load_mem(f.b, f.n, &t), GM_EFORMAT);
     if (!strstr(gm_last_error_detail(), "after its compressed body")) fail_msg("error: %s", gm_last_error_detail());
     /* and from a file, where the padding is read, not held */
     char path[] = "/tmp/gm_test_work_XXXXXX";
@@ -233,7 +233,7 @@ static void test_padded_gmt(void **state) {
     assert_true(fd >= 0);
     assert_int_equal(write(fd, f.b, f.n), (ssize_t)f.n);
     close(fd);
-    assert_int_equal(gm_trace_load_file(path, &t), GM_EFORMAT);
+    assert_int_equal(gm__trace_load_file(path, &t), GM_EFORMAT);
     if (!strstr(gm_last_error_detail(), "after its compressed body")) fail_msg("error: %s", gm_last_error_detail());
     unlink(path);
     free(f.b);
@@ -244,7 +244,7 @@ static void test_endless_input(void **state) {
     (void)state;
     gm_trace *t = NULL;
     uint64_t s0 = gm__work_steps;
-    assert_int_equal(gm_trace_load_file("/dev/zero", &t), GM_EFORMAT);
+    assert_int_equal(gm__trace_load_file("/dev/zero", &t), GM_EFORMAT);
     if (!strstr(gm_last_error_detail(), "at byte 0")) fail_msg("error: %s", gm_last_error_detail());
     assert_true(gm__work_steps - s0 <= (uint64_t)1 << 20);
 
@@ -265,7 +265,7 @@ static void test_endless_input(void **state) {
     assert_int_equal(dup2(pfd[0], 0), 0);
     close(pfd[0]);
     clearerr(stdin);
-    int rc = gm_trace_load_file("-", &t);
+    int rc = gm__trace_load_file("-", &t);
     dup2(saved, 0); /* closes the pipe: the writer ends */
     close(saved);
     clearerr(stdin);
@@ -363,23 +363,23 @@ static void test_round_trip(void **state) {
         gm_trace *t = make_trace(kind, n);
         uint8_t *g;
         size_t glen;
-        assert_int_equal(gm_trace_encode_gmt(t, &g, &glen), GM_OK);
+        assert_int_equal(gm__trace_encode_gmt(t, &g, &glen), GM_OK);
         gm_trace *u = NULL;
-        if (gm_trace_load_mem(g, glen, &u) != GM_OK)
+        if (gm__trace_load_mem(g, glen, &u) != GM_OK)
             fail_msg("%s trace: gpumem wrote a .gmt (%zu bytes) it refuses: %s", names[kind], glen, gm_last_error_detail());
         same_trace(t, u, true);
-        gm_trace_free(u);
+        gm__trace_free(u);
         free(g);
         /* the torch snapshot writer (report --snapshot) too: events and stacks survive */
         uint8_t *p;
         size_t plen;
-        assert_int_equal(gm_trace_encode_snapshot(t, &p, &plen), GM_OK);
-        if (gm_trace_load_mem(p, plen, &u) != GM_OK)
+        assert_int_equal(gm__trace_encode_snapshot(t, &p, &plen), GM_OK);
+        if (gm__trace_load_mem(p, plen, &u) != GM_OK)
             fail_msg("%s trace: gpumem wrote a snapshot it refuses: %s", names[kind], gm_last_error_detail());
         same_trace(t, u, false);
-        gm_trace_free(u);
+        gm__trace_free(u);
         free(p);
-        gm_trace_free(t);
+        gm__trace_free(t);
     }
 }
 
@@ -408,9 +408,9 @@ static void test_steps_per_byte(void **state) {
             }
             uint64_t s0 = gm__work_steps;
             gm_trace *t = NULL;
-            int rc = gm_trace_load_mem(b.b, b.n, &t); /* a list: not a snapshot, after parsing it */
+            int rc = gm__trace_load_mem(b.b, b.n, &t); /* a list: not a snapshot, after parsing it */
             assert_true(rc == GM_EFORMAT || rc == GM_OK);
-            gm_trace_free(t);
+            gm__trace_free(t);
             uint64_t steps = gm__work_steps - s0, free_steps = (uint64_t)1 << 20; /* snapshot.c's STEPS_FREE */
             double per = (double)(steps > free_steps ? steps - free_steps : 0) / (double)b.n;
             if (per > 72) fail_msg("shape %d, 2^%d: %.1f steps per byte", shape, lg, per);
@@ -451,19 +451,19 @@ static void test_pool_segments(void **state) {
     gm_trace *t = pool_trace(n, 64);
     uint64_t s0 = gm__work_steps;
     gm_replay_prog *p;
-    assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
+    assert_int_equal(gm__replay_compile(t, 0, &p), GM_OK);
     uint64_t steps = gm__work_steps - s0;
     print_message("pool segments: %zu segments and allocations, %llu steps\n", n, (unsigned long long)steps);
     if (steps > 64 * 2 * n) fail_msg("%llu steps to compile %zu pool segments: not linear", (unsigned long long)steps, n);
-    assert_int_equal(gm_replay_prog_pools(p), 64);
+    assert_int_equal(gm__replay_prog_pools(p), 64);
     uint32_t number[65] = {0}, np = 0; /* pools are numbered in the order of their first segment */
     for (size_t i = 0; i < n; i++) {
         uint32_t want = 0;
         if (i % 7) want = number[1 + i % 64] ? number[1 + i % 64] : (number[1 + i % 64] = ++np);
         assert_int_equal(gm__replay_op_pool(p, i), want);
     }
-    gm_replay_prog_free(p);
-    gm_trace_free(t);
+    gm__replay_prog_free(p);
+    gm__trace_free(t);
 }
 
 /* Overlapping segments (a hostile trace; torch never writes them), other
@@ -496,7 +496,7 @@ static void test_pool_overlaps(void **state) {
         gm_trace *t;
         assert_int_equal(gm__tb_finish(b, "gmt", &t), GM_OK);
         gm_replay_prog *p;
-        assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
+        assert_int_equal(gm__replay_compile(t, 0, &p), GM_OK);
         /* the pools, numbered by first segment; then each address by scan */
         uint64_t ids[40][2];
         uint32_t np = 0;
@@ -506,7 +506,7 @@ static void test_pool_overlaps(void **state) {
             while (k < np && (ids[k][0] != segs[i].pool_id[0] || ids[k][1] != segs[i].pool_id[1])) k++;
             if (k == np) ids[np][0] = segs[i].pool_id[0], ids[np++][1] = segs[i].pool_id[1];
         }
-        assert_int_equal(gm_replay_prog_pools(p), np);
+        assert_int_equal(gm__replay_prog_pools(p), np);
         for (size_t e = 0; e < nev; e++) {
             uint32_t want = 0;
             for (size_t i = 0; i < nseg && !want; i++) {
@@ -520,8 +520,8 @@ static void test_pool_overlaps(void **state) {
                 fail_msg("round %d, address 0x%llx: pool %u, a scan finds %u", round, (unsigned long long)addrs[e],
                          gm__replay_op_pool(p, e), want);
         }
-        gm_replay_prog_free(p);
-        gm_trace_free(t);
+        gm__replay_prog_free(p);
+        gm__trace_free(t);
     }
 }
 

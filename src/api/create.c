@@ -2,7 +2,7 @@
  * with what the layers above lend it. This folder is the library's top floor
  * (docs/architecture.md): it may call every layer, and none calls it.
  *
- *  - the OOM explanation's tail from the estimator (gm_est_oom_explain), when
+ *  - the OOM explanation's tail from the estimator (gm__est_oom_explain), when
  *    the caller said what holds the memory (gm_block_set_category);
  *  - publication for the monitor when GPUMEM_PUBLISH=1 (gm_allocator_publish
  *    sets the core's statistics sink). */
@@ -36,7 +36,7 @@ static int explain_oom(const gm__device *d, uint64_t requested, uint64_t device_
     int64_t tagged = 0;
     for (int k = 0; k < GM_EST_NCAT; k++) tagged += info.by_category[k];
     if (alloc > tagged && !info.by_category[GM_EST_CAT_ACTS]) info.by_category[GM_EST_CAT_ACTS] = alloc - tagged;
-    gm_est_oom_explain(&info, tail, len);
+    gm__est_oom_explain(&info, tail, len);
     return 1;
 }
 

@@ -3,7 +3,7 @@
  * as a memory snapshot, each allocation tagged with its category), or of any
  * recorded trace. One replay per allocator model (PyTorch's default,
  * expandable_segments:True, gpumem's policy) gives peak allocated and
- * reserved; the report's attribution (gm_attribute: the tags) gives the
+ * reserved; the report's attribution (gm__attribute: the tags) gives the
  * categories at the peak; the verdict is the block models' rule (peak
  * reserved under PyTorch's default, plus GM_EST_FIT_MARGIN, plus the CUDA
  * context, against --capacity). So estimate, replay and report read the same
@@ -46,26 +46,26 @@ static int fits(const tres *x, uint64_t capacity) {
 
 static int replay_all(const char *cmd, const char *path, tres *x) {
     gm_trace *t;
-    if (gm_trace_load_file(path, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
+    if (gm__trace_load_file(path, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
     if (cli_require_history(cmd, path, t, 0)) {
-        gm_trace_free(t);
+        gm__trace_free(t);
         return 1;
     }
     gm_attribution *a = NULL;
-    int rc = gm_attribute(t, 0, &a);
+    int rc = gm__attribute(t, 0, &a);
     if (rc) {
-        gm_trace_free(t);
+        gm__trace_free(t);
         return cli_error(cmd, "%s", gm_last_error_detail());
     }
     x->peak_requested = a->peak_bytes;
     x->events = a->nevents;
-    x->tagged = a->peak_bytes == (int64_t)gm_attr_peak_method(a, GM_AM_TAGGED);
-    for (int k = 0; k < GM_CAT_COUNT; k++) x->at_peak[k] = (int64_t)gm_attr_peak_cat(a, k);
-    gm_attribution_free(a);
+    x->tagged = a->peak_bytes == (int64_t)gm__attr_peak_method(a, GM_AM_TAGGED);
+    for (int k = 0; k < GM_CAT_COUNT; k++) x->at_peak[k] = (int64_t)gm__attr_peak_cat(a, k);
+    gm__attribution_free(a);
     gm_replay_prog *p;
-    rc = gm_replay_compile(t, 0, &p);
+    rc = gm__replay_compile(t, 0, &p);
     if (rc) {
-        gm_trace_free(t);
+        gm__trace_free(t);
         return cli_error(cmd, "%s", gm_last_error_detail());
     }
     /* a device big enough that the replay never runs out: the verdict is --capacity's */
@@ -81,13 +81,13 @@ static int replay_all(const char *cmd, const char *path, tres *x) {
             rc = cli_error(cmd, "internal: bad setting %s: %s", models[m].conf, err);
             break;
         }
-        if (gm_replay_run(p, &cfg, cap, &x->r[m]) != GM_OK) rc = cli_error(cmd, "%s", gm_last_error_detail());
+        if (gm__replay_run(p, &cfg, cap, &x->r[m]) != GM_OK) rc = cli_error(cmd, "%s", gm_last_error_detail());
         else if (x->r[m].oom || x->r[m].error)
             rc = cli_error(cmd, "the replay of %s under %s failed: %s", path, models[m].label,
                            x->r[m].oom ? x->r[m].oom_detail : x->r[m].error_detail);
     }
-    gm_replay_prog_free(p);
-    gm_trace_free(t);
+    gm__replay_prog_free(p);
+    gm__trace_free(t);
     return rc;
 }
 

@@ -1,6 +1,6 @@
 /* cli_tune.c — the ranking of allocator settings as `gpumem tune` and
  * `gpumem advise` print it (text and JSON), over the library's replays
- * (gm_tune_run) and choice (gm_tune_choose): one table, so both commands
+ * (gm__tune_run) and choice (gm__tune_choose): one table, so both commands
  * show the same columns and name the same best and recommended settings. */
 #include "cli.h"
 
@@ -57,7 +57,7 @@ static void explain(const char *what, const gm_tune_entry *x, const gm_tune_entr
                  cli_format_bytes((uint64_t)llabs(s), b2, sizeof b2), s > 0 ? "less" : "more",
                  100.0 * (double)llabs(s) / (double)d->r.peak_reserved);
     printf("%-16s %s\n  peak reserved %s, %s, %.1fx its device calls, %lld in the steady state: %s\n", what, line,
-           cli_format_bytes((uint64_t)x->r.peak_reserved, b1, sizeof b1), vs, gm_tune_calls_ratio(x, d),
+           cli_format_bytes((uint64_t)x->r.peak_reserved, b1, sizeof b1), vs, gm__tune_calls_ratio(x, d),
            (long long)x->r.steady_device_calls, why);
 }
 
@@ -72,8 +72,8 @@ void cli_tune_print_text(const char *path, uint64_t capacity, const gm_tune_entr
     for (int i = 0; i < n; i++) {
         const gm_tune_entry *j = &e[i];
         cli_tune_line(j, line, sizeof line);
-        snprintf(calls, sizeof calls, "%lld (%.1fx)", (long long)gm_tune_device_calls(&j->r),
-                 gm_tune_calls_ratio(j, d));
+        snprintf(calls, sizeof calls, "%lld (%.1fx)", (long long)gm__tune_device_calls(&j->r),
+                 gm__tune_calls_ratio(j, d));
         const char *flag = j->rc || j->r.error ? "FAILED" : j->r.oom ? "OOM" : "";
         printf("%4d  %-13s %-7.4f %-17s %-7lld %-6s %s%s%s\n", i + 1,
                cli_format_bytes((uint64_t)j->r.peak_reserved, pk, sizeof pk),
@@ -116,8 +116,8 @@ void cli_tune_print_json(const gm_tune_entry *e, int n, const gm_tune_choice *c,
                (long long)j->r.peak_reserved, (long long)j->r.peak_allocated, (long long)j->r.peak_requested,
                j->r.peak_requested ? (double)j->r.peak_reserved / (double)j->r.peak_requested : 0.0,
                (long long)j->r.segments, (long long)j->r.num_alloc_retries, j->r.oom ? "true" : "false",
-               j->rc || j->r.error ? "true" : "false", (long long)gm_tune_device_calls(&j->r),
-               gm_tune_calls_ratio(j, d), (long long)j->r.steady_device_calls);
+               j->rc || j->r.error ? "true" : "false", (long long)gm__tune_device_calls(&j->r),
+               gm__tune_calls_ratio(j, d), (long long)j->r.steady_device_calls);
         cli_json_string(stdout, line);
         double f = j->cfg.per_process_memory_fraction;
         if (f > 0.0 && f < 1.0) /* the cap the fraction sets on the device replayed */
@@ -141,35 +141,35 @@ int cli_tune_trace(const char *cmd, const char *path, int device, uint64_t *capa
     gm_sim_options_init(&so);
     if (!*capacity) *capacity = so.capacity;
     gm_trace *t;
-    if (gm_trace_load_file(path, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
+    if (gm__trace_load_file(path, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
     if (cli_require_history(cmd, path, t, device)) {
-        gm_trace_free(t);
+        gm__trace_free(t);
         return 1;
     }
     gm_replay_prog *prog;
-    int rc = gm_replay_compile(t, device, &prog);
+    int rc = gm__replay_compile(t, device, &prog);
     if (rc) {
-        gm_trace_free(t);
+        gm__trace_free(t);
         return cli_error(cmd, "%s", gm_last_error_detail());
     }
     const char *bad_first;
-    uint64_t nbad = gm_replay_prog_bad_events(prog, &bad_first);
+    uint64_t nbad = gm__replay_prog_bad_events(prog, &bad_first);
     if (nbad)
         fprintf(stderr, "gpumem %s: warning: %llu trace events no device could have made were "
                 "skipped (first: %s); the recommendation covers the rest of the trace\n",
                 cmd, (unsigned long long)nbad, bad_first);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    rc = gm_tune_run(prog, *capacity, 2, rows, n);
+    rc = gm__tune_run(prog, *capacity, 2, rows, n);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    gm_replay_prog_free(prog);
+    gm__replay_prog_free(prog);
     if (rc) {
-        gm_trace_free(t);
+        gm__trace_free(t);
         return cli_error(cmd, "%s", gm_last_error_detail());
     }
     if (trace) *trace = t;
-    else gm_trace_free(t);
+    else gm__trace_free(t);
     *secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    gm_tune_choose(*rows, *n, choice);
+    gm__tune_choose(*rows, *n, choice);
     return 0;
 }

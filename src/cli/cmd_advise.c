@@ -1,9 +1,9 @@
 /* cmd_advise.c — 'gpumem advise TRACE': the advice of 'gpumem estimate' from
  * a recorded snapshot. Allocator settings ranked by replay, with their speed
  * cost in device calls weighed and the best for memory and the recommended
- * setting named apart (the ranking is tune's: gm_tune_run, gm_tune_choose and
+ * setting named apart (the ranking is tune's: gm__tune_run, gm__tune_choose and
  * cli_tune.c's table); what the trace's peak holds by category (the report's
- * attribution, gm_attribute: Python frames when recorded, lifetimes
+ * attribution, gm__attribute: Python frames when recorded, lifetimes
  * otherwise) and what the training strategies could free. */
 #include "cli.h"
 
@@ -127,15 +127,15 @@ int cmd_advise(int argc, char **argv) {
     int rc = cli_tune_trace(cmd, path, (int)device, &capacity, &t, &a.rows, &a.n, &a.choice, &secs);
     if (rc) return rc;
     gm_attribution *attr = NULL;
-    if (gm_attribute(t, (int)device, &attr) == GM_OK) {
+    if (gm__attribute(t, (int)device, &attr) == GM_OK) {
         a.cats_ok = true;
         a.have_frames = attr->has_frames;
         a.peak = attr->peak_bytes;
-        gm_attr_frames_note(attr, a.note, sizeof a.note);
-        for (int k = 0; k < GM_CAT_COUNT; k++) a.at_peak[k] = (int64_t)gm_attr_peak_cat(attr, k);
-        gm_attribution_free(attr);
+        gm__attr_frames_note(attr, a.note, sizeof a.note);
+        for (int k = 0; k < GM_CAT_COUNT; k++) a.at_peak[k] = (int64_t)gm__attr_peak_cat(attr, k);
+        gm__attribution_free(attr);
     }
-    gm_trace_free(t);
+    gm__trace_free(t);
     if (json) print_json(path, capacity, &a, secs);
     else print_text(path, capacity, &a, secs);
     free(a.rows);

@@ -25,12 +25,12 @@ int cmd_convert(int argc, char **argv) {
     if (prc) return cli_parse_exit(prc);
     if (!out) return cli_usage_error(cmd, "-o OUT.gmt is required (see 'gpumem %s --help')", cmd);
     gm_trace *t;
-    if (gm_trace_load_file(in, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
+    if (gm__trace_load_file(in, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
     uint8_t *buf = NULL;
     size_t len = 0;
-    int rc = gm_trace_encode_gmt(t, &buf, &len);
+    int rc = gm__trace_encode_gmt(t, &buf, &len);
     if (rc) {
-        gm_trace_free(t);
+        gm__trace_free(t);
         return cli_error(cmd, "%s", gm_last_error_detail());
     }
     const char *inputs[] = {in, NULL};
@@ -43,6 +43,6 @@ int cmd_convert(int argc, char **argv) {
         rc = cli_out_close(&o, fwrite(buf, 1, len, o.o.f) != len, what);
     }
     free(buf);
-    gm_trace_free(t);
+    gm__trace_free(t);
     return rc;
 }

@@ -73,7 +73,7 @@ static void add_run_strategy(ctx *c, const char *name, const char *change, const
     snprintf(s->change, sizeof s->change, "%s", change);
     s->run = *r;
     s->run.steps = 2; /* the peak is in step 1 or 2: later steps repeat step 2 */
-    if (gm_est_estimate_torch(&c->m, r, &s->res) != GM_OK) return;
+    if (gm__est_estimate_torch(&c->m, r, &s->res) != GM_OK) return;
     s->peak = s->res.peak_allocated;
     s->base = c->base.peak_allocated;
     s->ok = true;
@@ -90,9 +90,9 @@ static void strategies(ctx *c) {
         r = c->run;
         r.precision = p;
         r.built_16bit = c->run.built_16bit && p == GM_EST_BF16;
-        snprintf(name, sizeof name, "precision %s", gm_est_precision_name(p));
+        snprintf(name, sizeof name, "precision %s", gm__est_precision_name(p));
         if (c->run.built_16bit && p == GM_EST_FP32) snprintf(change, sizeof change, "--torch-dtype fp32");
-        else snprintf(change, sizeof change, "--precision %s", gm_est_precision_name(p));
+        else snprintf(change, sizeof change, "--precision %s", gm__est_precision_name(p));
         add_run_strategy(c, name, change, &r);
     }
     if (c->run.precision == GM_EST_BF16 && !c->run.built_16bit && !c->run.shard) {
@@ -110,7 +110,7 @@ static void strategies(ctx *c) {
                  (long long)r.accum);
         add_run_strategy(c, name, change, &r);
     }
-    if (!gen && !c->run.checkpointing && gm_est_is_hf(&c->m)) {
+    if (!gen && !c->run.checkpointing && gm__est_is_hf(&c->m)) {
         r = c->run;
         r.checkpointing = true;
         add_run_strategy(c, "activation checkpointing", "model.gradient_checkpointing_enable()", &r);
@@ -128,8 +128,8 @@ static void strategies(ctx *c) {
         bool zero = sh >= GM_EST_SHARD_ZERO1;
         if (zero && (r.precision == GM_EST_BF16_AUTOCAST || r.precision == GM_EST_FP16_AUTOCAST))
             r.precision = GM_EST_BF16; /* DeepSpeed casts the model */
-        snprintf(name, sizeof name, "shard %s (per rank)", gm_est_shard_name(sh));
-        snprintf(change, sizeof change, "--shard %s%s", gm_est_shard_name(sh),
+        snprintf(name, sizeof name, "shard %s (per rank)", gm__est_shard_name(sh));
+        snprintf(change, sizeof change, "--shard %s%s", gm__est_shard_name(sh),
                  r.precision != c->run.precision ? " --precision bf16" : "");
         add_run_strategy(c, name, change, &r);
     }
@@ -137,14 +137,14 @@ static void strategies(ctx *c) {
         if (o == (int)c->run.optimizer) continue;
         r = c->run;
         r.optimizer = o;
-        snprintf(name, sizeof name, "optimizer %s%s", gm_est_optimizer_name(o),
+        snprintf(name, sizeof name, "optimizer %s%s", gm__est_optimizer_name(o),
                  o == GM_EST_OPT_ADAMW_8BIT ? " (unmeasured)" : "");
-        snprintf(change, sizeof change, "--optimizer %s", gm_est_optimizer_name(o));
+        snprintf(change, sizeof change, "--optimizer %s", gm__est_optimizer_name(o));
         add_run_strategy(c, name, change, &r);
     }
     /* allocator settings: the same allocation sequence replayed */
     gm_est_program p;
-    if (gm_est_build(&c->m, &c->run, &p) != GM_OK) return;
+    if (gm__est_build(&c->m, &c->run, &p) != GM_OK) return;
     for (size_t i = 0; i < NALLOC && c->ns < 32; i++) {
         strat *s = &c->s[c->ns];
         memset(s, 0, sizeof *s);
@@ -155,7 +155,7 @@ static void strategies(ctx *c) {
         snprintf(s->change, sizeof s->change, "%s=%s", gp ? "GPUMEM_CONF" : "PYTORCH_CUDA_ALLOC_CONF", s->conf);
         s->run = c->run;
         s->res = c->base;
-        if (gm_est_replay_conf(&p, s->conf, &s->res.peak_allocated, &s->res.peak_reserved_torch) != GM_OK)
+        if (gm__est_replay_conf(&p, s->conf, &s->res.peak_allocated, &s->res.peak_reserved_torch) != GM_OK)
             continue;
         s->reserved_metric = true;
         s->peak = s->res.peak_reserved_torch;
@@ -163,7 +163,7 @@ static void strategies(ctx *c) {
         s->ok = true;
         c->ns++;
     }
-    gm_est_program_free(&p);
+    gm__est_program_free(&p);
 }
 
 /* The best combination that fits: the fewest changes, then the least
@@ -187,7 +187,7 @@ static void best_combination(ctx *c) {
     cand *cs = calloc(512, sizeof *cs);
     if (!cs) return;
     int n = 0;
-    bool hf = gm_est_is_hf(&c->m);
+    bool hf = gm__est_is_hf(&c->m);
     for (int p = 0; p < GM_EST_NPRECISION; p++)
         for (int k = 1; k <= 8; k *= 2) {
             if (c->run.batch % k) continue;
@@ -205,7 +205,7 @@ static void best_combination(ctx *c) {
                     int ch = (p != (int)c->run.precision) + (k > 1) + (ck && !c->run.checkpointing) +
                              (o != (int)c->run.optimizer);
                     gm_est_result res;
-                    if (gm_est_scan(&c->m, &r, &res) != GM_OK) continue;
+                    if (gm__est_scan(&c->m, &r, &res) != GM_OK) continue;
                     if (fit_needed(res.peak, res.cuda_context) > (int64_t)c->capacity) continue;
                     r.steps = c->run.steps;
                     cs[n++] = (cand){r, ch, res.peak};
@@ -216,7 +216,7 @@ static void best_combination(ctx *c) {
         strat *s = &c->best;
         memset(s, 0, sizeof *s);
         s->run = cs[i].run;
-        if (gm_est_estimate_torch(&c->m, &s->run, &s->res) != GM_OK) continue;
+        if (gm__est_estimate_torch(&c->m, &s->run, &s->res) != GM_OK) continue;
         if (!fits(&s->res, c->capacity)) continue;
         s->peak = s->res.peak_allocated;
         s->base = c->base.peak_allocated;
@@ -229,11 +229,11 @@ static void best_combination(ctx *c) {
         k = snprintf(w, left, __VA_ARGS__);                                    \
         if (k > 0 && (size_t)k < left) w += k, left -= (size_t)k;             \
     } while (0)
-        if (s->run.precision != c->run.precision) APPEND("--precision %s ", gm_est_precision_name(s->run.precision));
+        if (s->run.precision != c->run.precision) APPEND("--precision %s ", gm__est_precision_name(s->run.precision));
         if (s->run.accum != c->run.accum)
             APPEND("--batch %lld --accum %lld ", (long long)s->run.batch, (long long)s->run.accum);
         if (s->run.checkpointing != c->run.checkpointing) APPEND("--checkpointing ");
-        if (s->run.optimizer != c->run.optimizer) APPEND("--optimizer %s ", gm_est_optimizer_name(s->run.optimizer));
+        if (s->run.optimizer != c->run.optimizer) APPEND("--optimizer %s ", gm__est_optimizer_name(s->run.optimizer));
 #undef APPEND
         if (w > s->change) w[-1] = 0;
         else snprintf(s->change, sizeof s->change, "(no change needed)");
@@ -247,16 +247,6 @@ static const char *const fit_names[] = {"batch", "seq", "world"};
 
 /* ---- output ---------------------------------------------------------------- */
 
-static void json_str(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20) printf("\\u%04x", (unsigned char)*s);
-        else putchar(*s);
-    }
-    putchar('"');
-}
-
 static void json_cats(const int64_t *v) {
     printf("{");
     for (int k = 0; k < GM_EST_NCAT; k++) printf("%s\"%s\":%lld", k ? "," : "", gm_category_name(k), (long long)v[k]);
@@ -265,24 +255,24 @@ static void json_cats(const int64_t *v) {
 
 static void json_run(const gm_est_model *m, const gm_est_run *r) {
     printf("{\"batch\":%lld,\"shard\":\"%s\",\"world_size\":%lld,", (long long)r->batch,
-           gm_est_shard_name(r->shard), (long long)r->world);
+           gm__est_shard_name(r->shard), (long long)r->world);
     if (r->shard == GM_EST_SHARD_DDP) printf("\"bucket_cap_mb\":%lld,", (long long)r->bucket_mb);
     if (r->shard == GM_EST_SHARD_FSDP)
         printf("\"reshard_after_forward\":%s,", r->reshard_after_forward ? "true" : "false");
-    if (gm_est_is_vision(m)) printf("\"image\":%lld,", (long long)r->image);
+    if (gm__est_is_vision(m)) printf("\"image\":%lld,", (long long)r->image);
     else printf("\"seq\":%lld,", (long long)r->seq);
     printf("\"precision\":\"%s\",\"optimizer\":\"%s\",\"accum\":%lld,\"checkpointing\":%s,"
            "\"attention\":\"%s\",\"keep_output\":%s,\"steps\":%d,\"generate\":%lld,\"torch_dtype\":\"%s\"}",
-           gm_est_precision_name(r->precision), gm_est_optimizer_name(r->optimizer), (long long)r->accum,
+           gm__est_precision_name(r->precision), gm__est_optimizer_name(r->optimizer), (long long)r->accum,
            r->checkpointing ? "true" : "false", r->attention == GM_EST_ATTN_EAGER ? "eager" : "sdpa",
            r->keep_output ? "true" : "false", r->steps, (long long)r->generate, torch_dtype_name(r));
 }
 
 static void json_strat(const gm_est_model *m, const strat *s) {
     printf("{\"name\":");
-    json_str(s->name);
+    cli_json_string(stdout, s->name);
     printf(",\"change\":");
-    json_str(s->change);
+    cli_json_string(stdout, s->change);
     printf(",\"metric\":\"%s\",\"peak_allocated\":%lld,\"peak_reserved\":%lld,\"device_total\":%lld,"
            "\"saving_bytes\":%lld,\"saving_pct\":%.2f",
            s->reserved_metric ? "peak_reserved" : "peak_allocated", (long long)s->res.peak_allocated,
@@ -298,9 +288,9 @@ static void json_strat(const gm_est_model *m, const strat *s) {
 static void print_json(ctx *c) {
     const gm_est_result *b = &c->base;
     printf("{\"model\":{\"name\":");
-    json_str(c->m.name);
-    printf(",\"family\":\"%s\",\"head\":\"%s\",\"parameters\":%llu},\"run\":", gm_est_family_name(c->m.family),
-           gm_est_head_name(c->m.head), (unsigned long long)b->params);
+    cli_json_string(stdout, c->m.name);
+    printf(",\"family\":\"%s\",\"head\":\"%s\",\"parameters\":%llu},\"run\":", gm__est_family_name(c->m.family),
+           gm__est_head_name(c->m.head), (unsigned long long)b->params);
     json_run(&c->m, &c->run);
     printf(",\"peak_allocated\":%lld,\"peak_requested\":%lld,\"peak_reserved\":{\"torch\":%lld,\"gpumem\":%lld},"
            "\"cuda_context\":%lld,\"device_total\":{\"torch\":%lld,\"gpumem\":%lld},",
@@ -310,14 +300,14 @@ static void print_json(ctx *c) {
     printf("\"per_rank\":%s,\"reserved_extrapolated\":%s,", c->run.shard ? "true" : "false",
            b->reserved_extrapolated ? "true" : "false");
     printf("\"peak_at\":{\"step\":\"%s\",\"phase\":\"%s\"},\"by_category\":", b->peak_step > 1 ? "later" : "first",
-           gm_est_phase_name(b->peak_phase));
+           gm__est_phase_name(b->peak_phase));
     json_cats(b->peak_by_cat);
     printf(",\"phases\":{");
     for (int l = 0; l < 2; l++) {
         printf("%s\"%s\":{", l ? "," : "", l ? "later_steps" : "first_step");
         bool first = true;
         for (int ph = GM_EST_PH_FORWARD; ph < GM_EST_NPHASE; ph++) {
-            printf("%s\"%s\":{\"peak\":%lld,\"by_category\":", first ? "" : ",", gm_est_phase_name(ph),
+            printf("%s\"%s\":{\"peak\":%lld,\"by_category\":", first ? "" : ",", gm__est_phase_name(ph),
                    (long long)b->phase_peak[l][ph]);
             json_cats(b->phase_by_cat[l][ph]);
             printf("}");
@@ -347,21 +337,21 @@ static void print_json(ctx *c) {
 static void print_text(ctx *c) {
     const gm_est_result *b = &c->base;
     char x1[32], x2[32], x3[32];
-    printf("model      %s (%s, %s), %.1f M parameters\n", c->m.name, gm_est_family_name(c->m.family),
-           gm_est_head_name(c->m.head), (double)b->params / 1e6);
+    printf("model      %s (%s, %s), %.1f M parameters\n", c->m.name, gm__est_family_name(c->m.family),
+           gm__est_head_name(c->m.head), (double)b->params / 1e6);
     if (c->run.shard)
         printf("ranks      %lld, %s%s; every figure below is per rank (rank 0)\n", (long long)c->run.world,
-               gm_est_shard_name(c->run.shard),
+               gm__est_shard_name(c->run.shard),
                c->run.shard == GM_EST_SHARD_FSDP && !c->run.reshard_after_forward ? " (reshard_after_forward=False)" : "");
     printf("run        batch %lld", (long long)c->run.batch);
-    if (gm_est_is_vision(&c->m)) printf(", image %lld", (long long)c->run.image);
+    if (gm__est_is_vision(&c->m)) printf(", image %lld", (long long)c->run.image);
     else printf(", seq %lld", (long long)c->run.seq);
     if (c->run.generate)
-        printf(", %s, generate(max_new_tokens=%lld) under no_grad\n", gm_est_precision_name(c->run.precision),
+        printf(", %s, generate(max_new_tokens=%lld) under no_grad\n", gm__est_precision_name(c->run.precision),
                (long long)c->run.generate);
     else
-    printf(", %s, %s, accum %lld%s%s%s\n", gm_est_precision_name(c->run.precision),
-           gm_est_optimizer_name(c->run.optimizer), (long long)c->run.accum,
+    printf(", %s, %s, accum %lld%s%s%s\n", gm__est_precision_name(c->run.precision),
+           gm__est_optimizer_name(c->run.optimizer), (long long)c->run.accum,
            c->run.checkpointing ? ", checkpointing" : "", c->run.attention == GM_EST_ATTN_EAGER ? ", eager attention" : "",
            c->run.keep_output ? ", output kept" : "");
     if (c->run.precision == GM_EST_BF16 && !c->run.shard)
@@ -377,7 +367,7 @@ static void print_text(ctx *c) {
     printf("\n");
     printf("peak allocated   %-11s (torch.cuda.max_memory_allocated(); %s step, %s)\n",
            cli_format_bytes((uint64_t)b->peak_allocated, x1, sizeof x1), b->peak_step > 1 ? "a later" : "the first",
-           gm_est_phase_name(b->peak_phase));
+           gm__est_phase_name(b->peak_phase));
     printf("peak reserved    %-11s under PyTorch's allocator, %s under gpumem's%s\n",
            cli_format_bytes((uint64_t)b->peak_reserved_torch, x1, sizeof x1),
            cli_format_bytes((uint64_t)b->peak_reserved_gpumem, x2, sizeof x2),
@@ -445,7 +435,7 @@ static void print_text(ctx *c) {
                    cli_format_bytes((uint64_t)device_total(&c->fit_res), x2, sizeof x2));
         else if (c->fit_what == 2)
             printf("\nno world size up to %d fits %s with --shard %s\n", GM_EST_MAX_WORLD,
-                   cli_format_bytes(c->capacity, x1, sizeof x1), gm_est_shard_name(c->run.shard));
+                   cli_format_bytes(c->capacity, x1, sizeof x1), gm__est_shard_name(c->run.shard));
         else
             printf("\neven %s 1 does not fit %s\n", c->fit_what ? "sequence length" : "batch",
                    cli_format_bytes(c->capacity, x1, sizeof x1));
@@ -463,7 +453,7 @@ static int fit_world(ctx *c) {
     for (int64_t w = 1; w <= GM_EST_MAX_WORLD; w *= 2) {
         r.world = w;
         gm_est_result res;
-        int st = gm_est_estimate_torch(&c->m, &r, &res);
+        int st = gm__est_estimate_torch(&c->m, &r, &res);
         if (st == GM_EINVAL) return st;
         if (st) continue;
         if (fits(&res, c->capacity)) {
@@ -561,10 +551,10 @@ int cmd_estimate(int argc, char **argv) {
     if (!precision)
         precision = generate ? (strcmp(torch_dtype, "fp32") ? "bf16" : "fp32")
                     : zero || given16 ? "bf16" : "bf16-autocast";
-    if (gm_est_precision_parse(precision) < 0)
+    if (gm__est_precision_parse(precision) < 0)
         return cli_usage_error(cmd, "unknown --precision '%s': fp32, fp16-autocast, bf16-autocast or bf16 "
                                "(see 'gpumem %s --help')", precision, cmd);
-    if (gm_est_optimizer_parse(optimizer) < 0)
+    if (gm__est_optimizer_parse(optimizer) < 0)
         return cli_usage_error(cmd, "unknown --optimizer '%s': sgd, sgd-momentum, adam, adamw, adamw-8bit or "
                                "adafactor (see 'gpumem %s --help')", optimizer, cmd);
     if (fit && !capacity)
@@ -574,7 +564,7 @@ int cmd_estimate(int argc, char **argv) {
     c->cmd = cmd;
     c->fit_what = -1;
     c->capacity = capacity;
-    gm_est_run_init(&c->run);
+    gm__est_run_init(&c->run);
     c->run.batch = batch;
     c->run.seq = seq;
     c->run.image = image;
@@ -584,10 +574,10 @@ int cmd_estimate(int argc, char **argv) {
     c->run.checkpointing = ckpt;
     c->run.keep_output = keep;
     c->run.built_16bit = strcmp(torch_dtype, "fp32") != 0;
-    c->run.precision = gm_est_precision_parse(precision);
-    c->run.optimizer = gm_est_optimizer_parse(optimizer);
+    c->run.precision = gm__est_precision_parse(precision);
+    c->run.optimizer = gm__est_optimizer_parse(optimizer);
     c->run.attention = strcmp(attention, "eager") ? GM_EST_ATTN_SDPA : GM_EST_ATTN_EAGER;
-    c->run.shard = gm_est_shard_parse(shard);
+    c->run.shard = gm__est_shard_parse(shard);
     c->run.world = world;
     c->run.bucket_mb = bucket;
     c->run.reshard_after_forward = !no_reshard;
@@ -596,15 +586,15 @@ int cmd_estimate(int argc, char **argv) {
         return cli_usage_error(cmd, "--fit world needs --shard ddp|fsdp|zero1|zero2|zero3 (how the ranks share "
                                "the model)");
     }
-    int st = model ? gm_est_builtin_find(model, &c->m) : gm_est_model_from_hf_config_file(config, &c->m);
-    if (st == GM_OK) st = gm_est_check(&c->m, &c->run);
+    int st = model ? gm__est_builtin_find(model, &c->m) : gm__est_model_from_hf_config_file(config, &c->m);
+    if (st == GM_OK) st = gm__est_check(&c->m, &c->run);
     if (st != GM_OK) {
         rc = st == GM_ENOHOSTMEM ? cli_error(cmd, "%s", gm_last_error_detail())
                                  : cli_usage_error(cmd, "%s", gm_last_error_detail());
         free(c);
         return rc;
     }
-    if (gm_est_estimate(&c->m, &c->run, &c->base) != GM_OK) {
+    if (gm__est_estimate(&c->m, &c->run, &c->base) != GM_OK) {
         rc = cli_error(cmd, "%s", gm_last_error_detail());
         free(c);
         return rc;
@@ -614,7 +604,7 @@ int cmd_estimate(int argc, char **argv) {
     if (fit) {
         c->fit_what = !strcmp(fit, "world") ? 2 : !strcmp(fit, "seq");
         if (c->fit_what == 2 ? fit_world(c) != GM_OK
-                             : gm_est_fit(&c->m, &c->run, c->fit_what, c->capacity, &c->fit_value, &c->fit_res) != GM_OK) {
+                             : gm__est_fit(&c->m, &c->run, c->fit_what, c->capacity, &c->fit_value, &c->fit_res) != GM_OK) {
             rc = cli_usage_error(cmd, "%s", gm_last_error_detail());
             free(c);
             return rc;

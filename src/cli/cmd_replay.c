@@ -17,7 +17,7 @@
 static void print_sized(const gm_replay_result *r) {
     printf(",\"device_call_sizes\":{");
     for (int k = 0; k < GM_REPLAY_SIZED; k++) {
-        printf("%s\"%s\":{", k ? "," : "", gm_replay_sized_names[k]);
+        printf("%s\"%s\":{", k ? "," : "", gm__replay_sized_names[k]);
         bool first = true;
         for (int b = 0; b < GM_SIM_SIZE_BUCKETS; b++) {
             if (!r->sized_n[k][b]) continue;
@@ -64,10 +64,10 @@ static void print_json(const char *path, const gm_trace *t, const gm_config *cfg
         cli_json_string(stdout, r->error_detail);
     }
     int64_t calls[GM_REPLAY_CALL_KINDS];
-    gm_replay_calls(r, calls);
+    gm__replay_calls(r, calls);
     printf(",\"device_calls\":{");
     for (int k = 0; k < GM_REPLAY_CALL_KINDS; k++)
-        printf("%s\"%s\":%lld", k ? "," : "", gm_replay_call_names[k], (long long)calls[k]);
+        printf("%s\"%s\":%lld", k ? "," : "", gm__replay_call_names[k], (long long)calls[k]);
     printf("},\"seconds\":%.6f", r->seconds);
     print_sized(r);
     printf(",\"steady_from\":%g,\"steady_peak_reserved\":%lld,\"steady_peak_requested\":%lld,"
@@ -76,7 +76,7 @@ static void print_json(const char *path, const gm_trace *t, const gm_config *cfg
            r->steady_peak_requested ? (double)r->steady_peak_reserved / (double)r->steady_peak_requested : 0.0,
            (long long)r->steady_device_calls);
     for (int k = 0; k < GM_REPLAY_CALL_KINDS; k++)
-        printf("%s\"%s\":%lld", k ? "," : "", gm_replay_call_names[k], (long long)r->steady_calls[k]);
+        printf("%s\"%s\":%lld", k ? "," : "", gm__replay_call_names[k], (long long)r->steady_calls[k]);
     printf("}}\n");
 }
 
@@ -98,10 +98,10 @@ static void print_text(const char *path, const gm_trace *t, const gm_config *cfg
     printf("segments        %lld allocated, retries %lld\n", (long long)r->segments,
            (long long)r->num_alloc_retries);
     int64_t calls[GM_REPLAY_CALL_KINDS];
-    gm_replay_calls(r, calls);
+    gm__replay_calls(r, calls);
     printf("device calls   ");
     for (int k = 0; k < GM_REPLAY_CALL_KINDS; k++) { /* "device_alloc" reads "alloc" here */
-        const char *name = gm_replay_call_names[k];
+        const char *name = gm__replay_call_names[k];
         if (!strncmp(name, "device_", 7)) name += 7;
         printf("%s %s %lld", k ? "," : "", name, (long long)calls[k]);
     }
@@ -178,20 +178,20 @@ int cmd_replay(int argc, char **argv) {
     gm_sim_options_init(&so);
     if (!capacity) capacity = so.capacity;
     gm_trace *t;
-    int rc = gm_trace_load_file(path, &t);
+    int rc = gm__trace_load_file(path, &t);
     if (rc) return cli_error(cmd, "%s", gm_last_error_detail());
     if (cli_require_history(cmd, path, t, device)) {
-        gm_trace_free(t);
+        gm__trace_free(t);
         return 1;
     }
     gm_replay_prog *p;
-    rc = gm_replay_compile(t, device, &p);
+    rc = gm__replay_compile(t, device, &p);
     if (rc) {
-        gm_trace_free(t);
+        gm__trace_free(t);
         return cli_error(cmd, "%s", gm_last_error_detail());
     }
     gm_replay_result r;
-    rc = gm_replay_run_steady(p, &cfg, capacity, steady_from, &r);
+    rc = gm__replay_run_steady(p, &cfg, capacity, steady_from, &r);
     if (rc) {
         cli_error(cmd, "%s", gm_last_error_detail());
     } else {
@@ -201,7 +201,7 @@ int cmd_replay(int argc, char **argv) {
         else print_text(path, t, &cfg, canon, device, capacity, &r);
         if (r.error) rc = 1;
     }
-    gm_replay_prog_free(p);
-    gm_trace_free(t);
+    gm__replay_prog_free(p);
+    gm__trace_free(t);
     return rc ? 1 : 0;
 }

@@ -66,9 +66,9 @@ int cmd_report(int argc, char **argv) {
     if (!html && !txt && !perfetto && !json) text = true;
 
     gm_trace *t;
-    if (gm_trace_load_file(path, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
+    if (gm__trace_load_file(path, &t)) return cli_error(cmd, "%s", gm_last_error_detail());
     if (cli_require_history(cmd, path, t, (int)device)) {
-        gm_trace_free(t);
+        gm__trace_free(t);
         return 1;
     }
     gm_config cfg;
@@ -77,7 +77,7 @@ int cmd_report(int argc, char **argv) {
     const char *use_conf = conf ? conf : t->alloc_conf ? t->alloc_conf : "";
     if (gm_config_parse(&cfg, use_conf, err, sizeof err) != GM_OK) {
         if (conf) {
-            gm_trace_free(t);
+            gm__trace_free(t);
             return cli_usage_error(cmd, "bad --conf: %s", err);
         }
         fprintf(stderr, "gpumem %s: the trace's recorded settings \"%s\" do not parse (%s); replaying "
@@ -91,10 +91,10 @@ int cmd_report(int argc, char **argv) {
     gm_frame_row *rows = NULL;
     gm_scope_series *ss = NULL;
     size_t nrows = 0;
-    int rc = gm_attribute(t, (int)device, &a);
-    if (!rc) rc = gm_timeline_build(a, &cfg, (size_t)points, &tl);
-    if (!rc) rc = gm_frame_table(a, &rows, &nrows);
-    if (!rc && (html || json)) rc = gm_scope_series_build(a, tl, (size_t)top_scopes, &ss);
+    int rc = gm__attribute(t, (int)device, &a);
+    if (!rc) rc = gm__timeline_build(a, &cfg, (size_t)points, &tl);
+    if (!rc) rc = gm__frame_table(a, &rows, &nrows);
+    if (!rc && (html || json)) rc = gm__scope_series_build(a, tl, (size_t)top_scopes, &ss);
     if (rc) {
         rc = cli_error(cmd, "%s: %s", path, gm_last_error_detail());
         goto out;
@@ -110,28 +110,28 @@ int cmd_report(int argc, char **argv) {
     if (txt) {
         inputs[1] = NULL;
         if ((rc = cli_out_open(&o, cmd, txt, inputs)) ||
-            (rc = cli_out_close(&o, gm_report_write_text(o.o.f, a, tl, rows, nrows, &ro), "text report")))
+            (rc = cli_out_close(&o, gm__report_write_text(o.o.f, a, tl, rows, nrows, &ro), "text report")))
             goto out;
     }
     if (html) {
         inputs[1] = NULL;
         if ((rc = cli_out_open(&o, cmd, html, inputs)) ||
-            (rc = cli_out_close(&o, gm_report_write_html(o.o.f, a, tl, rows, nrows, &ro), "HTML report")))
+            (rc = cli_out_close(&o, gm__report_write_html(o.o.f, a, tl, rows, nrows, &ro), "HTML report")))
             goto out;
     }
     if (perfetto) {
         inputs[1] = NULL;
         if ((rc = cli_out_open(&o, cmd, perfetto, inputs)) ||
-            (rc = cli_out_close(&o, gm_report_write_perfetto(o.o.f, a, tl), "Chrome/Perfetto trace (ui.perfetto.dev)")))
+            (rc = cli_out_close(&o, gm__report_write_perfetto(o.o.f, a, tl), "Chrome/Perfetto trace (ui.perfetto.dev)")))
             goto out;
     }
-    if (text) gm_report_write_text(stdout, a, tl, rows, nrows, &ro);
-    if (json) gm_report_write_json(stdout, a, tl, &ro);
+    if (text) gm__report_write_text(stdout, a, tl, rows, nrows, &ro);
+    if (json) gm__report_write_json(stdout, a, tl, &ro);
 out:
-    gm_scope_series_free(ss);
+    gm__scope_series_free(ss);
     free(rows);
-    gm_timeline_free(tl);
-    gm_attribution_free(a);
-    gm_trace_free(t);
+    gm__timeline_free(tl);
+    gm__attribution_free(a);
+    gm__trace_free(t);
     return rc;
 }

@@ -1,6 +1,6 @@
 /* action.h — what happened to memory, as torch's TraceEntry names it: the
  * core's allocation history records these (history.h), and the trace layer
- * reads and writes them (src/trace/trace.h, gm_trace_action_name). Here, at
+ * reads and writes them (src/trace/trace.h, gm__trace_action_name). Here, at
  * the core, so the history needs nothing above it. */
 #ifndef GPUMEM_CORE_ACTION_H
 #define GPUMEM_CORE_ACTION_H

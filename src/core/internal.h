@@ -19,10 +19,8 @@
 
 #include "devlock.h"
 #include "util/gm_limits.h"
+#include "util/text.h"
 #include "util/util.h"
-
-/* "512 B", "13.24 GiB": the one byte formatter (putbuf.c); returns buf. */
-const char *gm__format_bytes(int64_t bytes, char *buf, size_t len);
 
 /* ---- statistics helpers (caller holds the device lock) ------------------ */
 
@@ -328,8 +326,5 @@ struct gm_allocator {
  * acquire pairs with the release of the store, so a sink is seen filled). */
 static inline gm__sink *gm__sink_get(const gm_allocator *a) { return __atomic_load_n(&a->sink, __ATOMIC_ACQUIRE); }
 static inline void gm__sink_set(gm_allocator *a, gm__sink *s) { __atomic_store_n(&a->sink, s, __ATOMIC_RELEASE); }
-/* A JSON string of s (json_escape.c): invalid UTF-8 as \ufffd, controls as
- * \u00XX; script_safe also escapes <, > and & for HTML <script> data. */
-void gm__json_string(FILE *f, const char *s, bool script_safe);
 
 #endif /* GPUMEM_INTERNAL_H */

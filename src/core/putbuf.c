@@ -22,19 +22,3 @@ int gm__put_finish(gm__putbuf *o, const char *what) {
     if (o->len) o->buf[o->len - 1] = '\0';
     return gm__set_error(GM_ENOSPACE, "%s: buffer of %zu bytes too small (%zu needed)", what, o->len, o->pos + 1);
 }
-
-/* The one byte formatter of the library and the CLI: "512 B", "13.24 GiB"
- * (binary units, two decimals), negatives with a sign. */
-const char *gm__format_bytes(int64_t bytes, char *buf, size_t len) {
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    uint64_t mag = bytes < 0 ? (uint64_t)0 - (uint64_t)bytes : (uint64_t)bytes;
-    double v = (double)mag;
-    int u = 0;
-    while (v >= 1024.0 && u < 5) {
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0) snprintf(buf, len, "%s%llu B", bytes < 0 ? "-" : "", (unsigned long long)mag);
-    else snprintf(buf, len, "%s%.2f %s", bytes < 0 ? "-" : "", v, units[u]);
-    return buf;
-}

@@ -2,7 +2,7 @@
  * for peaks by phase and category (exact for any depth: a deep model's
  * peaks extrapolate from two small programs), its replay on the simulated
  * device under an allocator configuration, and the search for the largest
- * batch or sequence that fits (gm_est_fit). The program is built by
+ * batch or sequence that fits (gm__est_fit). The program is built by
  * estimate_loop.c, the run checked by estimate_check.c; estimate_emit.h
  * says how the units fit together. Calls go down only: this file to the
  * builder and the checks, never back. */
@@ -110,16 +110,16 @@ static int64_t extrapolate(int64_t a, int64_t b, int64_t k) { return a + k * (b 
 
 static int scan_folded(const gm_est_model *m, const gm_est_run *r, int64_t L, gm_est_result *out) {
     gm_est_program pa, pb;
-    int rc = gm_est_build_layers(m, r, FOLD_K, &pa);
+    int rc = gm__est_build_layers(m, r, FOLD_K, &pa);
     if (rc) return rc;
-    if ((rc = gm_est_build_layers(m, r, FOLD_K + 1, &pb))) {
-        gm_est_program_free(&pa);
+    if ((rc = gm__est_build_layers(m, r, FOLD_K + 1, &pb))) {
+        gm__est_program_free(&pa);
         return rc;
     }
     walker wa, wb;
     if ((rc = walker_init(&wa, &pa)) == GM_OK && (rc = walker_init(&wb, &pb)) != GM_OK) walker_free(&wa);
     if (rc) {
-        gm_est_program_free(&pa), gm_est_program_free(&pb);
+        gm__est_program_free(&pa), gm__est_program_free(&pb);
         return rc;
     }
     int64_t k = L - FOLD_K;
@@ -146,20 +146,20 @@ static int scan_folded(const gm_est_model *m, const gm_est_run *r, int64_t L, gm
     }
     out->events = pa.n + pb.n;
     walker_free(&wa), walker_free(&wb);
-    gm_est_program_free(&pa), gm_est_program_free(&pb);
+    gm__est_program_free(&pa), gm__est_program_free(&pb);
     return rc;
 }
 
 /* Peaks of the model's run, scanned over its own layers or folded. */
 static int scan_model(const gm_est_model *m, const gm_est_run *r, gm_est_result *out) {
-    int64_t L = gm_est_repeated_layers(m);
+    int64_t L = gm__est_repeated_layers(m);
     if (L > 2 * FOLD_K) return scan_folded(m, r, L, out);
     gm_est_program p;
-    int rc = gm_est_build(m, r, &p);
+    int rc = gm__est_build(m, r, &p);
     if (rc) return rc;
     rc = scan(&p, out);
     out->events = p.n;
-    gm_est_program_free(&p);
+    gm__est_program_free(&p);
     return rc;
 }
 
@@ -182,8 +182,8 @@ static int to_prog(const gm_est_program *p, gm_replay_prog **out) {
         return rc;
     }
     if ((rc = gm__tb_finish(b, "gpumem-estimate", &t))) return rc;
-    rc = gm_replay_compile(t, 0, out);
-    gm_trace_free(t);
+    rc = gm__replay_compile(t, 0, out);
+    gm__trace_free(t);
     return rc;
 }
 
@@ -194,7 +194,7 @@ static int64_t program_peak(const gm_est_program *p) {
     return scan(p, &r) == GM_OK ? r.peak : 0;
 }
 
-int gm_est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_allocated,
+int gm__est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_allocated,
                        int64_t *peak_reserved) {
     gm_config cfg;
     gm_config_init(&cfg);
@@ -207,13 +207,13 @@ int gm_est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_
      * sets up fast (gpumem's policy sizes its tables to the device). */
     int64_t peak = program_peak(p);
     if (peak <= 0) return gm__set_error(GM_ESTATE, "estimate: an empty program");
-    uint64_t cap = (uint64_t)peak * 2 + ((uint64_t)2 << 30); /* peak < 2^62 (gm_est_check) */
+    uint64_t cap = (uint64_t)peak * 2 + ((uint64_t)2 << 30); /* peak < 2^62 (gm__est_check) */
     gm_replay_prog *prog;
     int rc = to_prog(p, &prog);
     if (rc) return rc;
     gm_replay_result rr;
-    rc = gm_replay_run(prog, &cfg, cap, &rr);
-    gm_replay_prog_free(prog);
+    rc = gm__replay_run(prog, &cfg, cap, &rr);
+    gm__replay_prog_free(prog);
     if (rc) return rc;
     if (rr.error) return gm__set_error(rr.error, "%s", rr.error_detail);
     if (rr.oom || rr.peak_allocated < peak)
@@ -240,7 +240,7 @@ static int64_t scale(int64_t v, int64_t from, int64_t to) {
 
 static int replay(const gm_est_model *m, const gm_est_run *r, gm_est_result *out, bool gpumem) {
     gm_est_program p;
-    int rc = gm_est_build(m, r, &p);
+    int rc = gm__est_build(m, r, &p);
     if (rc) return rc;
     int64_t pk = program_peak(&p);
     bool shrunk = pk > REPLAY_MAX_BYTES;
@@ -251,28 +251,28 @@ static int replay(const gm_est_model *m, const gm_est_run *r, gm_est_result *out
             if (!p.ev[i].free) p.ev[i].size = p.ev[i].size / f ? p.ev[i].size / f : 1;
         pk = program_peak(&p);
     }
-    rc = gm_est_replay_conf(&p, "", &out->peak_allocated, &out->peak_reserved_torch);
-    if (!rc && gpumem) rc = gm_est_replay_conf(&p, "policy:gpumem", NULL, &out->peak_reserved_gpumem);
-    if (!rc && (shrunk || p.layers < gm_est_repeated_layers(m))) {
+    rc = gm__est_replay_conf(&p, "", &out->peak_allocated, &out->peak_reserved_torch);
+    if (!rc && gpumem) rc = gm__est_replay_conf(&p, "policy:gpumem", NULL, &out->peak_reserved_gpumem);
+    if (!rc && (shrunk || p.layers < gm__est_repeated_layers(m))) {
         out->peak_allocated = scale(out->peak_allocated, pk, out->peak);
         out->peak_reserved_torch = scale(out->peak_reserved_torch, pk, out->peak);
         out->peak_reserved_gpumem = scale(out->peak_reserved_gpumem, pk, out->peak);
         out->reserved_extrapolated = true;
     }
     out->replayed = rc == GM_OK;
-    gm_est_program_free(&p);
+    gm__est_program_free(&p);
     return rc;
 }
 
 static int estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *out, int replay_level) {
     memset(out, 0, sizeof *out);
     gm_est_run rr = *r;
-    int rc = gm_est_check(m, &rr);
+    int rc = gm__est_check(m, &rr);
     if (rc) return rc;
     if ((rc = scan_model(m, &rr, out))) return rc;
-    out->params = gm_est_param_count(m);
+    out->params = gm__est_param_count(m);
     int64_t g = m->patch ? rr.image / m->patch : 0;
-    out->tokens = gm_est_is_vision(m) ? (m->family == GM_EST_RESNET ? rr.batch : rr.batch * (g * g + 1))
+    out->tokens = gm__est_is_vision(m) ? (m->family == GM_EST_RESNET ? rr.batch : rr.batch * (g * g + 1))
                                       : rr.batch * rr.seq;
     out->cuda_context = GM_EST_CUDA_CONTEXT;
     out->steady_by_cat[GM_EST_CAT_PARAMS] = out->phase_by_cat[1][GM_EST_PH_FORWARD][GM_EST_CAT_PARAMS];
@@ -281,31 +281,31 @@ static int estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *o
     return rc;
 }
 
-int gm_est_scan(const gm_est_model *m, const gm_est_run *r, gm_est_result *out) {
+int gm__est_scan(const gm_est_model *m, const gm_est_run *r, gm_est_result *out) {
     return estimate(m, r, out, 0);
 }
 
-int gm_est_estimate_torch(const gm_est_model *m, const gm_est_run *r, gm_est_result *out) {
+int gm__est_estimate_torch(const gm_est_model *m, const gm_est_run *r, gm_est_result *out) {
     return estimate(m, r, out, 1);
 }
 
-int gm_est_estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *out) {
+int gm__est_estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *out) {
     return estimate(m, r, out, 2);
 }
 
 static int fits(const gm_est_model *m, const gm_est_run *r, uint64_t capacity, gm_est_result *res) {
-    if (gm_est_estimate_torch(m, r, res)) return -1;
+    if (gm__est_estimate_torch(m, r, res)) return -1;
     double need = (double)res->peak_reserved_torch * (1.0 + GM_EST_FIT_MARGIN) + (double)res->cuda_context;
     return need <= (double)capacity;
 }
 
-int gm_est_fit(const gm_est_model *m, const gm_est_run *rin, int what, uint64_t capacity, int64_t *best,
+int gm__est_fit(const gm_est_model *m, const gm_est_run *rin, int what, uint64_t capacity, int64_t *best,
                gm_est_result *at_best) {
     gm_est_run r = *rin;
     r.steps = 2; /* the peak is in step 1 or 2: later steps repeat step 2 */
-    int rc = gm_est_check(m, &r);
+    int rc = gm__est_check(m, &r);
     if (rc) return rc;
-    if (what == 1 && gm_est_is_vision(m))
+    if (what == 1 && gm__est_is_vision(m))
         return gm__set_error(GM_EINVAL, "--fit seq is for text models; %s is a vision model", m->name);
     int64_t hi_limit = what == 0 ? (1 << 20) : (m->family == GM_EST_GPT2 || m->family == GM_EST_BERT)
                                                   ? m->max_positions : (1 << 20);

@@ -119,7 +119,7 @@ typedef struct gm_est_run {
     bool reshard_after_forward; /* FSDP2 fully_shard(reshard_after_forward=) on the layers */
 } gm_est_run;
 
-void gm_est_run_init(gm_est_run *r);
+void gm__est_run_init(gm_est_run *r);
 
 /* Categories: the library's (gm_category, GM_CATEGORY_LIST in
  * gpumem/gpumem.h, as the report and the history tags use them); the
@@ -141,30 +141,30 @@ typedef enum gm_est_phase {
     GM_EST_NPHASE
 } gm_est_phase;
 
-const char *gm_est_precision_name(int p);
-const char *gm_est_optimizer_name(int o);
-const char *gm_est_phase_name(int p);
-const char *gm_est_family_name(int f);
-const char *gm_est_head_name(int h);
+const char *gm__est_precision_name(int p);
+const char *gm__est_optimizer_name(int o);
+const char *gm__est_phase_name(int p);
+const char *gm__est_family_name(int f);
+const char *gm__est_head_name(int h);
 /* name -> enum; -1 if unknown */
-int gm_est_precision_parse(const char *s);
-int gm_est_optimizer_parse(const char *s);
-const char *gm_est_shard_name(int s);
-int gm_est_shard_parse(const char *s);
+int gm__est_precision_parse(const char *s);
+int gm__est_optimizer_parse(const char *s);
+const char *gm__est_shard_name(int s);
+int gm__est_shard_parse(const char *s);
 
 /* Built-in models (one table, estimate_models.c). */
-size_t gm_est_builtin_count(void);
-const gm_est_model *gm_est_builtin(size_t i);
+size_t gm__est_builtin_count(void);
+const gm_est_model *gm__est_builtin(size_t i);
 /* GM_EINVAL with a detail listing the names if unknown. */
-int gm_est_builtin_find(const char *name, gm_est_model *out);
+int gm__est_builtin_find(const char *name, gm_est_model *out);
 /* A Hugging Face config.json (text). GM_EFORMAT / GM_EINVAL with a detail
  * naming the missing key or unsupported model type. */
-int gm_est_model_from_hf_config(const char *json, const char *label, gm_est_model *out);
-int gm_est_model_from_hf_config_file(const char *path, gm_est_model *out);
+int gm__est_model_from_hf_config(const char *json, const char *label, gm_est_model *out);
+int gm__est_model_from_hf_config_file(const char *path, gm_est_model *out);
 
-uint64_t gm_est_param_count(const gm_est_model *m);
-bool gm_est_is_vision(const gm_est_model *m);
-bool gm_est_is_hf(const gm_est_model *m); /* has gradient_checkpointing_enable() */
+uint64_t gm__est_param_count(const gm_est_model *m);
+bool gm__est_is_vision(const gm_est_model *m);
+bool gm__est_is_hf(const gm_est_model *m); /* has gradient_checkpointing_enable() */
 
 /* ---- the event sequence ------------------------------------------------ */
 
@@ -182,7 +182,7 @@ typedef struct gm_est_program {
     gm_est_event *ev;
     size_t n, cap;
     uint32_t ntensors;
-    int64_t layers;      /* repeated layers it has (the model's, or fewer: see gm_est_build) */
+    int64_t layers;      /* repeated layers it has (the model's, or fewer: see gm__est_build) */
 } gm_est_program;
 
 /* Work and memory grow with the model's structure, never with its numbers:
@@ -205,16 +205,16 @@ typedef struct gm_est_program {
  * detail on failure. Fills defaults (seq/image 0 -> model default).
  * GM_EINVAL too when the bytes the estimate would add up could exceed
  * GM_EST_MAX_BYTES: too large to compute, never a wrong number. */
-int gm_est_check(const gm_est_model *m, gm_est_run *r);
+int gm__est_check(const gm_est_model *m, gm_est_run *r);
 #define GM_EST_MAX_BYTES ((int64_t)1 << 62)
 /* The program replayed: the model's layers, or GM_EST_REPLAY_LAYERS of them
  * when it has more (p->layers says). */
-int gm_est_build(const gm_est_model *m, const gm_est_run *r, gm_est_program *p);
+int gm__est_build(const gm_est_model *m, const gm_est_run *r, gm_est_program *p);
 /* The same with exactly `layers` repeated layers (0: the model's). */
-int gm_est_build_layers(const gm_est_model *m, const gm_est_run *r, int64_t layers, gm_est_program *p);
+int gm__est_build_layers(const gm_est_model *m, const gm_est_run *r, int64_t layers, gm_est_program *p);
 /* Repeated layers of the model (transformer layers; 0 for ResNet). */
-int64_t gm_est_repeated_layers(const gm_est_model *m);
-void gm_est_program_free(gm_est_program *p);
+int64_t gm__est_repeated_layers(const gm_est_model *m);
+void gm__est_program_free(gm_est_program *p);
 
 /* ---- results ----------------------------------------------------------- */
 
@@ -248,14 +248,14 @@ typedef struct gm_est_result {
 #define GM_EST_CUDA_CONTEXT ((int64_t)800 << 20)
 
 /* Scan only (fast): fills everything but the replay fields. */
-int gm_est_scan(const gm_est_model *m, const gm_est_run *r, gm_est_result *out);
+int gm__est_scan(const gm_est_model *m, const gm_est_run *r, gm_est_result *out);
 /* Scan + replay under torch defaults and policy:gpumem. */
-int gm_est_estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *out);
+int gm__est_estimate(const gm_est_model *m, const gm_est_run *r, gm_est_result *out);
 /* Scan + replay under torch defaults only (peak_reserved_gpumem stays 0). */
-int gm_est_estimate_torch(const gm_est_model *m, const gm_est_run *r, gm_est_result *out);
+int gm__est_estimate_torch(const gm_est_model *m, const gm_est_run *r, gm_est_result *out);
 /* Replay the program under one allocator configuration string
  * (PYTORCH_CUDA_ALLOC_CONF syntax, "" = torch defaults). */
-int gm_est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_allocated,
+int gm__est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_allocated,
                        int64_t *peak_reserved);
 
 /* Largest batch (what=0) or sequence length (what=1) whose predicted device
@@ -263,7 +263,7 @@ int gm_est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak_
  * capacity; 0 if even 1 does not fit. */
 /* 10%: the accuracy target of the predictions (bench/RESULTS.md) */
 #define GM_EST_FIT_MARGIN 0.10
-int gm_est_fit(const gm_est_model *m, const gm_est_run *r, int what, uint64_t capacity, int64_t *best,
+int gm__est_fit(const gm_est_model *m, const gm_est_run *r, int what, uint64_t capacity, int64_t *best,
                gm_est_result *at_best);
 
 /* ---- explained OOM (oom_explain.c) ------------------------------------------
@@ -294,6 +294,6 @@ typedef struct gm_est_oom_info {
 } gm_est_oom_info;
 
 /* Writes the text (always NUL-terminated); returns the length it needed. */
-size_t gm_est_oom_explain(const gm_est_oom_info *in, char *buf, size_t len);
+size_t gm__est_oom_explain(const gm_est_oom_info *in, char *buf, size_t len);
 
 #endif

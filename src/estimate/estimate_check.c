@@ -1,5 +1,5 @@
-/* estimate_check.c — a run's defaults (gm_est_run_init) and its checks
- * against the model (gm_est_check): sizes in range, options that apply,
+/* estimate_check.c — a run's defaults (gm__est_run_init) and its checks
+ * against the model (gm__est_check): sizes in range, options that apply,
  * data-parallel settings, and a bound on every byte count the estimate will
  * form, so that nothing it adds up or multiplies can overflow: a run too
  * large to compute is refused, never answered with a wrong number. The
@@ -11,7 +11,7 @@
 
 #include <string.h>
 
-void gm_est_run_init(gm_est_run *r) {
+void gm__est_run_init(gm_est_run *r) {
     memset(r, 0, sizeof *r);
     r->batch = 8;
     r->precision = GM_EST_BF16_AUTOCAST;
@@ -41,7 +41,7 @@ static long double bytes_bound(const gm_est_model *m, const gm_est_run *r) {
     long double B = (long double)r->batch, d = (long double)m->hidden, f = (long double)m->intermediate;
     long double h = (long double)m->heads, hd = (long double)m->head_dim, V = (long double)m->vocab;
     long double T, N;
-    if (gm_est_is_vision(m)) {
+    if (gm__est_is_vision(m)) {
         T = (long double)r->image;
         long double g = m->patch ? T / (long double)m->patch : 0;
         N = m->family == GM_EST_RESNET ? B : B * (g * g + 1);
@@ -56,18 +56,18 @@ static long double bytes_bound(const gm_est_model *m, const gm_est_run *r) {
     long double rest = maxl(N * maxl(V, (long double)m->num_labels), V * d);
     rest = maxl(rest, (long double)m->max_positions * d + (long double)m->type_vocab * d);
     /* images, the stem and ResNet's widest stage (2048 channels) */
-    if (gm_est_is_vision(m)) rest = maxl(rest, B * maxl((long double)m->channels, 2048) * T * T);
+    if (gm__est_is_vision(m)) rest = maxl(rest, B * maxl((long double)m->channels, 2048) * T * T);
     long double blocks = (long double)m->blocks[0] + m->blocks[1] + m->blocks[2] + m->blocks[3];
     /* the parameters' own products (a patch embedding is d x channels x
      * patch^2), bounded before they are counted in integers */
     long double pl = maxl(4 * d * maxl(d, maxl(f, qkv)), V * d + (long double)m->max_positions * d);
     pl = maxl(pl, d * (long double)m->channels * (long double)m->patch * (long double)m->patch);
     if (pl * ((long double)m->layers + 2) * 16 > (long double)GM_EST_MAX_BYTES) return pl * ((long double)m->layers + 2) * 16;
-    long double params = (long double)gm_est_param_count(m);
+    long double params = (long double)gm__est_param_count(m);
     return 8 * (12 * params + 64 * layer * ((long double)m->layers + 2) + 64 * rest * (blocks + 4)) + 4096;
 }
 
-int gm_est_check(const gm_est_model *m, gm_est_run *r) {
+int gm__est_check(const gm_est_model *m, gm_est_run *r) {
     if (r->batch < 1 || r->batch > (1 << 20))
         return gm__set_error(GM_EINVAL, "batch must be between 1 and %d (got %lld)", 1 << 20, (long long)r->batch);
     if (r->accum < 1 || r->accum > (1 << 20))
@@ -77,7 +77,7 @@ int gm_est_check(const gm_est_model *m, gm_est_run *r) {
         return gm__set_error(GM_EINVAL, "steps must be between 2 and 16 (got %d)", r->steps);
     if ((unsigned)r->precision >= GM_EST_NPRECISION || (unsigned)r->optimizer >= GM_EST_NOPTIMIZER)
         return gm__set_error(GM_EINVAL, "bad precision or optimizer");
-    if (gm_est_is_vision(m)) {
+    if (gm__est_is_vision(m)) {
         if (r->seq) return gm__set_error(GM_EINVAL, "%s is a vision model: give --image, not --seq", m->name);
         if (!r->image) r->image = m->image;
         if (r->image < 32 || r->image > 8192)
@@ -105,7 +105,7 @@ int gm_est_check(const gm_est_model *m, gm_est_run *r) {
         return gm__set_error(GM_EINVAL, "new tokens must be between 1 and %d (got %lld)", 1 << 20,
                              (long long)r->generate);
     if (r->generate) {
-        const char *h = gm_est_head_name(m->head);
+        const char *h = gm__est_head_name(m->head);
         if (m->head != GM_EST_HEAD_CAUSAL_LM)
             return gm__set_error(GM_EINVAL, "--generate models a causal language model's generate(); %s is "
                                  "%s %s model", m->name, article(h), h);
@@ -122,8 +122,8 @@ int gm_est_check(const gm_est_model *m, gm_est_run *r) {
     }
     if (r->built_16bit && r->precision != GM_EST_BF16)
         return gm__set_error(GM_EINVAL, "a model loaded in 16 bits (--torch-dtype bf16/fp16) runs in 16 bits: "
-                             "--precision bf16, or --torch-dtype fp32 for %s", gm_est_precision_name(r->precision));
-    if (r->checkpointing && !gm_est_is_hf(m))
+                             "--precision bf16, or --torch-dtype fp32 for %s", gm__est_precision_name(r->precision));
+    if (r->checkpointing && !gm__est_is_hf(m))
         return gm__set_error(GM_EINVAL, "--checkpointing models Hugging Face's gradient_checkpointing_enable(); "
                              "%s is a torchvision model", m->name);
     if (r->attention == GM_EST_ATTN_EAGER && m->family == GM_EST_RESNET)
@@ -143,7 +143,7 @@ int gm_est_check(const gm_est_model *m, gm_est_run *r) {
                              (long long)r->bucket_mb);
     if (r->shard != GM_EST_SHARD_NONE && m->family == GM_EST_RESNET && r->shard != GM_EST_SHARD_DDP)
         return gm__set_error(GM_EINVAL, "--shard %s is modelled for transformer models (fully_shard per layer); "
-                             "%s is a torchvision ResNet: use --shard ddp", gm_est_shard_name(r->shard), m->name);
+                             "%s is a torchvision ResNet: use --shard ddp", gm__est_shard_name(r->shard), m->name);
     if (bytes_bound(m, r) > (long double)GM_EST_MAX_BYTES)
         return gm__set_error(GM_EINVAL, "%s at batch %lld is too large to estimate: its memory could exceed "
                              "4 EiB, beyond what the arithmetic holds (a smaller batch, sequence or model)",

@@ -4,7 +4,7 @@
  *   estimate_blocks.c  what each block kind allocates in forward, and its
  *                      backward working set
  *   estimate_loop.c    the training loop (forward, backward, optimizer
- *                      step) and generate(): gm_est_build
+ *                      step) and generate(): gm__est_build
  *   estimate.c         run defaults and checks, scan, replay, fit
  * This header holds the block and plan types, the emitter state (X) and the
  * allocation primitives (ALLOC, FREE, TMP, SAVE, ...), static inline.

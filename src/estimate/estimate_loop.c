@@ -1,4 +1,4 @@
-/* estimate_loop.c — the training loop as events (gm_est_build): the
+/* estimate_loop.c — the training loop as events (gm__est_build): the
  * parameters' setup, then per step and micro-batch the forward over the
  * blocks (checkpointed layers without saving), the backward in reverse
  * (recompute, loss, parameter gradients, freeing what each block saved),
@@ -193,7 +193,7 @@ static void forward(X *x) {
     x->nfwd_tmp = 0;
     x->cur_out = 0;
     /* the batch: token ids (labels = the same tensor) or images + labels */
-    if (gm_est_is_vision(x->m)) {
+    if (gm__est_is_vision(x->m)) {
         x->input = ALLOC(x, x->B * x->m->channels * x->T * x->T * 4, GM_EST_CAT_ACTS);
         x->fwd_tmp[x->nfwd_tmp++] = ALLOC(x, x->B * 8, GM_EST_CAT_ACTS);
     } else {
@@ -360,21 +360,21 @@ static void generate(X *x) {
     free(cache);
 }
 
-int gm_est_build(const gm_est_model *m, const gm_est_run *r, gm_est_program *p) {
-    int64_t L = gm_est_repeated_layers(m);
-    return gm_est_build_layers(m, r, L > GM_EST_REPLAY_LAYERS ? GM_EST_REPLAY_LAYERS : 0, p);
+int gm__est_build(const gm_est_model *m, const gm_est_run *r, gm_est_program *p) {
+    int64_t L = gm__est_repeated_layers(m);
+    return gm__est_build_layers(m, r, L > GM_EST_REPLAY_LAYERS ? GM_EST_REPLAY_LAYERS : 0, p);
 }
 
-int gm_est_build_layers(const gm_est_model *m, const gm_est_run *rin, int64_t layers, gm_est_program *p) {
+int gm__est_build_layers(const gm_est_model *m, const gm_est_run *rin, int64_t layers, gm_est_program *p) {
     memset(p, 0, sizeof *p);
     gm_est_run r = *rin;
-    int rc = gm_est_check(m, &r);
+    int rc = gm__est_check(m, &r);
     if (rc) return rc;
-    if (layers < 0 || layers > m->layers || (layers && !gm_est_repeated_layers(m)))
+    if (layers < 0 || layers > m->layers || (layers && !gm__est_repeated_layers(m)))
         return gm__set_error(GM_EINVAL, "cannot build %s with %lld layers", m->name, (long long)layers);
     if (!layers) layers = m->layers;
     gm_est_model mm = *m; /* the resnet plan's geometry follows the run's image size */
-    if (gm_est_is_vision(m)) mm.image = r.image;
+    if (gm__est_is_vision(m)) mm.image = r.image;
     m = &mm;
     X x;
     memset(&x, 0, sizeof x);
@@ -393,7 +393,7 @@ int gm_est_build_layers(const gm_est_model *m, const gm_est_run *rin, int64_t la
     x.pb = r.precision == GM_EST_BF16 ? 2 : 4;
     x.rb = x.ac ? 4 : x.a;
     x.B = r.batch;
-    if (gm_est_is_vision(m)) {
+    if (gm__est_is_vision(m)) {
         x.T = r.image;
         int64_t g = m->patch ? r.image / m->patch : 0;
         x.N = m->family == GM_EST_RESNET ? x.B : x.B * (g * g + 1);
@@ -475,13 +475,13 @@ int gm_est_build_layers(const gm_est_model *m, const gm_est_run *rin, int64_t la
     free(x.gid);
     gm__est_plan_free(&x.pl);
     if (x.err) {
-        gm_est_program_free(p);
+        gm__est_program_free(p);
         return gm__set_error(x.err, "out of host memory building the estimate");
     }
     return GM_OK;
 }
 
-void gm_est_program_free(gm_est_program *p) {
+void gm__est_program_free(gm_est_program *p) {
     free(p->ev);
     memset(p, 0, sizeof *p);
 }

@@ -34,17 +34,17 @@ static const gm_est_model builtins[] = {
      .num_labels = 1000, .image = 224, .patch = 16, .channels = 3},
 };
 
-size_t gm_est_builtin_count(void) { return sizeof builtins / sizeof builtins[0]; }
-const gm_est_model *gm_est_builtin(size_t i) { return i < gm_est_builtin_count() ? &builtins[i] : NULL; }
+size_t gm__est_builtin_count(void) { return sizeof builtins / sizeof builtins[0]; }
+const gm_est_model *gm__est_builtin(size_t i) { return i < gm__est_builtin_count() ? &builtins[i] : NULL; }
 
-int gm_est_builtin_find(const char *name, gm_est_model *out) {
-    for (size_t i = 0; i < gm_est_builtin_count(); i++)
+int gm__est_builtin_find(const char *name, gm_est_model *out) {
+    for (size_t i = 0; i < gm__est_builtin_count(); i++)
         if (!strcmp(builtins[i].name, name)) {
             *out = builtins[i];
             return GM_OK;
         }
     char list[256] = "";
-    for (size_t i = 0; i < gm_est_builtin_count(); i++) {
+    for (size_t i = 0; i < gm__est_builtin_count(); i++) {
         size_t l = strlen(list);
         snprintf(list + l, sizeof list - l, "%s%.40s", i ? ", " : "", builtins[i].name);
     }
@@ -58,41 +58,41 @@ int gm_est_builtin_find(const char *name, gm_est_model *out) {
         return v >= 0 && v < (int)(sizeof n / sizeof n[0]) ? n[v] : "?";      \
     }
 #define GM__EST_S(n, s) s,
-NAMEFN(gm_est_precision_name, GM_EST_PRECISIONS)
-NAMEFN(gm_est_optimizer_name, GM_EST_OPTIMIZERS)
-NAMEFN(gm_est_phase_name, GM_EST_PHASES)
-NAMEFN(gm_est_shard_name, GM_EST_SHARDS)
+NAMEFN(gm__est_precision_name, GM_EST_PRECISIONS)
+NAMEFN(gm__est_optimizer_name, GM_EST_OPTIMIZERS)
+NAMEFN(gm__est_phase_name, GM_EST_PHASES)
+NAMEFN(gm__est_shard_name, GM_EST_SHARDS)
 #undef GM__EST_S
 
-const char *gm_est_family_name(int f) {
+const char *gm__est_family_name(int f) {
     static const char *n[] = {"gpt2", "llama", "bert", "vit", "torchvision-vit", "torchvision-resnet"};
     return f >= 0 && f < 6 ? n[f] : "?";
 }
-const char *gm_est_head_name(int h) {
+const char *gm__est_head_name(int h) {
     static const char *n[] = {"causal-lm", "masked-lm", "sequence-classification", "image-classification"};
     return h >= 0 && h < 4 ? n[h] : "?";
 }
 
-int gm_est_precision_parse(const char *s) {
+int gm__est_precision_parse(const char *s) {
     for (int i = 0; i < GM_EST_NPRECISION; i++)
-        if (!strcmp(s, gm_est_precision_name(i))) return i;
+        if (!strcmp(s, gm__est_precision_name(i))) return i;
     return -1;
 }
-int gm_est_optimizer_parse(const char *s) {
+int gm__est_optimizer_parse(const char *s) {
     for (int i = 0; i < GM_EST_NOPTIMIZER; i++)
-        if (!strcmp(s, gm_est_optimizer_name(i))) return i;
+        if (!strcmp(s, gm__est_optimizer_name(i))) return i;
     return -1;
 }
-int gm_est_shard_parse(const char *s) {
+int gm__est_shard_parse(const char *s) {
     for (int i = 0; i < GM_EST_NSHARD; i++)
-        if (!strcmp(s, gm_est_shard_name(i))) return i;
+        if (!strcmp(s, gm__est_shard_name(i))) return i;
     return -1;
 }
 
-bool gm_est_is_vision(const gm_est_model *m) {
+bool gm__est_is_vision(const gm_est_model *m) {
     return m->family == GM_EST_VIT_HF || m->family == GM_EST_VIT_TV || m->family == GM_EST_RESNET;
 }
-bool gm_est_is_hf(const gm_est_model *m) { return m->family != GM_EST_VIT_TV && m->family != GM_EST_RESNET; }
+bool gm__est_is_hf(const gm_est_model *m) { return m->family != GM_EST_VIT_TV && m->family != GM_EST_RESNET; }
 
 /* ---- Hugging Face config.json ------------------------------------------ */
 
@@ -212,7 +212,7 @@ static bool json_cut_at(const char *rest) {
 }
 #endif
 
-int gm_est_model_from_hf_config(const char *json, const char *label, gm_est_model *out) {
+int gm__est_model_from_hf_config(const char *json, const char *label, gm_est_model *out) {
 #ifndef GM_HAVE_CJSON
     (void)json;
     (void)out;
@@ -313,7 +313,7 @@ done:
 #endif
 }
 
-int gm_est_model_from_hf_config_file(const char *path, gm_est_model *out) {
+int gm__est_model_from_hf_config_file(const char *path, gm_est_model *out) {
     FILE *f = fopen(path, "rb");
     if (!f) return gm__set_error(GM_EIO, "cannot open %s: %s", path, strerror(errno));
     char *buf = NULL;
@@ -346,7 +346,7 @@ int gm_est_model_from_hf_config_file(const char *path, gm_est_model *out) {
     }
     buf[len] = 0;
     const char *base = strrchr(path, '/');
-    int rc = gm_est_model_from_hf_config(buf, path, out);
+    int rc = gm__est_model_from_hf_config(buf, path, out);
     (void)base;
     free(buf);
     return rc;

@@ -1,7 +1,7 @@
 /* estimate_plan.c — a model as the estimator sees it: its blocks
  * (embeddings, layers, head; ResNet's stem, residual blocks, head) and each
  * block's parameter tensors in module order, with the geometry the block
- * emitters need (estimate_emit.h); and gm_est_param_count. */
+ * emitters need (estimate_emit.h); and gm__est_param_count. */
 #include "estimate_emit.h"
 
 static void addp(plan *pl, int64_t rows, int64_t cols) {
@@ -107,7 +107,7 @@ static blk *addlayer(plan *pl, int kind, int64_t i, bool checkpointable) {
     return b;
 }
 
-int64_t gm_est_repeated_layers(const gm_est_model *m) { return m->family == GM_EST_RESNET ? 0 : m->layers; }
+int64_t gm__est_repeated_layers(const gm_est_model *m) { return m->family == GM_EST_RESNET ? 0 : m->layers; }
 
 int gm__est_make_plan(const gm_est_model *m, int64_t layers, plan *pl) {
     memset(pl, 0, sizeof *pl);
@@ -248,9 +248,9 @@ static uint64_t count_params(const gm_est_model *m, int64_t layers) {
 }
 
 /* Arithmetic over the layers: one layer's parameters times their count
- * (gm_est_check has bounded the product). */
-uint64_t gm_est_param_count(const gm_est_model *m) {
-    int64_t L = gm_est_repeated_layers(m);
+ * (gm__est_check has bounded the product). */
+uint64_t gm__est_param_count(const gm_est_model *m) {
+    int64_t L = gm__est_repeated_layers(m);
     if (L <= 2) return count_params(m, m->layers);
     uint64_t one = count_params(m, 1), two = count_params(m, 2);
     return one + (two - one) * (uint64_t)(L - 1);

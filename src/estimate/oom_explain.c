@@ -1,5 +1,5 @@
 /* oom_explain.c — the explained out-of-memory message (estimate.h,
- * gm_est_oom_explain): the state of the device and of the allocator, what
+ * gm__est_oom_explain): the state of the device and of the allocator, what
  * holds the memory when known, and the changes that would have made the
  * allocation fit, ranked by predicted saving.
  *
@@ -47,7 +47,7 @@ static int cmp_change(const void *a, const void *b) {
     return x->saving < y->saving ? 1 : x->saving > y->saving ? -1 : 0;
 }
 
-size_t gm_est_oom_explain(const gm_est_oom_info *in, char *buf, size_t len) {
+size_t gm__est_oom_explain(const gm_est_oom_info *in, char *buf, size_t len) {
     out o = {buf, len, 0};
     if (buf && len) buf[0] = 0;
     char a[32], b[32], c[32], d[32];

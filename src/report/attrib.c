@@ -42,9 +42,9 @@ static const char *const phase_names[] = {
 #undef GM__PH_NAME
 };
 
-const char *gm_attr_method_name(int m) { return m >= 0 && m < GM_AM_COUNT ? method_names[m] : "?"; }
-const char *gm_attr_method_help(int m) { return m >= 0 && m < GM_AM_COUNT ? method_help[m] : "?"; }
-const char *gm_phase_name(int p) { return p >= 0 && p < GM_PH_COUNT ? phase_names[p] : "?"; }
+const char *gm__attr_method_name(int m) { return m >= 0 && m < GM_AM_COUNT ? method_names[m] : "?"; }
+const char *gm__attr_method_help(int m) { return m >= 0 && m < GM_AM_COUNT ? method_help[m] : "?"; }
+const char *gm__phase_name(int p) { return p >= 0 && p < GM_PH_COUNT ? phase_names[p] : "?"; }
 
 static bool ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
@@ -408,7 +408,7 @@ out:
     return rc;
 }
 
-int gm_attribute(const gm_trace *t, int device, gm_attribution **out) {
+int gm__attribute(const gm_trace *t, int device, gm_attribution **out) {
     *out = NULL;
     if (device < 0 || device >= t->ndevices)
         return gm__set_error(GM_EDEVICE, "the trace has no device %d (it has %d)", device, t->ndevices);
@@ -440,14 +440,14 @@ int gm_attribute(const gm_trace *t, int device, gm_attribution **out) {
     if (!rc) rc = classify(a, live);
     free(live);
     if (rc) {
-        gm_attribution_free(a);
+        gm__attribution_free(a);
         return rc;
     }
     *out = a;
     return GM_OK;
 }
 
-const char *gm_attr_frames_note(const gm_attribution *a, char *buf, size_t len) {
+const char *gm__attr_frames_note(const gm_attribution *a, char *buf, size_t len) {
     if (a->has_frames) snprintf(buf, len, "%s", "");
     else
         snprintf(buf, len,
@@ -459,19 +459,19 @@ const char *gm_attr_frames_note(const gm_attribution *a, char *buf, size_t len) 
     return buf;
 }
 
-void gm_attribution_free(gm_attribution *a) {
+void gm__attribution_free(gm_attribution *a) {
     if (!a) return;
     free(a->allocs);
     free(a);
 }
 
-uint64_t gm_attr_peak_cat(const gm_attribution *a, int cat) {
+uint64_t gm__attr_peak_cat(const gm_attribution *a, int cat) {
     uint64_t s = 0;
     for (int m = 0; m < GM_AM_COUNT; m++) s += a->peak_by[cat][m];
     return s;
 }
 
-uint64_t gm_attr_peak_method(const gm_attribution *a, int method) {
+uint64_t gm__attr_peak_method(const gm_attribution *a, int method) {
     uint64_t s = 0;
     for (int c = 0; c < GM_CAT_COUNT; c++) s += a->peak_by[c][method];
     return s;

@@ -24,7 +24,7 @@ static int cmp_rows(const void *x, const void *y) {
     return a->name != b->name ? (a->name < b->name ? -1 : 1) : (a->filename < b->filename ? -1 : a->filename > b->filename);
 }
 
-int gm_frame_table(const gm_attribution *a, gm_frame_row **rows_out, size_t *nrows_out) {
+int gm__frame_table(const gm_attribution *a, gm_frame_row **rows_out, size_t *nrows_out) {
     const gm_trace *t = a->trace;
     *rows_out = NULL;
     *nrows_out = 0;
@@ -108,11 +108,11 @@ out:
     return rc;
 }
 
-const char *gm_frame_row_label(const gm_attribution *a, const gm_frame_row *r, char *buf, size_t len) {
+const char *gm__frame_row_label(const gm_attribution *a, const gm_frame_row *r, char *buf, size_t len) {
     const gm_trace *t = a->trace;
     if (r->name == UINT32_MAX) {
         snprintf(buf, len, "[no Python frames: %s]",
-                 r->filename == GM_PH_NONE ? "no phase known" : gm_phase_name((int)r->filename));
+                 r->filename == GM_PH_NONE ? "no phase known" : gm__phase_name((int)r->filename));
     } else if (r->scope) {
         snprintf(buf, len, "scope %s", t->strings[r->name]);
     } else {

@@ -13,7 +13,7 @@
 
 #define STACK_MAX (GM_SCOPE_MAX_DEPTH + 1)
 
-int gm_history_to_trace(gm_trace **out, uint64_t *dropped) {
+int gm__history_to_trace(gm_trace **out, uint64_t *dropped) {
     *out = NULL;
     gm__hist_copy c;
     int rc = gm__history_copy(&c);
@@ -87,10 +87,10 @@ int gm_history_dump(const char *path, int format) {
         return gm__set_error(GM_EINVAL, "gm_history_dump: format %d is neither GM_HISTORY_GMT nor "
                                         "GM_HISTORY_TORCH", format);
     gm_trace *t;
-    int rc = gm_history_to_trace(&t, NULL);
+    int rc = gm__history_to_trace(&t, NULL);
     if (rc) return rc;
-    rc = format == GM_HISTORY_GMT ? gm_trace_write_gmt(t, path) : gm_trace_write_snapshot(t, path);
-    gm_trace_free(t);
+    rc = format == GM_HISTORY_GMT ? gm__trace_write_gmt(t, path) : gm__trace_write_snapshot(t, path);
+    gm__trace_free(t);
     return rc;
 }
 
@@ -98,10 +98,10 @@ int gm__history_snapshot_bytes(uint8_t **out, size_t *len) {
     *out = NULL;
     *len = 0;
     gm_trace *t;
-    int rc = gm_history_to_trace(&t, NULL);
+    int rc = gm__history_to_trace(&t, NULL);
     if (rc) return rc;
-    rc = gm_trace_encode_snapshot(t, out, len);
-    gm_trace_free(t);
+    rc = gm__trace_encode_snapshot(t, out, len);
+    gm__trace_free(t);
     return rc;
 }
 

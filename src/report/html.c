@@ -13,8 +13,8 @@
 #include <inttypes.h>
 #include <string.h>
 
-extern const unsigned char gm_uplot_js[], gm_uplot_css[];
-extern const unsigned long gm_uplot_js_len, gm_uplot_css_len;
+extern const unsigned char gm__uplot_js[], gm__uplot_css[];
+extern const unsigned long gm__uplot_js_len, gm__uplot_css_len;
 
 /* Category colours, in GM_CATEGORIES order (Tableau 10). */
 static const char *const cat_color[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#bab0ac"};
@@ -98,7 +98,7 @@ static void breakdown(FILE *f, const gm_attribution *a) {
     fprintf(f, "<h2>Breakdown at the peak</h2><div class=cols><table id=peak-table><thead><tr><th>category</th>"
                "<th>live at peak</th><th>share</th><th>allocated in total</th><th>allocations</th></tr></thead><tbody>");
     for (int c = 0; c < GM_CAT_COUNT; c++) {
-        uint64_t tot = 0, p = gm_attr_peak_cat(a, c);
+        uint64_t tot = 0, p = gm__attr_peak_cat(a, c);
         for (int m = 0; m < GM_AM_COUNT; m++) tot += a->bytes_by[c][m];
         fprintf(f, "<tr><td><span class=sw style=\"background:%s\"></span>%s</td><td data-v=%" PRIu64 ">%s</td>"
                    "<td>%.1f%%</td><td data-v=%" PRIu64 ">%s</td><td>%" PRIu64 "</td></tr>",
@@ -111,14 +111,14 @@ static void breakdown(FILE *f, const gm_attribution *a) {
     fprintf(f, "<table><thead><tr><th>attributed by</th><th>bytes at peak</th><th>share</th><th "
                "style=\"text-align:left\">rule</th></tr></thead><tbody>");
     for (int m = 0; m < GM_AM_COUNT; m++) {
-        uint64_t p = gm_attr_peak_method(a, m);
+        uint64_t p = gm__attr_peak_method(a, m);
         fprintf(f, "<tr><td>%s</td><td>%s</td><td>%.1f%%</td><td style=\"text-align:left;white-space:normal;"
                    "max-width:460px\">%s</td></tr>",
-                gm_attr_method_name(m), gm__report_bytes((double)p, b1, sizeof b1), gm__report_pct(p, peak), gm_attr_method_help(m));
+                gm__attr_method_name(m), gm__report_bytes((double)p, b1, sizeof b1), gm__report_pct(p, peak), gm__attr_method_help(m));
     }
     fprintf(f, "</tbody></table></div>\n");
     char note[1024];
-    if (!a->has_frames) fprintf(f, "<p class=note>%s</p>\n", gm_attr_frames_note(a, note, sizeof note));
+    if (!a->has_frames) fprintf(f, "<p class=note>%s</p>\n", gm__attr_frames_note(a, note, sizeof note));
     if (a->unknown_frees || a->double_allocs || a->oversized_allocs)
         fprintf(f, "<p class=note>Trace anomalies: %" PRIu64 " frees of unknown addresses (skipped), %" PRIu64
                    " allocations of live addresses (the old one kept live, as gpumem replay does), %" PRIu64
@@ -188,7 +188,7 @@ static void frame_table(FILE *f, const gm_attribution *a, const gm_frame_row *ro
         fprintf(f, "<tr><td class=nm title=\"");
         if (x->name != UINT32_MAX && !x->scope) esc(f, a->trace->strings[x->filename]);
         fprintf(f, "\">");
-        esc(f, gm_frame_row_label(a, x, lab, sizeof lab));
+        esc(f, gm__frame_row_label(a, x, lab, sizeof lab));
         uint64_t v[4] = {x->self_peak, x->total_peak, x->self_bytes, x->total_bytes};
         fprintf(f, "</td>");
         for (int k = 0; k < 4; k++) fprintf(f, "<td data-v=%" PRIu64 ">%s</td>", v[k], gm__report_bytes((double)v[k], b, sizeof b));
@@ -271,7 +271,7 @@ static const char *JS =
     "c.textContent:+c.textContent)};rs.sort((a,b)=>{const x=val(a),y=val(b);return (x<y?1:x>y?-1:0)*d});"
     "rs.forEach(r=>tb.appendChild(r))}));\n";
 
-int gm_report_write_html(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_frame_row *rows,
+int gm__report_write_html(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_frame_row *rows,
                          size_t nrows, const gm_report_opts *o) {
     fprintf(f, "<!doctype html>\n<html lang=en><head><meta charset=utf-8>\n"
                "<meta name=generator content=\"gpumem report\">\n"
@@ -279,9 +279,9 @@ int gm_report_write_html(FILE *f, const gm_attribution *a, const gm_timeline *tl
             a->peak_bytes);
     esc(f, o && o->title ? o->title : "trace");
     fprintf(f, "</title>\n<style>");
-    fwrite(gm_uplot_css, 1, gm_uplot_css_len, f);
+    fwrite(gm__uplot_css, 1, gm__uplot_css_len, f);
     fprintf(f, "\n%s</style>\n<script>", CSS);
-    fwrite(gm_uplot_js, 1, gm_uplot_js_len, f);
+    fwrite(gm__uplot_js, 1, gm__uplot_js_len, f);
     fprintf(f, "</script>\n</head><body>\n");
     summary(f, a, tl, o);
     fprintf(f, "<h2>Memory over time, stacked by category or scope</h2><p class=note>Live requested bytes per "

@@ -21,7 +21,7 @@ static const char *scope_of(const gm_trace *t, uint32_t stack) {
     return NULL;
 }
 
-int gm_report_write_perfetto(FILE *f, const gm_attribution *a, const gm_timeline *tl) {
+int gm__report_write_perfetto(FILE *f, const gm_attribution *a, const gm_timeline *tl) {
     const gm_trace *t = a->trace;
     int64_t t0 = a->nevents ? a->ev[0].time_us : 0;
     bool use_time = a->nevents && a->ev[a->nevents - 1].time_us > t0;
@@ -50,7 +50,7 @@ int gm_report_write_perfetto(FILE *f, const gm_attribution *a, const gm_timeline
         for (size_t k = 0; k <= a->nallocs; k++) {
             const char *nm = NULL;
             if (k < a->nallocs)
-                nm = track == 1 ? gm_phase_name(a->allocs[k].phase) : scope_of(t, a->allocs[k].stack);
+                nm = track == 1 ? gm__phase_name(a->allocs[k].phase) : scope_of(t, a->allocs[k].stack);
             if (k < a->nallocs && nm == name) continue;
             if (name && k > start) {
                 uint32_t e0 = a->allocs[start].ev;

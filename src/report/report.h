@@ -13,6 +13,7 @@
 #define GPUMEM_REPORT_REPORT_H
 
 #include "trace/trace.h"
+#include "util/text.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -58,9 +59,9 @@ typedef enum gm_phase {
     GM_PH_COUNT
 } gm_phase;
 
-const char *gm_attr_method_name(int m);
-const char *gm_attr_method_help(int m);
-const char *gm_phase_name(int ph);
+const char *gm__attr_method_name(int m);
+const char *gm__attr_method_help(int m);
+const char *gm__phase_name(int ph);
 
 /* The filenames of gpumem's tag frames: a frame {name: "<category>",
  * filename: GM_TAG_CATEGORY_FILE} fixes the category of the allocation
@@ -115,21 +116,21 @@ typedef struct gm_attribution {
     uint64_t oversized_allocs; /* > GM_LIMIT_ALLOC_BYTES: counted as 0 bytes, as replay skips them */
 } gm_attribution;
 
-int gm_attribute(const gm_trace *t, int device, gm_attribution **out);
+int gm__attribute(const gm_trace *t, int device, gm_attribution **out);
 /* For a trace without frames: which categories are inferred, and the one
  * call that records frames (GM_RECORD_FRAMES_CALL), into buf; "" when the
  * trace has frames. Returns buf. */
-const char *gm_attr_frames_note(const gm_attribution *a, char *buf, size_t len);
-void gm_attribution_free(gm_attribution *a);
+const char *gm__attr_frames_note(const gm_attribution *a, char *buf, size_t len);
+void gm__attribution_free(gm_attribution *a);
 /* Sum over methods / categories. */
-uint64_t gm_attr_peak_cat(const gm_attribution *a, int cat);
-uint64_t gm_attr_peak_method(const gm_attribution *a, int method);
+uint64_t gm__attr_peak_cat(const gm_attribution *a, int cat);
+uint64_t gm__attr_peak_method(const gm_attribution *a, int method);
 
 /* ---- frame / scope table (like torch.profiler's key_averages) ---------- */
 
 typedef struct gm_frame_row {
     uint32_t name, filename; /* strings of the trace; UINT32_MAX + phase for the
-                                "no Python frames" rows (see gm_frame_row_label) */
+                                "no Python frames" rows (see gm__frame_row_label) */
     int32_t line;            /* of the first frame seen */
     uint64_t self_bytes, total_bytes;   /* allocated in it (innermost) / under it */
     uint64_t self_peak, total_peak;     /* of those, live at the peak */
@@ -140,9 +141,9 @@ typedef struct gm_frame_row {
 /* Rows grouped by function (name, file), sorted by total_peak then
  * total_bytes, descending. Allocations without frames form one row per
  * phase. */
-int gm_frame_table(const gm_attribution *a, gm_frame_row **rows, size_t *nrows);
+int gm__frame_table(const gm_attribution *a, gm_frame_row **rows, size_t *nrows);
 /* "forward (modeling_gpt2.py:123)" / "[no frames: backward]" into buf. */
-const char *gm_frame_row_label(const gm_attribution *a, const gm_frame_row *r, char *buf, size_t len);
+const char *gm__frame_row_label(const gm_attribution *a, const gm_frame_row *r, char *buf, size_t len);
 
 /* ---- timeline: replay under the torch policy --------------------------- */
 
@@ -182,9 +183,9 @@ typedef struct gm_timeline {
  * torch defaults) and samples the categories, allocated and reserved into
  * at most max_points points (the maximum of each bucket, so no peak is
  * dropped), plus the segment map at the requested peak. */
-int gm_timeline_build(const gm_attribution *a, const gm_config *cfg, size_t max_points,
+int gm__timeline_build(const gm_attribution *a, const gm_config *cfg, size_t max_points,
                       gm_timeline **out);
-void gm_timeline_free(gm_timeline *tl);
+void gm__timeline_free(gm_timeline *tl);
 
 /* ---- the timeline stacked by scope (scopes.c) --------------------------- */
 
@@ -216,8 +217,8 @@ typedef struct gm_scope_series {
  * deepest scope (GM_SCOPE_DEPTH_MAX at most), top_n scopes per depth by
  * bytes at the peak plus GM_SCOPE_OTHERS. Every point's series sum to the
  * point's categories' sum. scopes.c says how a scope is decided. */
-int gm_scope_series_build(const gm_attribution *a, const gm_timeline *tl, size_t top_n, gm_scope_series **out);
-void gm_scope_series_free(gm_scope_series *ss);
+int gm__scope_series_build(const gm_attribution *a, const gm_timeline *tl, size_t top_n, gm_scope_series **out);
+void gm__scope_series_free(gm_scope_series *ss);
 /* The series as one JSON object; deltas: each point minus the one before
  * (the HTML, smaller), else the values (--json). */
 void gm__scope_series_json(FILE *f, const gm_scope_series *ss, bool deltas);
@@ -230,35 +231,34 @@ typedef struct gm_report_opts {
     const gm_scope_series *scopes; /* the timeline by scope (NULL: none) */
 } gm_report_opts;
 
-int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl,
+int gm__report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl,
                          const gm_frame_row *rows, size_t nrows, const gm_report_opts *o);
-int gm_report_write_html(FILE *f, const gm_attribution *a, const gm_timeline *tl,
+int gm__report_write_html(FILE *f, const gm_attribution *a, const gm_timeline *tl,
                          const gm_frame_row *rows, size_t nrows, const gm_report_opts *o);
 /* One JSON object: the peak breakdown by category and method, the replay's peaks. */
-int gm_report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_report_opts *o);
+int gm__report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_report_opts *o);
 /* Chrome trace event JSON (Perfetto loads it): counter tracks per category
  * and reserved, slices for the phases and scopes. */
-int gm_report_write_perfetto(FILE *f, const gm_attribution *a, const gm_timeline *tl);
+int gm__report_write_perfetto(FILE *f, const gm_attribution *a, const gm_timeline *tl);
 
 /* ---- writing torch snapshots (snapshot_write.c) ------------------------ */
 
 /* A gm_trace as a PyTorch memory snapshot pickle (protocol 4), gzip'd when
  * path ends in ".gz"; both readers of gpumem and PyTorch's memory_viz load it. */
-int gm_trace_write_snapshot(const gm_trace *t, const char *path);
-int gm_trace_encode_snapshot(const gm_trace *t, uint8_t **out, size_t *len);
+int gm__trace_write_snapshot(const gm_trace *t, const char *path);
+int gm__trace_encode_snapshot(const gm_trace *t, uint8_t **out, size_t *len);
 
 /* The history ring (src/core/history.c) as a gm_trace (history_dump.c):
  * scopes become frames {path element, GM_TAG_SCOPE_FILE} (innermost
  * first), tags a frame {category, GM_TAG_CATEGORY_FILE} on the tagged
  * allocation. *dropped: entries the ring had dropped. */
-int gm_history_to_trace(gm_trace **out, uint64_t *dropped);
+int gm__history_to_trace(gm_trace **out, uint64_t *dropped);
 /* The history as torch memory snapshot bytes (malloc'd): what an OOM report
  * keeps beside it (src/monitor/oom_report.c, lent by the layer above). */
 int gm__history_snapshot_bytes(uint8_t **out, size_t *len);
 
 /* The report's byte and share formatting: the library's one byte formatter
- * (gm__format_bytes, "13.24 GiB") and a percentage of a whole (0 of 0 is 0). */
-const char *gm__format_bytes(int64_t bytes, char *buf, size_t len);
+ * (gm__format_bytes, util/text.h) and a percentage of a whole (0 of 0 is 0). */
 static inline const char *gm__report_bytes(double b, char *buf, size_t len) {
     return gm__format_bytes((int64_t)b, buf, len);
 }

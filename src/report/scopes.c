@@ -162,7 +162,7 @@ static void stack_key(const gm_trace *t, const stack_info *si, int phase, int d,
     } else if (si->phase_scope && !strcmp(si->phase_scope, GM_SCOPE_UNTRACKED)) {
         snprintf(buf, len, "[%s]", GM_SCOPE_UNTRACKED);
     } else {
-        snprintf(buf, len, "[%s]", phase == GM_PH_NONE ? "no frames" : gm_phase_name(phase));
+        snprintf(buf, len, "[%s]", phase == GM_PH_NONE ? "no frames" : gm__phase_name(phase));
     }
 }
 
@@ -208,7 +208,7 @@ static void sweep(const gm_attribution *a, const gm_timeline *tl, const uint32_t
     }
 }
 
-int gm_scope_series_build(const gm_attribution *a, const gm_timeline *tl, size_t top_n, gm_scope_series **out) {
+int gm__scope_series_build(const gm_attribution *a, const gm_timeline *tl, size_t top_n, gm_scope_series **out) {
     *out = NULL;
     const gm_trace *t = a->trace;
     if (top_n < 1) top_n = 1;
@@ -325,14 +325,14 @@ out:
     free(rk);
     keys_free(&K);
     if (rc) {
-        gm_scope_series_free(ss);
+        gm__scope_series_free(ss);
         return rc;
     }
     *out = ss;
     return GM_OK;
 }
 
-void gm_scope_series_free(gm_scope_series *ss) {
+void gm__scope_series_free(gm_scope_series *ss) {
     if (!ss) return;
     for (int i = 0; i < ss->nviews; i++) {
         gm_scope_view *v = &ss->views[i];

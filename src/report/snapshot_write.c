@@ -163,7 +163,7 @@ static int encode(const gm_trace *t, pw *w) {
             const gm_trace_event *e = &t->events[i];
             op(w, '}');
             op(w, '(');
-            kstr(w, "action", gm_trace_action_name(e->action));
+            kstr(w, "action", gm__trace_action_name(e->action));
             ku64(w, "addr", e->addr);
             ku64(w, "size", e->size);
             ku64(w, "stream", e->stream);
@@ -190,7 +190,7 @@ static int encode(const gm_trace *t, pw *w) {
     return w->oom ? GM_ENOHOSTMEM : GM_OK;
 }
 
-int gm_trace_encode_snapshot(const gm_trace *t, uint8_t **out, size_t *len) {
+int gm__trace_encode_snapshot(const gm_trace *t, uint8_t **out, size_t *len) {
     pw w = {0};
     int rc = encode(t, &w);
     if (rc) {
@@ -202,10 +202,10 @@ int gm_trace_encode_snapshot(const gm_trace *t, uint8_t **out, size_t *len) {
     return GM_OK;
 }
 
-int gm_trace_write_snapshot(const gm_trace *t, const char *path) {
+int gm__trace_write_snapshot(const gm_trace *t, const char *path) {
     uint8_t *buf = NULL;
     size_t n = 0;
-    int rc = gm_trace_encode_snapshot(t, &buf, &n);
+    int rc = gm__trace_encode_snapshot(t, &buf, &n);
     if (rc) return rc;
     size_t pl = strlen(path);
     rc = gm__write_file(path, buf, n, pl > 3 && !strcmp(path + pl - 3, ".gz"));

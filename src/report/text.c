@@ -8,7 +8,7 @@
 #include <string.h>
 
 
-int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_frame_row *rows,
+int gm__report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_frame_row *rows,
                          size_t nrows, const gm_report_opts *o) {
     char b1[32], b2[32], b3[32], b4[32], lab[512];
     uint64_t peak = (uint64_t)a->peak_bytes;
@@ -29,17 +29,17 @@ int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl
     for (int c = 0; c < GM_CAT_COUNT; c++) {
         uint64_t tot = 0;
         for (int m = 0; m < GM_AM_COUNT; m++) tot += a->bytes_by[c][m];
-        uint64_t p = gm_attr_peak_cat(a, c);
+        uint64_t p = gm__attr_peak_cat(a, c);
         fprintf(f, "  %-16s %12s %6.1f%% %12s %10" PRIu64 "\n", gm_category_name(c), gm__report_bytes((double)p, b1, sizeof b1),
                 gm__report_pct(p, peak), gm__report_bytes((double)tot, b2, sizeof b2), a->count_by[c]);
     }
     fprintf(f, "\nHow the bytes at the peak were attributed:\n\n");
     for (int m = 0; m < GM_AM_COUNT; m++) {
-        uint64_t p = gm_attr_peak_method(a, m);
-        fprintf(f, "  %-9s %12s %6.1f%%  %s\n", gm_attr_method_name(m), gm__report_bytes((double)p, b1, sizeof b1),
-                gm__report_pct(p, peak), gm_attr_method_help(m));
+        uint64_t p = gm__attr_peak_method(a, m);
+        fprintf(f, "  %-9s %12s %6.1f%%  %s\n", gm__attr_method_name(m), gm__report_bytes((double)p, b1, sizeof b1),
+                gm__report_pct(p, peak), gm__attr_method_help(m));
     }
-    if (!a->has_frames) fprintf(f, "\n  %s\n", gm_attr_frames_note(a, lab, sizeof lab));
+    if (!a->has_frames) fprintf(f, "\n  %s\n", gm__attr_frames_note(a, lab, sizeof lab));
     if (a->unknown_frees || a->double_allocs || a->oversized_allocs)
         fprintf(f, "\n  trace anomalies: %" PRIu64 " frees of unknown addresses, %" PRIu64
                    " allocs of live addresses (kept live, as replay does), %" PRIu64
@@ -51,7 +51,7 @@ int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl
     fprintf(f, "  %-60s %11s %11s %11s %11s %8s\n", "Name", "Self peak", "Total peak", "Self alloc",
             "Total alloc", "Calls");
     for (size_t r = 0; r < nrows && r < max; r++) {
-        gm_frame_row_label(a, &rows[r], lab, sizeof lab);
+        gm__frame_row_label(a, &rows[r], lab, sizeof lab);
         if (strlen(lab) > 60) strcpy(lab + 57, "...");
         fprintf(f, "  %-60s %11s %11s %11s %11s %8" PRIu64 "\n", lab,
                 gm__report_bytes((double)rows[r].self_peak, b1, sizeof b1), gm__report_bytes((double)rows[r].total_peak, b2, sizeof b2),
@@ -62,7 +62,7 @@ int gm_report_write_text(FILE *f, const gm_attribution *a, const gm_timeline *tl
     return ferror(f) ? -1 : 0;
 }
 
-int gm_report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_report_opts *o) {
+int gm__report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl, const gm_report_opts *o) {
     fprintf(f, "{\"trace\":");
     gm__json_string(f, o && o->title ? o->title : "", false);
     fprintf(f, ",\"format\":\"%s\",\"device\":%d,\"events\":%zu,\"allocations\":%zu,\"has_frames\":%s,"
@@ -78,14 +78,14 @@ int gm_report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl
         uint64_t tot = 0;
         for (int m = 0; m < GM_AM_COUNT; m++) tot += a->bytes_by[c][m];
         fprintf(f, "%s\"%s\":{\"peak\":%" PRIu64 ",\"allocated\":%" PRIu64 ",\"count\":%" PRIu64 ",\"peak_by\":{",
-                c ? "," : "", gm_category_name(c), gm_attr_peak_cat(a, c), tot, a->count_by[c]);
+                c ? "," : "", gm_category_name(c), gm__attr_peak_cat(a, c), tot, a->count_by[c]);
         for (int m = 0; m < GM_AM_COUNT; m++)
-            fprintf(f, "%s\"%s\":%" PRIu64, m ? "," : "", gm_attr_method_name(m), a->peak_by[c][m]);
+            fprintf(f, "%s\"%s\":%" PRIu64, m ? "," : "", gm__attr_method_name(m), a->peak_by[c][m]);
         fprintf(f, "}}");
     }
     fprintf(f, "},\"methods\":{");
     for (int m = 0; m < GM_AM_COUNT; m++)
-        fprintf(f, "%s\"%s\":%" PRIu64, m ? "," : "", gm_attr_method_name(m), gm_attr_peak_method(a, m));
+        fprintf(f, "%s\"%s\":%" PRIu64, m ? "," : "", gm__attr_method_name(m), gm__attr_peak_method(a, m));
     fprintf(f, "},\"unknown_frees\":%" PRIu64 ",\"double_allocs\":%" PRIu64 ",\"oversized_allocs\":%" PRIu64,
             a->unknown_frees, a->double_allocs, a->oversized_allocs);
     if (!a->has_frames) {
@@ -93,7 +93,7 @@ int gm_report_write_json(FILE *f, const gm_attribution *a, const gm_timeline *tl
         fprintf(f, ",\"steps_inferred\":%zu,\"record_frames\":", a->nsteps);
         gm__json_string(f, GM_RECORD_FRAMES_CALL, false);
         fprintf(f, ",\"note\":");
-        gm__json_string(f, gm_attr_frames_note(a, note, sizeof note), false);
+        gm__json_string(f, gm__attr_frames_note(a, note, sizeof note), false);
     }
     if (tl && o && o->scopes) {
         /* the timeline's points (x of the scope series) and the series the

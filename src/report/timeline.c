@@ -119,7 +119,7 @@ static void flush(gm_timeline *tl, bucket *b) {
     b->have = false;
 }
 
-int gm_timeline_build(const gm_attribution *a, const gm_config *cfg, size_t max_points, gm_timeline **out) {
+int gm__timeline_build(const gm_attribution *a, const gm_config *cfg, size_t max_points, gm_timeline **out) {
     *out = NULL;
     if (max_points < 6) max_points = 6;
     gm_timeline *tl = calloc(1, sizeof *tl);
@@ -230,14 +230,14 @@ out:
     if (al) gm_allocator_destroy(al);
     if (be) gm_backend_destroy(be);
     if (rc) {
-        gm_timeline_free(tl);
+        gm__timeline_free(tl);
         return rc;
     }
     *out = tl;
     return GM_OK;
 }
 
-void gm_timeline_free(gm_timeline *tl) {
+void gm__timeline_free(gm_timeline *tl) {
     if (!tl) return;
     for (size_t i = 0; i < tl->nsegs; i++) free(tl->segs[i].blocks);
     free(tl->segs);

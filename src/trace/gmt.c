@@ -130,7 +130,7 @@ static void put_le(uint8_t *p, uint64_t v, int n) {
     for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
-int gm_trace_encode_gmt(const gm_trace *t, uint8_t **out, size_t *outlen) {
+int gm__trace_encode_gmt(const gm_trace *t, uint8_t **out, size_t *outlen) {
     *out = NULL;
     *outlen = 0;
     wbuf w = {0};
@@ -166,10 +166,10 @@ int gm_trace_encode_gmt(const gm_trace *t, uint8_t **out, size_t *outlen) {
     return GM_OK;
 }
 
-int gm_trace_write_gmt(const gm_trace *t, const char *path) {
+int gm__trace_write_gmt(const gm_trace *t, const char *path) {
     uint8_t *buf;
     size_t len;
-    int rc = gm_trace_encode_gmt(t, &buf, &len);
+    int rc = gm__trace_encode_gmt(t, &buf, &len);
     if (rc) return rc;
     rc = gm__write_file(path, buf, len, false);
     free(buf);
@@ -449,18 +449,18 @@ int gm__trace_decode_gmt_stream(FILE *in, const void *head, size_t len, gm_trace
     return gm__tb_finish(b, "gmt", out);
 }
 
-int gm_trace_decode_gmt(const void *data, size_t len, gm_trace **out) {
+int gm__trace_decode_gmt(const void *data, size_t len, gm_trace **out) {
     return gm__trace_decode_gmt_stream(NULL, data, len, out);
 }
 
 /* ---- any format -------------------------------------------------------- */
 
-int gm_trace_load_mem(const void *data, size_t len, gm_trace **out) {
-    if (len >= 8 && memcmp(data, GM_TRACE_MAGIC, 8) == 0) return gm_trace_decode_gmt(data, len, out);
-    return gm_trace_from_snapshot(data, len, out);
+int gm__trace_load_mem(const void *data, size_t len, gm_trace **out) {
+    if (len >= 8 && memcmp(data, GM_TRACE_MAGIC, 8) == 0) return gm__trace_decode_gmt(data, len, out);
+    return gm__trace_from_snapshot(data, len, out);
 }
 
-int gm_trace_load_file(const char *path, gm_trace **out) {
+int gm__trace_load_file(const char *path, gm_trace **out) {
     *out = NULL;
     /* "-" is standard input, as for every command-line tool. */
     bool is_stdin = !strcmp(path, "-");

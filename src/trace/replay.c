@@ -285,7 +285,7 @@ static int collect_hints(gm_replay_prog *p, const gm_trace_event *ev, size_t n, 
     return GM_OK;
 }
 
-int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out) {
+int gm__replay_compile(const gm_trace *t, int device, gm_replay_prog **out) {
     *out = NULL;
     if (device < 0 || device >= t->ndevices)
         return gm__set_error(GM_EDEVICE, "the trace has no device %d (it has %d)", device,
@@ -316,14 +316,14 @@ int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out) {
     if (!rc && p->op_pool) rc = assign_pools(p, t, ev, seg_pool);
     free(seg_pool);
     if (rc) {
-        gm_replay_prog_free(p);
+        gm__replay_prog_free(p);
         return rc == GM_ENOHOSTMEM ? gm__set_error(rc, "out of host memory compiling a replay") : rc;
     }
     *out = p;
     return GM_OK;
 }
 
-void gm_replay_prog_free(gm_replay_prog *p) {
+void gm__replay_prog_free(gm_replay_prog *p) {
     if (!p) return;
     free(p->ops);
     free(p->hint_size);
@@ -333,13 +333,13 @@ void gm_replay_prog_free(gm_replay_prog *p) {
     free(p);
 }
 
-size_t gm_replay_prog_ops(const gm_replay_prog *p) { return p->nops; }
-int64_t gm_replay_prog_peak_requested(const gm_replay_prog *p) { return p->trace_peak_requested; }
-uint32_t gm_replay_prog_pools(const gm_replay_prog *p) { return p->npools; }
+size_t gm__replay_prog_ops(const gm_replay_prog *p) { return p->nops; }
+int64_t gm__replay_prog_peak_requested(const gm_replay_prog *p) { return p->trace_peak_requested; }
+uint32_t gm__replay_prog_pools(const gm_replay_prog *p) { return p->npools; }
 uint32_t gm__replay_op_pool(const gm_replay_prog *p, size_t i) {
     return p->op_pool && i < p->nops ? p->op_pool[i] : 0;
 }
-uint64_t gm_replay_prog_bad_events(const gm_replay_prog *p, const char **first) {
+uint64_t gm__replay_prog_bad_events(const gm_replay_prog *p, const char **first) {
     if (first) *first = p->bad_first;
     return p->bad_events;
 }
@@ -350,19 +350,19 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-const int gm_replay_sized_kinds[GM_REPLAY_SIZED] = {GM_BCALL_MALLOC, GM_BCALL_FREE,
+const int gm__replay_sized_kinds[GM_REPLAY_SIZED] = {GM_BCALL_MALLOC, GM_BCALL_FREE,
                                                      GM_BCALL_PHYS_CREATE, GM_BCALL_PHYS_RELEASE,
                                                      GM_BCALL_MAP, GM_BCALL_UNMAP};
-const char *const gm_replay_sized_names[GM_REPLAY_SIZED] = {"device_alloc", "device_free", "phys_create",
+const char *const gm__replay_sized_names[GM_REPLAY_SIZED] = {"device_alloc", "device_free", "phys_create",
                                                             "phys_release", "map", "unmap"};
 
-const char *const gm_replay_call_names[GM_REPLAY_CALL_KINDS] = {
+const char *const gm__replay_call_names[GM_REPLAY_CALL_KINDS] = {
 #define GM__REPLAY_CALL_NAME(name, field) #name,
     GM_REPLAY_CALLS(GM__REPLAY_CALL_NAME)
 #undef GM__REPLAY_CALL_NAME
 };
 
-void gm_replay_calls(const gm_replay_result *r, int64_t out[GM_REPLAY_CALL_KINDS]) {
+void gm__replay_calls(const gm_replay_result *r, int64_t out[GM_REPLAY_CALL_KINDS]) {
     int k = 0;
 #define GM__REPLAY_CALL_GET(name, field) out[k++] = r->field;
     GM_REPLAY_CALLS(GM__REPLAY_CALL_GET)
@@ -464,12 +464,12 @@ static void run_ops(const gm_replay_prog *p, gm_allocator *a, gm_devptr *ptrs, g
     }
 }
 
-int gm_replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity,
+int gm__replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity,
                   gm_replay_result *r) {
-    return gm_replay_run_steady(p, cfg, capacity, GM_REPLAY_STEADY_FROM, r);
+    return gm__replay_run_steady(p, cfg, capacity, GM_REPLAY_STEADY_FROM, r);
 }
 
-int gm_replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity, double steady_from,
+int gm__replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity, double steady_from,
                          gm_replay_result *r) {
     memset(r, 0, sizeof *r);
     if (!(steady_from >= 0.0 && steady_from < 1.0))
@@ -526,7 +526,7 @@ int gm_replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t
         }
     }
     for (int k = 0; k < GM_REPLAY_SIZED; k++)
-        gm_sim_call_sizes(be, 0, gm_replay_sized_kinds[k], r->sized_n[k], r->sized_bytes[k]);
+        gm_sim_call_sizes(be, 0, gm__replay_sized_kinds[k], r->sized_n[k], r->sized_bytes[k]);
     free(ptrs);
     gm_allocator_destroy(a);
     gm_backend_destroy(be);

@@ -100,7 +100,7 @@ static int action_of(reader *r, gm__pval v) {
     if (!s) return GM_TA_COUNT;
     a = GM_TA_COUNT;
     for (int i = 0; i < GM_TA_COUNT; i++)
-        if (!strcmp(s, gm_trace_action_name(i))) a = i;
+        if (!strcmp(s, gm__trace_action_name(i))) a = i;
     pc_put(&r->actions, v, a);
     return a;
 }
@@ -380,6 +380,6 @@ int gm__trace_from_snapshot_stream(FILE *in, const void *head, size_t len, gm_tr
     return rc;
 }
 
-int gm_trace_from_snapshot(const void *data, size_t len, gm_trace **out) {
+int gm__trace_from_snapshot(const void *data, size_t len, gm_trace **out) {
     return gm__trace_from_snapshot_stream(NULL, data, len, out);
 }

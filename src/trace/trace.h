@@ -17,7 +17,7 @@
 
 #include "core/action.h"
 
-const char *gm_trace_action_name(int action); /* "alloc", ... */
+const char *gm__trace_action_name(int action); /* "alloc", ... */
 
 typedef struct gm_trace_event {
     uint64_t addr;
@@ -68,19 +68,19 @@ typedef struct gm_trace {
 /* Read a trace file of either format (detected by magic: gmt, gzip, or a
  * bare pickle). GM_EFORMAT / GM_EIO / GM_ENOHOSTMEM with the detail in
  * gm_last_error_detail(). */
-int gm_trace_load_file(const char *path, gm_trace **out);
-int gm_trace_load_mem(const void *data, size_t len, gm_trace **out);
+int gm__trace_load_file(const char *path, gm_trace **out);
+int gm__trace_load_mem(const void *data, size_t len, gm_trace **out);
 /* The snapshot reader alone (input: a PyTorch snapshot pickle, maybe gzip). */
-int gm_trace_from_snapshot(const void *data, size_t len, gm_trace **out);
-void gm_trace_free(gm_trace *t);
+int gm__trace_from_snapshot(const void *data, size_t len, gm_trace **out);
+void gm__trace_free(gm_trace *t);
 
 /* gpumem trace format (.gmt): see docs/trace-format.md. */
 #define GM_TRACE_MAGIC "GMTRACE\0"
 #define GM_TRACE_VERSION 1
-int gm_trace_write_gmt(const gm_trace *t, const char *path);
+int gm__trace_write_gmt(const gm_trace *t, const char *path);
 /* Encode into a malloc'd buffer (for tests/fuzzing). */
-int gm_trace_encode_gmt(const gm_trace *t, uint8_t **out, size_t *outlen);
-int gm_trace_decode_gmt(const void *data, size_t len, gm_trace **out);
+int gm__trace_encode_gmt(const gm_trace *t, uint8_t **out, size_t *outlen);
+int gm__trace_decode_gmt(const void *data, size_t len, gm_trace **out);
 
 /* The snapshot reader on a file read as it goes (pickle.h's
  * gm__pickle_load_stream): `head` holds its first len bytes. */
@@ -126,18 +126,18 @@ int gm__tb_finish(gm__trace_builder *b, const char *format, gm_trace **out);
  * times (tune runs many configurations over one program). */
 typedef struct gm_replay_prog gm_replay_prog;
 
-int gm_replay_compile(const gm_trace *t, int device, gm_replay_prog **out);
-void gm_replay_prog_free(gm_replay_prog *p);
-size_t gm_replay_prog_ops(const gm_replay_prog *p);
+int gm__replay_compile(const gm_trace *t, int device, gm_replay_prog **out);
+void gm__replay_prog_free(gm_replay_prog *p);
+size_t gm__replay_prog_ops(const gm_replay_prog *p);
 /* Peak of live requested bytes in the trace itself (no allocator involved). */
-int64_t gm_replay_prog_peak_requested(const gm_replay_prog *p);
+int64_t gm__replay_prog_peak_requested(const gm_replay_prog *p);
 /* Events skipped because no device could have made them (an alloc over
  * GM_LIMIT_ALLOC_BYTES, a segment at address 0, ...); *first (may be NULL)
  * describes the first. */
-uint64_t gm_replay_prog_bad_events(const gm_replay_prog *p, const char **first);
+uint64_t gm__replay_prog_bad_events(const gm_replay_prog *p, const char **first);
 /* Private pools the program allocates into (the trace's nonzero
  * segment_pool_ids on its device); each is retained for the whole run. */
-uint32_t gm_replay_prog_pools(const gm_replay_prog *p);
+uint32_t gm__replay_prog_pools(const gm_replay_prog *p);
 /* 1 + the pool op i (an alloc, in program order) allocates into, 0: the
  * device's own memory (tests). */
 uint32_t gm__replay_op_pool(const gm_replay_prog *p, size_t i);
@@ -145,15 +145,15 @@ uint32_t gm__replay_op_pool(const gm_replay_prog *p, size_t i);
 /* The device calls whose cost depends on their size, as gm_bcall kinds, and
  * their names in replay's JSON. */
 #define GM_REPLAY_SIZED 6
-extern const int gm_replay_sized_kinds[GM_REPLAY_SIZED];
-extern const char *const gm_replay_sized_names[GM_REPLAY_SIZED];
+extern const int gm__replay_sized_kinds[GM_REPLAY_SIZED];
+extern const char *const gm__replay_sized_names[GM_REPLAY_SIZED];
 
 /* The steady state: the events from this fraction of the trace on (after
  * warm-up), where a training loop repeats its steps. */
 #define GM_REPLAY_STEADY_FROM 0.5
 /* The device calls a replay reports, written once: X(name in replay's
  * output, the gm_stats counter and gm_replay_result field). The order of
- * gm_replay_call_names, steady_calls and gm_replay_calls. */
+ * gm__replay_call_names, steady_calls and gm__replay_calls. */
 #define GM_REPLAY_CALLS(X)                                                     \
     X(device_alloc, num_device_alloc) X(device_free, num_device_free)          \
     X(va_reserve, num_va_reserve) X(va_release, num_va_release)                \
@@ -165,7 +165,7 @@ enum {
 #undef GM__REPLAY_CALL_ENUM
     GM_REPLAY_CALL_KINDS
 };
-extern const char *const gm_replay_call_names[GM_REPLAY_CALL_KINDS];
+extern const char *const gm__replay_call_names[GM_REPLAY_CALL_KINDS];
 
 typedef struct gm_replay_result {
     int64_t peak_requested, peak_allocated, peak_reserved;
@@ -176,7 +176,7 @@ typedef struct gm_replay_result {
     GM_REPLAY_CALLS(GM__REPLAY_CALL_FIELD) /* the whole replay's device calls */
 #undef GM__REPLAY_CALL_FIELD
     /* the same sized calls by size (gm_sim_call_sizes), kinds in
-     * gm_replay_sized_kinds order: n[i][k] calls, bytes[i][k] bytes of 2^k.. */
+     * gm__replay_sized_kinds order: n[i][k] calls, bytes[i][k] bytes of 2^k.. */
     uint64_t sized_n[GM_REPLAY_SIZED][GM_SIM_SIZE_BUCKETS];
     uint64_t sized_bytes[GM_REPLAY_SIZED][GM_SIM_SIZE_BUCKETS];
     uint64_t allocs, frees;          /* replayed */
@@ -203,16 +203,16 @@ typedef struct gm_replay_result {
     int64_t steady_calls[GM_REPLAY_CALL_KINDS];
 } gm_replay_result;
 
-/* r's device calls (the whole replay), in gm_replay_call_names' order. */
-void gm_replay_calls(const gm_replay_result *r, int64_t out[GM_REPLAY_CALL_KINDS]);
+/* r's device calls (the whole replay), in gm__replay_call_names' order. */
+void gm__replay_calls(const gm_replay_result *r, int64_t out[GM_REPLAY_CALL_KINDS]);
 
 /* Replay on a fresh sim device of `capacity` bytes (0 = 141 GiB) with cfg
  * (NULL = torch defaults). Returns GM_OK even on OOM (see r->oom); errors
  * only when the allocator or backend cannot be created. */
-int gm_replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity,
+int gm__replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity,
                   gm_replay_result *r);
 /* The same with the steady state from another fraction of the trace, [0, 1). */
-int gm_replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity, double steady_from,
+int gm__replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity, double steady_from,
                          gm_replay_result *r);
 
 /* ---- tune (tune.c) ------------------------------------------------------
@@ -222,16 +222,16 @@ typedef struct gm_tune_entry {
     char conf[192];      /* the setting, as a user writes it ("" = torch defaults) */
     gm_config cfg;
     gm_replay_result r;
-    int rc;              /* gm_replay_run's status; err says why when not GM_OK */
+    int rc;              /* gm__replay_run's status; err says why when not GM_OK */
     char err[256];
 } gm_tune_entry;
 
 /* *out: calloc'ed, *n entries, ranked; free() it. */
-int gm_tune_run(const gm_replay_prog *p, uint64_t capacity, int threads, gm_tune_entry **out, int *n);
+int gm__tune_run(const gm_replay_prog *p, uint64_t capacity, int threads, gm_tune_entry **out, int *n);
 /* Ran out of memory, or failed: not a candidate. */
-bool gm_tune_failed(const gm_tune_entry *e);
+bool gm__tune_failed(const gm_tune_entry *e);
 /* Device calls of a (cold) replay: allocations, VMM creates, maps, unmaps. */
-int64_t gm_tune_device_calls(const gm_replay_result *r);
+int64_t gm__tune_device_calls(const gm_replay_result *r);
 
 /* Which setting to name: "best for memory" is the lowest peak reserved that
  * fits; "recommended" the lowest whose device calls stay within
@@ -251,8 +251,8 @@ int64_t gm_tune_device_calls(const gm_replay_result *r);
 typedef struct gm_tune_choice {
     int def, best, rec;
 } gm_tune_choice;
-void gm_tune_choose(const gm_tune_entry *e, int n, gm_tune_choice *out);
+void gm__tune_choose(const gm_tune_entry *e, int n, gm_tune_choice *out);
 /* e's device calls as a multiple of the default's (1 when there is none). */
-double gm_tune_calls_ratio(const gm_tune_entry *e, const gm_tune_entry *def);
+double gm__tune_calls_ratio(const gm_tune_entry *e, const gm_tune_entry *def);
 
 #endif /* GPUMEM_TRACE_TRACE_H */

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *gm_trace_action_name(int action) {
+const char *gm__trace_action_name(int action) {
     static const char *names[] = {
 #define GM__TA_NAME(n, s) s,
         GM_TRACE_ACTIONS(GM__TA_NAME)
@@ -81,7 +81,7 @@ gm__trace_builder *gm__tb_new(void) {
 
 void gm__tb_discard(gm__trace_builder *b) {
     if (!b) return;
-    gm_trace_free(b->t);
+    gm__trace_free(b->t);
     gm__idmap_free(&b->strs);
     gm__idmap_free(&b->frames);
     gm__idmap_free(&b->stacks);
@@ -271,7 +271,7 @@ int gm__tb_finish(gm__trace_builder *b, const char *format, gm_trace **out) {
     return GM_OK;
 }
 
-void gm_trace_free(gm_trace *t) {
+void gm__trace_free(gm_trace *t) {
     if (!t) return;
     for (uint32_t i = 0; i < t->nstrings; i++) free(t->strings[i]);
     free(t->strings);

@@ -84,6 +84,11 @@ J
 "$GPUMEM" estimate --config="$T/llama.json" --batch=4 --seq=2048 --json | python3 -c '
 import json, sys; j = json.load(sys.stdin)
 assert j["model"]["parameters"] == 155730944, j["model"]' || fail "--config llama"
+# the model's name is the config's path, any bytes: --json stays valid UTF-8 JSON
+cp "$T/llama.json" "$T/bad"$'\xff'".json"
+"$GPUMEM" estimate --config="$T/bad"$'\xff'".json" --json | python3 -c '
+import json, sys; j = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+assert j["model"]["name"].endswith("bad\ufffd.json"), j["model"]' || fail "--config path not UTF-8: --json"
 
 # generation: the peak of ../shared/traces/gpt2_generate_kvcache (measured 1522219008 bytes on the H200)
 # is while .half() converts the fp32 model: fp32 parameters + the fp16 embedding

@@ -18,23 +18,23 @@ static void report(const gm_trace *t) {
     static FILE *null;
     if (!null && !(null = fopen("/dev/null", "w"))) return;
     gm_attribution *a;
-    if (gm_attribute(t, 0, &a) != GM_OK) return;
+    if (gm__attribute(t, 0, &a) != GM_OK) return;
     gm_frame_row *rows = NULL;
     size_t nrows = 0;
     gm_timeline *tl = NULL;
     gm_scope_series *ss = NULL;
-    if (gm_frame_table(a, &rows, &nrows) == GM_OK &&
-        gm_timeline_build(a, NULL, 64, &tl) == GM_OK) {
-        (void)gm_scope_series_build(a, tl, 4, &ss); /* the timeline stacked by scope, in --json */
+    if (gm__frame_table(a, &rows, &nrows) == GM_OK &&
+        gm__timeline_build(a, NULL, 64, &tl) == GM_OK) {
+        (void)gm__scope_series_build(a, tl, 4, &ss); /* the timeline stacked by scope, in --json */
         gm_report_opts o = {.title = "fuzz", .max_rows = 20, .scopes = ss};
-        gm_report_write_text(null, a, tl, rows, nrows, &o);
-        gm_report_write_json(null, a, tl, &o);
-        gm_report_write_perfetto(null, a, tl);
+        gm__report_write_text(null, a, tl, rows, nrows, &o);
+        gm__report_write_json(null, a, tl, &o);
+        gm__report_write_perfetto(null, a, tl);
     }
-    gm_scope_series_free(ss);
-    gm_timeline_free(tl);
+    gm__scope_series_free(ss);
+    gm__timeline_free(tl);
     free(rows);
-    gm_attribution_free(a);
+    gm__attribution_free(a);
 }
 
 /* Work per input byte (issue 26): the readers' steps (util/idmap.h) stay
@@ -49,37 +49,37 @@ static void check_work(const uint8_t *data, size_t size, uint64_t steps) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     gm_trace *t;
     uint64_t s0 = gm__work_steps;
-    int rc = gm_trace_load_mem(data, size, &t);
+    int rc = gm__trace_load_mem(data, size, &t);
     check_work(data, size, gm__work_steps - s0);
     if (rc != GM_OK) return 0;
     /* a few KB of .gmt can hold a million regular events (~1000x zlib);
      * their re-encoding, replay and report are linear but exceed the
      * per-input timeout, and say nothing small inputs do not */
     if (t->nevents > 100000) {
-        gm_trace_free(t);
+        gm__trace_free(t);
         return 0;
     }
     uint8_t *buf;
     size_t len;
-    if (gm_trace_encode_gmt(t, &buf, &len) == GM_OK) {
+    if (gm__trace_encode_gmt(t, &buf, &len) == GM_OK) {
         gm_trace *t2;
-        if (gm_trace_decode_gmt(buf, len, &t2) != GM_OK) abort(); /* whatever gpumem writes, it reads */
+        if (gm__trace_decode_gmt(buf, len, &t2) != GM_OK) abort(); /* whatever gpumem writes, it reads */
         if (t2->nevents != t->nevents) abort(); /* the round trip must be lossless */
-        gm_trace_free(t2);
+        gm__trace_free(t2);
         free(buf);
     }
-    if (t->nevents && gm_trace_encode_snapshot(t, &buf, &len) == GM_OK) {
+    if (t->nevents && gm__trace_encode_snapshot(t, &buf, &len) == GM_OK) {
         gm_trace *t2;
-        if (gm_trace_load_mem(buf, len, &t2) != GM_OK) abort(); /* our own snapshot refused */
+        if (gm__trace_load_mem(buf, len, &t2) != GM_OK) abort(); /* our own snapshot refused */
         if (t2->nevents != t->nevents) abort();
-        gm_trace_free(t2);
+        gm__trace_free(t2);
         free(buf);
     }
     for (int d = 0; d < t->ndevices && d < 4; d++) {
         gm_replay_prog *p;
-        if (gm_replay_compile(t, d, &p) == GM_OK) gm_replay_prog_free(p);
+        if (gm__replay_compile(t, d, &p) == GM_OK) gm__replay_prog_free(p);
     }
     if (t->nevents <= 4096) report(t); /* the timeline replays: keep inputs small */
-    gm_trace_free(t);
+    gm__trace_free(t);
     return 0;
 }

@@ -62,7 +62,7 @@ gm_replay_prog *gm_test_compile(gm__trace_builder *b) {
     gm_trace *t;
     assert_int_equal(gm__tb_finish(b, "test", &t), GM_OK);
     gm_replay_prog *p;
-    assert_int_equal(gm_replay_compile(t, 0, &p), GM_OK);
-    gm_trace_free(t);
+    assert_int_equal(gm__replay_compile(t, 0, &p), GM_OK);
+    gm__trace_free(t);
     return p;
 }
