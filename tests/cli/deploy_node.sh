@@ -99,9 +99,10 @@ wait_for 20 grep -q serving "$tmp/agent.out" || { echo "FAIL: agent did not star
 url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/agent.out")
 if [ -n "$other" ]; then
     opid=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["pid"])' "$tmp/other.json")
-    seen() { curl -fsS "$url" | grep -q "^gpumem_process_info{gpu=\"0\",pid=\"$opid\",uid=\"4242\",.*run_id=\"other-job\""; }
+    # output captured before grep: with pipefail, grep -q ending a pipe early fails its writer (SIGPIPE)
+    seen() { local m; m=$(curl -fsS "$url") && grep -q "^gpumem_process_info{gpu=\"0\",pid=\"$opid\",uid=\"4242\",.*run_id=\"other-job\"" <<<"$m"; }
     wait_for 20 seen || { echo "FAIL: the node agent does not see uid 4242's process"; curl -sS "$url"; exit 1; }
-    curl -fsS "$url" | grep -q '^gpumem_node_mode 1$' || { echo "FAIL: node mode not exported"; exit 1; }
+    grep -q '^gpumem_node_mode 1$' <<<"$(curl -fsS "$url")" || { echo "FAIL: node mode not exported"; exit 1; }
     "$GPUMEM" smi --no-nvml --format json | python3 -c '
 import json, sys
 assert not [p for p in json.load(sys.stdin)["processes"] if p["uid"] == 4242], "seen without --all-users"'
@@ -144,7 +145,7 @@ assert re.search(r"rank 1 +parameters [\d.]+ MiB, optimizer_state [\d.]+ MiB", t
 assert "largest free block" in t, t
 print("ok: the job summary tells rank 0's leak from rank 1's cache")
 PY
-"$SRC/deploy/slurm/gpumem-jobstats" --job 999 --log "$tmp/node.jsonl" | grep -q "Job 999: no gpumem samples" ||
+grep -q "Job 999: no gpumem samples" <<<"$("$SRC/deploy/slurm/gpumem-jobstats" --job 999 --log "$tmp/node.jsonl")" ||
     { echo "FAIL: an empty job is not said so"; exit 1; }
 GPUMEM_JOBSTATS_DIR="$tmp/jobs" GPUMEM_NODE_LOG="$tmp/node.jsonl" GPUMEM_JOBSTATS="$SRC/deploy/slurm/gpumem-jobstats" \
     sh "$SRC/deploy/slurm/gpumem-epilog.sh"
