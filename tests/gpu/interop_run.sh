@@ -14,13 +14,8 @@ OUT=${OUT:-/tmp/gpumem-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 GPUMEM_BUILD_JOBS=$(nproc)
 T0=$(date +%s)
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-git -C "$SRC" log --oneline -1 2>/dev/null || true
 . "$SRC/tests/gpu/pip_install.sh"
-gpumem_pip_install "$SRC" "$OUT/pip.log" "$T0" || exit 1
-cd /tmp  # not the source tree: the installed package must stand alone
-python3 -c 'import torch, gpumem, gpumem._C' || exit 1
+gpumem_device_run_start "$SRC" "$OUT" "$T0" || exit 1
 TEST="$SRC/tests/gpu/test_interop.py"
 rc=0
 for mode in native gpumem; do

@@ -17,3 +17,16 @@ gpumem_pip_install() {
     return 1
   fi
 }
+
+# gpumem_device_run_start SRC OUT T0: what a device run of the drop-in tests
+# does first (graphs_run.sh, interop_run.sh): say torch's, the GPU's and the
+# commit's versions, install the package fresh (OUT/pip.log), then leave
+# the source tree so the installed package must stand alone. Returns 1 if the
+# install or the import fails.
+gpumem_device_run_start() {
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  git -C "$1" log --oneline -1 2>/dev/null || true
+  gpumem_pip_install "$1" "$2/pip.log" "$3" || return 1
+  cd /tmp && python3 -c 'import torch, gpumem, gpumem._C'
+}
