@@ -186,7 +186,7 @@ def train_steps(torch, meter, opt, batches, loss_of, amp=None):
 def train_lm(torch, meter, model, amp, batches, params=None, fwd=None):
     model.cuda().train()
     opt = torch.optim.AdamW(params if params is not None else model.parameters(), lr=1e-4)
-    fwd = fwd or model
+    fwd = model if fwd is None else fwd  # not `or`: a compiled module has no truth value (len)
     train_steps(torch, meter, opt, (ids.cuda() for ids in batches),
                 lambda ids: fwd(input_ids=ids, labels=ids).loss, amp)
 
