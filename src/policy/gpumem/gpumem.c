@@ -19,7 +19,7 @@
  *    leave a multi-granule idle chunk partly used); then it looks for a range
  *    that is mapped already, so mappings get reused. A placement that still
  *    needs granules takes a loose (unmapped) chunk, else moves the idle
- *    (mapped, no live block) chunk that has been idle longest, from any arena
+ *    (mapped, no live block) chunk highest in the arena, else from another arena
  *    — after syncing the stream that last freed memory in that arena — and
  *    creates memory only when no chunk is idle: physical memory held is the
  *    peak of granules touched by live blocks (1.002-1.009 x peak requested

@@ -136,9 +136,6 @@ typedef struct gp_arena {
  * getters and the plan sets it through the setters below gp_state. */
 typedef struct gp_mode {
     bool warming;              /* gpumem_slack:auto, not loosened yet: slack is 0 (gm__gp_loosen) */
-    bool steal_high;           /* gpumem_plan, a step growing past an elastic plan: an idle chunk moved
-                                * is the highest of the arena placed in, not the one idle longest
-                                * (fewer moves, measured: bench/gpumem_policy_tradeoff.md) */
     bool stale_first;          /* gpumem_plan, an elastic plan serves: a placement that needs mapping
                                 * flushes the stale size classes before all (va.c, flush) */
     bool autoslack;            /* gpumem_slack:auto with a plan: may be tight again (gm__gp_tighten) */
@@ -157,7 +154,7 @@ typedef struct gp_state {
     gp_arena *last[GM_POOL_COUNT]; /* last arena used per pool: most programs use one stream */
     gp_chunk *chunks;
     int32_t nchunks, chunks_cap, chunk_free; /* chunk_free: recycled slot list via lnext */
-    /* by order of size, oldest first (the one idle longest moves first) */
+    /* by order of size, in the order they became idle */
     int32_t idle[GP_NORDERS], idle_tail[GP_NORDERS];   /* mapped, no live block */
     int32_t loose[GP_NORDERS], loose_tail[GP_NORDERS]; /* held but not mapped */
     uint64_t live_gran, peak_live_gran; /* granules of chunks holding live blocks */
@@ -180,10 +177,8 @@ typedef struct gp_state {
 
 /* The plan's say over the memory floor (gp_mode). */
 static inline bool gm__gp_warming(const gp_state *st) { return st->mode.warming; }
-static inline bool gm__gp_steal_high(const gp_state *st) { return st->mode.steal_high; }
 static inline bool gm__gp_stale_first(const gp_state *st) { return st->mode.stale_first; }
 static inline uint64_t gm__gp_soft_cap(const gp_state *st) { return st->mode.soft_cap; }
-static inline void gm__gp_set_steal_high(gp_state *st, bool on) { st->mode.steal_high = on; }
 static inline void gm__gp_set_stale_first(gp_state *st, bool on) { st->mode.stale_first = on; }
 static inline void gm__gp_set_soft_cap(gp_state *st, uint64_t bytes) { st->mode.soft_cap = bytes; }
 

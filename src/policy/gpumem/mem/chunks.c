@@ -82,7 +82,6 @@ void gm__gp_slack_modes(gp_state *st) {
 }
 
 void gm__gp_loosen(gp_state *st) {
-    st->mode.steal_high = false;
     st->mode.grows = false;
     if (!st->mode.warming) return;
     st->mode.warming = false;
@@ -285,8 +284,12 @@ static bool excluded(const gp_chunk *c, const gp_arena *a, uint64_t pg0, uint64_
            (uint64_t)c->g0 + c->n - 1 >= pg0;
 }
 
-/* steal_high: x before y, as the idle chunk to move into arena a: the
- * higher in a first, a's before other arenas'. */
+/* x before y, as the idle chunk to move into arena a: the higher in a first,
+ * a's before other arenas'. Placement fills an arena from the bottom, so the
+ * highest idle chunk is the one the placements after this one are least
+ * likely to need where it is: moving the one idle longest instead moved, in
+ * steps that grow, chunks the same step then had to move back
+ * (bench/RESULTS.md, "the highest idle chunk moves"). */
 static inline bool higher(const gp_chunk *x, const gp_chunk *y, const gp_arena *a) {
     return (x->arena == a->index ? x->g0 : -1) > (y->arena == a->index ? y->g0 : -1);
 }
@@ -295,8 +298,8 @@ static inline bool higher(const gp_chunk *x, const gp_chunk *y, const gp_arena *
  * (nor, with spare, one the plan keeps for its next steps: st->keep). */
 static int32_t take_le_but(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a,
                            uint64_t pg0, uint64_t pg1, bool spare) {
-    /* steal_high: the whole list is read, and of equal sizes the higher wins */
-    bool high = gm__gp_steal_high(st) && list == GP_LIST_IDLE;
+    /* idle chunks: the whole list is read, and of equal sizes the higher wins */
+    bool high = list == GP_LIST_IDLE;
     for (int o = (int)gm__gp_order(n); o >= 0; o--) {
         int32_t best = -1;
         int32_t h = list == GP_LIST_IDLE ? st->idle[o] : st->loose[o];

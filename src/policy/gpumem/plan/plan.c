@@ -583,7 +583,6 @@ static int serve(gp_state *st, uint64_t units, int pool, gm_stream stream, uint6
         pl->grew = pl->growing = true;
         gm__gp_plan_unpark_all(st, pl); /* best fit places the rest: parked ranges are free memory again */
         gm__gp_tighten(st);
-        gm__gp_set_steal_high(st, true); /* until gm__gp_loosen */
     }
     bool growing = pl->growing;
     advance(st); /* ends growing at the step's end */
