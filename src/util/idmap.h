@@ -5,7 +5,7 @@
  * so it compares content itself while probing).
  *
  * Keys come from files: a fixed hash would let a trace steer every key to
- * one probe chain (3e5 crafted addresses took 56 s to compile). So the home
+ * one probe chain (crafted addresses made compiling quadratic). So the home
  * slot is SipHash-1-3 of the key under a random per-process key
  * (gm__hash_bytes is the same function for interned contents): without the
  * key no input can aim at a chain, and output never depends on it (ids
