@@ -32,7 +32,7 @@ uint64_t gm__hash_u64(uint64_t k);
 
 /* Work done on input, per thread: one step per probe of a table fed by a
  * file and per dict entry a reader scans. The readers bound it by the input
- * they consumed (snapshot.c); tests/test_work.c checks steps per input byte
+ * they consumed (snapshot.c); tests/stress/test_work.c checks steps per input byte
  * on crafted inputs, so no test depends on timing. */
 extern _Thread_local uint64_t gm__work_steps;
 
