@@ -14,10 +14,11 @@ and pass.
 usage: check_comments.py [--root DIR]   exit 1 and one line per reference
        check_comments.py --self-test    planted references must fail
 """
-import argparse
 import os
 import re
 import sys
+
+import check_tree
 
 EXTENSIONS = (".c", ".h", ".cpp")
 # Folders not checked yet, each with the reason: the one list to edit.
@@ -95,22 +96,11 @@ def self_test():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    ap.add_argument("--self-test", action="store_true")
-    o = ap.parse_args()
-    if o.self_test:
-        self_test()
-        return 0
-    bad = check(o.root)
-    for b in bad:
-        print(b)
-    if bad:
-        print("%d issue reference(s) in comments under src/: say the reason itself, and point to "
-              "bench/RESULTS.md by its section heading for a measured number" % len(bad))
-        return 1
-    print("ok: no comment under src/ refers to an issue by number (not checked yet: %s)" % ", ".join(SKIP))
-    return 0
+    return check_tree.run(
+        __doc__, check, self_test,
+        lambda n, root: "%d issue reference(s) in comments under src/: say the reason itself, and point to "
+        "bench/RESULTS.md by its section heading for a measured number" % n,
+        "ok: no comment under src/ refers to an issue by number (not checked yet: %s)" % ", ".join(SKIP))
 
 
 if __name__ == "__main__":
