@@ -16,12 +16,13 @@ the limits, constants and examples listed in NOT_MEASURED with the reason.
 usage: check_doc_figures.py [--root DIR]   exit 1 and one line per figure not found
        check_doc_figures.py --self-test    a planted stale figure must fail
 """
-import argparse
 import glob
 import os
 import re
 import sys
 from decimal import ROUND_HALF_UP, Decimal
+
+import check_tree
 
 SOURCES = ["bench/RESULTS.md", "bench/gpumem_policy_tradeoff.md"]
 UNIT = r"(x|ms|s|GiB|MiB|%)"
@@ -118,23 +119,12 @@ def self_test():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    ap.add_argument("--self-test", action="store_true")
-    o = ap.parse_args()
-    if o.self_test:
-        self_test()
-        return 0
-    bad = check(o.root)
-    for b in bad:
-        print(b)
-    if bad:
-        print("%d figure(s) in the docs are not measurements bench/RESULTS.md holds: record the measurement "
-              "there (date, machine, commit, command), then quote it; a limit or constant goes in "
-              "NOT_MEASURED in %s" % (len(bad), os.path.relpath(__file__, o.root)))
-        return 1
-    print("ok: every figure README.md and docs/*.md quote is in %s" % " or ".join(SOURCES))
-    return 0
+    return check_tree.run(
+        __doc__, check, self_test,
+        lambda n, root: "%d figure(s) in the docs are not measurements bench/RESULTS.md holds: record the "
+        "measurement there (date, machine, commit, command), then quote it; a limit or constant goes in "
+        "NOT_MEASURED in %s" % (n, os.path.relpath(__file__, root)),
+        "ok: every figure README.md and docs/*.md quote is in %s" % " or ".join(SOURCES))
 
 
 if __name__ == "__main__":

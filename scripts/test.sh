@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the one test command: configure, build and run the tests
-# (cmocka unit/property/stress/fault tests and CLI tests) with CTest, then the
-# Python package's tests against an unsanitized build of the library.
+# (the cmocka programs of tests/unit, tests/integration and tests/stress, the
+# CLI tests of tests/cli and the source checks) with CTest, then the Python
+# package's tests against an unsanitized build of the library.
 # By default a Debug build with AddressSanitizer + UndefinedBehaviorSanitizer,
 # the configuration CI runs, so a leak or UB fails the run here too, and the
 # fast set: every test but those labelled "long" (the soak, the fault sweeps,
@@ -17,6 +18,8 @@
 #   --release         RelWithDebInfo instead of Debug
 #   -j N              parallel build/test jobs (default: 2)
 #   -R REGEX          run only the tests matching REGEX (ctest -R; `ctest --test-dir build-test -N` lists them)
+#   -L LABEL          run only the tests labelled LABEL (ctest -L): unit, integration, stress,
+#                     check (the source checks); their long ones with --all, or -L long alone
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,7 +38,8 @@ while [ $# -gt 0 ]; do
     --release) btype=RelWithDebInfo; shift ;;
     -j) jobs=$2; shift 2 ;;
     -R) ctest_extra+=(-R "$2"); shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -L) ctest_extra+=(-L "$2"); shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; ctest_extra+=("$@"); break ;;
     *) echo "test.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -50,7 +54,11 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 labels=(-LE long)
 bench=OFF
 if $all; then labels=(); bench=ON; fi
-for a in "${ctest_extra[@]}"; do [ "$a" = -R ] && labels=(); done
+prev=
+for a in "${ctest_extra[@]}"; do
+  { [ "$a" = -R ] || { [ "$prev" = -L ] && [ "$a" = long ]; }; } && labels=()
+  prev=$a
+done
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE="$btype" -DGPUMEM_SANITIZE="$sanitize" -DGPUMEM_BENCH="$bench"
 cmake --build "$build" -j"$jobs"
 # --timeout: a hung test fails instead of stalling CI.

@@ -272,7 +272,7 @@ GM_API int gm_sim_add_address_hint(gm_backend *b, int device, uint64_t size, gm_
  * On a GPU a call's cost depends on its size (bench/vmm_cost.c). */
 /* Sim only: what is alive on `device` right now. After gm_allocator_destroy
  * every count is 0 unless the backend kept failing cleanup calls, and then
- * each equals gm_backend_dropped_count of its kind (tests/test_faults.c). */
+ * each equals gm_backend_dropped_count of its kind (tests/stress/test_faults.c). */
 typedef struct gm_sim_live {
     uint32_t size;         /* sizeof(gm_sim_live) */
     uint64_t allocations;  /* malloc'd ranges */

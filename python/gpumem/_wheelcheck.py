@@ -5,7 +5,7 @@ this file with the python it checks: `python _wheelcheck.py` prints the fix and 
 nothing and exits 0). Standard library only: it runs before gpumem is installed.
 
 setuptools >= 70.1 has bdist_wheel itself; older ones need the `wheel` package, which a fresh venv
-lacks. `pip install wheel` needs the package index (issue 42: that advice failed offline); Debian's
+lacks. `pip install wheel` needs the package index (that advice fails offline); Debian's
 python3-wheel-whl puts a wheel of it in /usr/share/python-wheels, which pip installs offline.
 """
 import glob

@@ -1,4 +1,4 @@
-"""Per-step GPU memory where training already reports (issue 45): one line to
+"""Per-step GPU memory where training already reports: one line to
 enable, for TensorBoard, W&B, PyTorch Lightning, the Hugging Face Trainer and
 a plain loop.
 

@@ -377,4 +377,4 @@ def memory_usage_line(tag="", device=None):
 def print_memory_usage(tag="", device=None, file=None):
     """Print one line of memory use, for training loops: print_memory_usage(f"step {i}")."""
     print(memory_usage_line(tag, device), file=file if file is not None else sys.stdout, flush=True)
-from .track import Tracker, scope, scoped, track  # noqa: E402,F401 (issue 13: python/gpumem/track.py)
+from .track import Tracker, scope, scoped, track  # noqa: E402,F401 (re-exported; they live in track.py)

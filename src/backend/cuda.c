@@ -167,8 +167,8 @@ static int cu_malloc(void *ctx, int dev, uint64_t size, gm_devptr *out) {
      * records the new memory; replays do not allocate) but "potentially
      * unsafe" in the global and thread-local capture modes: there it fails
      * and invalidates the capture, and torch.cuda.graph captures in global
-     * mode (the first H200 run of issue 28: policy:torch's first segment of a
-     * graph's pool failed, cudaErrorStreamCaptureInvalidated). Torch's
+     * mode (on the H200, policy:torch's first segment of a graph's pool
+     * failed so, with cudaErrorStreamCaptureInvalidated). Torch's
      * cudaMallocMaybeCapturing allocates in relaxed mode; so does this. */
     int mode = GM__CU_STREAM_CAPTURE_MODE_RELAXED;
     bool relaxed = c->drv.cuThreadExchangeStreamCaptureMode &&

@@ -1,7 +1,7 @@
 /* cuda_driver.h — the slice of the CUDA driver API that the cuda backend
  * uses, declared by hand (no CUDA headers at build time), and the table of
  * function pointers it calls them through. The table is filled by dlsym on
- * libcuda.so.1, or by a test with fakes (tests/test_cuda_backend.c).
+ * libcuda.so.1, or by a test with fakes (tests/unit/test_cuda_backend.c).
  * Private to src/backend/cuda.c and its test; not installed. */
 #ifndef GPUMEM_CUDA_DRIVER_H
 #define GPUMEM_CUDA_DRIVER_H

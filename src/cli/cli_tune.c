@@ -23,8 +23,8 @@ void cli_tune_line(const gm_tune_entry *e, char *buf, size_t len) {
 
 /* A per_process_memory_fraction is a share of the device it runs on: the
  * cap in bytes at the capacity replayed, and what it means elsewhere
- * (issue 42: 0.07 of the simulated 141 GiB is 9.87 GiB, of a 24 GiB card
- * 1.7 GiB). Empty when e sets no fraction. */
+ * (0.07 of the simulated 141 GiB is 9.87 GiB, of a 24 GiB card 1.7 GiB:
+ * the fraction alone would mislead). Empty when e sets no fraction. */
 static void fraction_note(const gm_tune_entry *e, uint64_t capacity, char *buf, size_t len) {
     double f = e->cfg.per_process_memory_fraction;
     buf[0] = 0;

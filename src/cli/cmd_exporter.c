@@ -74,11 +74,12 @@ static void on_signal(int sig) { stop_requested = sig; }
  * comes before MHD closes the socket, under the same mutex as the reaper:
  * the reaper never touches a closed (or reused) descriptor.
  *
- * ---- room for a scraper however many slow clients wait (issue 26, defect 6)
+ * ---- room for a scraper however many slow clients wait
  * A fixed limit that refuses new connections once slow clients hold every
  * place locks scrapers out (32 slow connections from one address starved
- * that address's scraper; 288 over nine addresses starved everyone). So the
- * limits are ours, enforced when a connection arrives (MHD's accept
+ * that address's scraper; 288 over nine addresses starved everyone:
+ * bench/RESULTS.md, "monitor defects", tests/cli/exporter_slow_clients.sh).
+ * So the limits are ours, enforced when a connection arrives (MHD's accept
  * policy): when its address already holds GM_LIMIT_HTTP_CONNECTIONS_PER_IP
  * connections, or all of them hold GM_LIMIT_HTTP_CONNECTIONS, the one
  * waiting longest (since its start or its last answer) is cut to make room.
@@ -270,9 +271,10 @@ static bool parse_listen(const char *s, struct sockaddr_in *sa) {
 
 /* The HTTP library's messages, under gpumem's name, at most LOG_BURST in a
  * LOG_WINDOW_S window: it writes a line for every connection cut (a client
- * gone, one cut for the connection limits), and 200 slow clients made
- * 87,068 lines / 11 MB of stderr in 40 s (issue 43, item 8). The rest are
- * counted, and the count is said when the next window opens and at exit. */
+ * gone, one cut for the connection limits), so slow clients could fill
+ * stderr as fast as they connect (tests/cli/exporter_log_flood.sh). The
+ * rest are counted, and the count is said when the next window opens and at
+ * exit. */
 enum { LOG_BURST = 10, LOG_WINDOW_S = 60 };
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 static double log_window = -1e9; /* when the current window opened */
@@ -374,8 +376,8 @@ int cmd_exporter(int argc, char **argv) {
     bool have_reaper = pthread_create(&reaper, NULL, reaper_main, NULL) == 0;
     unsigned flags = MHD_USE_ERROR_LOG | MHD_USE_INTERNAL_POLLING_THREAD;
     flags |= MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL : MHD_USE_POLL;
-    /* the logger first: MHD warns about (and logs with its own) any option
-     * before it (issue 24) */
+    /* the logger first: MHD warns about (and logs with its own logger) any
+     * option before it */
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, 0, admit, NULL, handle, sampler, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(2 * GM_LIMIT_HTTP_CONNECTIONS),

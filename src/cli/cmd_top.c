@@ -169,7 +169,7 @@ static int draw_devices(const ui *u, int y) {
 /* The process table's columns, in screen order: the identity columns, then
  * the published statistics that have one (GM_MON_STATS in monitor.h, the
  * same columns as gpumem smi). A narrow terminal gets the essential ones
- * (table_layout): issue 42 found 80 columns cut after "Allocated". */
+ * (table_layout): at 80 columns the whole table was cut after "Allocated". */
 typedef struct tcol {
     const char *name, *head;
     int width;

@@ -82,7 +82,7 @@ int gm_block_set_category(gm_allocator *a, gm_devptr ptr, int category) {
     return GM_OK;
 }
 
-/* category sits in what was padding; pool_id was appended (issue 28): the
+/* category sits in what was padding; pool_id was appended for private pools: the
  * shim, the one caller outside the library, is built with the library */
 _Static_assert(sizeof(gm_block_info) == 64 && offsetof(gm_block_info, category) == 46 &&
                    offsetof(gm_block_info, pool_id) == 48,

@@ -10,7 +10,9 @@
  * The ring holds the last N events of every allocator in the process. Off,
  * the allocator pays one relaxed load and a predictable branch per
  * operation (gm__history_note); on, a spin lock, a timestamp (the TSC on
- * x86-64, calibrated once against CLOCK_MONOTONIC) and a 48-byte store. bench/bench_history.c measures both (bench/RESULTS.md). */
+ * x86-64, calibrated once against CLOCK_MONOTONIC) and a 48-byte store.
+ * bench/bench_history.c measures both (bench/RESULTS.md, "Allocation history:
+ * cost per allocator operation"). */
 #include "history.h"
 
 #include "devlock.h"

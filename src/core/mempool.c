@@ -143,10 +143,10 @@ int gm__mempool_create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **
      * blocks, no idle memory moved or given back while it is in use. */
     p->cfg.gpumem_plan = false;
     p->cfg.gpumem_slack = INFINITY;
-    /* What the pool's policy sees of the device, field by field: never the
-     * lock word, which other threads spin on meanwhile (a copy of the whole
-     * struct raced gm__devlock_try: issue 43, item 6); the view's own lock
-     * is never taken (the device's guards it). */
+    /* What the pool's policy sees of the device, field by field: never the lock
+     * word, which other threads spin on meanwhile (a copy of the whole struct
+     * raced gm__devlock_try, a data race TSan reported); the view's own lock is
+     * never taken (the device's guards it). */
     p->view = (gm__device){.index = d->index, .alloc = d->alloc, .backend = d->backend, .pops = d->pops,
                            .total_memory = d->total_memory, .memory_fraction = d->memory_fraction,
                            .fraction_set = d->fraction_set, .allowed_memory_maximum = d->allowed_memory_maximum,

@@ -47,10 +47,10 @@ struct gm__mempools {
     gm__mempool **slot; /* by gm__block_hdr.mpool - 1; NULL = free slot */
     uint32_t n;         /* slots in use or freed (high-water mark) */
     uint32_t cap;
-    /* Lookups and creation do not walk the pools (bench/RESULTS.md,
-     * 2026-12-07, bench_pools): byid maps a keyed hash of the pool id to its
-     * slot index (ids compared on a match), vacant is a min-heap of freed
-     * slot indices (the lowest is reused first, as the walk did). */
+    /* Lookups and creation do not walk the pools (bench/RESULTS.md, "private
+     * pools at their most"): byid maps a keyed hash of the pool id to its slot
+     * index (ids compared on a match), vacant is a min-heap of freed slot
+     * indices (the lowest is reused first, as the walk did). */
     gm__idmap byid;
     uint16_t *vacant;
     uint32_t nvacant;

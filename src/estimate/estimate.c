@@ -202,8 +202,9 @@ int gm__est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak
     if (gm_config_parse(&cfg, conf, err, sizeof err) != GM_OK)
         return gm__set_error(GM_ECONFIG, "bad allocator setting '%s': %s", conf, err);
     /* A simulated device sized to the program: twice its peak + 2 GiB holds
-     * whatever an allocator reserves for it (the worst measured is 1.43x,
-     * bench/RESULTS.md), at any size -- no device's capacity caps it -- and
+     * whatever an allocator reserves for it (reserved stays under twice the
+     * allocated peak in every job measured: bench/RESULTS.md, "training
+     * memory estimator"), at any size -- no device's capacity caps it -- and
      * sets up fast (gpumem's policy sizes its tables to the device). */
     int64_t peak = program_peak(p);
     if (peak <= 0) return gm__set_error(GM_ESTATE, "estimate: an empty program");

@@ -241,10 +241,10 @@ typedef struct gm_est_result {
 } gm_est_result;
 
 /* Device memory outside the caching allocator: the CUDA context, loaded
- * kernels, cuBLAS/cuDNN handles. Measured on the H200 with torch 2.11
- * (bench/estimate_measured.json, device_used_outside_allocator): 767-779
- * MiB in a process training one model, up to 847 MiB once more kernels
- * are loaded. */
+ * kernels, cuBLAS/cuDNN handles. A round figure: above what the H200
+ * measured in a process training one model, below it once more kernels were
+ * loaded (bench/estimate_measured.json, device_used_outside_allocator;
+ * bench/RESULTS.md, "training memory estimator", has the range). */
 #define GM_EST_CUDA_CONTEXT ((int64_t)800 << 20)
 
 /* Scan only (fast): fills everything but the replay fields. */
@@ -261,7 +261,8 @@ int gm__est_replay_conf(const gm_est_program *p, const char *conf, int64_t *peak
 /* Largest batch (what=0) or sequence length (what=1) whose predicted device
  * total (peak reserved under torch + context, with GM_EST_FIT_MARGIN) fits
  * capacity; 0 if even 1 does not fit. */
-/* 10%: the accuracy target of the predictions (bench/RESULTS.md) */
+/* 10%: the accuracy target of the predictions (bench/RESULTS.md, "training
+ * memory estimator") */
 #define GM_EST_FIT_MARGIN 0.10
 int gm__est_fit(const gm_est_model *m, const gm_est_run *r, int what, uint64_t capacity, int64_t *best,
                gm_est_result *at_best);

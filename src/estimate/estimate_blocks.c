@@ -69,7 +69,8 @@ static void attention(X *x, int64_t heads, int64_t hd, bool causal, bool dropout
  * fp32 ones), whichever is larger; eager attention's two fp32 T x T
  * gradients. Calibrated on torchvision's vit_b_16 and BERT sequence
  * classification, whose peaks fall in the last layer's backward
- * (bench/RESULTS.md); the language models peak at the loss instead. */
+ * (bench/RESULTS.md, "training memory estimator"); the language models peak at
+ * the loss instead. */
 static int64_t layer_bwd_tmp(X *x) {
     const gm_est_model *m = x->m;
     int64_t N = x->N, f = m->intermediate, d = m->hidden, e = x->ac ? 4 : x->a;
@@ -375,8 +376,8 @@ static void vit_layer(X *x, bool hf) {
  * calibrated, not derived: the BERT snapshot
  * (../shared/traces/bert_base_varseq_fp16.pickle.gz) has two N x V fp16 and
  * two N x V fp32 tensors live at the start of backward, and BERT MLM
- * measured 2.0 GB (fp32) and 1.0 GB (bf16 model) above the model without it
- * (bench/RESULTS.md), i.e. N x V x 4 and N x V x 2. */
+ * measured N x V x 4 bytes (fp32) and N x V x 2 (bf16 model) above the
+ * model without it (bench/RESULTS.md, "training memory estimator"). */
 static void xent(X *x, int64_t rows, int64_t classes, bool upcast) {
     int64_t nv = rows * classes;
     x->loss_upcast = upcast;

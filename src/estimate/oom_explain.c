@@ -8,8 +8,8 @@
  *    use (expandable_segments:True / policy:gpumem give it back);
  *  - optimizer state: all of it without state (SGD), 3/4 with 8-bit state;
  *  - activations: half with accumulation x2, 3/4 with checkpointing (each
- *    layer keeps its input; measured: -45% to -64% of the whole peak,
- *    bench/RESULTS.md);
+ *    layer keeps its input; what it saved of the whole peak when measured:
+ *    bench/RESULTS.md, "training memory estimator");
  *  - a bf16 model: half of parameters + gradients + optimizer state. */
 #include "estimate.h"
 

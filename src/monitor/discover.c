@@ -29,8 +29,8 @@
  * read of a record, which has no earlier copy to hold, then sleeps and
  * retries for up to FIRST_READ_WAIT_MS: the tries pass in well under a
  * millisecond, less than a writer preempted inside its update stays off
- * the CPU, and that made the first sample of a busy writer blank (issue
- * 43, item 10). Once per record: a stopped writer costs it once. */
+ * the CPU, and that made the first sample of a busy writer blank. Once
+ * per record: a stopped writer costs it once. */
 #define READ_TRIES 100000
 #define FIRST_READ_WAIT_MS 200
 

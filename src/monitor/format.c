@@ -61,7 +61,7 @@ void gm__sbuf_free(gm__sbuf *b) {
  * processes' headers, the environment, /proc) goes through put_text: valid
  * UTF-8 passes, each invalid byte becomes U+FFFD (JSON and Prometheus's
  * text format require UTF-8: one bad byte made promtool reject a whole
- * scrape; issue 43, item 5), then the format's own escapes. */
+ * scrape), then the format's own escapes. */
 enum { TEXT_JSON, TEXT_PROM, TEXT_CSV };
 
 static void put_text(gm__sbuf *b, const char *s, int how) {

@@ -1,4 +1,4 @@
-/* identity.c — who a publishing process is (issue 27): its rank, local
+/* identity.c — who a publishing process is: its rank, local
  * rank and world size and the job's run id, from the launchers' own
  * environment variables (torchrun, SLURM, Open MPI), and where it runs (host
  * name, Kubernetes pod, cgroup). And the map between PID namespaces: a

@@ -8,9 +8,9 @@
  *    growing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), mapped shared by
  *    the publisher alone for writing. Nobody, the owner included, can
  *    truncate it, so the publisher's stores can never fault (SIGBUS): a
- *    monitoring side channel cannot end the job it watches (issue 26,
- *    defect 3). Readers open it as /proc/<pid>/fd/<data_fd> and map it
- *    read-only (the seals make that safe for them too).
+ *    monitoring side channel cannot end the job it watches. Readers open it
+ *    as /proc/<pid>/fd/<data_fd> and map it read-only (the seals make that
+ *    safe for them too).
  *  - the beacon: /dev/shm/gpumem.<uid>.<16 random hex digits> (mode 0600),
  *    holding a copy of the header and written once with pwrite, never
  *    mapped: truncating it hides the process from the views and harms
@@ -62,13 +62,14 @@
  * at a step mark at most this often, so a fast loop pays for it rarely. */
 #define GM__SHM_WALK_EVERY_NS 1000000000ll
 /* The writer refreshes update_ns only every this many publications: reading
- * a clock costs ~3.5 ns even coarse, most of the 5 ns budget per allocator
- * operation. A power of two (the writer tests bits of the sequence). */
+ * a clock, even the coarse one, costs about what the rest of a publication
+ * does (bench/RESULTS.md, "Publishing cost"). A power of two (the writer
+ * tests bits of the sequence). */
 #define GM__SHM_TIME_EVERY 64
 
 enum { GM__SRC_GPUMEM = 1, GM__SRC_TORCH = 2 }; /* who publishes: libgpumem or torch's own allocator */
 
-/* Who the process is within a job (issue 27): one list for the header, the
+/* Who the process is within a job: one list for the header, the
  * views' JSON/CSV keys and the exporter's labels. X(name, kind, help)
  * with kind STR (a char array in the header) or INT (int32, -1 unknown).
  * Label names avoid Prometheus's own `job` and `instance`. */
@@ -256,8 +257,8 @@ const char *gm__proc_root(void);
 void gm__proc_path(char *buf, size_t len, int pid, const char *what);
 /* Open a /proc file to read (identity.c): only a regular file, and never a
  * wait for one (O_NONBLOCK, then fstat): a FIFO planted under
- * GPUMEM_PROC_ROOT used to hang smi and the exporter's sampler (issue 43,
- * item 9). NULL (errno set) for anything else. */
+ * GPUMEM_PROC_ROOT used to hang smi and the exporter's sampler). NULL (errno
+ * set) for anything else. */
 FILE *gm__proc_fopen(const char *path);
 /* Start time of pid (field 22 of /proc/<pid>/stat; pid 0: this process).
  * GM_EIO if the process is gone or a zombie. */
@@ -317,8 +318,7 @@ int gm__shm_read_step(const gm__shm_step *r, gm__shm_step_values *out, int max_t
 /* The same, then, while still torn, up to wait_ms more in 0.1 ms sleeps
  * (each counted in gm__shm_read_waits), each followed by a few tries: a
  * reader's first copy of a record has no earlier one to fall back on, and a
- * writer preempted inside its update made that first sample blank (issue
- * 43, item 10). */
+ * writer preempted inside its update made that first sample blank. */
 int gm__shm_read_record_wait(const gm__shm_record *r, gm__shm_values *out, int max_tries, int wait_ms);
 extern unsigned long gm__shm_read_waits;
 

@@ -1,4 +1,4 @@
-/* oom_report.c — OOM forensics (issue 27): when an allocation runs out of
+/* oom_report.c — OOM forensics: when an allocation runs out of
  * memory under `gpumem run --oom-report DIR` (GPUMEM_OOM_REPORT=DIR), the
  * process leaves in DIR a text report and a snapshot (a torch memory
  * snapshot pickle of the allocation history, which `gpumem report` and
@@ -41,7 +41,9 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A CUDA context with cuBLAS and cuDNN loaded holds ~0.5-0.9 GiB on an H200:
+/* A CUDA context with cuBLAS and cuDNN loaded holds under 1 GiB on an H200
+ * (bench/RESULTS.md, "training memory estimator", measured the memory outside
+ * the allocator):
  * memory outside the allocator beyond this much is counted as taken. */
 #define GM_OOM_CONTEXT_BYTES ((uint64_t)1 << 30)
 #define GM_OOM_REPORTS_MAX 16

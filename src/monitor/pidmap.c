@@ -1,10 +1,10 @@
-/* pidmap.c — which published row each of NVML's processes is (issue 27:
- * PIDs right inside a container).
+/* pidmap.c — which published row each of NVML's processes is (PIDs right
+ * inside a container).
  *
  * NVML numbers processes in the initial PID namespace (the host's) on the
  * drivers that do not translate (every one before the open modules began
- * to, some 560s do: HAMi-core #112); a reader in a container sees its own
- * numbers in /proc and in publication. So:
+ * to, some 560s do: github.com/Project-HAMi/HAMi-core/issues/112); a reader
+ * in a container sees its own numbers in /proc and in publication. So:
  *
  *  - host view (the reader's /proc is the initial namespace's, see
  *    gm__procfs_is_init): the published rows already carry the pid this

@@ -355,8 +355,9 @@ __attribute__((noinline, cold)) static void stamp_and_close(gm__shm_record *r, u
 
 /* Called by the front end with the device lock held after every stats
  * change, so on every gm_malloc/gm_free: 6 pair moves between the seqlock
- * stores and the step's peak, ~34 instructions, no frame, no branch taken
- * in the common case (bench/RESULTS.md, 2026-12-07: 52 added per op).
+ * stores and the step's peak, no frame, no branch taken in the common case
+ * (bench/RESULTS.md, "publishing with the step peak", counts what it adds
+ * per op).
  *
  * Seqlock: seq made odd; a release fence (later stores cannot pass it; free
  * on x86); the values; seq made even by a release store (earlier stores

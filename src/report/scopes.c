@@ -40,7 +40,8 @@ typedef struct keys {
 } keys;
 
 /* keyed (util/idmap.h): the keys are file names and module paths from the
- * trace, and 2^18 crafted ones took 63 s under the plain FNV-1a this was */
+ * trace, and crafted ones sharing one chain of the plain FNV-1a this was
+ * made the work quadratic (bench/RESULTS.md, "crafted inputs") */
 static uint64_t hash_str(const char *s) { return gm__hash_bytes(s, strlen(s)); }
 
 static int keys_intern(keys *k, const char *s, uint32_t *id) {

@@ -105,11 +105,12 @@ static int create_locked(void) {
     if (gm__oom_report_setup() != GM_OK) /* evidence is best effort: say why, train anyway */
         fprintf(stderr, "gpumem: no out-of-memory reports: %s\n", gm_last_error_detail());
     /* Visible to gpumem smi/top/log/exporter by default (GPUMEM_PUBLISH=0
-     * turns it off; 2-3 ns per operation, bench/RESULTS.md). The label is
+     * turns it off; its cost per operation: bench/RESULTS.md, "Publishing
+     * cost"). The label is
      * GPUMEM_PUBLISH_LABEL (install(label=...), gpumem run --label, the
      * script's name), else the executable's name. A monitor must never stop
      * the training: a failure to publish is not an error here, but it is
-     * said (it used to be silent, issue 26 defect 5). */
+     * said (it used to be silent). */
     const char *pub = getenv("GPUMEM_PUBLISH");
     if ((!pub || strcmp(pub, "0") != 0) && gm_allocator_publish(a, getenv("GPUMEM_PUBLISH_LABEL")) != GM_OK)
         fprintf(stderr, "gpumem: not visible to gpumem smi/top (training goes on): %s\n", gm_last_error_detail());
@@ -153,7 +154,7 @@ void gpumem_torch_shutdown(void) {
 
 /* ---- GPUMEM_PROFILE=1: the allocator's own cost, seen from torch ---------
  * Calls of the alloc/free entry points and the time spent inside them
- * (CLOCK_MONOTONIC, about 20 ns per reading through the vDSO), to tell the
+ * (CLOCK_MONOTONIC through the vDSO, read twice a call), to tell the
  * allocator's CPU time apart from everything else in a training step. Off by
  * default: then the only cost is one predictable branch per call. */
 enum { P_CALLS, P_NS, P_MAX_NS, P_SLOW, P_PER_KIND };

@@ -421,7 +421,8 @@ static void items_release(gm__pickle *p, gm__pval *a, uint64_t cap) {
 }
 
 /* keyed (idmap.h): a file cannot pick strings that share a probe chain
- * (2^18 crafted strings took 122 s under the plain FNV-1a this was) */
+ * (under the plain FNV-1a this was, crafted strings made the work
+ * quadratic: bench/RESULTS.md, "crafted inputs") */
 static uint32_t hash_bytes(const uint8_t *s, size_t n) { return (uint32_t)gm__hash_bytes(s, n); }
 
 static int intern_grow(gm__pickle *p) {

@@ -61,8 +61,8 @@ static void bad_event(gm_replay_prog *p, size_t i, const char *what, uint64_t si
 /* The device's pools, from its final segments: p->pools (distinct ids, in
  * the order of their first segment) and seg_pool[i] (1 + the pool of
  * segment i, 0: not a pool segment of the device). Ids are found through a
- * keyed table, so the work is linear in the segments (#43 item 4: a scan of
- * the pools per segment was quadratic). */
+ * keyed table, so the work is linear in the segments (a scan of the pools
+ * per segment was quadratic). */
 static int collect_pools(gm_replay_prog *p, const gm_trace *t, int device, uint32_t *seg_pool) {
     gm__idmap ids = {0}; /* hash of the pool id -> index into p->pools */
     uint32_t cap = 0;

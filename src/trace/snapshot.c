@@ -9,7 +9,8 @@
  * Streamed: the lists of device_traces are claimed as the pickle reader
  * meets them (pickle.h's sink) and their events converted a batch at a time,
  * after which the reader releases the batch's dicts; a 10 M-event snapshot
- * never stands as a tree (bench/RESULTS.md, 2026-12-07). What was converted
+ * never stands as a tree (bench/RESULTS.md, "reading 10 M-event and >1 GB
+ * snapshots"). What was converted
  * is tagged (kind in the low 2 bits): an event dict with its event, a frames
  * list with its stack, a frame dict with its frame, so a memo reference to
  * one, released or not, costs nothing more. At the end the snapshot's own

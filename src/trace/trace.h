@@ -242,8 +242,8 @@ int64_t gm__tune_device_calls(const gm_replay_result *r);
  * GM_TUNE_STEADY_FACTOR x the default's, or GM_TUNE_STEADY_MIN. A setting far
  * above moves memory in every step: gpumem_slack:0 on the GPT-2 trace, its
  * device calls and its step time on the H200 against the default's, are in
- * bench/RESULTS.md (step time A/B). Indexes into the ranked entries, -1 if
- * none. */
+ * bench/RESULTS.md ("step time A/B and monitoring"). Indexes into the ranked
+ * entries, -1 if none. */
 #define GM_TUNE_CALLS_FACTOR 10.0
 #define GM_TUNE_CALLS_ONCE 20000
 #define GM_TUNE_STEADY_FACTOR 4

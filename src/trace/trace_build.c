@@ -39,8 +39,8 @@ static uint64_t hash_mem(const void *p, size_t n) { return gm__hash_bytes(p, n);
 
 /* Grow a vector of `elem`-sized items to hold one more, within the
  * builder's share of GM_LIMIT_TRACE_MEMORY (*mem: bytes held so far). A
- * .gmt of regular events compresses ~1000x, so the file's size does not
- * bound the trace; this does. */
+ * .gmt of regular events compresses by orders of magnitude, so the file's
+ * size does not bound the trace; this does. */
 static int vec_reserve(uint64_t *mem, void **arr, size_t *cap, size_t n, size_t elem) {
     if (n < *cap) return GM_OK;
     size_t ncap = *cap ? *cap * 2 : 64;

@@ -5,7 +5,7 @@
  * so it compares content itself while probing).
  *
  * Keys come from files: a fixed hash would let a trace steer every key to
- * one probe chain (3e5 crafted addresses took 56 s to compile). So the home
+ * one probe chain (crafted addresses made compiling quadratic). So the home
  * slot is SipHash-1-3 of the key under a random per-process key
  * (gm__hash_bytes is the same function for interned contents): without the
  * key no input can aim at a chain, and output never depends on it (ids
@@ -32,7 +32,7 @@ uint64_t gm__hash_u64(uint64_t k);
 
 /* Work done on input, per thread: one step per probe of a table fed by a
  * file and per dict entry a reader scans. The readers bound it by the input
- * they consumed (snapshot.c); tests/test_work.c checks steps per input byte
+ * they consumed (snapshot.c); tests/stress/test_work.c checks steps per input byte
  * on crafted inputs, so no test depends on timing. */
 extern _Thread_local uint64_t gm__work_steps;
 

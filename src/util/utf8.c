@@ -3,9 +3,9 @@
  * from other processes' published headers. JSON (RFC 8259) and Prometheus's
  * text format both require valid UTF-8: one invalid byte in a label value
  * makes `promtool check metrics` reject the whole scrape, and a value cut at
- * a fixed field's size in the middle of a character is invalid too (issue
- * 43, item 5). So fields are cut on character boundaries when they are
- * filled, and every writer replaces what is still invalid with U+FFFD. */
+ * a fixed field's size in the middle of a character is invalid too. So
+ * fields are cut on character boundaries when they are filled, and every writer
+ * replaces what is still invalid with U+FFFD. */
 #include "util/util.h"
 
 int gm__utf8_len(const unsigned char *s) {

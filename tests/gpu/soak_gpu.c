@@ -1,4 +1,4 @@
-/* soak_gpu.c — the soak of tests/test_soak.c on a real GPU (CUDA backend),
+/* soak_gpu.c — the soak of tests/stress/test_soak.c on a real GPU (CUDA backend),
  * with a data-integrity check: every block is filled with a pattern derived
  * from its address and a generation number when it is allocated, and the
  * whole block is copied back and compared before it is freed (by whichever

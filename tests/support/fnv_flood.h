@@ -7,7 +7,7 @@
  * FNV-1a's low k bits depend only on the low k bits of its state, so the
  * string is a counter prefix and three chosen bytes: two searched (2^16
  * tries give ~2^(24-bits) matches in bits 8..bits-1) and the last fixing
- * the low byte. Header-only: tests/test_work.c and bench/bench_flood.c. */
+ * the low byte. Header-only: tests/stress/test_work.c and bench/bench_flood.c. */
 #ifndef GM_TEST_FNV_FLOOD_H
 #define GM_TEST_FNV_FLOOD_H
 

@@ -22,8 +22,8 @@
  *    (mapped, no live block) chunk highest in the arena, else from another arena
  *    — after syncing the stream that last freed memory in that arena — and
  *    creates memory only when no chunk is idle: physical memory held is the
- *    peak of granules touched by live blocks (1.002-1.009 x peak requested
- *    on the H200 traces).
+ *    peak of granules touched by live blocks (against the peak requested:
+ *    bench/RESULTS.md, "Summary: the headline figures").
  *  - gpumem_slack (config) decides when idle chunks move: memory may grow to
  *    (1 + slack) x the peak of live granules before they do. inf moves them
  *    only when creating fails or passes the memory fraction, so a repeating
@@ -50,7 +50,7 @@
  *    the same granules (split_partial_at in chunks.c), so nothing made
  *    once the device may fill up pins memory. A cold pass costs run's calls
  *    when the device has room, and every trace that fits with granule chunks
- *    at 1.0-1.1x its peak fits with auto (bench/gpumem_policy_tradeoff.md).
+ *    just above its peak fits with auto (bench/gpumem_policy_tradeoff.md).
  *  - The price of moving is device calls: memory between live blocks moves to where
  *    it is needed, one granule per call, on a cold start and in later steps
  *    whenever the live set moves to other granules. One chunk per big block's

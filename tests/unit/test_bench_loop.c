@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "../bench/steady_loop.h"
+#include "../../bench/steady_loop.h"
 
 enum { MAXEV = 8192, MAXSLOT = 256 };
 

@@ -209,7 +209,7 @@ static void test_gmt_bomb(void **state) {
     /* 64 MiB of zeros (~65 KB compressed): an empty trace followed by
      * nothing but zeros; was inflated whole and accepted as 0 events. The
      * body is decoded as it is inflated (issue 26), so it is refused at
-     * body byte 7, one window inflated (tests/test_work.c counts it). */
+     * body byte 7, one window inflated (tests/stress/test_work.c counts it). */
     size_t n = (size_t)64 << 20, len;
     uint8_t *zeros = calloc(n, 1);
     assert_non_null(zeros);

@@ -1,4 +1,4 @@
-/* mempool_test.h — what tests/test_mempool.c and test_mempool_capture.c
+/* mempool_test.h — what tests/integration/test_mempool.c and test_mempool_capture.c
  * share: the includes, an allocator on the sim backend for the policy the
  * test runs under (its prestate), OK() for a call that must succeed, and
  * the main that runs a file's tests under each policy. */
