@@ -710,6 +710,70 @@ static void plan_varlen_growing_foreseen(void **state) {
     growing_as(power_step, 256, 8, true);
 }
 
+/* The hostile shape of bench/plan_hostile.py (issue 43): NOBS large
+ * blocks live throughout (obstacles), then steps of HP large blocks freed
+ * in reverse at the step's end, every other one longer than any before
+ * (its blocks one 512-byte unit larger) and the rest short: an elastic
+ * plan laid out again at each longer step, never given up, each layout
+ * going around every obstacle. The planner's work (its loops' steps,
+ * gm__gp_plan_work) per operation seen; base: the budget's base. */
+enum { NOBS = 600, HP = 64, HSTEPS = 160 };
+static void gm_check_ok(ctx *c) {
+    char err[512] = "";
+    if (gm_check(c->al, 0, err, sizeof err) != GM_OK) fail_msg("gm_check: %s", err);
+}
+static void hostile_run(uint64_t base, uint64_t *work, uint64_t *ops, uint64_t *starved, uint64_t *served_out) {
+    gm__gp_plan_work_base = base;
+    ctx c = {0};
+    ctx_open(&c, 16 * 1024 * MIB, "policy:gpumem");
+    wl_rng r;
+    wl_seed(&r, 43);
+    static gm_devptr obs[NOBS], blk[HP];
+    uint64_t bsz[HP];
+    for (int i = 0; i < NOBS; i++) assert_int_equal(gm_malloc(c.al, 0, MIB + 512 * wl_range(&r, 1, 256), 0, &obs[i]), GM_OK);
+    gp_state *st = c.al->devices[0]->pstate; /* made at the first allocation */
+    for (int k = 0; k < HP; k++) bsz[k] = MIB + 512 * wl_range(&r, 1, 64);
+    uint64_t longest = 0;
+    for (int s = 0; s < HSTEPS; s++) {
+        uint64_t len = s % 2 ? ++longest : 0;
+        for (int k = 0; k < HP; k++) assert_int_equal(gm_malloc(c.al, 0, bsz[k] + 512 * len * (1 + k % 3), 0, &blk[k]), GM_OK);
+        for (int k = HP - 1; k >= 0; k--) assert_int_equal(gm_free(c.al, blk[k]), GM_OK);
+        if (s % 32 == 31) gm_check_ok(&c); /* the blocks are not in the model: gm_check alone */
+    }
+    *work = gm__gp_plan_work(st), *ops = gm__gp_plan_ops(st), *starved = gm__gp_plan_starved(st);
+    *served_out = served(&c);
+    for (int i = 0; i < NOBS; i++) assert_int_equal(gm_free(c.al, obs[i]), GM_OK);
+    gm_check_ok(&c);
+    wl_model_free(&c.m);
+    gm_allocator_destroy(c.al);
+    gm_backend_destroy(c.be);
+    gm__gp_plan_work_base = PL_WORK_BASE;
+}
+
+/* The planner's work is bounded: at most PL_WORK_PER_OP per operation plus
+ * the base (and one placement's scan and one history catch-up past it),
+ * whatever the trace. Here the base is lowered so that a short run reaches
+ * it: unbounded, this run's layouts took over 8x the budget (checked
+ * below, so the shape stays hostile); bounded, the plan degrades (layouts
+ * refused until the operations since paid for one) and still serves. */
+static void plan_work_bounded(void **state) {
+    (void)state;
+    uint64_t base = (uint64_t)1 << 22, work, ops, starved, srv;
+    hostile_run(UINT64_MAX / 2, &work, &ops, &starved, &srv); /* no bound */
+    uint64_t budget = base + PL_WORK_PER_OP * ops;
+    print_message("unbounded: %llu steps of work for %llu operations (%.0f each), %llu served\n", (unsigned long long)work,
+                  (unsigned long long)ops, (double)work / (double)ops, (unsigned long long)srv);
+    assert_int_equal(starved, 0);
+    if (work < 8 * budget) fail_msg("the hostile run took only %llu steps of work, the budget is %llu", (unsigned long long)work, (unsigned long long)budget);
+    hostile_run(base, &work, &ops, &starved, &srv);
+    budget = base + PL_WORK_PER_OP * ops;
+    print_message("bounded: %llu steps of work for %llu operations (%.0f each), %llu layouts refused or cut short, %llu served\n", (unsigned long long)work,
+                  (unsigned long long)ops, (double)work / (double)ops, (unsigned long long)starved, (unsigned long long)srv);
+    if (work > budget + budget / 16) fail_msg("%llu steps of work, the budget %llu", (unsigned long long)work, (unsigned long long)budget);
+    assert_true(starved > 0); /* it degraded */
+    assert_true(srv > 0);     /* and served between */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(plan_steps),
@@ -725,6 +789,7 @@ int main(void) {
         cmocka_unit_test(plan_varlen_foreseen),
         cmocka_unit_test(plan_varlen_growing_foreseen),
         cmocka_unit_test(plan_fault_sweep),
+        cmocka_unit_test(plan_work_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,10 +18,11 @@
 #include <time.h>
 #endif
 
-/* Tests (plan.h): force a layout, verify every layout tried. */
+/* Tests (layout.h): force a layout, verify every layout tried, the work budget's base. */
 int gm__gp_plan_force;
 int gm__gp_plan_verify;
 uint64_t gm__gp_plan_verified, gm__gp_plan_wrong;
+uint64_t gm__gp_plan_work_base = PL_WORK_BASE;
 
 /* ---- the plan: greedy placement of one step's intervals -------------------- */
 
@@ -223,7 +224,7 @@ static uint64_t xorshift(uint64_t *x) {
  * and overlaps nothing in its way; UINT64_MAX if PL_SHAKE_TRIES tries found
  * none (the variant's fit places it then). */
 static uint64_t shake_place(const pl_item *items, const uint32_t *s, uint64_t ns, const pl_item *obs, uint64_t no,
-                            const pl_item *it, int64_t period, uint64_t limit, uint64_t *rng) {
+                            const pl_item *it, int64_t period, uint64_t limit, uint64_t *rng, uint64_t *work) {
     uint64_t nc = 4 * (ns + no) + 1;
     for (int t = 0; t < PL_SHAKE_TRIES; t++) {
         uint64_t r = xorshift(rng) % nc, pos;
@@ -246,6 +247,7 @@ static uint64_t shake_place(const pl_item *items, const uint32_t *s, uint64_t ns
                 ok = false;
                 break;
             }
+        *work += ci.i + ci.j + 1;
         if (ok) return pos;
     }
     return UINT64_MAX;
@@ -270,7 +272,20 @@ typedef struct pl_solve {
     uint32_t *sorted[2], *boost, *big;
     uint64_t cost[2], top[2]; /* best layout of A (0) and B (1): granules, top */
     uint64_t rng;
+    uint64_t work, allow;     /* steps spent, and the most this solve may spend (layout.h) */
+    bool over;                /* it passed that: no more variants; the best one complete stays */
 } pl_solve;
+
+/* w more steps, if the allowance has room for them (else the solve is
+ * over it: false, and they are not taken). */
+static bool spend(pl_solve *s, uint64_t w) {
+    if (s->work > s->allow || w > s->allow - s->work) { /* work passes allow by one placement's scan at most (place_all) */
+        s->over = true;
+        return false;
+    }
+    s->work += w;
+    return true;
+}
 
 /* The step's intervals from both recorded steps: an interval spans the
  * block's lifetimes in either (so the plan holds if later steps behave like
@@ -332,8 +347,12 @@ static int solve_intervals(pl_solve *s) {
  * steps are gone at their expected death. */
 static int solve_obstacles(pl_solve *s) {
     gp_plan *pl = s->pl;
-    uint64_t P = s->P, w0 = pl->start - 2 * P, nobs = 0;
-    for (const gp_block *b = s->a->head; b; b = b->next) nobs += b->state == GP_USED;
+    uint64_t P = s->P, w0 = pl->start - 2 * P, nobs = 0, nb = 0;
+    for (const gp_block *b = s->a->head; b; b = b->next, nb++) {
+        if (!spend(s, 1)) return GM_ENOMEM;
+        nobs += b->state == GP_USED;
+    }
+    if (!spend(s, nb + 16 * nobs)) return GM_ENOMEM; /* the other walk, and the obstacles' sort */
     s->all = malloc((s->m + nobs + 1) * sizeof *s->all);
     if (!s->all) return GM_ENOHOSTMEM;
     s->obs = s->all + s->m;
@@ -402,15 +421,18 @@ static int solve_pins(pl_solve *s) {
         for (uint64_t j = 0; j < s->no; j++) {
             const pl_item *o = &s->obs[j];
             if (pass && o->e != INT64_MAX) continue;
-            for (uint64_t g = o->off / gu; g <= (o->off + o->units - 1) / gu && g < ng; g++) {
+            uint64_t w = 1;
+            for (uint64_t g = o->off / gu; g <= (o->off + o->units - 1) / gu && g < ng; g++, w++) {
                 if (s->a->gran[g] < 0) continue;
                 const gp_chunk *ch = &s->st->chunks[s->a->gran[g]];
-                for (uint64_t h = (uint64_t)ch->g0; h < (uint64_t)ch->g0 + ch->n && h < ng; h++)
+                for (uint64_t h = (uint64_t)ch->g0; h < (uint64_t)ch->g0 + ch->n && h < ng; h++, w++)
                     pin[h / 64] |= (uint64_t)1 << (h % 64);
             }
+            if (!spend(s, w)) return GM_ENOMEM;
         }
         for (uint64_t w = 0; !pass && w < nw; w++) s->pin_all += (uint64_t)__builtin_popcountll(pin[w]);
     }
+    if (!spend(s, 2 * nw + (s->unplanned ? 0 : ng))) return GM_ENOMEM;
     /* the usual placement prefers mapped free ranges, so blocks left to it
      * would take those parts first: only when every large block of the
      * step is planned */
@@ -456,6 +478,8 @@ static int solve_arrays(pl_solve *s) {
     s->sorted[0] = malloc((m + 1) * sizeof(uint32_t));
     s->sorted[1] = malloc((m + 1) * sizeof(uint32_t));
     if (!s->offa || !s->sorted[0] || !s->sorted[1]) return GM_ENOHOSTMEM;
+    /* contention's loops: at most m times (6m + no); the big ones: 16m */
+    if (!spend(s, m <= PL_ROUNDS_MAXM ? m * (6 * m + s->no) + 16 * m : 0)) return GM_ENOMEM;
     if (m <= PL_ROUNDS_MAXM) {
         s->cont = malloc(2 * P * sizeof *s->cont);
         s->boost = calloc(2 * P, sizeof *s->boost);
@@ -469,22 +493,27 @@ static int solve_arrays(pl_solve *s) {
 
 /* Layout B: item i in a pinned chunk's free part, the gaps between what is
  * in the way there; UINT64_MAX if none fits. */
-static uint64_t place_pinned(const pl_solve *s, const pl_item *it, uint64_t ns1) {
+static uint64_t place_pinned(pl_solve *s, const pl_item *it, uint64_t ns1) {
     cit ci = {s->pl->items, s->sorted[1], ns1, 0, s->obs, s->no, 0, true, it, 2 * s->T};
-    uint64_t cov = 0, x = 0;
+    uint64_t cov = 0, x = 0, pos = UINT64_MAX, ny = 0;
     for (const pl_item *cf = cit_next(&ci);; cf = cit_next(&ci)) {
         uint64_t gs = cov, ge = cf ? cf->off : UINT64_MAX;
         if (cf && cf->off + cf->units > cov) cov = cf->off + cf->units;
         if (ge > gs) {
             while (x < s->npe && s->pe[x].off + s->pe[x].units <= gs) x++;
-            for (uint64_t y = x; y < s->npe && s->pe[y].off < ge; y++) {
+            for (uint64_t y = x; y < s->npe && s->pe[y].off < ge; y++, ny++) {
                 uint64_t s0 = gs > s->pe[y].off ? gs : s->pe[y].off, e0 = s->pe[y].off + s->pe[y].units;
                 if (e0 > ge) e0 = ge;
-                if (e0 - s0 >= it->units) return s0;
+                if (e0 - s0 >= it->units) {
+                    pos = s0;
+                    break;
+                }
             }
         }
-        if (!cf || x >= s->npe) return UINT64_MAX;
+        if (pos != UINT64_MAX || !cf || x >= s->npe) break;
     }
+    s->work += ci.i + ci.j + x + ny + 1;
+    return pos;
 }
 
 /* Where item it goes in the layout's own space: a shake's random place,
@@ -493,7 +522,7 @@ static uint64_t place_fit(pl_solve *s, const pl_item *it, uint64_t ns0, int mode
     cit ci = {s->pl->items, s->sorted[0], ns0, 0, mode ? s->pl->holes : s->obs, mode ? s->pl->nh : s->no, 0, !mode || s->pl->nh, it, 2 * s->T};
     uint64_t pos;
     if (shake && s->big[it->k] &&
-        (pos = shake_place(s->pl->items, s->sorted[0], ns0, s->obs, s->no, it, 2 * s->T, s->limit, &s->rng)) != UINT64_MAX)
+        (pos = shake_place(s->pl->items, s->sorted[0], ns0, s->obs, s->no, it, 2 * s->T, s->limit, &s->rng, &s->work)) != UINT64_MAX)
         return pos; /* placed at random, next to something */
     if (!fit) { /* first fit */
         pos = 0;
@@ -501,6 +530,7 @@ static uint64_t place_fit(pl_solve *s, const pl_item *it, uint64_t ns0, int mode
             if (cf->off >= pos + it->units) break;
             if (cf->off + cf->units > pos) pos = cf->off + cf->units;
         }
+        s->work += ci.i + ci.j + 1;
         return pos;
     }
     /* best fit: the smallest gap it fits in, the lowest of those */
@@ -512,10 +542,12 @@ static uint64_t place_fit(pl_solve *s, const pl_item *it, uint64_t ns0, int mode
         if (!cf) break;
         if (cf->off + cf->units > cov) cov = cf->off + cf->units;
     }
+    s->work += ci.i + ci.j + 1;
     return pos;
 }
 
-/* Place every interval in the current order; returns the layout's top. */
+/* Place every interval in the current order; returns the layout's top
+ * (s->over: it stopped at the budget, and is not a layout). */
 static uint64_t place_all(pl_solve *s, int mode, int fit, bool shake) {
     pl_item *items = s->pl->items;
     uint64_t tp = 0, ns[2] = {0, 0};
@@ -526,6 +558,7 @@ static uint64_t place_all(pl_solve *s, int mode, int fit, bool shake) {
     for (uint64_t i = 0; i < s->m; i++) {
         pl_item *it = &items[i];
         uint64_t pos;
+        if (!spend(s, 0)) return 0;
         if (mode && s->npe && (pos = place_pinned(s, it, ns[1])) != UINT64_MAX) {
             it->off = pos;
             it->where = 1;
@@ -636,10 +669,13 @@ static void solve_layouts(pl_solve *s) {
                 for (uint64_t k = 0; k < 2 * P; k++)
                     if (s->offa[k] != UINT64_MAX && s->offa[k] + pl->tunits[k] >= s->top[0]) s->boost[k]++;
             }
+            /* the sort, the boosts and layout_cost's loops */
+            if (!spend(s, 32 * m + s->no + 2 * s->nw + (mode ? 0 : s->ng))) return;
             pl_order = ord;
             pl_boost = shake ? s->big : round ? s->boost : NULL;
             qsort(pl->items, m, sizeof *pl->items, cmp_item);
             uint64_t tp = place_all(s, mode, fit, shake), c;
+            if (s->over) return; /* the budget: the best variant complete is the layout */
             if (gm__gp_plan_verify) {
                 gm__gp_plan_verified++;
                 if (!layout_sound(pl->items, m, s->obs, s->no, mode, s->limit, 2 * s->T)) gm__gp_plan_wrong++;
@@ -723,9 +759,12 @@ static int solve_adopt(pl_solve *s) {
 /* Lay out the step [start - 2P, start - P) for the steps from `start` on,
  * around the blocks live in arena a now. */
 int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
-    pl_solve s = {.st = st, .pl = pl, .a = a, .P = pl->P, .cost = {UINT64_MAX, UINT64_MAX}};
-    int rc = solve_intervals(&s);
-    if (rc) return rc;
+    uint64_t allowed = pl_work_allowed(pl);
+    pl_solve s = {.st = st, .pl = pl, .a = a, .P = pl->P, .cost = {UINT64_MAX, UINT64_MAX},
+                  .allow = allowed > pl->work ? allowed - pl->work : 0};
+    int rc = GM_ENOMEM;
+    if (!spend(&s, s.P)) goto out; /* solve_intervals' loop */
+    if ((rc = solve_intervals(&s)) != GM_OK) return rc;
     if ((rc = solve_obstacles(&s)) != GM_OK) goto out;
     s.limit = a->va_size >> GP_ALIGN_SHIFT;
     s.gu = st->gran >> GP_ALIGN_SHIFT;
@@ -741,8 +780,13 @@ int gm__gp_plan_solve(gp_state *st, gp_plan *pl, gp_arena *a) {
     solve_layouts(&s);
     pl_cont = NULL;
     pl_boost = NULL;
+    s.work += 4 * s.P; /* solve_adopt's loops and the park chains' (bounded scans) */
     rc = solve_adopt(&s);
 out:
+    pl->work += s.work;
+    pl->wait = s.over ? 2 * s.work : 0; /* cut short: the next one waits until twice this is allowed */
+    pl->starved += s.over;
+    if (s.over) PLOG("layout at %llu stopped at the work budget: %llu steps spent\n", (unsigned long long)pl->start, (unsigned long long)s.work);
     pl_cont = NULL;
     pl_boost = NULL;
     free(s.cont), free(s.boost), free(s.big);

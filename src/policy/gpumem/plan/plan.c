@@ -66,6 +66,10 @@
  *    the cursor resyncs on a signature, or on a block's exact size (a
  *    short step may free otherwise before a gradient). Measured:
  *    bench/gpumem_policy_tradeoff.md ("Variable shapes").
+ *  - Work: a layout costs about its intervals times the blocks live around
+ *    them, and elastic steps may ask for one every other step: the loops
+ *    count their steps against a budget that grows with the operations
+ *    (layout.h); past it no layout is made, and the usual placement serves.
  *  - Streams: the plan serves its own stream from that stream's arena, so a
  *    range is reused only by the stream that freed it (stream order makes
  *    that safe, as for every arena); the front end hands a block with
@@ -232,6 +236,7 @@ static void detect(gp_plan *pl, uint64_t p) {
  * a period (P <= PL_MAXP). */
 static void detect_catch_up(gp_plan *pl) {
     uint64_t from = pl->n > PL_HIST ? pl->n - PL_HIST : 0;
+    pl->work += pl->n - from;
     pl->wh = 0;
     for (uint64_t p = from; p < pl->n; p++) {
         const pl_rec *in = rec(pl, p);
@@ -383,6 +388,7 @@ static bool keep_planned(void *arg, const gp_chunk *c) { return keep_planned_st(
 static int find_holes(gp_state *st, gp_plan *pl) {
     const gp_arena *pa = pl->pa;
     uint64_t hm = pa && pa->gran && pl->elastic ? pa->ngran : 0, n = 0, gu = st->gran >> GP_ALIGN_SHIFT;
+    pl->work += 2 * hm; /* its two scans */
     while (hm && pa->gran[hm - 1] < 0) hm--;
     for (uint64_t g = 0; g < hm; g++) n += pa->gran[g] < 0 && (g == 0 || pa->gran[g - 1] >= 0);
     pl->hole_top = pl->nh = 0;
@@ -402,6 +408,11 @@ static void activate(gp_state *st) {
     pl->state = PL_NONE;
     if (gm__gp_arena_of(st, pl->pstream, GM_POOL_LARGE, &a) || !a->gran) {
         PLOG("no large arena mapped for stream %llu at %llu: no plan\n", (unsigned long long)pl->pstream, (unsigned long long)pl->n);
+        return;
+    }
+    if (pl->work + pl->wait >= pl_work_allowed(pl)) { /* the budget (layout.h): served as if no plan */
+        pl->starved++;
+        PLOG("no layout at %llu: %llu steps of work spent, %llu allowed\n", (unsigned long long)pl->n, (unsigned long long)pl->work, (unsigned long long)pl_work_allowed(pl));
         return;
     }
 #ifdef GP_PLAN_DEBUG

@@ -23,6 +23,12 @@ void gm__gp_plan_step(gp_state *st);
 /* plan_check.c */
 uint64_t gm__gp_plan_served(const gp_state *st); /* allocations served from a plan so far */
 uint64_t gm__gp_plan_claimed(const gp_state *st); /* of those, served from a parked block (park.c) */
+/* The planner's work budget (layout.h): steps its loops spent so far,
+ * layouts it refused or cut short, and the operations (allocations +
+ * frees) the plan has seen, which the budget grows with. */
+uint64_t gm__gp_plan_work(const gp_state *st);
+uint64_t gm__gp_plan_starved(const gp_state *st);
+uint64_t gm__gp_plan_ops(const gp_state *st);
 /* The active plan's layout: 'A' (around the live blocks), 'B' (own arena), 0 none. */
 int gm__gp_plan_layout(const gp_state *st);
 int gm__gp_plan_check(gp_state *st, char *err, size_t errlen);

@@ -4,6 +4,9 @@
 
 uint64_t gm__gp_plan_served(const gp_state *st) { return st->plan ? st->plan->served : 0; }
 uint64_t gm__gp_plan_claimed(const gp_state *st) { return st->plan ? st->plan->claimed : 0; }
+uint64_t gm__gp_plan_work(const gp_state *st) { return st->plan ? st->plan->work : 0; }
+uint64_t gm__gp_plan_starved(const gp_state *st) { return st->plan ? st->plan->starved : 0; }
+uint64_t gm__gp_plan_ops(const gp_state *st) { return st->plan ? (uint64_t)st->plan->op : 0; }
 
 int gm__gp_plan_layout(const gp_state *st) {
     const gp_plan *pl = st->plan;

@@ -102,6 +102,10 @@ typedef struct gp_plan {
      * parked for it, and the position that parked it */
     uint32_t *park_to, *park_src;
     gp_block **parked;
+    /* the work budget (layout.h): steps spent so far; after a layout cut
+     * short, what the next must wait for (twice what that one spent);
+     * layouts refused or cut short */
+    uint64_t work, wait, starved;
 } gp_plan;
 
 static inline pl_rec *rec(const gp_plan *pl, uint64_t i) { return &pl->hist[i & (PL_HIST - 1)]; }
