@@ -604,6 +604,49 @@ static void test_fallback_without_vmm(void **state) {
     teardown_env(&e);
 }
 
+/* A moved chunk waits for its stream only when work that used it may still
+ * be queued: one idle since before the stream's last sync moves without a
+ * new one, even after other blocks were freed (the arena is dirty), and one
+ * freed after that sync still waits (a GPU would otherwise unmap memory its
+ * queued kernels use). slack 0 and no plan: every placement that needs a
+ * granule moves the highest idle one. */
+static void test_move_syncs_only_for_recent_frees(void **state) {
+    (void)state;
+    env e;
+    setup_env_conf(&e, 1024 * MIB, false, "policy:gpumem,gpumem_slack:0,gpumem_plan:off");
+    /* x raises the peak of live granules by one, so that held memory can
+     * stay at that peak below: a placement then moves rather than creates */
+    gm_devptr x = alloc(e.al, 2 * MIB, 0), sx = alloc(e.al, 2 * MIB, 0);
+    gm_devptr k0 = alloc(e.al, 2 * MIB, 0), s0 = alloc(e.al, 2 * MIB, 0), a1 = alloc(e.al, 2 * MIB, 0);
+    gm_devptr s1 = alloc(e.al, 2 * MIB, 0), a2 = alloc(e.al, 2 * MIB, 0);
+    gm_devptr s2 = alloc(e.al, 2 * MIB, 0), a3 = alloc(e.al, 2 * MIB, 0);
+    gm_devptr s3 = alloc(e.al, 2 * MIB, 0);
+    assert_int_equal(gm_free(e.al, x), GM_OK);
+    assert_int_equal(gm_free(e.al, a1), GM_OK);
+    assert_int_equal(gm_free(e.al, a2), GM_OK);
+    assert_int_equal(gm_free(e.al, a3), GM_OK);
+    uint64_t syncs = gm_backend_call_count(e.be, 0, GM_BCALL_EVENT_SYNC);
+    uint64_t moves = gm_backend_call_count(e.be, 0, GM_BCALL_UNMAP);
+    /* two granules past the top: a3's and a2's move, after one sync */
+    gm_devptr c1 = alloc(e.al, 2 * MIB + MIB / 2, 0);
+    assert_int_equal(gm_backend_call_count(e.be, 0, GM_BCALL_UNMAP), moves + 2);
+    assert_int_equal(gm_backend_call_count(e.be, 0, GM_BCALL_EVENT_SYNC), syncs + 1);
+    assert_int_equal(gm_free(e.al, k0), GM_OK); /* freed after that sync */
+    /* one granule more: a1's, idle since before the sync, moves without one */
+    gm_devptr c2 = alloc(e.al, 3 * MIB, 0);
+    assert_int_equal(gm_backend_call_count(e.be, 0, GM_BCALL_UNMAP), moves + 3);
+    assert_int_equal(gm_backend_call_count(e.be, 0, GM_BCALL_EVENT_SYNC), syncs + 1);
+    /* one granule more: the highest idle one is k0's, whose work may still
+     * run, so it waits */
+    gm_devptr c3 = alloc(e.al, 2 * MIB + MIB / 4, 0);
+    assert_int_equal(gm_backend_call_count(e.be, 0, GM_BCALL_UNMAP), moves + 4);
+    assert_int_equal(gm_backend_call_count(e.be, 0, GM_BCALL_EVENT_SYNC), syncs + 2);
+    check_ok(e.al);
+    gm_devptr keep[] = {sx, s0, s1, s2, s3, c1, c2, c3};
+    for (size_t i = 0; i < sizeof keep / sizeof *keep; i++) assert_int_equal(gm_free(e.al, keep[i]), GM_OK);
+    teardown_env(&e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placement),
@@ -618,6 +661,7 @@ int main(void) {
         cmocka_unit_test(test_failed_alloc_holds_nothing),
         cmocka_unit_test(test_chunks_run_cold_start),
         cmocka_unit_test(test_chunks_auto_cuts_partial_reuse),
+        cmocka_unit_test(test_move_syncs_only_for_recent_frees),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -54,6 +54,7 @@ int gm__gp_sync_arena(gp_state *st, gp_arena *a) {
     (void)gm__be_cleanup_event_destroy(st->d, ev);
     if (rc) return rc;
     a->dirty = false;
+    a->syncs++;
     return GM_OK;
 }
 

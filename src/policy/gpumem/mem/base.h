@@ -97,6 +97,7 @@ typedef struct gp_chunk {
     uint8_t list;     /* GP_LIST_* */
     uint8_t inuse;    /* slot holds a chunk */
     uint8_t pool;     /* pool its bytes count in: the arena it was last mapped in */
+    uint32_t idle_sync; /* on the idle list: its arena's syncs when it got there (chunks.c, chunk_unmap) */
 } gp_chunk;
 
 typedef struct gp_arena {
@@ -120,6 +121,7 @@ typedef struct gp_arena {
     gp_block sink;    /* takes the list links' stores that have no neighbour to go to (va.c, LINK_SET) */
     uint64_t nparked;
     bool dirty;       /* a block was freed since the stream was last synced */
+    uint32_t syncs;   /* times its stream was synced (gm__gp_sync_arena) */
     gp_block *bins[GP_NBINS];
     uint64_t bitmap[GP_NWORDS];
     uint64_t summary; /* bit w: bitmap[w] != 0 */

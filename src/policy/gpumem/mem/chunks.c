@@ -24,6 +24,7 @@ static inline void idle_add(gp_state *st, int32_t i, gp_chunk *c) {
     unsigned o = gm__gp_order(c->n);
     int32_t t = st->idle_tail[o];
     c->list = GP_LIST_IDLE;
+    c->idle_sync = st->arenas[c->arena]->syncs;
     c->lnext = -1;
     c->lprev = t;
     if (t >= 0) st->chunks[t].lnext = i;
@@ -168,6 +169,7 @@ static void chunk_list_add(gp_state *st, int32_t i, uint8_t list) {
     gp_chunk *c = &st->chunks[i];
     int32_t *t, *h = list_head(st, list, c->n, &t);
     c->list = list;
+    if (list == GP_LIST_IDLE) c->idle_sync = st->arenas[c->arena]->syncs;
     c->lnext = -1;
     c->lprev = *t;
     if (*t >= 0) st->chunks[*t].lnext = i;
@@ -210,11 +212,16 @@ static void reserved_add(gp_state *st, int pool, int64_t bytes, int nseg) {
     st->held_bytes += (uint64_t)bytes;
 }
 
-/* Unmap chunk i (idle) after the work that used it is done; it becomes loose. */
+/* Unmap chunk i (idle) after the work that used it is done; it becomes loose.
+ * A chunk on the idle list (counts exact) since before its stream's last sync
+ * needs no new sync: the work that used it was queued before that one. Any
+ * other waits for the stream, which on a GPU stalls the host until the work
+ * queued so far has run (bench/RESULTS.md, "moves without a sync"). */
 static int chunk_unmap(gp_state *st, int32_t i) {
     gp_chunk *c = &st->chunks[i];
     gp_arena *a = st->arenas[c->arena];
-    int rc = gm__gp_sync_arena(st, a);
+    bool done = !st->lazy && c->list == GP_LIST_IDLE && c->idle_sync != a->syncs;
+    int rc = done ? GM_OK : gm__gp_sync_arena(st, a);
     if (rc) return rc;
     rc = gm__be_unmap(st->d, a->base + ((uint64_t)c->g0 << st->gshift), c->n << st->gshift);
     if (rc) return rc;
