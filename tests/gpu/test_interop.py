@@ -73,6 +73,23 @@ def _model(torch):
     return torch.nn.TransformerEncoder(layer, num_layers=8, enable_nested_tensor=False).eval()
 
 
+def _pin_cost(nbytes):
+    """Seconds to page-lock nbytes of host memory and to give it back (cuMemHostAlloc, cuMemFreeHost in
+    torch's current context), the part of sleep and wake that is not copying; (None, None) if unavailable."""
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+        p = ctypes.c_void_p()
+        t0 = time.time()
+        if cu.cuMemHostAlloc(ctypes.byref(p), ctypes.c_size_t(nbytes), ctypes.c_uint(1)) != 0:
+            return None, None
+        t_pin = time.time() - t0
+        t0 = time.time()
+        cu.cuMemFreeHost(p)
+        return t_pin, time.time() - t0
+    except OSError:
+        return None, None
+
+
 def test_sleep_wake():
     import torch
     gt = _gt()
@@ -148,6 +165,7 @@ def test_sleep_wake():
     del model2, model, host, pinned, on_gpu
     gc.collect()
     wake_gbs = nbytes / max(t_wake, 1e-9) / 1e9
+    t_pin, t_unpin = _pin_cost(nbytes)
     _ROWS["sleep_wake"] = {
         "weights GiB": nbytes / GIB, "released GiB": (rel_w + rel_kv) / GIB,
         "free rose GiB": (free1 - free0) / GIB, "free after wake GiB": (free2 - free0) / GIB,
@@ -155,6 +173,7 @@ def test_sleep_wake():
         "create s": t_create, "sleep(offload) s": t_sleep, "wake(offload) s": t_wake, "wake(kv, no offload) s": t_wake_kv,
         "re-create s": t_recreate, "reload from host s": t_reload, "reload from pinned host s": t_reload_pinned,
         "sleep(offload) GB/s": nbytes / max(t_sleep, 1e-9) / 1e9, "wake(offload) GB/s": wake_gbs,
+        "cuMemHostAlloc of the weights' size s (in sleep)": t_pin, "cuMemFreeHost of it s (in wake)": t_unpin,
     }
     return ("released %.2f GiB (free +%.2f GiB, nvidia-smi %s -> %s -> %s MiB); addresses kept, weights restored bit for bit; "
             "sleep %.3f s, wake %.3f s = %.1f GB/s (kv %.3f s) vs re-create %.3f s, reload from host %.3f s, "
