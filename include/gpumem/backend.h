@@ -19,7 +19,7 @@ extern "C" {
 #define GM_BCALL_LIST(X)                                                       \
     X(MALLOC) X(FREE) X(MEM_INFO) X(VA_RESERVE) X(VA_RELEASE) X(PHYS_CREATE)   \
     X(PHYS_RELEASE) X(MAP) X(UNMAP) X(EVENT_RECORD) X(EVENT_QUERY)             \
-    X(EVENT_SYNC) X(EVENT_DESTROY)
+    X(EVENT_SYNC) X(EVENT_DESTROY) X(HOST_ALLOC)
 
 typedef enum gm_bcall {
 #define GM__BCALL_ENUM(n) GM_BCALL_##n,
@@ -30,6 +30,14 @@ typedef enum gm_bcall {
 } gm_bcall;
 
 GM_API const char *gm_bcall_name(int kind); /* "MALLOC", ... */
+
+/* One copy of copy_many: `size` bytes between device address `dev` and host
+ * memory `host`. */
+typedef struct gm_backend_copy {
+    gm_devptr dev;
+    void *host;
+    uint64_t size;
+} gm_backend_copy;
 
 typedef struct gm_backend_ops {
     uint32_t version; /* GM_BACKEND_VERSION */
@@ -68,7 +76,20 @@ typedef struct gm_backend_ops {
      * memory, for gm_allocator_sleep's offload. Not counted kinds. */
     int (*copy_to_host)(void *ctx, int dev, void *dst, gm_devptr src, uint64_t size);
     int (*copy_to_device)(void *ctx, int dev, gm_devptr dst, const void *src, uint64_t size);
+
+    /* optional (appended): page-locked host memory (cuMemHostAlloc), where
+     * offload keeps what it saved so copies run at the link's speed; the core
+     * falls back to malloc when it is NULL or fails. host_alloc is counted
+     * (HOST_ALLOC); host_free gives back what host_alloc made. */
+    int (*host_alloc)(void *ctx, int dev, uint64_t size, void **out);
+    int (*host_free)(void *ctx, int dev, void *ptr);
+    /* optional (appended): n copies in one direction (to_device true: host to
+     * device), queued together and waited for once. When it returns, failed
+     * or not, no copy is still running. NULL or GM_ENOTSUP: the core calls
+     * copy_to_host / copy_to_device once per copy. Not a counted kind. */
+    int (*copy_many)(void *ctx, int dev, bool to_device, const gm_backend_copy *v, size_t n);
 } gm_backend_ops;
+
 
 /* Wrap a table and its context into a backend object (takes ownership of
  * ctx: ops->destroy(ctx) runs in gm_backend_destroy). */

@@ -496,7 +496,8 @@ GM_API int gm_pool_set_options(gm_allocator *a, int device, uint64_t id0, uint64
  * of its segments (live blocks and idle cache) is given back to the device
  * while every address stays reserved, and wake maps fresh memory at the same
  * addresses. With GM_SLEEP_OFFLOAD the live blocks' contents are copied to
- * host memory first and back at wake (vLLM's sleep level 1); without it they
+ * host memory first (one page-locked buffer per pool where the backend has
+ * it, else malloc'd) and back at wake (vLLM's sleep level 1); without it they
  * are lost (level 2, a KV cache). The caller synchronises the device first:
  * nothing may run on the pool's memory while it sleeps.
  *

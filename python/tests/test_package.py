@@ -183,6 +183,18 @@ class SimBackendTest(unittest.TestCase):
         self.assertIn("no private pool is tagged 'weight'", str(cm.exception))
         gt.wake("weights")
         self.assertEqual(gt.mem_get_info(0)[0], free0)
+        # a call that succeeds leaves no detail of the failure before it, as the other pool calls
+        class PoolOptions(ctypes.Structure):  # gm_pool_options (gpumem.h)
+            _fields_ = [("size", ctypes.c_uint32), ("use_on_oom", ctypes.c_bool), ("no_split", ctypes.c_bool),
+                        ("seg_alloc", ctypes.c_void_p), ("seg_free", ctypes.c_void_p), ("seg_ctx", ctypes.c_void_p)]
+        opts = PoolOptions(size=ctypes.sizeof(PoolOptions), use_on_oom=True)
+        set_options = lib.gpumem_torch_pool_set_options
+        set_options.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.POINTER(PoolOptions)]
+        for ok in (lambda: set_options(0, 3, 0, ctypes.byref(opts)), lambda: gt.tag_pool((3, 0), "weights", 0)):
+            with self.assertRaises(_lib.GpumemError):
+                gt.wake("weight")
+            self.assertEqual(ok() or 0, 0)
+            self.assertEqual(_lib.last_error(), "")
         self.assertEqual(gt.check(0), "")
         _lib.free_raw(out.value)
         _lib.check(lib.gpumem_torch_pool_release(0, 3, 0), "pool_release")

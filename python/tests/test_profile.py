@@ -14,7 +14,7 @@ from gpumem import _lib
 MIB = 1 << 20
 FIELDS = ("alloc_calls", "alloc_ns", "alloc_max_ns", "alloc_slow", "free_calls", "free_ns", "free_max_ns", "free_slow")
 BCALLS = ("MALLOC", "FREE", "MEM_INFO", "VA_RESERVE", "VA_RELEASE", "PHYS_CREATE", "PHYS_RELEASE", "MAP", "UNMAP",
-          "EVENT_RECORD", "EVENT_QUERY", "EVENT_SYNC", "EVENT_DESTROY")
+          "EVENT_RECORD", "EVENT_QUERY", "EVENT_SYNC", "EVENT_DESTROY", "HOST_ALLOC")
 
 WHY = unusable()
 LIB = None if WHY else _lib.load()  # signatures from the library's own table (gpumem_torch_signatures)

@@ -361,6 +361,54 @@ static int cu_copy_to_device(void *ctx, int dev, gm_devptr dst, const void *src,
     return r == GM__CUDA_SUCCESS ? GM_OK : cu_fail(c, r, "cuMemcpyHtoD", dev, size);
 }
 
+/* Page-locked host memory, usable from every context (PORTABLE). */
+static int cu_host_alloc(void *ctx, int dev, uint64_t size, void **out) {
+    cuda_ctx *c = ctx;
+    cuda_dev *d;
+    ctx_guard g;
+    if (!c->drv.cuMemHostAlloc || !c->drv.cuMemFreeHost) return GM_ENOTSUP;
+    int st = enter(c, dev, &d, &g);
+    if (st != GM_OK) return st;
+    CUresult r = c->drv.cuMemHostAlloc(out, (size_t)size, GM__CU_MEMHOSTALLOC_PORTABLE);
+    leave(c, &g);
+    return r == GM__CUDA_SUCCESS ? GM_OK : cu_fail(c, r, "cuMemHostAlloc", dev, size);
+}
+
+static int cu_host_free(void *ctx, int dev, void *ptr) {
+    cuda_ctx *c = ctx;
+    cuda_dev *d;
+    ctx_guard g;
+    if (!c->drv.cuMemFreeHost) return GM_ENOTSUP;
+    int st = enter(c, dev, &d, &g);
+    if (st != GM_OK) return st;
+    CUresult r = c->drv.cuMemFreeHost(ptr);
+    leave(c, &g);
+    return r == GM__CUDA_SUCCESS || cu_gone(r) ? GM_OK : cu_fail(c, r, "cuMemFreeHost", dev, 0);
+}
+
+/* The copies queued on the legacy default stream (ordered after the work
+ * already there, as the synchronous copies are) and waited for once; the
+ * wait runs after a failed queueing too, so no copy outlives the call. */
+static int cu_copy_many(void *ctx, int dev, bool to_device, const gm_backend_copy *v, size_t n) {
+    cuda_ctx *c = ctx;
+    cuda_dev *d;
+    ctx_guard g;
+    if (!c->drv.cuMemcpyDtoHAsync || !c->drv.cuMemcpyHtoDAsync || !c->drv.cuStreamSynchronize)
+        return GM_ENOTSUP;
+    int st = enter(c, dev, &d, &g);
+    if (st != GM_OK) return st;
+    CUresult r = GM__CUDA_SUCCESS;
+    size_t i = 0;
+    for (; i < n && r == GM__CUDA_SUCCESS; i++)
+        r = to_device ? c->drv.cuMemcpyHtoDAsync((CUdeviceptr)v[i].dev, v[i].host, (size_t)v[i].size, NULL)
+                      : c->drv.cuMemcpyDtoHAsync(v[i].host, (CUdeviceptr)v[i].dev, (size_t)v[i].size, NULL);
+    CUresult w = c->drv.cuStreamSynchronize(NULL);
+    leave(c, &g);
+    if (r != GM__CUDA_SUCCESS)
+        return cu_fail(c, r, to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync", dev, v[i - 1].size);
+    return w == GM__CUDA_SUCCESS ? GM_OK : cu_fail(c, w, "cuStreamSynchronize", dev, 0);
+}
+
 /* ---- events ---------------------------------------------------------- */
 
 /* Take an idle event from the pool or create one (context is current). */
@@ -506,6 +554,9 @@ static const gm_backend_ops cuda_ops = {
     .event_destroy = cu_event_destroy,
     .copy_to_host = cu_copy_to_host,
     .copy_to_device = cu_copy_to_device,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
+    .copy_many = cu_copy_many,
 };
 
 static bool drv_complete(const gm__cuda_driver *d, const char **missing) {
@@ -628,6 +679,11 @@ static void drv_load(void *dl, gm__cuda_driver *d) {
     LOAD(cuEventDestroy, "cuEventDestroy_v2");
     LOAD(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
     LOAD(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
+    LOAD(cuMemHostAlloc, "cuMemHostAlloc");
+    LOAD(cuMemFreeHost, "cuMemFreeHost");
+    LOAD(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+    LOAD(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+    LOAD(cuStreamSynchronize, "cuStreamSynchronize");
     LOAD(cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
     LOAD(cuGetErrorName, "cuGetErrorName");
     LOAD(cuGetErrorString, "cuGetErrorString");

@@ -30,6 +30,7 @@ enum {
     GM__CUDA_ERROR_NOT_READY = 600,
 };
 #define GM__CU_EVENT_DISABLE_TIMING 0x2
+#define GM__CU_MEMHOSTALLOC_PORTABLE 0x1
 #define GM__CU_MEM_ALLOCATION_TYPE_PINNED 0x1
 #define GM__CU_MEM_HANDLE_TYPE_NONE 0x0
 #define GM__CU_MEM_LOCATION_TYPE_DEVICE 0x1
@@ -97,6 +98,13 @@ typedef struct gm__cuda_driver {
     /* optional: synchronous copies (gm_allocator_sleep's offload) */
     CUresult (*cuMemcpyDtoH)(void *dst, CUdeviceptr src, size_t n);
     CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void *src, size_t n);
+    /* optional: page-locked host memory and queued copies on the legacy
+     * default stream, waited for once (offload at the link's speed) */
+    CUresult (*cuMemHostAlloc)(void **p, size_t size, unsigned flags);
+    CUresult (*cuMemFreeHost)(void *p);
+    CUresult (*cuMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t n, CUstream stream);
+    CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t n, CUstream stream);
+    CUresult (*cuStreamSynchronize)(CUstream stream);
     /* optional: the calling thread's stream capture mode, swapped (CUDA 10.1+) */
     CUresult (*cuThreadExchangeStreamCaptureMode)(int *mode);
     /* messages: optional */

@@ -538,6 +538,28 @@ static int sim_copy_to_device(void *ctx, int dev, gm_devptr dst, const void *src
     SIM_LEAVE()
 }
 
+/* All of the copies under one hold of the lock; the first failure stops them. */
+static int sim_copy_many(void *ctx, int dev, bool to_device, const gm_backend_copy *v, size_t n) {
+    SIM_ENTER(ctx, dev)
+    for (size_t i = 0; i < n && rc == GM_OK; i++) rc = sim_copy(s, d, v[i].dev, v[i].host, v[i].size, to_device);
+    SIM_LEAVE()
+}
+
+/* Host memory: the simulator has no page locking, so malloc (its calls are
+ * counted, and faults injected, as HOST_ALLOC by the backend table). */
+static int sim_host_alloc(void *ctx, int dev, uint64_t size, void **out) {
+    SIM_ENTER(ctx, dev)
+    if (!(*out = size == (size_t)size ? malloc(size ? (size_t)size : 1) : NULL)) rc = GM_ENOHOSTMEM;
+    SIM_LEAVE()
+}
+
+static int sim_host_free(void *ctx, int dev, void *ptr) {
+    (void)ctx;
+    (void)dev;
+    free(ptr);
+    return GM_OK;
+}
+
 static const gm_backend_ops sim_ops = {
     .version = GM_BACKEND_VERSION,
     .size = sizeof(gm_backend_ops),
@@ -560,6 +582,9 @@ static const gm_backend_ops sim_ops = {
     .event_destroy = sim_event_destroy,
     .copy_to_host = sim_copy_to_host,
     .copy_to_device = sim_copy_to_device,
+    .host_alloc = sim_host_alloc,
+    .host_free = sim_host_free,
+    .copy_many = sim_copy_many,
 };
 
 /* ---- public --------------------------------------------------------------- */

@@ -330,6 +330,24 @@ int gm__be_copy_to_device(gm__device *d, gm_devptr dst, const void *src, uint64_
     gm_backend *b = d->backend;
     return b->ops.copy_to_device ? b->ops.copy_to_device(b->ctx, d->index, dst, src, size) : GM_ENOTSUP;
 }
+int gm__be_host_alloc(gm__device *d, uint64_t size, void **out) {
+    GM__BE_CALL(d, HOST_ALLOC, host_alloc, size, out);
+}
+int gm__be_host_free(gm__device *d, void *ptr) {
+    gm_backend *b = d->backend;
+    return b->ops.host_free ? b->ops.host_free(b->ctx, d->index, ptr) : GM_ENOTSUP;
+}
+/* copy_many where the backend has it, else one synchronous copy at a time */
+int gm__be_copy_many(gm__device *d, bool to_device, const gm_backend_copy *v, size_t n) {
+    gm_backend *b = d->backend;
+    int rc = b->ops.copy_many ? b->ops.copy_many(b->ctx, d->index, to_device, v, n) : GM_ENOTSUP;
+    if (rc != GM_ENOTSUP) return rc;
+    rc = GM_OK;
+    for (size_t i = 0; i < n && rc == GM_OK; i++)
+        rc = to_device ? gm__be_copy_to_device(d, v[i].dev, v[i].host, v[i].size)
+                       : gm__be_copy_to_host(d, v[i].host, v[i].dev, v[i].size);
+    return rc;
+}
 int gm__be_event_record(gm__device *d, gm_stream stream, gm_event *out) {
     GM__BE_CALL(d, EVENT_RECORD, event_record, stream, out);
 }

@@ -250,6 +250,11 @@ int gm__be_cleanup_event_destroy(gm__device *d, gm_event ev);
 /* Synchronous copies (gm_allocator_sleep's offload; GM_ENOTSUP without). */
 int gm__be_copy_to_host(gm__device *d, void *dst, gm_devptr src, uint64_t size);
 int gm__be_copy_to_device(gm__device *d, gm_devptr dst, const void *src, uint64_t size);
+/* Many copies waited for once (the backend's copy_many, else the above one
+ * by one), and page-locked host memory for them (GM_ENOTSUP without). */
+int gm__be_copy_many(gm__device *d, bool to_device, const gm_backend_copy *v, size_t n);
+int gm__be_host_alloc(gm__device *d, uint64_t size, void **out);
+int gm__be_host_free(gm__device *d, void *ptr);
 
 /* ---- sleep and wake of a private pool's view (devcall.c) ------------------
  * A view with a tracker hands its policy handles of its own (not the

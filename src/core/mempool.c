@@ -28,7 +28,9 @@
 #include "frontend.h"
 #include "mempool.h"
 
+#include <inttypes.h>
 #include <math.h>
+#include <stdatomic.h>
 
 static gm__mempool *slot_pool(const gm__device *d, uint16_t mpool) {
     return d->mp && mpool && mpool <= d->mp->n ? d->mp->slot[mpool - 1] : NULL;
@@ -181,16 +183,13 @@ int gm__mempool_create(gm__device *d, uint64_t id0, uint64_t id1, gm__mempool **
 }
 
 /* Contents of a sleeping pool's live blocks (GM_SLEEP_OFFLOAD). */
-struct gm__saved {
-    gm_devptr ptr;
-    uint64_t size;
-    void *buf;
-};
-
 static void drop_saved(gm__mempool *p) {
-    for (size_t i = 0; i < p->nsaved; i++) free(p->saved[i].buf);
+    if (p->saved_pinned) gm__be_host_free(&p->view, p->saved_mem);
+    else free(p->saved_mem);
     free(p->saved);
     p->saved = NULL;
+    p->saved_mem = NULL;
+    p->saved_pinned = false;
     p->nsaved = 0;
 }
 
@@ -439,23 +438,48 @@ int gm__mempool_on_oom(gm__device *d, uint64_t size, gm_stream stream, gm__block
 
 /* ---- sleep and wake of one pool ------------------------------------------ */
 
-/* Copy the pool's live blocks to host memory; nothing kept on failure. */
+/* Where offload keeps n bytes: page-locked memory when the backend has it
+ * (copies at the link's speed, queued without a wait each), else malloc. A
+ * pinning failure is said once per process, on stderr; the sleep goes on. */
+#define GM__SAVE_ALIGN 256 /* each block's copy starts aligned, as DMA likes */
+static int saved_mem_alloc(gm__device *d, gm__mempool *p, uint64_t n) {
+    static atomic_bool said;
+    int rc = gm__be_host_alloc(d, n, &p->saved_mem);
+    p->saved_pinned = rc == GM_OK;
+    if (rc == GM_OK) return GM_OK;
+    if (rc != GM_ENOTSUP && !atomic_exchange(&said, true))
+        fprintf(stderr, "gpumem: no page-locked host memory for the %" PRIu64 " bytes sleep saves (%s%s%s); "
+                "saving to pageable memory, copies are slower\n", n, gm_status_name(rc),
+                gm_last_error_detail()[0] ? ": " : "", gm_last_error_detail());
+    gm__clear_error(); /* the sleep goes on: no stale detail */
+    p->saved_mem = n == (size_t)n ? malloc((size_t)n) : NULL;
+    return p->saved_mem ? GM_OK : GM_ENOHOSTMEM;
+}
+
+/* Copy the pool's live blocks to host memory, one buffer for all of them and
+ * one wait for all the copies; nothing kept on failure. */
 static int offload(gm__device *d, gm__mempool *p) {
     gm__fe_dev *fe = d->fe;
     size_t n = 0;
-    for (uint64_t i = 0; i <= fe->map.mask; i++) n += fe->map.slots[i].key && fe->map.slots[i].block->mpool == p->slot;
+    uint64_t bytes = 0;
+    for (uint64_t i = 0; i <= fe->map.mask; i++) {
+        gm__block_hdr *b = fe->map.slots[i].key ? fe->map.slots[i].block : NULL;
+        if (!b || b->mpool != p->slot) continue;
+        n++;
+        bytes += (b->requested + GM__SAVE_ALIGN - 1) & ~(uint64_t)(GM__SAVE_ALIGN - 1);
+    }
     if (!n) return GM_OK;
     if (!(p->saved = calloc(n, sizeof *p->saved))) return GM_ENOHOSTMEM;
-    int rc = GM_OK;
+    int rc = saved_mem_alloc(d, p, bytes);
+    uint64_t off = 0;
     for (uint64_t i = 0; i <= fe->map.mask && rc == GM_OK; i++) {
         gm__block_hdr *b = fe->map.slots[i].key ? fe->map.slots[i].block : NULL;
         if (!b || b->mpool != p->slot) continue;
-        struct gm__saved *s = &p->saved[p->nsaved++];
-        s->ptr = b->ptr;
-        s->size = b->requested;
-        if (!(s->buf = malloc(s->size))) rc = GM_ENOHOSTMEM;
-        else rc = gm__be_copy_to_host(d, s->buf, s->ptr, s->size);
+        p->saved[p->nsaved++] = (gm_backend_copy){.dev = b->ptr, .host = (char *)p->saved_mem + off,
+                                                  .size = b->requested};
+        off += (b->requested + GM__SAVE_ALIGN - 1) & ~(uint64_t)(GM__SAVE_ALIGN - 1);
     }
+    if (rc == GM_OK) rc = gm__be_copy_many(d, false, p->saved, p->nsaved);
     if (rc != GM_OK) drop_saved(p);
     return rc;
 }
@@ -499,11 +523,12 @@ int gm__mempool_wake(gm__device *d, gm__mempool *p) {
                              "(free device memory, then wake it again)", p->tag, d->index, gm_strerror(rc));
     p->asleep = false;
     /* contents back, for the blocks still live (a block freed while asleep lost them) */
+    size_t n = 0;
     for (size_t i = 0; i < p->nsaved; i++) {
-        const struct gm__saved *s = &p->saved[i];
-        gm__block_hdr *b = gm__mempool_live(d, p->slot, s->ptr);
-        if (b && b->requested == s->size && rc == GM_OK) rc = gm__be_copy_to_device(d, s->ptr, s->buf, s->size);
+        gm__block_hdr *b = gm__mempool_live(d, p->slot, p->saved[i].dev);
+        if (b && b->requested == p->saved[i].size) p->saved[n++] = p->saved[i];
     }
+    if (n) rc = gm__be_copy_many(d, true, p->saved, n);
     drop_saved(p);
     return rc == GM_OK ? GM_OK
                        : gm__set_error(rc, "restoring the contents of private pool tagged '%s' on device %d failed: "

@@ -35,12 +35,15 @@ typedef struct gm__mempool {
     size_t nheld, cap_held;
     /* gm_pool_set_options (view.popt points here), gm_pool_set_tag, and
      * sleep: while asleep its memory is given back (view.track) and, with
-     * GM_SLEEP_OFFLOAD, the live blocks' contents wait in `saved` */
+     * GM_SLEEP_OFFLOAD, the live blocks' contents wait in `saved`: one
+     * entry per block, all in one host buffer `saved_mem` (page-locked when
+     * `saved_pinned`, else malloc'd) */
     gm_pool_options opt;
     char tag[GM_TAG_MAX];
-    bool asleep;
-    struct gm__saved *saved;
+    bool asleep, saved_pinned;
+    gm_backend_copy *saved;
     size_t nsaved;
+    void *saved_mem;
 } gm__mempool;
 
 struct gm__mempools {

@@ -288,7 +288,7 @@ int gpumem_torch_pool_set_tag(int device, uint64_t id0, uint64_t id1, const char
     int st = get(&a);
     if (st != GM_OK) return st;
     st = gm_pool_set_tag(a, device, id0, id1, tag);
-    return st == GM_OK ? GM_OK : fail_lib(st, "pool_set_tag");
+    return st == GM_OK ? (gm__clear_error(), GM_OK) : fail_lib(st, "pool_set_tag");
 }
 
 int gpumem_torch_pool_set_options(int device, uint64_t id0, uint64_t id1, const gm_pool_options *o) {
@@ -296,7 +296,7 @@ int gpumem_torch_pool_set_options(int device, uint64_t id0, uint64_t id1, const 
     int st = get(&a);
     if (st != GM_OK) return st;
     st = gm_pool_set_options(a, device, id0, id1, o);
-    return st == GM_OK ? GM_OK : fail_lib(st, "MemPool options");
+    return st == GM_OK ? (gm__clear_error(), GM_OK) : fail_lib(st, "MemPool options");
 }
 
 int gpumem_torch_sleep(int device, const char *tag, int offload, uint64_t *released) {

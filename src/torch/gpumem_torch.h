@@ -97,7 +97,7 @@ extern "C" {
     X(void, gpumem_torch_profile_reset, (void), "v:")                                                   \
     X(int, gpumem_torch_profile, (uint64_t *out, int n), "i:Ui")                                        \
     /* Device (backend) calls made so far for device, one counter per gm_bcall                          \
-     * kind (MALLOC, FREE, MEM_INFO, VA_RESERVE, ..., EVENT_DESTROY, see                                \
+     * kind (MALLOC, FREE, MEM_INFO, VA_RESERVE, ..., EVENT_DESTROY, HOST_ALLOC, see                    \
      * gpumem/backend.h): copies up to n, returns GM_BCALL_COUNT or an error. */                        \
     X(int, gpumem_torch_backend_calls, (int device, uint64_t *out, int n), "i:iUi")                     \
     /* The same, counting only calls made while a capture was under way on the                         \

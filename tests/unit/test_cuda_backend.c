@@ -29,6 +29,8 @@ static struct fake {
     int rdma_attr, rdma_flag; /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED; the flag cuMemCreate saw */
     unsigned char devmem[64]; /* what the fake copies read and write */
     int alloc_mode, exchanges; /* the capture mode cuMemAlloc ran in; mode swaps */
+    unsigned host_flags;       /* what cuMemHostAlloc was asked for */
+    int queued, syncs, fail_at; /* async copies queued; stream waits; the queued copy that fails (1-based) */
 } F;
 static _Thread_local int capture_mode; /* the thread's stream capture mode (0: global) */
 static char ctx_tag[NDEV]; /* the fake contexts are the addresses of these */
@@ -117,6 +119,27 @@ static CUresult f_htod(CUdeviceptr dst, const void *src, size_t n) {
     memcpy(F.devmem + (dst - 0x600000000000ull), src, n);
     return 0;
 }
+static CUresult f_host_alloc(void **p, size_t n, unsigned fl) {
+    if (cur_dev() < 0) return GM__CUDA_ERROR_INVALID_CONTEXT;
+    F.host_flags = fl;
+    return (*p = malloc(n)) ? 0 : GM__CUDA_ERROR_OUT_OF_MEMORY;
+}
+static CUresult f_free_host(void *p) {
+    free(p);
+    return 0;
+}
+static CUresult f_dtoh_async(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    if (s || ++F.queued == F.fail_at) return GM__CUDA_ERROR_INVALID_VALUE; /* the legacy stream only */
+    return f_dtoh(dst, src, n);
+}
+static CUresult f_htod_async(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    if (s || ++F.queued == F.fail_at) return GM__CUDA_ERROR_INVALID_VALUE;
+    return f_htod(dst, src, n);
+}
+static CUresult f_stream_sync(CUstream s) {
+    F.syncs++;
+    return s || cur_dev() < 0 ? GM__CUDA_ERROR_INVALID_CONTEXT : 0;
+}
 static CUresult f_ev_record(CUevent e, CUstream s) { return 0; }
 static CUresult f_ev_query(CUevent e) { return F.query_result; }
 static CUresult f_ev_sync(CUevent e) { return 0; }
@@ -138,7 +161,9 @@ static gm__cuda_driver fake_driver(void) {
         .cuMemSetAccess = f_access, .cuEventCreate = f_ev_create, .cuEventRecord = f_ev_record,
         .cuEventQuery = f_ev_query, .cuEventSynchronize = f_ev_sync, .cuEventDestroy = f_ev_destroy,
         .cuGetErrorName = f_errname, .cuThreadExchangeStreamCaptureMode = f_exchange,
-        .cuMemcpyDtoH = f_dtoh, .cuMemcpyHtoD = f_htod,
+        .cuMemcpyDtoH = f_dtoh, .cuMemcpyHtoD = f_htod, .cuMemHostAlloc = f_host_alloc,
+        .cuMemFreeHost = f_free_host, .cuMemcpyDtoHAsync = f_dtoh_async, .cuMemcpyHtoDAsync = f_htod_async,
+        .cuStreamSynchronize = f_stream_sync,
     };
     return d;
 }
@@ -347,6 +372,45 @@ static void rdma_flag_and_copies(void **state) {
     ops->destroy(ctx);
 }
 
+/* Issue 46: sleep's offload keeps its copy in page-locked host memory and
+ * queues the copies of all blocks, then waits once; a copy that cannot be
+ * queued still waits for those queued before it. */
+static void pinned_host_and_queued_copies(void **state) {
+    gm__cuda_driver d = fake_driver();
+    const gm_backend_ops *ops;
+    void *ctx;
+    open_fake(&d, &ops, &ctx);
+    void *host = NULL;
+    assert_int_equal(ops->host_alloc(ctx, 1, 24, &host), GM_OK);
+    assert_non_null(host);
+    assert_int_equal(F.host_flags, GM__CU_MEMHOSTALLOC_PORTABLE);
+    memcpy(host, "abcdefghijklmnopqrstuvw", 24);
+    gm_backend_copy v[3];
+    for (int i = 0; i < 3; i++) v[i] = (gm_backend_copy){0x600000000000ull + 16u * (unsigned)i, (char *)host + 8 * i, 8};
+    assert_int_equal(ops->copy_many(ctx, 1, true, v, 3), GM_OK);
+    assert_int_equal(F.queued, 3);
+    assert_int_equal(F.syncs, 1);
+    assert_memory_equal(F.devmem + 16, "ijklmnop", 8);
+    memset(host, 0, 24);
+    assert_int_equal(ops->copy_many(ctx, 1, false, v, 3), GM_OK);
+    assert_int_equal(F.syncs, 2);
+    assert_memory_equal(host, "abcdefghijklmnopqrstuvw", 24);
+    F.fail_at = F.queued + 2;
+    assert_int_equal(ops->copy_many(ctx, 1, false, v, 3), GM_EBACKEND);
+    assert_non_null(strstr(gm_last_error_detail(), "cuMemcpyDtoHAsync"));
+    assert_int_equal(F.queued, 8); /* stopped at the failure */
+    assert_int_equal(F.syncs, 3);  /* and waited for the first */
+    assert_null(cur);
+    assert_int_equal(ops->host_free(ctx, 1, host), GM_OK);
+    ops->destroy(ctx);
+    d.cuStreamSynchronize = NULL; /* an old driver: the core copies one by one, into malloc'd memory */
+    d.cuMemHostAlloc = NULL;
+    open_fake(&d, &ops, &ctx);
+    assert_int_equal(ops->copy_many(ctx, 0, false, v, 1), GM_ENOTSUP);
+    assert_int_equal(ops->host_alloc(ctx, 0, 8, &host), GM_ENOTSUP);
+    ops->destroy(ctx);
+}
+
 static void events_are_pooled(void **state) {
     gm__cuda_driver d = fake_driver();
     const gm_backend_ops *ops;
@@ -402,6 +466,7 @@ int main(void) {
         cmocka_unit_test_setup(malloc_relaxed_capture_mode, setup),
         cmocka_unit_test_setup(vmm_paths, setup),
         cmocka_unit_test_setup(rdma_flag_and_copies, setup),
+        cmocka_unit_test_setup(pinned_host_and_queued_copies, setup),
         cmocka_unit_test_setup(events_are_pooled, setup),
         cmocka_unit_test_setup(backend_object_wraps_ops, setup),
     };
