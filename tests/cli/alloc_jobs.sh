@@ -7,13 +7,13 @@
 # new image size every step, and two jobs held out of all tuning (T5 with new
 # source and target lengths, Faster R-CNN with new image sizes).
 # For each: whole-run peak reserved <= 1.02 x peak allocated, and never more
-# than expandable segments hold on the same trace. Not met: compile_train,
-# whose plan (a layout around the weights that holds 1.078x) is
-# kept because it makes the fixed-shape steps map nothing, where best fit
-# under the budget held 1.033x but moved granules in every 19-33 ms step
-# (2x slower on the H100); it is pinned at no device call in the second half
-# and below expandable segments. `gpumem replay` on the sim runs the same
-# policy code as the GPU (bench/RESULTS.md, 2026-12-07).
+# than expandable segments hold on the same trace. compile_train is pinned
+# instead at no device call in the second half and below expandable
+# segments: its plan (a layout around the weights) holds more than 1.02x in
+# replay of the trace recorded under torch, where best fit under the budget
+# alone moved granules in every step (2x slower on the H100); on the GPU
+# under gpumem it held 1.004x. `gpumem replay` on the sim runs the same policy
+# code as the GPU (bench/RESULTS.md, 2026-12-07 and 2026-12-07 afternoon).
 set -u
 : "${GPUMEM:?GPUMEM must name the gpumem binary}" "${GPUMEM_SOURCE:?GPUMEM_SOURCE must name the source tree}"
 fails=0
