@@ -205,8 +205,8 @@ class _Recorder:
         self.held = {}         # id(tensor) -> _Storage (one finalizer per tensor object)
         # torch >= 2.1 keeps one Python object per storage for the storage's life, so a
         # finalizer on it fires when the storage dies; before, every tensor holding it is
-        # watched instead (and torch.utils.swap_tensors, which .to() uses on FakeTensor
-        # parameters, refuses tensors with weakrefs: watching storages keeps it working)
+        # watched instead (torch's swap_tensors would refuse such tensors: _Hooks.keep_tied
+        # converts parameters without it)
         self.storage_refs = _storages_preserved()
         self.records = []      # every _Storage, in allocation order (categories decided at the end)
         self.next_addr = _ADDR0
