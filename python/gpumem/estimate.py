@@ -205,8 +205,8 @@ class _Recorder:
         self.held = {}         # id(tensor) -> _Storage (one finalizer per tensor object)
         # torch >= 2.1 keeps one Python object per storage for the storage's life, so a
         # finalizer on it fires when the storage dies; before, every tensor holding it is
-        # watched instead (and torch.utils.swap_tensors, which .to() uses on FakeTensor
-        # parameters, refuses tensors with weakrefs: watching storages keeps it working)
+        # watched instead (torch's swap_tensors would refuse such tensors: _Hooks.keep_tied
+        # converts parameters without it)
         self.storage_refs = _storages_preserved()
         self.records = []      # every _Storage, in allocation order (categories decided at the end)
         self.next_addr = _ADDR0
@@ -336,15 +336,70 @@ def _nonzero(rec, fraction, t):
     return out
 
 
-def _item(value, t):
-    """Tensor.item() / bool(t) reads a value the tracer does not have: the caller's."""
+_GENERATION = os.sep + os.path.join("transformers", "generation") + os.sep
+
+
+def _reader():
+    """(file, line, function) of the code that reads a tensor's value: the
+    innermost frame outside this module and torch's dispatch machinery."""
+    import sys  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+    plumbing = tuple(os.path.join(os.path.dirname(torch.__file__), p) for p in (
+        "_compile.py", "_dynamo", "_ops.py", "_tensor.py", "overrides.py", "utils" + os.sep + "_python_dispatch.py",
+        "_subclasses", "utils" + os.sep + "_contextlib.py"))
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_filename == __file__ or f.f_code.co_filename.startswith(plumbing)):
+        f = f.f_back
+    return (f.f_code.co_filename, f.f_lineno, f.f_code.co_name) if f is not None else ("?", 0, "?")
+
+
+def _in_library(path):
+    """Code the user installed rather than wrote: torch itself, or a package
+    under site-packages / dist-packages (transformers' mask checks, DDP's)."""
+    import torch  # noqa: PLC0415
+    parts = path.split(os.sep)
+    return path.startswith(os.path.dirname(torch.__file__) + os.sep) or \
+        "site-packages" in parts or "dist-packages" in parts
+
+
+def _item(value, t, rec=None):
+    """Tensor.item() / bool(t) reads a value the tracer does not have: the
+    caller's item=; without one, a read inside installed library code (a
+    check the user cannot take out: transformers' "is the padding mask all
+    ones", shapes compared across ranks) reads as True (a bool) or 1 (a
+    number), and the trace notes where; a read in the user's own code, or in
+    transformers' generation loop (it stops on values), stops the trace."""
+    if value is None and rec is not None:
+        where = _reader()
+        if _in_library(where[0]) and _GENERATION not in where[0]:
+            value = True if _is_bool(t) else 1
+            note = "a tensor's value read inside %s:%d (%s) was taken as %r; pass item= to choose" % (
+                _short(where[0]), where[1], where[2], value)
+            if note not in rec.trace.notes:
+                rec.trace.notes.append(note)
     if value is None:
         raise TraceError("gpumem: the traced step reads a tensor's value (.item(), bool(t), a Python if on a "
                          "tensor: a loss printed, a stopping check) that meta and fake tensors do not have; pass "
                          "trace_step(..., item=VALUE), the value every such read returns, or keep the read out of "
                          "the traced step (model.generate() stops on values: trace a decoding loop of your own)")
     import torch  # noqa: PLC0415
-    return bool(value) if t.dtype == torch.bool else float(value) if t.is_floating_point() else int(value)
+    return bool(value) if _is_bool(t) else float(value) if t.is_floating_point() else int(value)
+
+
+def _is_bool(t):
+    import torch  # noqa: PLC0415
+    return t.dtype == torch.bool
+
+
+def _short(path):
+    """A library file's path from its package on (transformers/masking_utils.py)."""
+    parts = path.split(os.sep)
+    for root in ("site-packages", "dist-packages"):
+        if root in parts:
+            return os.sep.join(parts[len(parts) - parts[::-1].index(root):])
+    import torch  # noqa: PLC0415
+    base = os.path.dirname(os.path.dirname(torch.__file__)) + os.sep
+    return path[len(base):] if path.startswith(base) else path
 
 
 def _scalar_tensor(x):
@@ -366,7 +421,7 @@ def _make_mode(rec, sdp_choice, nonzero, item):
                 return _nonzero(rec, nonzero, args[0])
             if name == "_local_scalar_dense":
                 if rec.on_device(args[0]):
-                    return _item(item, args[0])
+                    return _item(item, args[0], rec)
                 try:
                     return func(*args, **kwargs)
                 except Exception:  # noqa: BLE001 -- a host tensor FakeTensorMode cannot read
@@ -484,6 +539,50 @@ class _Hooks:
         F.dropout = fused
         self.undo.append(lambda: setattr(F, "dropout", dropout))
 
+    def sdpa_as_on_cuda(self, choice):
+        """torch 2.x picks sdpa's kernel through a per-device stub that meta
+        tensors do not have (no operator a dispatch mode sees), so on meta
+        F.scaled_dot_product_attention takes the math path, which keeps the
+        b x h x s x s attention weights for backward: on the traced device it
+        calls the kernel choice() says CUDA picks (flash or memory-efficient)
+        instead; if this torch cannot run it on meta, the math path and a note."""
+        torch, rec = self.torch, self.rec
+        F = torch.nn.functional
+        sdpa = getattr(F, "scaled_dot_product_attention", None)
+        if sdpa is None or choice is None:
+            return
+        B = torch._C._SDPBackend
+        flash, eff = int(B.flash_attention), int(B.efficient_attention)
+        aten = torch.ops.aten
+
+        @functools.wraps(sdpa)
+        def fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+            c = choice(query, key, value, attn_mask, dropout_p, is_causal) if rec.on_device(query) else None
+            try:
+                if c == flash:
+                    return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
+                                                                    scale=scale)[0]
+                if c == eff:
+                    if kw.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
+                        n = query.shape[-3] // key.shape[-3]
+                        key, value = key.repeat_interleave(n, -3), value.repeat_interleave(n, -3)
+                    if attn_mask is not None and attn_mask.dtype == torch.bool:
+                        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill_(~attn_mask,
+                                                                                              float("-inf"))
+                    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+                    return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, grad,
+                                                                        dropout_p, is_causal, scale=scale)[0]
+            except (NotImplementedError, RuntimeError) as e:
+                note = "meta tensors: sdpa's fused kernel failed here (%s); its math path instead" % (
+                    str(e).splitlines()[0][:120] if str(e) else type(e).__name__)
+                if note not in rec.trace.notes:
+                    rec.trace.notes.append(note)
+            if scale is not None:
+                kw["scale"] = scale
+            return sdpa(query, key, value, attn_mask, dropout_p, is_causal, **kw)
+        F.scaled_dot_product_attention = fused
+        self.undo.append(lambda: setattr(F, "scaled_dot_product_attention", sdpa))
+
     def foreach_as_on_cuda(self):
         """torch 2.x optimizers run their foreach kernels (one temporary per
         step for every parameter at once) when every parameter is a plain CUDA
@@ -501,48 +600,111 @@ class _Hooks:
                 self.undo.append(functools.partial(setattr, mod, "_default_to_fused_or_foreach", orig))
 
     def keep_tied(self):
-        """Module._apply (.to(), .cuda()) keeps each Parameter object when the
-        device changes from one dense backend to another (param.data = the
-        copy), so a weight two modules share (GPT-2's tied head) stays one
-        tensor on the GPU. To "meta" it makes a new Parameter per module
-        instead, untying them and copying the weight twice; param.data = a
-        FakeTensor of another device would keep the old device's Python
-        attributes, so fake mode makes new Parameters too. Either way: one
-        copy per Parameter object, shared again after the call, as on CUDA."""
+        """Module._apply (.to(), .cuda(), .half()) while tracing: every
+        Parameter becomes a new Parameter of fn(p) (what torch does with
+        overwrite_module_params_on_conversion), its .grad and the buffers fn of
+        theirs, one copy per tensor object, so a weight two modules share
+        (GPT-2's tied head) stays one tensor, as on CUDA (where torch keeps the
+        Parameter object and sets .data). torch's own _apply would untie it
+        going to "meta", and on torch 2.x swaps FakeTensor parameters in place
+        (torch.utils.swap_tensors), which fails on any tensor that has a weakref
+        (FakeTensorMode's own memo, a user's) or another reference: it is not
+        called at all."""
         torch = self.torch
-        nn, apply = torch.nn, torch.nn.Module._apply
-        state = {"inside": False}
-        overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
-        torch.__future__.set_overwrite_module_params_on_conversion(True)
-        self.undo.append(lambda: torch.__future__.set_overwrite_module_params_on_conversion(overwrite))
+        nn = torch.nn
+        apply = nn.Module._apply
+        state = {"shared": None, "memo": None}
 
-        def _apply(module, fn, *a, **k):
-            if state["inside"]:
-                return apply(module, fn, *a, **k)
-            places = {}
-            for mod in module.modules():
-                for name, p in mod._parameters.items():
-                    if p is not None:
-                        places.setdefault(id(p), []).append((mod, name))
-            memo = {}
+        def _apply(module, fn, recurse=True):
+            top = state["shared"] is None
+            if top:   # tensors held in two places: one copy, kept until the call ends
+                seen, shared = set(), set()
+                for m in module.modules():
+                    for t in list(m._parameters.values()) + list(m._buffers.values()):
+                        if t is not None:
+                            (shared if id(t) in seen else seen).add(id(t))
+                state["shared"], state["memo"] = shared, {}
+            shared, memo = state["shared"], state["memo"]
 
-            def once(t):
-                hit = memo.get(id(t))
-                if hit is None or hit[0] is not t:
-                    hit = memo[id(t)] = (t, fn(t))
-                return hit[1]
-            state["inside"] = True
+            def once(t, make):
+                if id(t) not in shared:
+                    return make(t)      # the old one goes as soon as nothing holds it, as on CUDA
+                if id(t) not in memo:
+                    memo[id(t)] = (t, make(t))
+                return memo[id(t)][1]
+
+            def param(p):
+                with torch.no_grad():
+                    new = nn.Parameter(fn(p), p.requires_grad)
+                    if p.grad is not None:
+                        new.grad = fn(p.grad).requires_grad_(p.grad.requires_grad)
+                return new
             try:
-                out = apply(module, once, *a, **k)
+                if recurse:
+                    for child in module.children():
+                        child._apply(fn)
+                for key in list(module._parameters):
+                    if module._parameters[key] is not None:
+                        module._parameters[key] = once(module._parameters[key], param)
+                for key in list(module._buffers):
+                    if module._buffers[key] is not None:
+                        module._buffers[key] = once(module._buffers[key], fn)
             finally:
-                state["inside"] = False
-            for where in places.values():
-                first = where[0][0]._parameters[where[0][1]]
-                for mod, name in where[1:]:
-                    mod._parameters[name] = first
-            return out
+                if top:
+                    state["shared"] = state["memo"] = None
+            return module
         nn.Module._apply = _apply
         self.undo.append(lambda: setattr(nn.Module, "_apply", apply))
+
+    def ddp_under_fake_group(self):
+        """Under torch's fake process group (fake_process_group), DDP's checks
+        that compare this rank with the others read values the other ranks
+        never sent: its parameter-shape check at construction
+        (_verify_param_shape_across_processes) is skipped, and its bucket
+        rebuild at the second forward (the same parameters reordered into
+        buckets of the same sizes; it reads the broadcast order back on the
+        host) does not happen."""
+        torch = self.torch
+        try:
+            import torch.distributed as dist  # noqa: PLC0415
+            if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake"):
+                return
+            import torch.nn.parallel.distributed as ddp  # noqa: PLC0415
+        except (ImportError, RuntimeError):
+            return
+        if hasattr(ddp, "_verify_param_shape_across_processes"):
+            verify = ddp._verify_param_shape_across_processes
+            ddp._verify_param_shape_across_processes = lambda *a, **k: None
+            self.undo.append(functools.partial(setattr, ddp, "_verify_param_shape_across_processes", verify))
+        DDP = torch.nn.parallel.DistributedDataParallel
+        pre = getattr(DDP, "_pre_forward", None)
+        if pre is None:
+            return
+
+        class NoRebuild:
+            def __init__(self, reducer):
+                self.reducer = reducer
+
+            def _rebuild_buckets(self):
+                return False
+
+            def __getattr__(self, name):
+                return getattr(self.reducer, name)
+
+        @functools.wraps(pre)
+        def pre_forward(net, *a, **k):
+            reducer = getattr(net, "reducer", None)
+            if reducer is None:
+                return pre(net, *a, **k)
+            net.reducer = NoRebuild(reducer)
+            try:
+                return pre(net, *a, **k)
+            finally:
+                net.reducer = reducer
+        DDP._pre_forward = pre_forward
+        self.undo.append(functools.partial(setattr, DDP, "_pre_forward", pre))
+        self.rec.trace.notes.append("fake process group: DDP's cross-rank parameter check is skipped and its "
+                                    "buckets are not rebuilt after the first step")
 
     def _pre(self, module, args):
         rec = self.rec
@@ -669,7 +831,9 @@ def trace_step(train, steps=3, mode="auto", device="cuda", workspace=CUBLAS_WORK
         hooks.keep_tied()
         if mode == "meta":
             hooks.as_on_cuda()
+            hooks.sdpa_as_on_cuda(_sdp_choice_for(dev))
         hooks.foreach_as_on_cuda()
+        hooks.ddp_under_fake_group()
         stack.enter_context(_make_mode(rec, _sdp_choice_for(dev), nonzero, item))
 
         def pack(t):

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import weakref
 
 from _support import unusable  # the source tree's gpumem on sys.path
 from gpumem import _cli
@@ -539,6 +540,151 @@ class TracerTest(unittest.TestCase):
         with self.assertRaisesRegex(ge.TraceError, "item=VALUE"):
             ge.trace_step(train, steps=1, mode="meta")
         self.assertGreater(len(ge.trace_step(train, steps=1, mode="meta", item=0).events), 0)
+
+    def test_to_makes_one_copy_per_parameter(self):
+        """.to() while tracing replaces each Parameter by a new one without torch's
+        Module._apply (on torch 2.x that swaps FakeTensor parameters in place,
+        torch.utils.swap_tensors, which refuses a tensor that has a weakref): a
+        weakref'd parameter converts, a tied weight stays one tensor, and a parameter
+        converted to another dtype on the device is held once: the old copy goes
+        as the new one comes, not after the whole model is converted."""
+        calls = []
+        orig = nn.Module._apply
+
+        def counting(module, fn, *a, **k):
+            calls.append(module)
+            return orig(module, fn, *a, **k)
+
+        def train(device):
+            model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).to(device)
+            model.add_module("head", nn.Linear(256, 256, bias=False))
+            model.head.to(device)
+            held = weakref.ref(model[0].weight)   # FakeTensorMode's memo holds such refs
+            model.to(torch.float16)
+            self.assertIsNotNone(held)
+            self.assertEqual({p.dtype for p in model.parameters()}, {torch.float16})
+
+            def step():
+                with torch.no_grad():
+                    model(torch.randn(8, 256, device=device, dtype=torch.float16))
+            return step
+        nn.Module._apply = counting
+        try:
+            tr = ge.trace_step(train, steps=1, mode="meta", workspace=0)
+        finally:
+            nn.Module._apply = orig
+        self.assertEqual(calls, [])
+        self.check_format(tr)
+        w = 1024 * 256
+        p32 = (2 * w + 1024 + 256 + 256 * 256) * 4
+        self.assertEqual(max_live(tr, ge.PARAMETERS), p32 // 2)
+        # during .to(float16): at most every fp32 parameter and the largest fp16 one
+        live, size, setup = 0, {}, 0
+        for action, addr, n, _c, _s, phase in tr.events:
+            live += n if action == "alloc" else -n
+            if action == "alloc":
+                size[addr] = n
+            if phase == "setup":
+                setup = max(setup, live)
+        self.assertLessEqual(setup, p32 + w * 2)
+
+    def test_tied_weight_converts_once(self):
+        def train(device):
+            model = nn.Sequential(nn.Embedding(1000, 64), nn.Linear(64, 1000, bias=False))
+            model[1].weight = model[0].weight
+            model.to(device)
+            model.to(torch.float16)
+            self.assertIs(model[1].weight, model[0].weight)
+            self.assertEqual(model[0].weight.dtype, torch.float16)
+            return lambda: None
+        tr = ge.trace_step(train, steps=1, mode="meta", workspace=0)
+        self.check_format(tr)
+        allocs = [e[2] for e in tr.events if e[0] == "alloc"]
+        self.assertEqual(sorted(allocs), [1000 * 64 * 2, 1000 * 64 * 4])   # fp32 once, fp16 once
+
+    def test_item_inside_a_library_reads_a_default(self):
+        """A value read inside installed code (transformers' padding-mask check, a
+        site-packages file here) reads as True / 1 with a note; the user's own read
+        and one in transformers' generation loop still stop the trace."""
+        with tempfile.TemporaryDirectory() as d:
+            def load(rel, name):
+                path = os.path.join(d, rel)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write("def all_ones(mask):\n    return bool(mask.all())\n"
+                            "def count(t):\n    return (t > 0).sum().item()\n")
+                import importlib.util  # noqa: PLC0415
+                spec = importlib.util.spec_from_file_location(name, path)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                return mod
+            lib = load(os.path.join("site-packages", "gm_lib", "masks.py"), "gm_lib_masks")
+            gen = load(os.path.join("site-packages", "transformers", "generation", "utils.py"), "gm_lib_gen")
+
+            def train(fn):
+                def make(device):
+                    lin = nn.Linear(8, 8).to(device)
+
+                    def step():
+                        y = lin(torch.randn(2, 8, device=device))
+                        if fn(torch.ones(2, 8, dtype=torch.bool, device=device)):
+                            y = y * 2
+                        self.assertEqual(lib.count(y), 1)
+                    return step
+                return make
+            tr = ge.trace_step(train(lib.all_ones), steps=2, mode="meta")
+            notes = [n for n in tr.notes if "masks.py" in n]
+            self.assertEqual(len(notes), 2, tr.notes)     # once per place, not per read
+            self.assertIn(os.path.join("gm_lib", "masks.py") + ":2 (all_ones) was taken as True", notes[0])
+            self.assertIn(":4 (count) was taken as 1", notes[1])
+            with self.assertRaisesRegex(ge.TraceError, "item=VALUE"):
+                ge.trace_step(train(gen.all_ones), steps=1, mode="meta")
+            with self.assertRaisesRegex(ge.TraceError, "item=VALUE"):
+                ge.trace_step(train(lambda m: bool(m.all())), steps=1, mode="meta")
+
+    @unittest.skipIf(torch is not None and int(torch.__version__.split(".")[0]) < 2,
+                     "FakeTensorMode with autograd needs torch 2.x")
+    def test_fake_and_meta_agree(self):
+        """A model built under fake mode (its parameters FakeTensors, one with a weakref)
+        moves with .to(device, dtype), and fake and meta tensors trace the same peak."""
+        def train(device):
+            model = MLP()
+            held = weakref.ref(model.net[0].weight)
+            model.to(device=device, dtype=torch.float16)
+            self.assertIsNotNone(held)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+            def step():
+                model(torch.randn(32, 256, device=device, dtype=torch.float16)).square().mean().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            return step
+        meta = ge.trace_step(train, steps=2, mode="meta", workspace=0)
+        fake = ge.trace_step(train, steps=2, mode="fake", workspace=0)
+        P = param_bytes(MLP().parameters()) // 2
+        for tr in (meta, fake):
+            self.assertEqual(max_live(tr, ge.PARAMETERS), P)
+            self.assertEqual(max_live(tr, ge.OPTIMIZER), 2 * P)
+        self.assertLess(abs(fake.live_peak()[0] / meta.live_peak()[0] - 1), 0.02)
+
+    @unittest.skipUnless(torch is not None and hasattr(F, "scaled_dot_product_attention"), "torch has no sdpa")
+    def test_meta_sdpa_takes_the_fused_kernel(self):
+        """On meta tensors torch picks sdpa's math path (its per-device choice has no
+        meta entry), which keeps the b x h x s x s weights; the tracer takes the kernel
+        CUDA would (flash for bf16 without a mask): no tensor of that size."""
+        b, h, s, d = 2, 4, 256, 64
+
+        def train(device):
+            qkv = nn.Linear(h * d, 3 * h * d).to(device=device, dtype=torch.bfloat16)
+
+            def step():
+                x = torch.randn(b, s, h * d, device=device, dtype=torch.bfloat16)
+                q, k, v = (t.view(b, s, h, d).transpose(1, 2) for t in qkv(x).chunk(3, -1))
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+            return step
+        tr = ge.trace_step(train, steps=1, mode="meta", workspace=0)
+        self.assertEqual([n for n in tr.notes if "sdpa" in n], [])
+        self.assertLess(max(e[2] for e in tr.events), b * h * s * s * 2)
 
     def test_bad_arguments(self):
         with self.assertRaisesRegex(TypeError, "train must be a function"):

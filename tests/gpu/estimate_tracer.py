@@ -29,6 +29,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -44,6 +45,8 @@ from estimate_measure import clear  # noqa: E402  (empties caches, cuBLAS worksp
 
 TOLERANCE = 0.05
 STEPS = 3
+TRACE_S = 45     # the most one model's trace (fake, then meta) may take
+RESERVE_S = 15   # seconds before --deadline kept for the replays and the table
 SETTINGS = {"default": "", "expandable": "expandable_segments:True"}
 
 
@@ -241,7 +244,9 @@ CASES = [
                            ffn_dim=4096, num_attention_heads=16, word_embed_proj_dim=512), {}),
     ("pythia-160m-bf16ac", hf("GPTNeoXConfig", "GPTNeoXForCausalLM", 8, 512, hidden_size=768, num_hidden_layers=12,
                               num_attention_heads=12, intermediate_size=3072, vocab_size=50304), {}),
-    ("t5-small-fp32", hf("T5Config", "T5ForConditionalGeneration", 8, 512, precision="fp32", labels="seq2seq"), {}),
+    # T5 shifts the labels right itself: its config must name the start and pad tokens (t5-small's: 0, 0)
+    ("t5-small-fp32", hf("T5Config", "T5ForConditionalGeneration", 8, 512, precision="fp32", labels="seq2seq",
+                         decoder_start_token_id=0, pad_token_id=0), {}),
     ("llama-lora-bf16ac", hf("LlamaConfig", "LlamaForCausalLM", 4, 1024, lora=True, **LLAMA), {}),
     ("moe-top2-bf16ac", moe(8, 512), {"nonzero": 1 / 8}),
     ("gpt2-ddp-rank0-of-8", ddp_gpt2(8, 512), {"world_size": 8}),
@@ -285,27 +290,52 @@ def child(setting, names, steps):
 
 # ---- tracing (this process) ------------------------------------------------------
 
-def trace(name, train, opts, steps):
+class TraceTimeout(Exception):
+    """A trace that passed its share of --deadline."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds):
+    """Raise TraceTimeout in this (the main) thread after `seconds`."""
+    def ring(signum, frame):
+        raise TraceTimeout("passed its %.0f s" % seconds)
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.1))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def trace(name, train, opts, steps, budget):
+    """Trace in fake mode (torch 2.x), falling back to meta tensors when fake
+    mode fails; each try gets its share of `budget` seconds. The row says
+    which mode ran, and why fake did not."""
     from gpumem import estimate as ge
     kw = {k: v for k, v in opts.items() if k in ("nonzero", "item")}
     n = opts.get("steps", steps)
     t0 = time.time()
-    note = ""
-    for mode in ("auto", "meta"):
+    modes = ["fake", "meta"] if int(torch.__version__.split(".")[0]) >= 2 else ["meta"]
+    tried = []
+    for mode in modes:
         ctx = ge.fake_process_group(opts["world_size"]) if opts.get("world_size") else contextlib.nullcontext()
+        left = budget - (time.time() - t0)
         try:
-            with ctx:
+            with time_limit(left * (0.6 if mode == "fake" and len(modes) > 1 else 1.0)), ctx:
                 tr = ge.trace_step(train, steps=n, mode=mode, **kw)
             break
-        except ge.TraceError:
+        except ImportError:
             raise
-        except Exception as e:  # noqa: BLE001
-            if mode == "meta" or int(torch.__version__.split(".")[0]) < 2:
-                raise
-            note = "fake mode failed (%s: %s); meta tensors instead" % (type(e).__name__, str(e).splitlines()[0][:120])
-            traceback.print_exc(file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 -- the next mode, or the row's error
+            why = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:160] if str(e) else "")
+            tried.append("%s failed (%s)" % (mode, why))
+            if not isinstance(e, TraceTimeout):
+                traceback.print_exc(file=sys.stderr)
+            if mode == modes[-1]:
+                raise RuntimeError("; ".join(tried)) from None
     est = tr.estimate()
-    return {"mode": tr.mode, "note": note, "trace_s": round(time.time() - t0, 1), "events": est["events"],
+    return {"mode": tr.mode, "note": "; ".join(tried), "trace_s": round(time.time() - t0, 1), "events": est["events"],
             "reserved_default": est["peak_reserved"]["torch"],
             "reserved_expandable": est["peak_reserved"]["expandable_segments"],
             "allocated": est["peak_allocated"], "at_peak": est["at_peak"], "trace_notes": tr.notes}
@@ -325,7 +355,9 @@ def main():
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--trace-only", action="store_true")
     ap.add_argument("--deadline", type=float, default=300.0,
-                    help="seconds after which a measuring child still running is killed (default 300)")
+                    help="seconds by which the table is out (default 300): each trace gets at most %d s and none "
+                         "starts later than %d s before it; a measuring child still running then is killed"
+                         % (TRACE_S, RESERVE_S))
     ap.add_argument("--child", choices=sorted(SETTINGS), help=argparse.SUPPRESS)
     a = ap.parse_args()
     names = [c[0] for c in CASES]
@@ -347,20 +379,41 @@ def main():
                                         ",".join(names), "--steps", str(a.steps)], stdout=subprocess.PIPE,
                                        env=env, universal_newlines=True)
     rows = {}
-    for name, train, opts in CASES:
-        if name not in names:
-            continue
-        try:
-            rows[name] = trace(name, train, opts, a.steps)
-        except ImportError as e:
-            rows[name] = {"skipped": str(e)}
-        except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            rows[name] = {"error": "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")}
-        print("traced %-20s %s" % (name, json.dumps(rows[name])[:300]), flush=True)
+    try:  # imported before the first trace's clock starts
+        import transformers  # noqa: F401
+    except ImportError:
+        pass
+    try:
+        for name, train, opts in CASES:
+            if name not in names:
+                continue
+            budget = min(TRACE_S, a.deadline - RESERVE_S - (time.time() - t0))
+            if budget < 3:
+                rows[name] = {"error": "not traced: --deadline %.0f s reached" % a.deadline}
+            else:
+                try:
+                    rows[name] = trace(name, train, opts, a.steps, budget)
+                except ImportError as e:
+                    rows[name] = {"skipped": str(e)}
+                except Exception as e:  # noqa: BLE001 -- one model's failure is a row of the table
+                    rows[name] = {"error": "%s: %s" % (type(e).__name__, str(e)[:400] if str(e) else "")}
+            print("traced %-20s %s" % (name, json.dumps(rows[name])[:300]), flush=True)
+    finally:  # the table comes out whatever happened above
+        collect(kids, rows, a.deadline, t0)
+        failed = table(rows, names, a.trace_only)
+        print("total %.0f s" % (time.time() - t0))
+        if os.environ.get("OUT"):
+            with open(os.path.join(os.environ["OUT"], "estimate_tracer.json"), "w") as f:
+                json.dump({"torch": torch.__version__, "rows": rows}, f, indent=1)
+    return 1 if failed else 0
+
+
+def collect(kids, rows, deadline, t0):
+    """The measuring children's rows, each child killed at --deadline (the rows
+    it printed before stay)."""
     for s, p in kids.items():
         try:  # a child that hangs (a collective that never returns) must not hold the device call
-            out, _ = p.communicate(timeout=max(10.0, a.deadline - (time.time() - t0)))
+            out, _ = p.communicate(timeout=max(1.0, deadline - 5 - (time.time() - t0)))
         except subprocess.TimeoutExpired:
             p.kill()
             out, _ = p.communicate()
@@ -371,12 +424,6 @@ def main():
                 continue
             m = json.loads(line)
             rows.setdefault(m["name"], {})[s] = m
-    failed = table(rows, names, a.trace_only)
-    print("total %.0f s" % (time.time() - t0))
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "estimate_tracer.json"), "w") as f:
-            json.dump({"torch": torch.__version__, "rows": rows}, f, indent=1)
-    return 1 if failed else 0
 
 
 def table(rows, names, trace_only):
@@ -389,6 +436,10 @@ def table(rows, names, trace_only):
         r = rows.get(name, {})
         if "skipped" in r or "error" in r:
             print("%-20s %s" % (name, ("skipped: " + r["skipped"]) if "skipped" in r else "TRACE FAILED: " + r["error"]))
+            for s in ("default", "expandable"):   # what the GPU measured all the same
+                if "reserved" in r.get(s, {}):
+                    print("    measured %s: reserved %s MiB, allocated %s MiB" % (
+                        s, mib(r[s]["reserved"]), mib(r[s]["allocated"])))
             if "error" in r:
                 failed.append(name)
             continue

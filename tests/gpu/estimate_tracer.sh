@@ -5,6 +5,9 @@
 # allocator and expandable_segments; a table of estimated vs measured peak
 # reserved. $OUT gets estimate_tracer.txt and estimate_tracer.json.
 #   tests/gpu/estimate_tracer.sh [estimate_tracer.py args...]
+# --deadline S (default 300) bounds the Python part: the table is printed by
+# then, whichever models failed; each row says the mode that ran (fake, or meta
+# and why fake failed). A backstop kills it 60 s after the deadline.
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/gpumem-out}
@@ -17,7 +20,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 . "$SRC/tests/gpu/pip_install.sh" # an install that imports already is kept
 GPUMEM_PIP_REUSE=1 gpumem_pip_install "$SRC" /tmp/pip.log "$START" || exit 1
 cd /tmp
-python3 "$SRC/tests/gpu/estimate_tracer.py" "$@"
+deadline=300
+prev=
+for arg in "$@"; do
+    [ "$prev" = --deadline ] && deadline=${arg%.*}
+    case $arg in --deadline=*) deadline=${arg#--deadline=}; deadline=${deadline%.*} ;; esac
+    prev=$arg
+done
+timeout -k 5 $((deadline + 60)) python3 "$SRC/tests/gpu/estimate_tracer.py" "$@"
 rc=$?
 echo "total $(( $(date +%s) - START )) s"
 exit $rc
