@@ -500,6 +500,36 @@ def table(rows, title):
               f"{losses[0]:.4f} / {losses[-1]:.4f} |")
 
 
+def call_steps(rows):
+    """Where gpumem's step time goes: the same seed gives every allocator the same shapes in the same step,
+    so steps pair up. Per job, the summed step times (from step 1) of the steps in which gpumem made a
+    device call and of those in which it made none, beside the other allocators' in the same steps, and
+    the time a call added against native (bench/RESULTS.md, 2026-12-07 afternoon)."""
+    by = {}
+    for r in rows:
+        if r.get("ok") and r.get("step_calls"):
+            by.setdefault(r["job"], {}).setdefault(r["alloc"], r)  # the first round of each
+    print("\nsteps with and without gpumem's device calls (ms summed from step 1; calls in those steps)")
+    print("| job | steps with calls | calls | ms, each allocator | steps without | ms, each allocator | us a call adds vs native |")
+    print("|---" * 7 + "|")
+    for job, runs in by.items():
+        g = runs.get("gpumem")
+        if not g:
+            continue
+        n = len(g["step_ms"])
+        others = {a: r for a, r in runs.items() if len(r.get("step_ms", [])) == n}
+        with_ = [i for i in range(1, n) if g["step_calls"][i] > 0]
+        without = [i for i in range(1, n) if g["step_calls"][i] == 0]
+        calls = sum(g["step_calls"][i] for i in with_)
+        def ms(idx):
+            return ", ".join(f"{a} {sum(r['step_ms'][i] for i in idx):.0f}" for a, r in others.items())
+        added = "-"
+        if "native" in others and calls:
+            extra = sum(g["step_ms"][i] - others["native"]["step_ms"][i] for i in with_)
+            added = f"{1000 * extra / calls:.0f}"
+        print(f"| {job} | {len(with_)} | {calls} | {ms(with_)} | {len(without)} | {ms(without)} | {added} |")
+
+
 def main():
     import argparse
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
@@ -569,6 +599,7 @@ def main():
                 m[key] = statistics.median(xs)
         merged.append(m)
     table(merged, f"uncapped, {a.rounds} round(s), {a.steps} steps")
+    call_steps(rows)
     if capped:
         table(capped, f"capped at {a.cap_x}x native's peak allocated")
     if a.json:
