@@ -28,8 +28,8 @@ gp_block *gm__gp_block_new(gp_state *st) {
     gp_block *b = st->pool;
     st->pool = b->fnext;
     /* zeroed by six 16-byte stores: `*b = (gp_block){0}` became a rep stos,
-     * whose start-up costs tens of cycles on every block cut (bench/RESULTS.md,
-     * "pointer map") */
+     * whose start-up cost is paid on every block cut (bench/RESULTS.md, "the
+     * pointer map, a block's zeroing") */
     typedef uint64_t zv __attribute__((vector_size(16), may_alias, aligned(8)));
     _Static_assert(sizeof *b % sizeof(zv) == 0, "gp_block: a whole number of 16-byte stores");
     zv *w = (zv *)b;

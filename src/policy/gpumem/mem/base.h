@@ -40,7 +40,9 @@
 /*  GP_RUN_GRANULES        with gpumem_chunks:run (at gpumem_slack:inf), the largest chunk created for a
  *                         run of unmapped granules one placement needs (one
  *                         create + one map instead of one per granule on a
- *                         cold start); 512 granules = 1 GiB. */
+ *                         cold start); 512 granules = 1 GiB. Measured:
+ *                         bench/gpumem_policy_tradeoff.md, "Cold pass: one
+ *                         chunk per run of unmapped granules". */
 #ifndef GP_RUN_GRANULES
 #define GP_RUN_GRANULES 512
 #endif
@@ -50,7 +52,8 @@
  *                         chunks a placement would use in part are cut first.
  *  GP_AUTO_HEADROOM       with gpumem_chunks:auto, a new chunk is at most
  *                         1/GP_AUTO_HEADROOM of the memory still free.
- *                         Both measured: bench/gpumem_policy_tradeoff.md. */
+ *                         Both measured: bench/gpumem_policy_tradeoff.md,
+ *                         "Cold pass by default: gpumem_chunks:auto". */
 #ifndef GP_AUTO_PERMILLE
 #define GP_AUTO_PERMILLE 150
 #endif
@@ -60,7 +63,9 @@
 
 /*  GP_BUDGET_PERMILLE     gpumem_slack:auto once warmed up: memory held may pass the
  *                         run's peak allocated by this much before idle chunks move
- *                         (chunks.c, reserve_budget). */
+ *                         (chunks.c, reserve_budget). Measured, with the other
+ *                         budgets tried: bench/RESULTS.md, "the reserve budget:
+ *                         jobs a user brings". */
 #ifndef GP_BUDGET_PERMILLE
 #define GP_BUDGET_PERMILLE 15
 #endif

@@ -110,12 +110,13 @@ void gm__gp_tighten(gp_state *st) {
  * At gpumem_slack:inf idle chunks move only under memory pressure (or are
  * given back by empty_cache), so nothing on the hot path reads the chunks'
  * live counts or idle lists, and keeping them exact costs a list update per
- * granule of every large block allocated or freed: a third of a warm pass's
- * instructions. There (st->lazy_ok) they are left stale (st->lazy: every
- * mapped chunk on no list) and recounted from the blocks, in address order,
- * just before something needs them (gm__gp_live_sync), then dropped again
- * (gm__gp_live_drop). Finite slack reads them on every placement that maps,
- * so it keeps them exact all the time. */
+ * granule of every large block allocated or freed, a large part of a warm
+ * pass (bench/RESULTS.md, "replay after the lazy live counts", has the warm
+ * path before and after). There (st->lazy_ok) they are left stale
+ * (st->lazy: every mapped chunk on no list) and recounted from the blocks,
+ * in address order, just before something needs them (gm__gp_live_sync),
+ * then dropped again (gm__gp_live_drop). Finite slack reads them on every
+ * placement that maps, so it keeps them exact all the time. */
 
 void gm__gp_live_sync(gp_state *st) {
     if (!st->lazy) return;

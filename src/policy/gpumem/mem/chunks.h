@@ -9,7 +9,8 @@
 /* The wrappers below are inline because every large malloc or free calls
  * them and, at the default (slack inf, memory held under GP_AUTO_PERMILLE
  * of the device), they return at once: a call into another file for that
- * was 3% of a warm pass's instructions. */
+ * showed in a warm pass's instruction count (the warm path after this
+ * change: bench/RESULTS.md, "the device lock", the run at 1ca0f25). */
 void gm__gp_touch(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes, int dir);
 int gm__gp_ensure_mapped(gp_state *st, gp_arena *a, gm_devptr p, uint64_t bytes);
 int gm__gp_release_unused(gp_state *st);

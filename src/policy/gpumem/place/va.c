@@ -31,7 +31,7 @@ unsigned gm__gp_bin_of(uint64_t u) {
 
 /* The links of the arena's lists (address order, bins, parked) without
  * branches on whether a neighbour exists, which on the warm path is a coin
- * toss: such branches were an eighth of bert_varlen's mispredictions
+ * toss: such branches were a good part of bert_varlen's mispredictions
  * (callgrind; bench/RESULTS.md, "branchless lists"). LINK_SET: x->field =
  * v, into the arena's sink when x is NULL. PREV_SET: p->field = v, or the
  * list's head when p is NULL. Both are selects of an address. */
@@ -108,8 +108,8 @@ static gp_block *best_fit(gp_arena *a, uint64_t bytes) {
 /* First index whose range starts at or after p. Without a branch on the
  * comparison (a conditional move): a plan's every placement searches here,
  * and the taken-or-not of a binary search is a coin toss that the branch
- * predictor lost about twice per search (callgrind --branch-sim, the
- * bert_varlen loop). */
+ * predictor lost often (callgrind --branch-sim, the bert_varlen loop:
+ * bench/RESULTS.md, "warm ops after the branch work"). */
 static uint64_t fidx_lower(const gp_arena *a, gm_devptr p) {
     uint64_t n = a->nfidx;
     if (!n) return 0;
@@ -211,11 +211,11 @@ static inline __attribute__((always_inline)) void free_remove(gp_state *st, gp_a
  * bin's bitmaps left alone while its size class stays. The warm path moves
  * one end of a range far more often than it makes or ends one (a block
  * carved from a range's start, a block freed just below one); with the
- * bitmaps' branches each time, bert_varlen's loop missed 10% more branches
- * (callgrind's model; bench/RESULTS.md, fifth session). r keeps its block
- * and its place in the address index (no free range lies between its old
- * and new start), so the caller has no index entry to move and no block to
- * make or put. */
+ * bitmaps' branches each time, bert_varlen's loop missed more branches
+ * (callgrind's model; bench/RESULTS.md, "warm ops after the branch work").
+ * r keeps its block and its place in the address index (no free range lies
+ * between its old and new start), so the caller has no index entry to move
+ * and no block to make or put. */
 static void free_resize(gp_state *st, gp_arena *a, gp_block *r, gm_devptr ptr, uint64_t size) {
     split_uncount(st, a, r);
     r->h.ptr = ptr;

@@ -6,11 +6,11 @@
  * plan's arena, tight, and laid out again at its end. Best fit over the
  * last layout's memory leaves the step's largest blocks (a language model's
  * logits, at the end of the forward pass) no mapped range that fits: each
- * lands on the arena's top and maps a GiB, by moving idle granules (unmap +
- * map each): 2000-2600 device calls in each such step on bert_varlen,
- * 7158 from 30% of the run at 1.03x its peak allocated, where expandable
- * segments make 1577 (bench/RESULTS.md, "growing steps laid out from a
- * forecast"; now 1200).
+ * lands on the arena's top and maps its whole size, by moving idle granules
+ * (unmap + map each): two device calls per granule in each such step, and
+ * on bert_varlen more over the run than expandable segments make
+ * (bench/RESULTS.md, "growing steps laid out from a forecast", before and
+ * after).
  *
  * How: the step's first allocation already tells that it is longer (its
  * input ids: a block whose size scales with the length). Its units against
@@ -24,8 +24,9 @@
  * larger than its forecast grows the step as before, and the step is laid
  * out again at its end from the sizes it really had (pl->tmax keeps the
  * largest sizes seen before the forecast); else the forecast's sizes
- * stand (laid out again, bert_varlen made 1412 calls from 30% at 1.03x,
- * not 1200, for the same peak). A forecast counts as a step that grew:
+ * stand (laid out again always, bert_varlen made more device calls for the
+ * same peak: bench/RESULTS.md, "growing steps laid out from a forecast",
+ * tried and not kept). A forecast counts as a step that grew:
  * after PL_GROW_RUN in a row, elastic plans are given up (plan.c). */
 #include "plan_internal.h"
 

@@ -26,8 +26,8 @@ static inline bool overlap(const pl_item *x, const pl_item *y, int64_t T) {
 /* The 64ths of a period of T operations that interval [b, e) touches, the
  * period seen as a circle: two intervals that overlap in time (overlap())
  * share a bit, so the layouts' scans (cit_next) skip most of what is not in
- * the way with one AND (the scans were 3/4 of a layout's instructions:
- * bench/RESULTS.md, "warm allocator ops of the default"). */
+ * the way with one AND (the scans were most of a layout's instructions:
+ * cit_next in bench/RESULTS.md, "warm allocator ops of the default"). */
 static inline uint64_t time_mask(int64_t b, int64_t e, int64_t T) {
     if (T <= 0 || e - b >= T) return ~(uint64_t)0;
     if (e <= b) return 0;

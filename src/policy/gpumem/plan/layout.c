@@ -451,7 +451,8 @@ static int solve_pins(pl_solve *s) {
 /* The shakes' big intervals (boost-like: placed first): the largest, few
  * sizes; none unless a big block lives longer than a step (its two copies
  * overlap): elsewhere the shakes found nothing better on the traces
- * measured and only cost time (bench/gpumem_policy_tradeoff.md). */
+ * measured and only cost time (bench/gpumem_policy_tradeoff.md, "The layout
+ * solver, third pass"). */
 static void solve_pick_big(pl_solve *s) {
     const pl_item *items = s->pl->items;
     uint64_t m = s->m, umax = 0, nb = 0, nlong = 0;
@@ -598,8 +599,9 @@ static bool layout_cost(pl_solve *s, int mode, int ord, int fit, uint64_t *c) {
          * mapped now goes to the usual placement in the first step,
          * which lands on later slots if it cannot map more (measured:
          * gpt2_small_train_bf16 at 1.01x capacity, a tighter A than
-         * before fell apart every step). So A's new granules must fit
-         * under the device's limit. */
+         * before fell apart every step: bench/gpumem_policy_tradeoff.md,
+         * "Planned steps"). So A's new granules must fit under the
+         * device's limit. */
         uint64_t newg = 0;
         for (uint64_t g = 0; g < s->ng; g++)
             if ((bits[g / 64] >> (g % 64) & 1) && s->a->gran[g] < 0) newg++;
@@ -637,15 +639,16 @@ static bool layout_cost(pl_solve *s, int mode, int ord, int fit, uint64_t *c) {
  * between them, over memory mapped already); B, the step alone, in an
  * arena of its own (so blocks left to the usual placement never land in
  * the plan's slots; measured: in one arena they did, on gpt2_small_adamw,
- * and the plan fell apart), the holes' memory given back. The one
- * touching fewer granules wins: that is the memory it holds (a tie goes
- * to A, which gives nothing back). Each in several orders, the best kept
- * (one when the step is long: each is O(m^2)). A: each order first fit,
- * then best fit; B (rarely within the peak: its first step holds two
- * arenas) the first four, first fit; then (A) a few rounds of
- * improvement: the best variant again, the intervals that set the last
- * round's top moved to the front (they go where the earlier ones left
- * room; those find room elsewhere); then the shakes. */
+ * and the plan fell apart: bench/gpumem_policy_tradeoff.md, "Planned
+ * steps"), the holes' memory given back. The one touching fewer granules
+ * wins: that is the memory it holds (a tie goes to A, which gives nothing
+ * back). Each in several orders, the best kept (one when the step is
+ * long: each is O(m^2)). A: each order first fit, then best fit; B (rarely
+ * within the peak: its first step holds two arenas) the first four, first
+ * fit; then (A) a few rounds of improvement: the best variant again, the
+ * intervals that set the last round's top moved to the front (they go
+ * where the earlier ones left room; those find room elsewhere); then the
+ * shakes. */
 static void solve_layouts(pl_solve *s) {
     gp_plan *pl = s->pl;
     uint64_t m = s->m, P = s->P;
@@ -661,7 +664,8 @@ static void solve_layouts(pl_solve *s) {
             bool round = !mode && v >= nav, shake = !mode && v >= nround;
             /* shakes: the contention order, first and best fit in turn
              * (both reached the best layout measured; the best variant's
-             * own order did not: bench/gpumem_policy_tradeoff.md) */
+             * own order did not: bench/gpumem_policy_tradeoff.md, "The
+             * layout solver, third pass") */
             int av = shake ? (v % 2 ? PL_SHAKE_V1 : PL_SHAKE_V0) : round ? bestv : v;
             int ord = mode && !bv ? v : pl_avar[av][0], fit = mode && !bv ? 0 : pl_avar[av][1];
             if (round && v == nav) {

@@ -21,7 +21,7 @@ extern int gm__gp_plan_force;
 extern int gm__gp_plan_verify;
 extern uint64_t gm__gp_plan_verified, gm__gp_plan_wrong;
 
-/* The planner's work budget (issue 43): its loops over intervals,
+/* The planner's work budget: its loops over intervals,
  * obstacles, granules and the history count their steps (pl->work); a
  * layout starts only while the run's count is under PL_WORK_PER_OP per
  * operation seen (allocations and frees) plus a base, and a layout that
@@ -32,8 +32,8 @@ extern uint64_t gm__gp_plan_verified, gm__gp_plan_wrong;
  * again around many live blocks never stalls a step on it. The base is
  * four times the largest layout without obstacles (2 PL_MAXP intervals,
  * one order each for A and B: m^2 / 2 scan steps each, 2.7e8 in all);
- * the shipped traces need 30% of it at most
- * (bench/RESULTS.md, "planner work budget"). gm__gp_plan_work_base is the
+ * the shipped traces need well under it (how much of it each needs:
+ * bench/RESULTS.md, "planner work budget"). gm__gp_plan_work_base is the
  * base (PL_WORK_BASE; tests lower it, to reach the budget in a short run). */
 #define PL_WORK_PER_OP 256u
 #define PL_WORK_BASE ((uint64_t)1 << 30)

@@ -2,10 +2,11 @@
  * training loop online and serve its allocations at planned addresses.
  *
  * Why: online placement fixes a trace's peak the first time its peak is
- * requested (bench/gpumem_policy_tradeoff.md), and at gpumem_slack:inf the
- * memory held is every granule ever touched. A training step repeats the
- * same allocation sequence, so once it has been seen it can be placed
- * offline, like a static-allocation problem (TelaMalloc / MiniMalloc).
+ * requested (bench/gpumem_policy_tradeoff.md, "Why the default cannot also
+ * reach <= 1.01"), and at gpumem_slack:inf the memory held is every granule
+ * ever touched. A training step repeats the same allocation sequence, so
+ * once it has been seen it can be placed offline, like a static-allocation
+ * problem (TelaMalloc / MiniMalloc).
  *
  * How:
  *  - History: every allocation is recorded (units, stream, the operation
@@ -228,12 +229,12 @@ static void detect(gp_plan *pl, uint64_t p) {
 }
 
 /* While a plan serves, the exact detector rests: its hashing and table
- * writes were about a sixth of the serving path's instructions (callgrind,
- * bench/RESULTS.md "warm allocator ops of the default"). When the plan
- * drops, the window hash and the table catch up over the history, so the
- * detector goes on as if it had run throughout: the hash holds the last
- * PL_W allocations only, and a table entry older than the history is never
- * a period (P <= PL_MAXP). */
+ * writes were a good part of the serving path's instructions (callgrind;
+ * note_alloc in bench/RESULTS.md, "warm allocator ops of the default").
+ * When the plan drops, the window hash and the table catch up over the
+ * history, so the detector goes on as if it had run throughout: the hash
+ * holds the last PL_W allocations only, and a table entry older than the
+ * history is never a period (P <= PL_MAXP). */
 static void detect_catch_up(gp_plan *pl) {
     uint64_t from = pl->n > PL_HIST ? pl->n - PL_HIST : 0;
     pl->work += pl->n - from;
@@ -382,9 +383,10 @@ static bool keep_planned(void *arg, const gp_chunk *c) { return keep_planned_st(
 
 /* Elastic, laid out again: a step that grew (tight) moved idle granules of
  * the plan's arena from under the old top to above it; laid out over [0,
- * top), the switch moved each back, ~1000 calls on bert_varlen (RESULTS.md,
- * "short steps and re-layouts"). So B goes around the unmapped runs below
- * the highest mapped granule (hole_top), obstacles for the whole period. */
+ * top), the switch moved each back, an unmap and a map each
+ * (bench/RESULTS.md, "short steps and re-layouts", has bert_varlen's
+ * calls). So B goes around the unmapped runs below the highest mapped
+ * granule (hole_top), obstacles for the whole period. */
 static int find_holes(gp_state *st, gp_plan *pl) {
     const gp_arena *pa = pl->pa;
     uint64_t hm = pa && pa->gran && pl->elastic ? pa->ngran : 0, n = 0, gu = st->gran >> GP_ALIGN_SHIFT;
@@ -439,9 +441,9 @@ static void activate(gp_state *st) {
     if (pl->rebase) {
         /* the holes' memory is not needed: give it back, then map the plan's
          * range at once, in chunks as large as gpumem_chunks allows (block by
-         * block it was one create + map per planned block: about twice the
-         * calls, bench/gpumem_policy_tradeoff.md). Out of memory here only
-         * means the rest is mapped block by block. */
+         * block it was one create + map per planned block, more calls in all:
+         * bench/gpumem_policy_tradeoff.md, "The layout solver, third pass").
+         * Out of memory here only means the rest is mapped block by block. */
         quiesce(st);
         pl->state = PL_ACTIVE; /* for keep_planned */
         pl->ra = ra;
@@ -503,7 +505,8 @@ static void settle(gp_state *st) {
 
 /* The cursor at a step's first position (it runs over two steps, 0..2P-1):
  * compared, not cur % P, as this runs on every allocation and a division
- * costs tens of cycles. */
+ * costs more than an instruction count shows (bench/RESULTS.md, "warm ops
+ * after the branch work"). */
 static inline bool step_start(const gp_plan *pl) { return pl->cur == 0 || pl->cur == pl->P; }
 
 static void advance(gp_state *st) {
@@ -542,13 +545,13 @@ static inline bool fits(const gp_plan *pl, uint64_t c, uint64_t units, gm_stream
 /* Elastic, resyncing after a deviation: a position of exactly this size
  * (a block whose size does not scale, such as a weight's gradient) takes
  * it whatever its signature. A short step that skips kernels frees
- * otherwise before it, so the cursor stayed off: bert_varlen at 33-76
- * tokens put its 90 MiB embedding gradient in new memory, and a later
- * large block met a small slot of its signature and was taken for a
- * longer step (tight: calls in steps no longer than the longest; a guard
- * against growing after a deviation did as well in replay but dropped the
- * plan at bench_hotpath's pass boundaries, 3x the layouts: bench/RESULTS.md,
- * "short steps"). */
+ * otherwise before it, so the cursor stayed off: bert_varlen's short steps
+ * put its embedding gradient in new memory, and a later large block met a
+ * small slot of its signature and was taken for a longer step (tight:
+ * calls in steps no longer than the longest; a guard against growing after
+ * a deviation did as well in replay but dropped the plan at bench_hotpath's
+ * pass boundaries, more layouts: bench/RESULTS.md, "short steps and
+ * re-layouts"). */
 static inline bool same_size(const gp_plan *pl, uint64_t c, uint64_t units, gm_stream stream) {
     return pl->elastic && pl->tunits[c] == units && pl->tstream[c] == stream && units > GP_SMALL_UNITS;
 }
