@@ -22,6 +22,7 @@
 #include "util/idmap.h"
 #include "internal.h"
 
+#include <endian.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,8 +127,18 @@ void gm__pickle_limits_init(gm__pickle_limits *l) {
     l->max_input = GM_LIMIT_TRACE_INPUT_BYTES;
 }
 
+/* n little-endian bytes at s: the widths opcodes use as one load each (a
+ * byte loop was a sixth of reading a snapshot's opcodes) */
 static inline uint64_t rd_le(const uint8_t *s, int n) {
+    uint16_t h;
+    uint32_t w;
     uint64_t v = 0;
+    switch (n) {
+    case 1: return s[0];
+    case 2: memcpy(&h, s, 2); return le16toh(h);
+    case 4: memcpy(&w, s, 4); return le32toh(w);
+    case 8: memcpy(&v, s, 8); return le64toh(v);
+    }
     for (int i = n - 1; i >= 0; i--) v = (v << 8) | s[i];
     return v;
 }
@@ -162,8 +173,7 @@ static gm__pval mk_obj(gm__pickle *p, gm__ptype t) {
 
 /* Item arrays: 2^c items, from class c's free list or the arena. */
 static gm__pval *items_alloc(gm__pickle *p, size_t need, uint64_t *cap) {
-    int c = 1;
-    while (((size_t)1 << c) < need) c++;
+    int c = need <= 2 ? 1 : 64 - __builtin_clzll((unsigned long long)need - 1); /* 2^c >= need */
     if (c >= ITEM_CLASSES) {
         gm__set_error(GM_ENOHOSTMEM, "pickle container too large");
         return NULL;
@@ -179,8 +189,7 @@ static gm__pval *items_alloc(gm__pickle *p, size_t need, uint64_t *cap) {
 
 static void items_release(gm__pickle *p, gm__pval *a, uint64_t cap) {
     if (!a || !cap || (cap & (cap - 1))) return;
-    int c = 0;
-    while (((uint64_t)1 << c) < cap) c++;
+    int c = __builtin_ctzll(cap); /* a power of two */
     a[0] = (gm__pval)(uintptr_t)p->free_items[c];
     p->free_items[c] = a;
 }
@@ -259,7 +268,7 @@ static int cont_append(gm__pickle *p, pobj *o, const gm__pval *v, size_t n) {
     memcpy(o->u.items + o->len * per, v, n * sizeof *v);
     o->len += n / per;
     for (size_t i = 0; i < n; i++)
-        if (pv_is_cont(pv_type(v[i])) && PO(v[i])->hash != UINT32_MAX) PO(v[i])->hash++;
+        if (pv_cont(v[i]) && PO(v[i])->hash != UINT32_MAX) PO(v[i])->hash++;
     return GM_OK;
 }
 
@@ -366,10 +375,28 @@ static int memo_put(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op, uint64
     }
     gm__pval old = p->memo[idx], v = p->stack[p->sp - 1];
     if (!old) p->memo_count++;
-    else if (pv_is_cont(pv_type(old)) && PC(old)->memo == idx + 1) PC(old)->memo = 0;
-    if (pv_is_cont(pv_type(v))) PC(v)->memo = PC(v)->memo ? UINT64_MAX : idx + 1;
+    else if (pv_cont(old) && PC(old)->memo == idx + 1) PC(old)->memo = 0;
+    if (pv_cont(v)) PC(v)->memo = PC(v)->memo ? UINT64_MAX : idx + 1;
     p->memo[idx] = v;
     return GM_OK;
+}
+
+/* BININT1/2 (n bytes, unsigned), BININT (4, signed) */
+static inline int op_int(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op, int n) {
+    if (!gm__input_need(r, (size_t)n)) return op_err(r, at, op, "truncated");
+    uint64_t v = rd_le(r->p, n);
+    r->p += n;
+    return push(p, mk_int(p, op == 'J' ? (int64_t)(int32_t)(uint32_t)v : (int64_t)v));
+}
+
+/* BINPUT, LONG_BINPUT, BINGET, LONG_BINGET: an n-byte memo index */
+static inline int op_memo(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op, int n) {
+    if (!gm__input_need(r, (size_t)n)) return op_err(r, at, op, "truncated");
+    uint64_t idx = rd_le(r->p, n);
+    r->p += n;
+    if (op == 'q' || op == 'r') return memo_put(p, r, at, op, idx);
+    if (idx >= p->memo_cap || !p->memo[idx]) return op_err(r, at, op, "memo key not found");
+    return push(p, p->memo[idx]);
 }
 
 /* str/bytes opcodes: `lb` length bytes, then the data. */
@@ -450,7 +477,7 @@ static int stream_claim(gm__pickle *p, size_t t) {
 }
 
 static bool releasable(const gm__pval v, uint64_t seq) {
-    if (!pv_is_cont(pv_type(v))) return false;
+    if (!pv_cont(v)) return false;
     const pcont *c = PC(v);
     return c->seq > seq && c->o.hash == 0 && c->memo != UINT64_MAX && c->tag &&
            !(c->flags & (PC_QUEUED | PC_STREAMED));
@@ -474,7 +501,7 @@ static int stream_release(gm__pickle *p, const gm__pval *items, size_t n, uint64
         size_t k = (size_t)(c->o.len * (c->o.type == GM__PT_DICT ? 2 : 1));
         for (size_t i = 0; i < k; i++) {
             gm__pval e = c->o.u.items[i];
-            if (!pv_is_cont(pv_type(e)) || PO(e)->hash == UINT32_MAX) continue;
+            if (!pv_cont(e) || PO(e)->hash == UINT32_MAX) continue;
             PO(e)->hash--;
             if (releasable(e, seq) && work_push(p, e)) return GM_ENOHOSTMEM;
         }
@@ -555,15 +582,13 @@ static int op_marked(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op) {
     return push(p, c);
 }
 
-/* Number of values an opcode pops from above the current MARK. */
-static int op_arity(uint8_t op) {
-    switch (op) {
-    case '.': case '2': case 0x94: case 'q': case 'r': case 0x85: return 1;
-    case 's': case 0x87: case 0x92: return 3;
-    case 'a': case 0x86: case 0x93: case 'R': case 0x81: case 'b': return 2;
-    }
-    return 0;
-}
+/* Number of values an opcode pops from above the current MARK (a table:
+ * a switch here was a second indirect jump per opcode). */
+static const uint8_t op_arity[256] = {
+    ['.'] = 1, ['2'] = 1, [0x94] = 1, ['q'] = 1, ['r'] = 1, [0x85] = 1,
+    ['s'] = 3, [0x87] = 3, [0x92] = 3,
+    ['a'] = 2, [0x86] = 2, [0x93] = 2, ['R'] = 2, [0x81] = 2, ['b'] = 2,
+};
 
 static int run_one(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op) {
     const uint8_t *a;
@@ -601,13 +626,9 @@ static int run_one(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op) {
     case 'N': return push(p, PV_NONE);
     case 0x88: return push(p, PV_TRUE);
     case 0x89: return push(p, PV_FALSE);
-    case 'K': case 'M': case 'J': {
-        int n = op == 'K' ? 1 : op == 'M' ? 2 : 4;
-        if (!gm__input_need(r, (size_t)n)) return op_err(r, at, op, "truncated");
-        uint64_t v = rd_le(r->p, n);
-        r->p += n;
-        return push(p, mk_int(p, op == 'J' ? (int64_t)(int32_t)(uint32_t)v : (int64_t)v));
-    }
+    case 'K': return op_int(p, r, at, op, 1);
+    case 'M': return op_int(p, r, at, op, 2);
+    case 'J': return op_int(p, r, at, op, 4);
     case 0x8a: case 0x8b: {
         int lb = op == 0x8a ? 1 : 4;
         if (!gm__input_need(r, (size_t)lb)) return op_err(r, at, op, "truncated length");
@@ -632,15 +653,8 @@ static int run_one(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op) {
     case 'B': case 'T': return op_blob(p, r, at, op, 4, GM__PT_BYTES);
     case 0x8e: case 0x96: return op_blob(p, r, at, op, 8, GM__PT_BYTES);
     case 0x94: return memo_put(p, r, at, op, p->memo_count);
-    case 'q': case 'r': case 'h': case 'j': {
-        int n = (op == 'q' || op == 'h') ? 1 : 4;
-        if (!gm__input_need(r, (size_t)n)) return op_err(r, at, op, "truncated");
-        uint64_t idx = rd_le(r->p, n);
-        r->p += n;
-        if (op == 'q' || op == 'r') return memo_put(p, r, at, op, idx);
-        if (idx >= p->memo_cap || !p->memo[idx]) return op_err(r, at, op, "memo key not found");
-        return push(p, p->memo[idx]);
-    }
+    case 'q': case 'h': return op_memo(p, r, at, op, 1);
+    case 'r': case 'j': return op_memo(p, r, at, op, 4);
     case 'u': case 'e': case 0x90: case 'l': case 't': case 'd': case 0x91:
         return op_marked(p, r, at, op);
     case 's':
@@ -687,7 +701,7 @@ static int run_ops(gm__pickle *p, gm__input *r) {
         }
         uint64_t at = gm__input_offset(r, r->p);
         uint8_t op = *r->p++;
-        int arity = op_arity(op);
+        int arity = op_arity[op];
         if (arity && p->sp - stack_floor(p) < (size_t)arity)
             return op_err(r, at, op, "stack underflow");
         if (op == '.') {

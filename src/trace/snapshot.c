@@ -26,23 +26,24 @@
 
 enum { F_ACTION, F_ADDR, F_SIZE, F_STREAM, F_TIME, F_FRAMES, F_OTHER };
 
-/* pointer -> small id caches (values are interned, so pointers repeat) */
+/* pointer -> small id caches (values are interned, so pointers repeat),
+ * direct-mapped: one compare per key of every event (a scan of the keys
+ * met so far was a tenth of converting one) */
+#define PCACHE 64
 typedef struct pcache {
-    gm__pval key[16];
-    int val[16];
-    int n;
+    gm__pval key[PCACHE];
+    int val[PCACHE];
 } pcache;
 
-static int pc_get(pcache *c, gm__pval k) {
-    for (int i = 0; i < c->n; i++)
-        if (c->key[i] == k) return c->val[i];
-    return -1;
+static size_t pc_slot(gm__pval k) { return (size_t)((k >> 3) * 0x9E3779B97F4A7C15ull >> 58) & (PCACHE - 1); }
+static int pc_get(const pcache *c, gm__pval k) {
+    size_t h = pc_slot(k);
+    return c->key[h] == k && k ? c->val[h] : -1;
 }
 static void pc_put(pcache *c, gm__pval k, int v) {
-    if (c->n < 16) {
-        c->key[c->n] = k;
-        c->val[c->n++] = v;
-    }
+    size_t h = pc_slot(k);
+    c->key[h] = k;
+    c->val[h] = v;
 }
 
 enum { K_DEVICE_LIST, K_EVENT, K_STACK, K_FRAME }; /* tag kinds */
