@@ -699,7 +699,22 @@ static int run_ops(gm__pickle *p, gm__input *r) {
             return gm__set_error(GM_EFORMAT, "truncated pickle at byte %llu: no STOP opcode",
                                  (unsigned long long)gm__input_offset(r, r->p));
         }
-        uint64_t at = gm__input_offset(r, r->p);
+        const uint8_t *q = r->p;
+        /* (LONG_)BINGET, every second opcode of a snapshot (its keys and
+         * action names are memo references): at once when its argument is
+         * in the window, the entry is set and the stack has room, as
+         * run_one would (test_unpickle: test_memo_get_window) */
+        if ((*q == 'h' || *q == 'j') && r->end - q >= 5) {
+            int n = *q == 'h' ? 1 : 4;
+            uint64_t idx = n == 1 ? q[1] : rd_le(q + 1, 4);
+            gm__pval v = idx < p->memo_cap ? p->memo[idx] : 0;
+            if (v && p->sp < p->stack_cap) {
+                p->stack[p->sp++] = v;
+                r->p = q + 1 + n;
+                continue;
+            }
+        }
+        uint64_t at = gm__input_offset(r, q);
         uint8_t op = *r->p++;
         int arity = op_arity[op];
         if (arity && p->sp - stack_floor(p) < (size_t)arity)
