@@ -252,7 +252,7 @@ static gm__pval mk_bytes(gm__pickle *p, gm__ptype t, const uint8_t *s, size_t n)
 }
 
 /* Append n values to a container's item array (doubling), counting the
- * references to containers among them. */
+ * references to containers among them (and marking o as holding one). */
 static int cont_append(gm__pickle *p, pobj *o, const gm__pval *v, size_t n) {
     size_t per = o->type == GM__PT_DICT ? 2 : 1;
     size_t need_items = (size_t)(o->len * per) + n;
@@ -268,7 +268,10 @@ static int cont_append(gm__pickle *p, pobj *o, const gm__pval *v, size_t n) {
     memcpy(o->u.items + o->len * per, v, n * sizeof *v);
     o->len += n / per;
     for (size_t i = 0; i < n; i++)
-        if (pv_cont(v[i]) && PO(v[i])->hash != UINT32_MAX) PO(v[i])->hash++;
+        if (pv_cont(v[i])) {
+            PC(PV(o))->flags |= PC_HOLDS;
+            if (PO(v[i])->hash != UINT32_MAX) PO(v[i])->hash++;
+        }
     return GM_OK;
 }
 
@@ -498,7 +501,7 @@ static int stream_release(gm__pickle *p, const gm__pval *items, size_t n, uint64
     while (p->nwork) {
         gm__pval v = p->work[--p->nwork];
         pcont *c = PC(v);
-        size_t k = (size_t)(c->o.len * (c->o.type == GM__PT_DICT ? 2 : 1));
+        size_t k = c->flags & PC_HOLDS ? (size_t)(c->o.len * (c->o.type == GM__PT_DICT ? 2 : 1)) : 0;
         for (size_t i = 0; i < k; i++) {
             gm__pval e = c->o.u.items[i];
             if (!pv_cont(e) || PO(e)->hash == UINT32_MAX) continue;

@@ -46,7 +46,8 @@ typedef struct pcont {
     uint32_t flags;
     uint32_t pad;
 } pcont;
-enum { PC_CHECKED = 1, PC_STREAMED = 2, PC_QUEUED = 4 };
+/* PC_HOLDS: some item is a container (releasing this one looks at its items) */
+enum { PC_CHECKED = 1, PC_STREAMED = 2, PC_QUEUED = 4, PC_HOLDS = 8 };
 
 #define PV_CONT_TYPES ((1u << GM__PT_LIST) | (1u << GM__PT_TUPLE) | (1u << GM__PT_DICT) | (1u << GM__PT_SET))
 static inline bool pv_is_cont(gm__ptype t) { return (unsigned)t < 32 && ((1u << t) & PV_CONT_TYPES); }
