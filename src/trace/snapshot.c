@@ -26,24 +26,23 @@
 
 enum { F_ACTION, F_ADDR, F_SIZE, F_STREAM, F_TIME, F_FRAMES, F_OTHER };
 
-/* pointer -> small id caches (values are interned, so pointers repeat),
- * direct-mapped: one compare per key of every event (a scan of the keys
- * met so far was a tenth of converting one) */
-#define PCACHE 64
+/* pointer -> small id caches (values are interned, so pointers repeat) */
 typedef struct pcache {
-    gm__pval key[PCACHE];
-    int val[PCACHE];
+    gm__pval key[16];
+    int val[16];
+    int n;
 } pcache;
 
-static size_t pc_slot(gm__pval k) { return (size_t)((k >> 3) * 0x9E3779B97F4A7C15ull >> 58) & (PCACHE - 1); }
-static int pc_get(const pcache *c, gm__pval k) {
-    size_t h = pc_slot(k);
-    return c->key[h] == k && k ? c->val[h] : -1;
+static int pc_get(pcache *c, gm__pval k) {
+    for (int i = 0; i < c->n; i++)
+        if (c->key[i] == k) return c->val[i];
+    return -1;
 }
 static void pc_put(pcache *c, gm__pval k, int v) {
-    size_t h = pc_slot(k);
-    c->key[h] = k;
-    c->val[h] = v;
+    if (c->n < 16) {
+        c->key[c->n] = k;
+        c->val[c->n++] = v;
+    }
 }
 
 enum { K_DEVICE_LIST, K_EVENT, K_STACK, K_FRAME }; /* tag kinds */
@@ -51,9 +50,12 @@ enum { K_DEVICE_LIST, K_EVENT, K_STACK, K_FRAME }; /* tag kinds */
 #define MAX_DEVICES 256
 
 #define SCACHE 4096
+#define KPOS 16
 typedef struct reader {
     gm__trace_builder *b;
     pcache keys, actions;
+    gm__pval kpos[KPOS];   /* the last event's keys in its order (a snapshot's events share it) */
+    int fpos[KPOS];        /* and their fields */
     gm__pval skey[SCACHE]; /* str pval -> string id */
     uint32_t sval[SCACHE];
     uint32_t *fbuf;
@@ -198,7 +200,19 @@ static int read_event(reader *r, gm__pval d, int device) {
     for (size_t i = 0; i < n; i++) {
         gm__pval v = kv[2 * i + 1];
         int64_t x = 0;
-        switch (field_of(r, kv[2 * i])) {
+        /* one compare a key while the keys come in the last event's order
+         * (scanning the cache for each was a tenth of converting an event) */
+        int f;
+        if (i < KPOS && r->kpos[i] == kv[2 * i]) {
+            f = r->fpos[i];
+        } else {
+            f = field_of(r, kv[2 * i]);
+            if (i < KPOS && gm__pv_str(kv[2 * i], NULL)) { /* strs only, as the caches */
+                r->kpos[i] = kv[2 * i];
+                r->fpos[i] = f;
+            }
+        }
+        switch (f) {
         case F_ACTION: action = action_of(r, v); break;
         case F_ADDR: if (gm__pv_int_fast(v, &x)) e.addr = (uint64_t)x; break;
         case F_SIZE: if ((have_size = gm__pv_int_fast(v, &x))) e.size = (uint64_t)x; break;
