@@ -67,7 +67,7 @@ struct gm__pickle {
     gm__pval *free_items[ITEM_CLASSES]; /* released item arrays of 2^c items (linked through [0]) */
     gm__pval *work;                 /* containers being released */
     size_t nwork, work_cap;
-    const gm__input *rd;        /* while loading: where the input is */
+    const gm__input *rd;            /* while loading: where the input is */
 };
 
 static int mem_charge(gm__pickle *p, uint64_t bytes) {
