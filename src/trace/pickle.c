@@ -2,10 +2,10 @@
  *
  * One pass over the opcodes with a value stack, a mark stack and a memo, as
  * in CPython's _Unpickler, but every value is data: globals and constructors
- * become opaque values. Gzip input is inflated in windows (a trace of 80 MB
- * never sits in memory whole); need() guarantees that n bytes are readable
- * before any opcode argument is touched, which is the whole bounds story.
- * Every table counts against limits.max_memory.
+ * become opaque values. The bytes come through pickle_input.h's window
+ * (gzip inflated as the parse goes); gm__input_need() guarantees that n
+ * bytes are readable before any opcode argument is touched, which is the
+ * whole bounds story. Every table counts against limits.max_memory.
  *
  * Streaming (pickle.h's sink): a snapshot's events are converted as they are
  * appended, and the containers of a batch (the items between a MARK and its
@@ -18,16 +18,15 @@
  * lists, item arrays in power-of-two classes. */
 #include "pickle_value.h"
 
+#include "pickle_input.h"
 #include "util/idmap.h"
 #include "internal.h"
 
-#include <pthread.h>
+#include <endian.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <zlib.h>
 
 #define HUGE_PAGE ((size_t)2 << 20)
 #define CHUNK_MAX ((size_t)32 << 20)
@@ -68,41 +67,8 @@ struct gm__pickle {
     gm__pval *free_items[ITEM_CLASSES]; /* released item arrays of 2^c items (linked through [0]) */
     gm__pval *work;                 /* containers being released */
     size_t nwork, work_cap;
-    const struct reader *rd;        /* while loading: where the input is */
+    const gm__input *rd;            /* while loading: where the input is */
 };
-
-/* Where the bytes come from: zlib over the head and `in`, or `in` alone.
- * Gzip from a file is inflated by a thread of its own (zpipe) while the
- * opcodes run: inflating is a fifth of reading a big snapshot. */
-typedef struct zsrc {
-    z_stream z;
-    /* a file read as the parse goes (NULL: all input is in memory), so a
-     * pipe or /dev/zero is refused at its first bad byte, never buffered */
-    FILE *in;
-    uint8_t *ibuf; /* gzip: compressed bytes read from `in` */
-    bool ieof, zend;
-    int zerr;       /* why it ended: 0 at its end, else ZERR_* */
-    uint64_t iread; /* bytes read from `in` */
-} zsrc;
-
-struct zpipe;
-
-typedef struct reader {
-    const uint8_t *p, *end, *wbase;
-    uint64_t base; /* absolute offset of wbase[0] */
-    bool gz, zend; /* zend: the input (after gunzip) has ended */
-    int zerr; /* why it ended: 0 at its end, else ZERR_* */
-    zsrc src; /* the inflating thread's while it runs; read here once it has ended */
-    struct zpipe *pipe;
-    uint8_t *buf;
-    size_t bufcap;
-    gm__pickle *pk;
-} reader;
-
-enum { ZERR_TRUNCATED = 1, ZERR_CORRUPT = 2, ZERR_IO = 3, ZERR_FILE_LIMIT = 4 };
-#define IBUF_SIZE ((size_t)256 << 10)
-
-static uint64_t roff(const reader *r, const uint8_t *at) { return r->base + (uint64_t)(at - r->wbase); }
 
 static int mem_charge(gm__pickle *p, uint64_t bytes) {
     if (p->mem + bytes > p->lim.max_memory)
@@ -161,208 +127,18 @@ void gm__pickle_limits_init(gm__pickle_limits *l) {
     l->max_input = GM_LIMIT_TRACE_INPUT_BYTES;
 }
 
-/* ---- input window ------------------------------------------------------ */
-
-/* Read up to room bytes of `in` (counted against the file limit). */
-static size_t read_in(zsrc *r, uint8_t *out, size_t room) {
-    size_t k = fread(out, 1, room, r->in);
-    r->iread += k;
-    if (r->iread > GM_LIMIT_TRACE_FILE_BYTES) {
-        r->zerr = ZERR_FILE_LIMIT;
-        r->ieof = r->zend = true;
-        return 0;
-    }
-    if (k == 0) {
-        r->ieof = true;
-        if (ferror(r->in)) r->zerr = ZERR_IO;
-    }
-    return k;
-}
-
-/* gzip from a file: more compressed input once zlib has used it all. */
-static void gz_fill(zsrc *r) {
-    if (r->z.avail_in || !r->in || r->ieof) return;
-    if (!r->ibuf && !(r->ibuf = malloc(IBUF_SIZE))) {
-        r->zerr = ZERR_IO;
-        r->ieof = r->zend = true;
-        return;
-    }
-    r->z.next_in = r->ibuf;
-    r->z.avail_in = (uInt)read_in(r, r->ibuf, IBUF_SIZE);
-}
-
-/* One inflate call into out[0..room): returns the bytes it produced. At the
- * end of the stream, on corruption or on a cut file it sets zend (and zerr);
- * concatenated gzip members continue the stream. */
-static size_t inflate_into(zsrc *r, uint8_t *out, size_t room) {
-    gz_fill(r);
-    if (r->zend) return 0;
-    r->z.next_out = out;
-    r->z.avail_out = (uInt)room;
-    int zr = inflate(&r->z, Z_NO_FLUSH);
-    size_t produced = room - r->z.avail_out;
-    if (zr == Z_STREAM_END) {
-        gz_fill(r);
-        if (!(r->z.avail_in > 0 && inflateReset(&r->z) == Z_OK)) r->zend = true;
-    } else if (zr != Z_OK && zr != Z_BUF_ERROR) {
-        r->zend = true;
-        r->zerr = ZERR_CORRUPT;
-    } else if (zr == Z_BUF_ERROR && r->z.avail_in == 0) {
-        r->zend = true;
-        if (!r->zerr) r->zerr = ZERR_TRUNCATED;
-    }
-    return produced;
-}
-
-/* ---- the inflating thread ---------------------------------------------- */
-
-#define ZP_BLOCKS 4
-#define ZP_BLOCK ((size_t)1 << 20)
-
-typedef struct zpipe {
-    pthread_t th;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    uint8_t *blk[ZP_BLOCKS];
-    size_t len[ZP_BLOCKS];
-    unsigned head, count; /* filled blocks: head, head + 1, ... (mod ZP_BLOCKS) */
-    size_t off;           /* bytes of blk[head] taken */
-    bool done, stop;      /* done: the source ended (zsrc's zend); stop: the reader left */
-    zsrc *src;
-} zpipe;
-
-static void *zp_main(void *arg) {
-    zpipe *zp = arg;
-    pthread_mutex_lock(&zp->mu);
-    while (!zp->stop && !zp->done) {
-        if (zp->count == ZP_BLOCKS) {
-            pthread_cond_wait(&zp->cv, &zp->mu);
-            continue;
-        }
-        unsigned slot = (zp->head + zp->count) % ZP_BLOCKS;
-        pthread_mutex_unlock(&zp->mu);
-        size_t k = 0;
-        while (k < ZP_BLOCK && !zp->src->zend) k += inflate_into(zp->src, zp->blk[slot] + k, ZP_BLOCK - k);
-        pthread_mutex_lock(&zp->mu);
-        zp->len[slot] = k;
-        zp->count++;
-        zp->done = zp->src->zend;
-        pthread_cond_broadcast(&zp->cv);
-    }
-    pthread_mutex_unlock(&zp->mu);
-    return NULL;
-}
-
-/* Start inflating r's source in a thread (no thread: r inflates itself).
- * Regular files only: a read of one always returns, so stopping the thread
- * never waits on a pipe's writer. */
-static void zp_start(reader *r) {
-    struct stat st;
-    if (fstat(fileno(r->src.in), &st) != 0 || !S_ISREG(st.st_mode)) return;
-    zpipe *zp = calloc(1, sizeof *zp);
-    if (!zp) return;
-    zp->src = &r->src;
-    bool mu = pthread_mutex_init(&zp->mu, NULL) == 0;
-    bool cv = mu && pthread_cond_init(&zp->cv, NULL) == 0, ok = cv;
-    for (int i = 0; ok && i < ZP_BLOCKS; i++) ok = (zp->blk[i] = malloc(ZP_BLOCK)) != NULL;
-    if (ok && pthread_create(&zp->th, NULL, zp_main, zp) == 0) {
-        r->pipe = zp;
-        return;
-    }
-    for (int i = 0; i < ZP_BLOCKS; i++) free(zp->blk[i]);
-    if (cv) pthread_cond_destroy(&zp->cv);
-    if (mu) pthread_mutex_destroy(&zp->mu);
-    free(zp);
-}
-
-static void zp_end(reader *r) {
-    zpipe *zp = r->pipe;
-    if (!zp) return;
-    pthread_mutex_lock(&zp->mu);
-    zp->stop = true;
-    pthread_cond_broadcast(&zp->cv);
-    pthread_mutex_unlock(&zp->mu);
-    pthread_join(zp->th, NULL);
-    pthread_cond_destroy(&zp->cv);
-    pthread_mutex_destroy(&zp->mu);
-    for (int i = 0; i < ZP_BLOCKS; i++) free(zp->blk[i]);
-    free(zp);
-    r->pipe = NULL;
-}
-
-/* Bytes the thread inflated, into out[0..room); at the source's end (and
- * every block taken) the reader's zend and zerr. */
-static size_t zp_take(reader *r, uint8_t *out, size_t room) {
-    zpipe *zp = r->pipe;
-    pthread_mutex_lock(&zp->mu);
-    while (!zp->count && !zp->done) pthread_cond_wait(&zp->cv, &zp->mu);
-    if (!zp->count) { /* ended, and all of it taken: the thread has stopped touching src */
-        r->zend = true;
-        r->zerr = zp->src->zerr;
-        pthread_mutex_unlock(&zp->mu);
-        return 0;
-    }
-    unsigned h = zp->head;
-    size_t k = zp->len[h] - zp->off < room ? zp->len[h] - zp->off : room, off = zp->off;
-    pthread_mutex_unlock(&zp->mu);
-    memcpy(out, zp->blk[h] + off, k); /* blk[h] is the reader's until it is given back */
-    pthread_mutex_lock(&zp->mu);
-    zp->off += k;
-    if (zp->off == zp->len[h]) {
-        zp->head = (h + 1) % ZP_BLOCKS;
-        zp->count--;
-        zp->off = 0;
-        pthread_cond_broadcast(&zp->cv);
-    }
-    pthread_mutex_unlock(&zp->mu);
-    return k;
-}
-
-/* More input into out[0..room): inflated, or read from the file. */
-static size_t produce(reader *r, uint8_t *out, size_t room) {
-    size_t k;
-    if (r->pipe) {
-        k = zp_take(r, out, room);
-    } else {
-        k = r->gz ? inflate_into(&r->src, out, room) : r->src.in && !r->src.ieof ? read_in(&r->src, out, room) : 0;
-        r->zerr = r->src.zerr;
-        if (r->src.zend || (!k && !r->gz)) r->zend = true;
-    }
-    gm__work_steps += k; /* bytes read are work too (idmap.h) */
-    return k;
-}
-
-/* Slow path of need(): make n bytes readable, moving the window into buf. */
-static bool refill(reader *r, size_t n) {
-    if (r->zend || (!r->gz && !r->src.in)) return false;
-    size_t have = (size_t)(r->end - r->p);
-    r->base += (uint64_t)(r->p - r->wbase);
-    /* where the window is, as numbers: r->buf may move below */
-    uintptr_t pb = (uintptr_t)r->buf, pp = (uintptr_t)r->p;
-    bool inbuf = pb && pp >= pb && pp <= pb + r->bufcap;
-    size_t off = inbuf ? (size_t)(pp - pb) : 0;
-    size_t want = n > (256u << 10) ? n : (256u << 10);
-    if (want > r->bufcap) {
-        uint8_t *nb = realloc(r->buf, want);
-        if (!nb) return false;
-        r->buf = nb;
-        r->bufcap = want;
-    }
-    if (inbuf) memmove(r->buf, r->buf + off, have);
-    else if (have) memcpy(r->buf, r->p, have); /* the caller's first bytes */
-    r->wbase = r->p = r->buf;
-    while (have < n && !r->zend) have += produce(r, r->buf + have, r->bufcap - have);
-    r->end = r->buf + have;
-    if (r->base + have > r->pk->lim.max_input) return false;
-    return have >= n;
-}
-
-static inline bool need(reader *r, size_t n) {
-    return (size_t)(r->end - r->p) >= n || refill(r, n);
-}
-
+/* n little-endian bytes at s: the widths opcodes use as one load each (a
+ * byte loop was a sixth of reading a snapshot's opcodes) */
 static inline uint64_t rd_le(const uint8_t *s, int n) {
+    uint16_t h;
+    uint32_t w;
     uint64_t v = 0;
+    switch (n) {
+    case 1: return s[0];
+    case 2: memcpy(&h, s, 2); return le16toh(h);
+    case 4: memcpy(&w, s, 4); return le32toh(w);
+    case 8: memcpy(&v, s, 8); return le64toh(v);
+    }
     for (int i = n - 1; i >= 0; i--) v = (v << 8) | s[i];
     return v;
 }
@@ -397,8 +173,7 @@ static gm__pval mk_obj(gm__pickle *p, gm__ptype t) {
 
 /* Item arrays: 2^c items, from class c's free list or the arena. */
 static gm__pval *items_alloc(gm__pickle *p, size_t need, uint64_t *cap) {
-    int c = 1;
-    while (((size_t)1 << c) < need) c++;
+    int c = need <= 2 ? 1 : 64 - __builtin_clzll((unsigned long long)need - 1); /* 2^c >= need */
     if (c >= ITEM_CLASSES) {
         gm__set_error(GM_ENOHOSTMEM, "pickle container too large");
         return NULL;
@@ -414,8 +189,7 @@ static gm__pval *items_alloc(gm__pickle *p, size_t need, uint64_t *cap) {
 
 static void items_release(gm__pickle *p, gm__pval *a, uint64_t cap) {
     if (!a || !cap || (cap & (cap - 1))) return;
-    int c = 0;
-    while (((uint64_t)1 << c) < cap) c++;
+    int c = __builtin_ctzll(cap); /* a power of two */
     a[0] = (gm__pval)(uintptr_t)p->free_items[c];
     p->free_items[c] = a;
 }
@@ -479,7 +253,7 @@ static gm__pval mk_bytes(gm__pickle *p, gm__ptype t, const uint8_t *s, size_t n)
 }
 
 /* Append n values to a container's item array (doubling), counting the
- * references to containers among them. */
+ * references to containers among them (and marking o as holding one). */
 static int cont_append(gm__pickle *p, pobj *o, const gm__pval *v, size_t n) {
     size_t per = o->type == GM__PT_DICT ? 2 : 1;
     size_t need_items = (size_t)(o->len * per) + n;
@@ -495,7 +269,10 @@ static int cont_append(gm__pickle *p, pobj *o, const gm__pval *v, size_t n) {
     memcpy(o->u.items + o->len * per, v, n * sizeof *v);
     o->len += n / per;
     for (size_t i = 0; i < n; i++)
-        if (pv_is_cont(pv_type(v[i])) && PO(v[i])->hash != UINT32_MAX) PO(v[i])->hash++;
+        if (pv_cont(v[i])) {
+            PC(PV(o))->flags |= PC_HOLDS;
+            if (PO(v[i])->hash != UINT32_MAX) PO(v[i])->hash++;
+        }
     return GM_OK;
 }
 
@@ -542,12 +319,10 @@ static const char *op_name(uint8_t op) {
     return NULL;
 }
 
-static int gz_error(reader *r);
-
-static int op_err(const reader *r, uint64_t at, uint8_t op, const char *what) {
+static int op_err(const gm__input *r, uint64_t at, uint8_t op, const char *what) {
     const char *n = op_name(op);
     /* a pickle cut short by a broken gzip stream: say what broke */
-    if (r->zerr) return gz_error((reader *)r);
+    if (r->zerr) return gm__input_error(r);
     return gm__set_error(GM_EFORMAT, "malformed pickle at byte %llu (%s): %s",
                          (unsigned long long)at, n ? n : "?", what);
 }
@@ -592,7 +367,7 @@ static gm__pval mk_float_be(gm__pickle *p, const uint8_t *b) {
     return v;
 }
 
-static int memo_put(gm__pickle *p, reader *r, uint64_t at, uint8_t op, uint64_t idx) {
+static int memo_put(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op, uint64_t idx) {
     /* a real pickler numbers memo entries in order, so an index never
      * exceeds the bytes read so far: this bounds the memo by the input */
     if (idx > at) return op_err(r, at, op, "memo index larger than the input so far");
@@ -604,28 +379,46 @@ static int memo_put(gm__pickle *p, reader *r, uint64_t at, uint8_t op, uint64_t 
     }
     gm__pval old = p->memo[idx], v = p->stack[p->sp - 1];
     if (!old) p->memo_count++;
-    else if (pv_is_cont(pv_type(old)) && PC(old)->memo == idx + 1) PC(old)->memo = 0;
-    if (pv_is_cont(pv_type(v))) PC(v)->memo = PC(v)->memo ? UINT64_MAX : idx + 1;
+    else if (pv_cont(old) && PC(old)->memo == idx + 1) PC(old)->memo = 0;
+    if (pv_cont(v)) PC(v)->memo = PC(v)->memo ? UINT64_MAX : idx + 1;
     p->memo[idx] = v;
     return GM_OK;
 }
 
+/* BININT1/2 (n bytes, unsigned), BININT (4, signed) */
+static inline int op_int(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op, int n) {
+    if (!gm__input_need(r, (size_t)n)) return op_err(r, at, op, "truncated");
+    uint64_t v = rd_le(r->p, n);
+    r->p += n;
+    return push(p, mk_int(p, op == 'J' ? (int64_t)(int32_t)(uint32_t)v : (int64_t)v));
+}
+
+/* BINPUT, LONG_BINPUT, BINGET, LONG_BINGET: an n-byte memo index */
+static inline int op_memo(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op, int n) {
+    if (!gm__input_need(r, (size_t)n)) return op_err(r, at, op, "truncated");
+    uint64_t idx = rd_le(r->p, n);
+    r->p += n;
+    if (op == 'q' || op == 'r') return memo_put(p, r, at, op, idx);
+    if (idx >= p->memo_cap || !p->memo[idx]) return op_err(r, at, op, "memo key not found");
+    return push(p, p->memo[idx]);
+}
+
 /* str/bytes opcodes: `lb` length bytes, then the data. */
-static int op_blob(gm__pickle *p, reader *r, uint64_t at, uint8_t op, int lb, gm__ptype t) {
-    if (!need(r, (size_t)lb)) return op_err(r, at, op, "truncated length");
+static int op_blob(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op, int lb, gm__ptype t) {
+    if (!gm__input_need(r, (size_t)lb)) return op_err(r, at, op, "truncated length");
     uint64_t n = rd_le(r->p, lb);
     if (op == 'T' && (n & 0x80000000u)) return op_err(r, at, op, "negative length");
     if (n > p->lim.max_string) return op_err(r, at, op, "declared length exceeds the limit (GM_LIMIT_DECLARED_LENGTH)");
     r->p += lb;
-    if (!need(r, (size_t)n)) return op_err(r, at, op, "truncated data");
+    if (!gm__input_need(r, (size_t)n)) return op_err(r, at, op, "truncated data");
     int rc = push(p, mk_bytes(p, t, r->p, (size_t)n));
     r->p += n;
     return rc;
 }
 
-static int read_line(reader *r, size_t *len) {
+static int read_line(gm__input *r, size_t *len) {
     for (size_t n = 0; n < 1024; n++) {
-        if (!need(r, n + 1)) return -1;
+        if (!gm__input_need(r, n + 1)) return -1;
         if (r->p[n] == '\n') {
             *len = n;
             return 0;
@@ -634,7 +427,7 @@ static int read_line(reader *r, size_t *len) {
     return -1;
 }
 
-static int op_global(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
+static int op_global(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op) {
     char name[2100];
     size_t m, n;
     if (read_line(r, &m) != 0) return op_err(r, at, op, "bad module line");
@@ -648,7 +441,7 @@ static int op_global(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
     return s ? push(p, mk_opaque(p, PO(s)->u.s)) : GM_ENOHOSTMEM;
 }
 
-static int op_stack_global(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
+static int op_stack_global(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op) {
     size_t ml = 0, nl = 0;
     const char *mod = gm__pv_str(p->stack[p->sp - 2], &ml);
     const char *nm = gm__pv_str(p->stack[p->sp - 1], &nl);
@@ -688,7 +481,7 @@ static int stream_claim(gm__pickle *p, size_t t) {
 }
 
 static bool releasable(const gm__pval v, uint64_t seq) {
-    if (!pv_is_cont(pv_type(v))) return false;
+    if (!pv_cont(v)) return false;
     const pcont *c = PC(v);
     return c->seq > seq && c->o.hash == 0 && c->memo != UINT64_MAX && c->tag &&
            !(c->flags & (PC_QUEUED | PC_STREAMED));
@@ -709,10 +502,10 @@ static int stream_release(gm__pickle *p, const gm__pval *items, size_t n, uint64
     while (p->nwork) {
         gm__pval v = p->work[--p->nwork];
         pcont *c = PC(v);
-        size_t k = (size_t)(c->o.len * (c->o.type == GM__PT_DICT ? 2 : 1));
+        size_t k = c->flags & PC_HOLDS ? (size_t)(c->o.len * (c->o.type == GM__PT_DICT ? 2 : 1)) : 0;
         for (size_t i = 0; i < k; i++) {
             gm__pval e = c->o.u.items[i];
-            if (!pv_is_cont(pv_type(e)) || PO(e)->hash == UINT32_MAX) continue;
+            if (!pv_cont(e) || PO(e)->hash == UINT32_MAX) continue;
             PO(e)->hash--;
             if (releasable(e, seq) && work_push(p, e)) return GM_ENOHOSTMEM;
         }
@@ -726,7 +519,7 @@ static int stream_release(gm__pickle *p, const gm__pval *items, size_t n, uint64
 }
 
 /* SETITEM(S)/APPEND(S)/ADDITEMS into `target` (opaque targets swallow). */
-static int op_fill(gm__pickle *p, reader *r, uint64_t at, uint8_t op, gm__pval target,
+static int op_fill(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op, gm__pval target,
                    const gm__pval *v, size_t n, gm__ptype want) {
     gm__ptype t = pv_type(target);
     if (t == GM__PT_OPAQUE) return GM_OK;
@@ -744,7 +537,7 @@ static int op_fill(gm__pickle *p, reader *r, uint64_t at, uint8_t op, gm__pval t
 
 /* APPEND(S) into the list at stack position t: streamed or stored. seq:
  * the batch's MARK (UINT64_MAX: APPEND, no batch; nothing is released). */
-static int op_append(gm__pickle *p, reader *r, uint64_t at, uint8_t op, size_t t, const gm__pval *v,
+static int op_append(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op, size_t t, const gm__pval *v,
                      size_t n, uint64_t seq) {
     gm__pval target = p->stack[t];
     if (p->sink && pv_type(target) == GM__PT_LIST) {
@@ -762,7 +555,7 @@ static int op_append(gm__pickle *p, reader *r, uint64_t at, uint8_t op, size_t t
 }
 
 /* Pop to the last MARK; *k is where the items start, *seq what was made before it. */
-static int pop_mark(gm__pickle *p, reader *r, uint64_t at, uint8_t op, size_t *k, uint64_t *seq) {
+static int pop_mark(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op, size_t *k, uint64_t *seq) {
     if (!p->nmarks) return op_err(r, at, op, "no MARK on the stack");
     p->nmarks--;
     *k = p->marks[p->nmarks].sp;
@@ -770,7 +563,7 @@ static int pop_mark(gm__pickle *p, reader *r, uint64_t at, uint8_t op, size_t *k
     return GM_OK;
 }
 
-static int op_marked(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
+static int op_marked(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op) {
     size_t k = 0;
     uint64_t seq = 0;
     int rc = pop_mark(p, r, at, op, &k, &seq);
@@ -793,26 +586,24 @@ static int op_marked(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
     return push(p, c);
 }
 
-/* Number of values an opcode pops from above the current MARK. */
-static int op_arity(uint8_t op) {
-    switch (op) {
-    case '.': case '2': case 0x94: case 'q': case 'r': case 0x85: return 1;
-    case 's': case 0x87: case 0x92: return 3;
-    case 'a': case 0x86: case 0x93: case 'R': case 0x81: case 'b': return 2;
-    }
-    return 0;
-}
+/* Number of values an opcode pops from above the current MARK (a table:
+ * a switch here was a second indirect jump per opcode). */
+static const uint8_t op_arity[256] = {
+    ['.'] = 1, ['2'] = 1, [0x94] = 1, ['q'] = 1, ['r'] = 1, [0x85] = 1,
+    ['s'] = 3, [0x87] = 3, [0x92] = 3,
+    ['a'] = 2, [0x86] = 2, [0x93] = 2, ['R'] = 2, [0x81] = 2, ['b'] = 2,
+};
 
-static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
+static int run_one(gm__pickle *p, gm__input *r, uint64_t at, uint8_t op) {
     const uint8_t *a;
     switch (op) {
     case 0x80:
-        if (!need(r, 1)) return op_err(r, at, op, "truncated");
+        if (!gm__input_need(r, 1)) return op_err(r, at, op, "truncated");
         if (*r->p > 5) return op_err(r, at, op, "unsupported protocol (above 5)");
         r->p++;
         return GM_OK;
     case 0x95:
-        if (!need(r, 8)) return op_err(r, at, op, "truncated");
+        if (!gm__input_need(r, 8)) return op_err(r, at, op, "truncated");
         r->p += 8;
         return GM_OK;
     case '(':
@@ -839,27 +630,23 @@ static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
     case 'N': return push(p, PV_NONE);
     case 0x88: return push(p, PV_TRUE);
     case 0x89: return push(p, PV_FALSE);
-    case 'K': case 'M': case 'J': {
-        int n = op == 'K' ? 1 : op == 'M' ? 2 : 4;
-        if (!need(r, (size_t)n)) return op_err(r, at, op, "truncated");
-        uint64_t v = rd_le(r->p, n);
-        r->p += n;
-        return push(p, mk_int(p, op == 'J' ? (int64_t)(int32_t)(uint32_t)v : (int64_t)v));
-    }
+    case 'K': return op_int(p, r, at, op, 1);
+    case 'M': return op_int(p, r, at, op, 2);
+    case 'J': return op_int(p, r, at, op, 4);
     case 0x8a: case 0x8b: {
         int lb = op == 0x8a ? 1 : 4;
-        if (!need(r, (size_t)lb)) return op_err(r, at, op, "truncated length");
+        if (!gm__input_need(r, (size_t)lb)) return op_err(r, at, op, "truncated length");
         uint64_t n = rd_le(r->p, lb);
         if (op == 0x8b && (n & 0x80000000u)) return op_err(r, at, op, "negative length");
         if (n > p->lim.max_string) return op_err(r, at, op, "declared length exceeds the limit (GM_LIMIT_DECLARED_LENGTH)");
         r->p += lb;
-        if (!need(r, (size_t)n)) return op_err(r, at, op, "truncated data");
+        if (!gm__input_need(r, (size_t)n)) return op_err(r, at, op, "truncated data");
         a = r->p;
         r->p += n;
         return push(p, mk_long(p, a, (size_t)n));
     }
     case 'G':
-        if (!need(r, 8)) return op_err(r, at, op, "truncated");
+        if (!gm__input_need(r, 8)) return op_err(r, at, op, "truncated");
         a = r->p;
         r->p += 8;
         return push(p, mk_float_be(p, a));
@@ -870,15 +657,8 @@ static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
     case 'B': case 'T': return op_blob(p, r, at, op, 4, GM__PT_BYTES);
     case 0x8e: case 0x96: return op_blob(p, r, at, op, 8, GM__PT_BYTES);
     case 0x94: return memo_put(p, r, at, op, p->memo_count);
-    case 'q': case 'r': case 'h': case 'j': {
-        int n = (op == 'q' || op == 'h') ? 1 : 4;
-        if (!need(r, (size_t)n)) return op_err(r, at, op, "truncated");
-        uint64_t idx = rd_le(r->p, n);
-        r->p += n;
-        if (op == 'q' || op == 'r') return memo_put(p, r, at, op, idx);
-        if (idx >= p->memo_cap || !p->memo[idx]) return op_err(r, at, op, "memo key not found");
-        return push(p, p->memo[idx]);
-    }
+    case 'q': case 'h': return op_memo(p, r, at, op, 1);
+    case 'r': case 'j': return op_memo(p, r, at, op, 4);
     case 'u': case 'e': case 0x90: case 'l': case 't': case 'd': case 0x91:
         return op_marked(p, r, at, op);
     case 's':
@@ -913,53 +693,40 @@ static int run_one(gm__pickle *p, reader *r, uint64_t at, uint8_t op) {
     return op_err(r, at, op, msg);
 }
 
-static int gz_error(reader *r) {
-    if (r->zerr == ZERR_IO) return gm__set_error(GM_EIO, "error reading the input after %llu bytes",
-                                                 (unsigned long long)r->src.iread);
-    if (r->zerr == ZERR_FILE_LIMIT)
-        return gm__set_error(GM_EFORMAT, "input longer than %llu bytes (GM_LIMIT_TRACE_FILE_BYTES); "
-                             "convert it to .gmt on a machine with the memory",
-                             (unsigned long long)GM_LIMIT_TRACE_FILE_BYTES);
-    if (r->zerr == ZERR_TRUNCATED)
-        return gm__set_error(GM_EFORMAT, "gzip stream ends early (after %llu decompressed bytes): "
-                             "the file is truncated", (unsigned long long)roff(r, r->end));
-    return gm__set_error(GM_EFORMAT, "gzip stream is corrupt (%s) after %llu decompressed bytes",
-                         r->src.z.msg ? r->src.z.msg : "bad data", (unsigned long long)roff(r, r->end));
-}
-
-/* After STOP: the input must end there. For gzip, inflate the rest so
- * that zlib checks the trailer (CRC-32 and length); any byte after STOP,
- * decompressed or not, is an error, so this never inflates more than one
- * window. */
-static int finish_input(reader *r) {
-    size_t extra = (size_t)(r->end - r->p);
-    uint8_t sink[64];
-    while (!extra && !r->zend && (r->gz || r->src.in)) extra += produce(r, sink, sizeof sink);
-    if (extra)
-        return gm__set_error(GM_EFORMAT, "data after the pickle's STOP opcode%s: not one pickle "
-                             "(corrupt or concatenated file?)", r->gz ? " inside the gzip stream" : "");
-    return r->zerr ? gz_error(r) : GM_OK;
-}
-
-static int run_ops(gm__pickle *p, reader *r) {
+static int run_ops(gm__pickle *p, gm__input *r) {
     for (;;) {
-        if (!need(r, 1)) {
+        if (!gm__input_need(r, 1)) {
             if (r->base + (uint64_t)(r->end - r->wbase) > p->lim.max_input)
                 return gm__set_error(GM_EFORMAT, "pickle larger than the input limit (%llu decompressed "
                                      "bytes, GM_LIMIT_TRACE_INPUT_BYTES)", (unsigned long long)p->lim.max_input);
-            if (r->zerr) return gz_error(r);
+            if (r->zerr) return gm__input_error(r);
             return gm__set_error(GM_EFORMAT, "truncated pickle at byte %llu: no STOP opcode",
-                                 (unsigned long long)roff(r, r->p));
+                                 (unsigned long long)gm__input_offset(r, r->p));
         }
-        uint64_t at = roff(r, r->p);
+        const uint8_t *q = r->p;
+        /* (LONG_)BINGET, every second opcode of a snapshot (its keys and
+         * action names are memo references): at once when its argument is
+         * in the window, the entry is set and the stack has room, as
+         * run_one would (test_unpickle: test_memo_get_window) */
+        if ((*q == 'h' || *q == 'j') && r->end - q >= 5) {
+            int n = *q == 'h' ? 1 : 4;
+            uint64_t idx = n == 1 ? q[1] : rd_le(q + 1, 4);
+            gm__pval v = idx < p->memo_cap ? p->memo[idx] : 0;
+            if (v && p->sp < p->stack_cap) {
+                p->stack[p->sp++] = v;
+                r->p = q + 1 + n;
+                continue;
+            }
+        }
+        uint64_t at = gm__input_offset(r, q);
         uint8_t op = *r->p++;
-        int arity = op_arity(op);
+        int arity = op_arity[op];
         if (arity && p->sp - stack_floor(p) < (size_t)arity)
             return op_err(r, at, op, "stack underflow");
         if (op == '.') {
             p->root = p->stack[p->sp - 1];
-            p->consumed = roff(r, r->p);
-            return finish_input(r);
+            p->consumed = gm__input_offset(r, r->p);
+            return gm__input_finish(r);
         }
         int rc = run_one(p, r, at, op);
         if (rc) return rc;
@@ -1000,30 +767,10 @@ int gm__pickle_load_sink(FILE *in, const void *head, size_t len, const gm__pickl
     if (limits) p->lim = *limits;
     else gm__pickle_limits_init(&p->lim);
     p->sink = sink && sink->claim && sink->items ? sink : NULL;
-    reader r = {0};
-    r.pk = p;
-    r.src.in = in;
-    const uint8_t *d = head;
-    if (len >= 2 && d[0] == 0x1f && d[1] == 0x8b) {
-        r.gz = true;
-        if (inflateInit2(&r.src.z, 16 + MAX_WBITS) != Z_OK) {
-            free(p);
-            return gm__set_error(GM_ENOHOSTMEM, "zlib initialisation failed");
-        }
-        r.src.z.next_in = (Bytef *)(uintptr_t)d;
-        r.src.z.avail_in = (uInt)len; /* checked below: < 4 GiB */
-        r.p = r.end = r.wbase = r.buf;
-        if (in && len <= UINT32_MAX) zp_start(&r); /* a file: inflate beside the opcodes */
-    } else {
-        r.p = r.wbase = d;
-        r.end = d + len;
-    }
-    int rc = len > UINT32_MAX && r.gz ? gm__set_error(GM_EINVAL, "compressed input over 4 GiB")
-                                      : run_ops(p, &r);
-    zp_end(&r);
-    if (r.gz) inflateEnd(&r.src.z);
-    free(r.buf);
-    free(r.src.ibuf);
+    gm__input r;
+    int rc = gm__input_open(&r, in, head, len, p->lim.max_input);
+    if (!rc) rc = run_ops(p, &r);
+    gm__input_close(&r);
     p->rd = NULL;
     pickle_free_tables(p);
     if (rc != GM_OK) {
@@ -1052,5 +799,5 @@ uint64_t gm__pickle_arena_bytes(const gm__pickle *p) {
 
 uint64_t gm__pickle_input_bytes(const gm__pickle *p) {
     if (!p) return 0;
-    return p->rd ? roff(p->rd, p->rd->p) : p->consumed;
+    return p->rd ? gm__input_offset(p->rd, p->rd->p) : p->consumed;
 }

@@ -46,11 +46,11 @@ typedef struct pcont {
     uint32_t flags;
     uint32_t pad;
 } pcont;
-enum { PC_CHECKED = 1, PC_STREAMED = 2, PC_QUEUED = 4 };
+/* PC_HOLDS: some item is a container (releasing this one looks at its items) */
+enum { PC_CHECKED = 1, PC_STREAMED = 2, PC_QUEUED = 4, PC_HOLDS = 8 };
 
-static inline bool pv_is_cont(gm__ptype t) {
-    return t == GM__PT_LIST || t == GM__PT_TUPLE || t == GM__PT_DICT || t == GM__PT_SET;
-}
+#define PV_CONT_TYPES ((1u << GM__PT_LIST) | (1u << GM__PT_TUPLE) | (1u << GM__PT_DICT) | (1u << GM__PT_SET))
+static inline bool pv_is_cont(gm__ptype t) { return (unsigned)t < 32 && ((1u << t) & PV_CONT_TYPES); }
 
 static inline pobj *PO(gm__pval v) { return (pobj *)(uintptr_t)v; }
 static inline pcont *PC(gm__pval v) { return (pcont *)(uintptr_t)v; }
@@ -65,6 +65,10 @@ static inline gm__ptype pv_type(gm__pval v) {
     }
     return GM__PT_ABSENT;
 }
+
+/* pv_is_cont(pv_type(v)), without the switch: the reader asks it of every
+ * item it stores or releases */
+static inline bool pv_cont(gm__pval v) { return PV_TAG(v) == TAG_PTR && v && pv_is_cont((gm__ptype)PO(v)->type); }
 
 static inline gm__pval PV(pobj *o) { return (gm__pval)(uintptr_t)o; }
 

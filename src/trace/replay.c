@@ -389,11 +389,10 @@ static void calls_of(const gm_stats *s, int64_t out[GM_REPLAY_CALL_KINDS]) {
 #undef GM__REPLAY_CALL_STAT
 }
 
-/* The device's live statistics (replay is single-threaded: read without
- * the lock). Peaks are not reset at the split, because the gpumem policy
- * reads the requested peak to place blocks: the steady peaks are tracked
- * here instead, two loads per op. */
-static const gm_stats *live_stats(gm_allocator *a) {
+/* Peaks are not reset at the split, because the gpumem policy reads the
+ * requested peak to place blocks: the steady peaks are tracked here
+ * instead, two loads per op (gm__replay_live_stats). */
+const gm_stats *gm__replay_live_stats(gm_allocator *a) {
     gm__device *d = __atomic_load_n(&a->devices[0], __ATOMIC_ACQUIRE);
     return d ? &d->stats : NULL;
 }
@@ -406,7 +405,7 @@ typedef struct steady_ctx {
 
 /* At the first op of the steady state: the calls so far. */
 static void steady_split(gm_allocator *a, gm_replay_result *r, steady_ctx *c) {
-    const gm_stats *s = live_stats(a);
+    const gm_stats *s = gm__replay_live_stats(a);
     gm_stats zero;
     memset(&zero, 0, sizeof zero);
     if (!s) s = &zero;
@@ -419,7 +418,7 @@ static void steady_split(gm_allocator *a, gm_replay_result *r, steady_ctx *c) {
 }
 
 static void steady_track(gm_allocator *a, gm_replay_result *r, const steady_ctx *c) {
-    const gm_stats *s = live_stats(a);
+    const gm_stats *s = gm__replay_live_stats(a);
     if (!s) return;
     int64_t res = s->reserved_bytes[GM_POOL_ALL].current, req = s->requested_bytes[GM_POOL_ALL].current;
     if (s->reserved_bytes[GM_POOL_ALL].peak > c->res_peak0) res = s->reserved_bytes[GM_POOL_ALL].peak;

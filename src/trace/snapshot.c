@@ -51,9 +51,12 @@ enum { K_DEVICE_LIST, K_EVENT, K_STACK, K_FRAME }; /* tag kinds */
 #define MAX_DEVICES 256
 
 #define SCACHE 4096
+#define KPOS 16
 typedef struct reader {
     gm__trace_builder *b;
     pcache keys, actions;
+    gm__pval kpos[KPOS];   /* the last event's keys in its order (a snapshot's events share it) */
+    int fpos[KPOS];        /* and their fields */
     gm__pval skey[SCACHE]; /* str pval -> string id */
     uint32_t sval[SCACHE];
     uint32_t *fbuf;
@@ -198,7 +201,19 @@ static int read_event(reader *r, gm__pval d, int device) {
     for (size_t i = 0; i < n; i++) {
         gm__pval v = kv[2 * i + 1];
         int64_t x = 0;
-        switch (field_of(r, kv[2 * i])) {
+        /* one compare a key while the keys come in the last event's order
+         * (scanning the cache for each was a tenth of converting an event) */
+        int f;
+        if (i < KPOS && r->kpos[i] == kv[2 * i]) {
+            f = r->fpos[i];
+        } else {
+            f = field_of(r, kv[2 * i]);
+            if (i < KPOS && gm__pv_str(kv[2 * i], NULL)) { /* strs only, as the caches */
+                r->kpos[i] = kv[2 * i];
+                r->fpos[i] = f;
+            }
+        }
+        switch (f) {
         case F_ACTION: action = action_of(r, v); break;
         case F_ADDR: if (gm__pv_int_fast(v, &x)) e.addr = (uint64_t)x; break;
         case F_SIZE: if ((have_size = gm__pv_int_fast(v, &x))) e.size = (uint64_t)x; break;

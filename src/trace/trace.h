@@ -211,6 +211,10 @@ void gm__replay_calls(const gm_replay_result *r, int64_t out[GM_REPLAY_CALL_KIND
  * only when the allocator or backend cannot be created. */
 int gm__replay_run(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity,
                   gm_replay_result *r);
+/* Device 0's live statistics in a simulation (single-threaded: read
+ * without the lock or a copy of gm_stats, as a replay does after every op);
+ * NULL before the device's first use (its statistics are all zero). */
+const gm_stats *gm__replay_live_stats(gm_allocator *a);
 /* The same with the steady state from another fraction of the trace, [0, 1). */
 int gm__replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_t capacity, double steady_from,
                          gm_replay_result *r);

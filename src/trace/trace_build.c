@@ -56,9 +56,21 @@ static int vec_reserve(uint64_t *mem, void **arr, size_t *cap, size_t n, size_t 
     return GM_OK;
 }
 
+/* Stacks met again (every event of a snapshot brings a frames list of its
+ * own, most of them a stack seen before): a direct-mapped cache, checked by
+ * content, in front of the keyed table. A file can make it miss, never
+ * search it: one compare a stack, then the table as before. */
+#define STACK_CACHE 256
+static size_t stack_slot(const uint32_t *f, uint32_t n) {
+    uint64_t h = n;
+    for (uint32_t i = 0; i < n; i++) h = (h ^ f[i]) * 0x100000001B3ull;
+    return (size_t)(h ^ (h >> 29) ^ (h >> 47)) & (STACK_CACHE - 1);
+}
+
 struct gm__trace_builder {
     gm_trace *t;
     size_t ev_cap, str_cap, fr_cap, sf_cap, so_cap, seg_cap, nstack_frames;
+    uint32_t stack_cache[STACK_CACHE]; /* 1 + a stack's index, by stack_slot() of its frames; 0: none */
     uint64_t mem; /* bytes of the vectors and strings */
     gm__idmap strs, frames, stacks;
     /* events per device, and whether a device came after a higher one,
@@ -173,12 +185,18 @@ int gm__tb_stack(gm__trace_builder *b, const uint32_t *frames, uint32_t n, uint3
             return GM_ENOHOSTMEM;
         t->stack_off[0] = 0;
     }
-    uint64_t h = hash_mem(frames, n * sizeof *frames);
     stkey k = {frames, n};
+    size_t cslot = stack_slot(frames, n);
+    uint32_t cached = b->stack_cache[cslot];
+    if (cached && stack_eq(t, cached - 1, &k)) {
+        *id1 = cached;
+        return GM_OK;
+    }
+    uint64_t h = hash_mem(frames, n * sizeof *frames);
     size_t slot;
     uint32_t found = ht_find(&b->stacks, h, stack_eq, t, &k, &slot);
     if (found != UINT32_MAX) {
-        *id1 = found + 1;
+        *id1 = b->stack_cache[cslot] = found + 1;
         return GM_OK;
     }
     if (b->nstack_frames + n > UINT32_MAX) return gm__set_error(GM_EFORMAT, "too many stack frames");
@@ -191,7 +209,7 @@ int gm__tb_stack(gm__trace_builder *b, const uint32_t *frames, uint32_t n, uint3
     b->nstack_frames += n;
     t->stack_off[t->nstacks + 1] = (uint32_t)b->nstack_frames;
     gm__idmap_set(&b->stacks, slot, h, t->nstacks);
-    *id1 = ++t->nstacks;
+    *id1 = b->stack_cache[cslot] = ++t->nstacks;
     return GM_OK;
 }
 

@@ -52,7 +52,7 @@ static void sstr(buf *b, sref *r) {
     r->memo = memo_put(b);
 }
 
-enum { ST_TREE = 1, ST_FRAMES = 2, ST_AGAIN = 4, ST_MODIFY = 8, ST_MISPLACE = 16 };
+enum { ST_TREE = 1, ST_FRAMES = 2, ST_AGAIN = 4, ST_MODIFY = 8, ST_MISPLACE = 16, ST_ORDER = 32 };
 
 /* {"device_traces": [dev...], "segments": []}: n events per device, as
  * CPython's pickler lays them out (batches of 1000), or (ST_TREE) each
@@ -60,12 +60,13 @@ enum { ST_TREE = 1, ST_FRAMES = 2, ST_AGAIN = 4, ST_MODIFY = 8, ST_MISPLACE = 16
  * dicts shared through the memo, every fifth event naming an earlier
  * event's list; ST_AGAIN: event 1500 names event 3's dict again; ST_MODIFY:
  * a SETITEM into event 3's dict at the end; ST_MISPLACE: device 0's list is
- * left out of device_traces. */
+ * left out of device_traces; ST_ORDER: every third event has its keys in
+ * another order, the next one an extra key first. */
 static buf snapshot(size_t n, int ndev, int how) {
     buf b = {0};
     sref k_action = {"action", -1}, k_addr = {"addr", -1}, k_size = {"size", -1}, k_frames = {"frames", -1},
          k_name = {"name", -1}, k_file = {"filename", -1}, k_line = {"line", -1}, a_alloc = {"alloc", -1},
-         a_free = {"free_completed", -1}, file = {"train.py", -1};
+         a_free = {"free_completed", -1}, file = {"train.py", -1}, k_cc = {"compile_context", -1};
     int64_t frame_memo[20], list_memo[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
     for (int f = 0; f < 20; f++) frame_memo[f] = -1;
     uint32_t ev3 = 0;
@@ -94,12 +95,23 @@ static buf snapshot(size_t n, int ndev, int how) {
             uint32_t m = memo_put(&b);
             if (i == 3 && d == 0) ev3 = m;
             put_op(&b, '(');
+            bool reorder = (how & ST_ORDER) && i % 3 == 1;
+            if ((how & ST_ORDER) && i % 3 == 2) {
+                sstr(&b, &k_cc);
+                sstr(&b, &k_addr); /* a str value: a key's object, not a key here */
+            }
+            if (reorder) {
+                sstr(&b, &k_size);
+                int_(&b, 512 * (uint32_t)(1 + i % 7));
+            }
             sstr(&b, &k_action);
             sstr(&b, i % 2 ? &a_free : &a_alloc);
             sstr(&b, &k_addr);
             int_(&b, (uint32_t)((i / 2) % 97 + 1) << 12);
-            sstr(&b, &k_size);
-            int_(&b, 512 * (uint32_t)(1 + i % 7));
+            if (!reorder) {
+                sstr(&b, &k_size);
+                int_(&b, 512 * (uint32_t)(1 + i % 7));
+            }
             if (how & ST_FRAMES) {
                 sstr(&b, &k_frames);
                 if (i % 5 == 4 && list_memo[(i + 3) % 8] >= 0) {
@@ -276,6 +288,23 @@ static void test_stream_reuse(void **state) {
     free(b.b);
 }
 
+/* Events whose keys come in changing orders (the reader remembers the last
+ * event's order): every field lands where it belongs. */
+static void test_stream_key_order(void **state) {
+    (void)state;
+    buf b = snapshot(3000, 1, ST_ORDER | ST_FRAMES);
+    gm_trace *t = load(&b);
+    assert_int_equal(t->nevents, 3000);
+    for (size_t i = 0; i < t->nevents; i++) {
+        const gm_trace_event *e = &t->events[i];
+        assert_int_equal(e->action, i % 2 ? GM_TA_FREE_COMPLETED : GM_TA_ALLOC);
+        assert_int_equal(e->addr, (uint64_t)((i / 2) % 97 + 1) << 12);
+        assert_int_equal(e->size, 512 * (1 + i % 7));
+    }
+    gm__trace_free(t);
+    free(b.b);
+}
+
 /* ---- gzip from a file: inflated by a second thread ------------------------- */
 
 static void write_gz(const char *path, const buf *b, size_t cut, long flip) {
@@ -339,6 +368,7 @@ int main(void) {
         cmocka_unit_test(test_stream_memory_flat),
         cmocka_unit_test(test_stream_reuse),
         cmocka_unit_test(test_stream_gzip_file),
+        cmocka_unit_test(test_stream_key_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 #include "gpumem/gpumem.h"
 #include "trace/pickle.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -174,6 +175,8 @@ static void test_malformed(void **s) {
     load_err(P("\x80\x02\xff."), "unknown opcode");       /* bad opcode */
     load_err(P("\x80\x02."), "underflow");                /* STOP on empty stack */
     load_err(P("\x80\x02h\x03."), "memo");                /* missing memo key */
+    load_err(P("\x80\x02j\xff\xff\xff\x7f."), "memo");    /* LONG_BINGET past the memo */
+    load_err(P("\x80\x02K\x01\x94j\x01\x00\x00\x00."), "memo"); /* within it, never set */
     load_err(P("\x80\x02K\x01u."), "MARK");               /* SETITEMS without mark */
     load_err(P("\x80\x02](K\x01K\x02u."), "list");        /* SETITEMS on a list */
     load_err(P("\x80\x02}(K\x01u."), "odd");              /* odd items */
@@ -254,6 +257,49 @@ static void test_gzip(void **s) {
     free(gz);
 }
 
+/* BINGET and LONG_BINGET read at once when their argument is in the window
+ * (pickle.c's run_ops): read from a file in windows, the first window ending
+ * at every byte of the first opcodes, the list is the same as read whole. */
+static void test_memo_get_window(void **s) {
+    (void)s;
+    size_t n = 3000, len = 0;
+    uint8_t *raw = malloc(n * 5 + 64);
+    static const uint8_t head[] = {0x80, 4, 'K', 7, 0x94, 'M', 0x34, 0x12, 0x94, ']', '('};
+    memcpy(raw, head, sizeof head); /* memo 0: 7, memo 1: 0x1234; a list, MARK */
+    len = sizeof head;
+    uint32_t rng = 12345;
+    for (size_t i = 0; i < n; i++) {
+        rng = rng * 1103515245u + 12345u;
+        int k = (int)(rng >> 16) % 3, idx = (int)(rng >> 20) & 1;
+        if (k == 0) { raw[len++] = 'h'; raw[len++] = (uint8_t)idx; }
+        else if (k == 1) { raw[len++] = 'j'; raw[len++] = (uint8_t)idx; memset(raw + len, 0, 3); len += 3; }
+        else { raw[len++] = 'K'; raw[len++] = 9; }
+    }
+    raw[len++] = 'e';
+    raw[len++] = '.';
+    gm__pickle *whole = load_ok(raw, len);
+    gm__pval w = gm__pickle_root(whole);
+    assert_int_equal(gm__pv_len(w), n);
+    for (size_t cut = 2; cut < 48; cut++) {
+        FILE *f = tmpfile();
+        assert_non_null(f);
+        assert_int_equal(fwrite(raw + cut, 1, len - cut, f), len - cut);
+        rewind(f);
+        uint8_t *first = malloc(cut); /* exact size: ASan catches a read past the window */
+        memcpy(first, raw, cut);
+        gm__pickle *p = NULL;
+        if (gm__pickle_load_stream(f, first, cut, NULL, &p)) fail_msg("cut %zu: %s", cut, gm_last_error_detail());
+        gm__pval r = gm__pickle_root(p);
+        assert_int_equal(gm__pv_len(r), n);
+        for (size_t i = 0; i < n; i++) assert_int_equal(as_int(gm__pv_item(r, i)), as_int(gm__pv_item(w, i)));
+        gm__pickle_free(p);
+        free(first);
+        fclose(f);
+    }
+    gm__pickle_free(whole);
+    free(raw);
+}
+
 static void test_limits(void **s) {
     (void)s;
     gm__pickle_limits l;
@@ -280,7 +326,7 @@ int main(void) {
         cmocka_unit_test(test_containers_memo), cmocka_unit_test(test_stack_ops),
         cmocka_unit_test(test_globals_opaque), cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_truncation),    cmocka_unit_test(test_gzip),
-        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_limits),        cmocka_unit_test(test_memo_get_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
