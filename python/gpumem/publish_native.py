@@ -14,7 +14,6 @@ from the library (gm_native_publisher_key), never retyped here.
 """
 import atexit
 import ctypes
-import os
 import threading
 
 from gpumem import _lib
