@@ -7,7 +7,8 @@
  *                       size-class cache, OOM retry
  *   check.c             invariant check, segment walk       (check.h)
  *   plan/               gpumem_plan:on: plan.c serves a step,
- *                       layout.c lays one out, park.c keeps a
+ *                       layout.c lays one out (layout_check.c
+ *                       judges it), park.c keeps a
  *                       freed block for the next planned one,
  *                       foresee.c sizes a longer step before
  *                       it runs, plan_check.c its counters
