@@ -442,6 +442,9 @@ int gm__mempool_on_oom(gm__device *d, uint64_t size, gm_stream stream, gm__block
  * (copies at the link's speed, queued without a wait each), else malloc. A
  * pinning failure is said once per process, on stderr; the sleep goes on. */
 #define GM__SAVE_ALIGN 256 /* each block's copy starts aligned, as DMA likes */
+static inline uint64_t saved_span(const gm__block_hdr *b) {
+    return (b->requested + GM__SAVE_ALIGN - 1) & ~(uint64_t)(GM__SAVE_ALIGN - 1);
+}
 static int saved_mem_alloc(gm__device *d, gm__mempool *p, uint64_t n) {
     static atomic_bool said;
     int rc = gm__be_host_alloc(d, n, &p->saved_mem);
@@ -466,7 +469,7 @@ static int offload(gm__device *d, gm__mempool *p) {
         gm__block_hdr *b = fe->map.slots[i].key ? fe->map.slots[i].block : NULL;
         if (!b || b->mpool != p->slot) continue;
         n++;
-        bytes += (b->requested + GM__SAVE_ALIGN - 1) & ~(uint64_t)(GM__SAVE_ALIGN - 1);
+        bytes += saved_span(b);
     }
     if (!n) return GM_OK;
     if (!(p->saved = calloc(n, sizeof *p->saved))) return GM_ENOHOSTMEM;
@@ -477,7 +480,7 @@ static int offload(gm__device *d, gm__mempool *p) {
         if (!b || b->mpool != p->slot) continue;
         p->saved[p->nsaved++] = (gm_backend_copy){.dev = b->ptr, .host = (char *)p->saved_mem + off,
                                                   .size = b->requested};
-        off += (b->requested + GM__SAVE_ALIGN - 1) & ~(uint64_t)(GM__SAVE_ALIGN - 1);
+        off += saved_span(b);
     }
     if (rc == GM_OK) rc = gm__be_copy_many(d, false, p->saved, p->nsaved);
     if (rc != GM_OK) drop_saved(p);
