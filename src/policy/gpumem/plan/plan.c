@@ -52,8 +52,8 @@
  *    the usual placement serves them, under the reserve budget
  *    (mem/chunks.c).
  *  - Work: a layout costs about its intervals times the blocks live around
- *    them, and a job whose plans keep dropping may ask for one again and
- *    again: the loops count their steps against a budget that grows with the operations
+ *    them, and a run may make up to PL_TRIES of them: the loops count
+ *    their steps against a budget that grows with the operations
  *    (layout.h); past it no layout is made, and the usual placement serves.
  *  - Streams: the plan serves its own stream from that stream's arena, so a
  *    range is reused only by the stream that freed it (stream order makes
