@@ -58,7 +58,7 @@ FLOORS = {"util": 0, "backend": 1, "core": 2, "policy": 3, "trace": 4,
           "estimate": 5, "monitor": 5, "report": 5, "api": 6, "torch": 7, "cli": 7}
 POLICY_FLOORS = {
     "policy/torch": ["tree", "expandable", "check", "torch"],
-    "policy/gpumem": ["mem/base", "mem/chunks", "place/plain", "place/va", "place/arena", "plan/foresee", "plan/park", "plan/layout_check",
+    "policy/gpumem": ["mem/base", "mem/chunks", "place/plain", "place/va", "place/arena", "plan/park", "plan/layout_check",
                       "plan/layout", "plan/plan", "plan/plan_check", "check", "gpumem"],
 }
 BACKEND_TABLE = "backend/table"

@@ -171,7 +171,6 @@ static inline __attribute__((always_inline)) int take(gp_state *st, gp_arena *a,
     gp_block *b;
     if (units <= GP_SMALL_UNITS && (b = a->quick[units]) != NULL) {
         a->quick[units] = b->fnext;
-        a->qgen[units] = a->qflushes;
         if (!b->fnext) a->qmap[(units - 1) >> 6] &= ~((uint64_t)1 << ((units - 1) & 63));
         b->fnext = NULL;
         a->ncached--;

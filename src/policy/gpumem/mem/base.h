@@ -10,9 +10,7 @@
  *                       layout.c lays one out (layout_check.c
  *                       judges it), park.c keeps a
  *                       freed block for the next planned one,
- *                       foresee.c sizes a longer step before
- *                       it runs, plan_check.c its counters
- *                       and check                            (plan/plan.h)
+ *                       plan_check.c its counters and check  (plan/plan.h)
  *   place/arena.c       per-stream arenas                    (place/arena.h)
  *   place/va.c,         placement: free-range index with VMM, plain
  *   place/plain.c       device allocations without           (place/va.h, place/plain.h)
@@ -80,11 +78,7 @@ typedef struct gp_block {
     gm__block_hdr h;              /* must be first: the front end sees this */
     struct gp_block *prev, *next; /* address order inside the arena */
     struct gp_block *fprev, *fnext; /* bin list, size-class list or pool */
-    union {
-        uint16_t bin;   /* free ranges: gm__gp_bin_of(units) */
-        uint16_t born;  /* gpumem_plan:on, used blocks: 1 + the frees just before its
-                         * allocation, at most 9 (its pl_rec's sig0 is mix(born, stream)) */
-    };
+    uint16_t bin;       /* free ranges: gm__gp_bin_of(units) */
     uint16_t slot;      /* gpumem_plan:on: 1 + the plan position a used block was served at,
                          * or a parked block waits for; 0: none (2 steps < 2^16 positions) */
     uint8_t state;      /* GP_FREE / GP_USED / GP_CACHED / GP_PARKED */
@@ -120,8 +114,6 @@ typedef struct gp_arena {
     gp_block *head;   /* first block in address order (VMM only) */
     gp_block *quick[GP_SMALL_UNITS + 1]; /* freed small blocks by units */
     uint64_t qmap[GP_QWORDS]; /* non-empty quick lists, so a flush visits only those */
-    uint32_t qflushes;        /* flushes of the quick lists so far */
-    uint32_t qgen[GP_SMALL_UNITS + 1]; /* qflushes when quick[u] last served a malloc */
     uint64_t ncached;
     gp_block *parked; /* GP_PARKED blocks (va.c, gm__gp_park), linked by fprev/fnext */
     gp_block sink;    /* takes the list links' stores that have no neighbour to go to (va.c, LINK_SET) */
@@ -139,16 +131,12 @@ typedef struct gp_arena {
 
 /* What the plan (plan/) and gpumem_slack:auto tell the memory floor
  * (chunks.c, va.c): the one place the plan's state reaches into it. The
- * memory floor's own code (gm__gp_loosen, gm__gp_tighten, chunks.c) and
+ * memory floor's own code (gm__gp_loosen, chunks.c) and
  * gp_create (gpumem.c) write it; everything else reads it through the
  * getters and the plan sets it through the setters below gp_state. */
 typedef struct gp_mode {
     bool warming;              /* gpumem_slack:auto, not loosened yet: slack is 0 (gm__gp_loosen) */
-    bool stale_first;          /* gpumem_plan, an elastic plan serves: a placement that needs mapping
-                                * flushes the stale size classes before all (va.c, flush) */
-    bool autoslack;            /* gpumem_slack:auto with a plan: may be tight again (gm__gp_tighten) */
-    bool grows;                /* gpumem_plan, a step laid out from a forecast (gm__gp_loosen_granules) until it
-                                * ends: what it needs past the last layout is new memory, not moved */
+    bool autoslack;            /* gpumem_slack:auto with a plan: the reserve budget holds once loosened (chunks.c) */
     uint64_t soft_cap;         /* gpumem_plan:on, while the plan maps its arena: no chunk is created past it (0: none) */
 } gp_mode;
 
@@ -185,9 +173,7 @@ typedef struct gp_state {
 
 /* The plan's say over the memory floor (gp_mode). */
 static inline bool gm__gp_warming(const gp_state *st) { return st->mode.warming; }
-static inline bool gm__gp_stale_first(const gp_state *st) { return st->mode.stale_first; }
 static inline uint64_t gm__gp_soft_cap(const gp_state *st) { return st->mode.soft_cap; }
-static inline void gm__gp_set_stale_first(gp_state *st, bool on) { st->mode.stale_first = on; }
 static inline void gm__gp_set_soft_cap(gp_state *st, uint64_t bytes) { st->mode.soft_cap = bytes; }
 
 /* base.c */

@@ -83,27 +83,11 @@ void gm__gp_slack_modes(gp_state *st) {
 }
 
 void gm__gp_loosen(gp_state *st) {
-    st->mode.grows = false;
     if (!st->mode.warming) return;
     st->mode.warming = false;
     st->slack = INFINITY;
     gm__gp_slack_modes(st);
     gm__gp_live_drop(st);
-}
-
-void gm__gp_loosen_granules(gp_state *st) {
-    if (!st->mode.autoslack) return; /* a fixed gpumem_slack keeps its chunks */
-    gm__gp_loosen(st);
-    st->runs = st->autoc = false;
-    st->mode.grows = true; /* the step's new peak is foreseen: no reserve budget until it ends */
-}
-
-void gm__gp_tighten(gp_state *st) {
-    if (!st->mode.autoslack || st->mode.warming) return;
-    st->mode.warming = true;
-    st->slack = 0.0;
-    gm__gp_slack_modes(st);
-    gm__gp_live_sync(st);
 }
 
 /* ---- live counts, kept lazily at slack inf ---------------------------------
@@ -114,11 +98,11 @@ void gm__gp_tighten(gp_state *st) {
  * pass (bench/RESULTS.md, "replay after the lazy live counts", has the warm
  * path before and after). There (st->lazy_ok) they are left stale
  * (st->lazy: every mapped chunk on no list) and recounted from the blocks,
- * in address order, just before something needs them (gm__gp_live_sync),
+ * in address order, just before something needs them (live_sync),
  * then dropped again (gm__gp_live_drop). Finite slack reads them on every
  * placement that maps, so it keeps them exact all the time. */
 
-void gm__gp_live_sync(gp_state *st) {
+static void live_sync(gp_state *st) {
     if (!st->lazy) return;
     st->lazy = false; /* from here touch() keeps counts, lists and live_gran */
     st->live_gran = 0;
@@ -444,10 +428,9 @@ static uint64_t reserve_budget(const gp_state *st, uint64_t span) {
     return (peak + peak / 1000 * GP_BUDGET_PERMILLE) >> st->gshift;
 }
 
-/* gpumem_slack:auto, warmed up, and no forecast step mapping its new memory:
- * the reserve budget is in force. */
+/* gpumem_slack:auto and warmed up: the reserve budget is in force. */
 static bool reserving(const gp_state *st) {
-    return st->mode.autoslack && !st->mode.warming && !st->mode.grows;
+    return st->mode.autoslack && !st->mode.warming;
 }
 
 /* Below this many granules held, new memory is cheaper than moving idle
@@ -485,7 +468,7 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
         }
         /* an idle chunk moves by an unmap, which a capture does not allow */
         bool may_move = !gm__device_capturing(st->d);
-        if (i < 0 && may_move) gm__gp_live_sync(st); /* pressure: idle chunks must be known */
+        if (i < 0 && may_move) live_sync(st); /* pressure: idle chunks must be known */
         if (i < 0 && may_move) i = take_le_but(st, GP_LIST_IDLE, n, a, pg0, pg1, spare);
         /* gpumem_chunks:auto: a chunk spilling past the run could end up
          * under more than one block (see split_partial) */
@@ -656,7 +639,7 @@ int gm__gp_release_unused(gp_state *st) { return gm__gp_release_unused_but(st, N
 
 int gm__gp_release_unused_but(gp_state *st, bool (*keep)(void *, const gp_chunk *), void *arg) {
     int first = GM_OK;
-    gm__gp_live_sync(st);
+    live_sync(st);
     for (int o = 0; o < GP_NORDERS; o++) {
         for (int pass = 0; pass < 2; pass++) {
             int32_t *h = pass ? &st->idle[o] : &st->loose[o];

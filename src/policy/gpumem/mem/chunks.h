@@ -22,19 +22,8 @@ void gm__gp_slack_modes(gp_state *st);
 /* gpumem_slack:auto: the warm-up is over (a plan served a step, or none
  * came): from now on idle chunks stay mapped, as at gpumem_slack:inf. */
 void gm__gp_loosen(gp_state *st);
-/* gpumem_slack:auto, loosened: tight again (slack 0, exact live counts) until
- * the next gm__gp_loosen, while a step grows past the plan (variable shapes). */
-void gm__gp_tighten(gp_state *st);
-/* gpumem_slack:auto, a step laid out from a forecast (plan/foresee.c):
- * loose, so that what its layout needs past the last one is new memory (up
- * to the device's limit), not idle memory moved; in granule chunks, which
- * a later tight step may use in part (a chunk of a run, used in part, made
- * best fit avoid it). Until the next gm__gp_tighten. A fixed gpumem_slack
- * is left as it is. */
-void gm__gp_loosen_granules(gp_state *st);
 /* gpumem_slack:auto: the reserve budget in bytes now (0 under other settings) */
 uint64_t gm__gp_budget_bytes(const gp_state *st);
-void gm__gp_live_sync(gp_state *st);
 void gm__gp_live_drop_now(gp_state *st);
 int gm__gp_split_partial_at(gp_state *st, gp_arena *a, const gp_block *r, gm_devptr p, uint64_t bytes);
 

@@ -468,15 +468,8 @@ static int va_place(gp_state *st, gp_arena *a, uint64_t units, gp_block **out) {
         bool needs_map;
         gp_block *r = choose(st, a, bytes, &at, &needs_map);
         if (!r) return GM_ENOMEM; /* address range exhausted */
-        /* before mapping more, cached small blocks back. Under an elastic
-         * plan (a new sequence length every step) first those of the size
-         * classes no malloc took from since the last flush, then all: most
-         * classes are the last steps' and stale while the rest are hit in
-         * every step, and a full flush made those miss once more
-         * (bench/RESULTS.md, "stale flush"). Fixed shapes flush all at once:
-         * stale-first there moved a small pool's growth past the warm-up. */
-        if (needs_map && pass == 0 && ((gm__gp_stale_first(st) && gm__gp_flush_stale(st)) || gm__gp_flush_quick(st)))
-            continue;
+        /* before mapping more, cached small blocks back */
+        if (needs_map && pass == 0 && gm__gp_flush_quick(st)) continue;
         if (needs_map && pass == 1 && gm__gp_flush_quick(st)) continue;
         int cut = gm__gp_split_partial(st, a, r, at, bytes);
         if (cut < 0) return cut;
@@ -662,25 +655,19 @@ void gm__gp_va_free(gp_state *st, gp_arena *a, gp_block *b) {
 
 /* ---- the size-class cache, back into the arenas ------------------------- */
 
-/* Return cached small blocks to their arenas: every one, or (stale) those
- * of the size classes no malloc took from since the arena's last flush.
- * Returns how many. Visits only the non-empty lists (qmap), in the same
- * order as a scan of every size class would (ascending units, each list
- * from its head): this runs on every placement that needs mapping, and a
- * scan of all 2048 classes there was a visible part of the latency tail. */
-static int flush(gp_state *st, bool stale) {
+/* Return every cached small block to its arena. Returns how many. Visits
+ * only the non-empty lists (qmap), in the same order as a scan of every
+ * size class would (ascending units, each list from its head): this runs
+ * on every placement that needs mapping, and a scan of all 2048 classes
+ * there was a visible part of the latency tail. */
+int gm__gp_flush_quick(gp_state *st) {
     int n = 0;
     for (uint32_t k = 0; k < st->narenas; k++) {
         gp_arena *a = st->arenas[k];
         if (!a->ncached) continue;
         for (unsigned w = 0; w < GP_QWORDS; w++) {
-            uint64_t kept = 0;
             for (uint64_t m = a->qmap[w]; m; m &= m - 1) {
                 unsigned u = w * 64 + (unsigned)__builtin_ctzll(m) + 1;
-                if (stale && a->qgen[u] == a->qflushes) {
-                    kept |= m & -m;
-                    continue;
-                }
                 gp_block *b;
                 while ((b = a->quick[u]) != NULL) {
                     a->quick[u] = b->fnext;
@@ -691,12 +678,8 @@ static int flush(gp_state *st, bool stale) {
                     n++;
                 }
             }
-            a->qmap[w] = kept;
+            a->qmap[w] = 0;
         }
-        a->qflushes++;
     }
     return n;
 }
-
-int gm__gp_flush_quick(gp_state *st) { return flush(st, false); }
-int gm__gp_flush_stale(gp_state *st) { return flush(st, true); }

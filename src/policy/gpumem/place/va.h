@@ -23,8 +23,6 @@ void gm__gp_bin_remove(gp_arena *a, gp_block *b);
 unsigned gm__gp_bin_of(uint64_t units);
 /* Return every cached small block to its arena. Returns how many. */
 int gm__gp_flush_quick(gp_state *st);
-/* The same for the size classes no malloc took from since the last flush. */
-int gm__gp_flush_stale(gp_state *st);
 /* gpumem_plan:on: used block b of arena a parked for plan position
  * slot - 1 (GP_PARKED, off the free ranges); back to used (release false)
  * or into the free ranges (true). */

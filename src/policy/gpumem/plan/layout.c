@@ -142,7 +142,6 @@ static int grow(gp_plan *pl, uint64_t P) {
     failed += !gm__realloc_array(&pl->inmain, P, sizeof *pl->inmain);
     failed += !gm__realloc_array(&pl->pend, P, sizeof *pl->pend);
     failed += !gm__realloc_array(&pl->items, P, sizeof *pl->items);
-    failed += !gm__realloc_array(&pl->tsig, P, sizeof *pl->tsig);
     failed += !gm__realloc_array(&pl->park_to, P, sizeof *pl->park_to);
     failed += !gm__realloc_array(&pl->park_src, P, sizeof *pl->park_src);
     failed += !gm__realloc_array(&pl->parked, P, sizeof *pl->parked);
@@ -242,13 +241,7 @@ static int solve_intervals(pl_solve *s) {
     for (uint64_t k = 0; k < P; k++) {
         const pl_rec *r0 = rec(pl, w0 + k), *r1 = rec(pl, w1 + k);
         uint64_t u = r1->units;
-        /* elastic: the largest the position has been (pl->vP: tunits holds
-         * it, at the same phase), so a shorter step fits inside */
-        if (pl->elastic && r0->sig == r1->sig && r0->units > u) u = r0->units;
-        if (pl->elastic && pl->vP == P && pl->tunits[k] > u) u = pl->tunits[k];
-        if (pl->foresee) u = gm__gp_plan_foresee_units(pl, u, r0, r1, w0, w1);
         pl->tunits[k] = pl->tunits[k + P] = u;
-        pl->tsig[k] = pl->tsig[k + P] = r1->sig;
         pl->tstream[k] = pl->tstream[k + P] = r1->stream;
         pl->planned[k] = pl->planned[k + P] = 0;
         pl->inmain[k] = pl->inmain[k + P] = 0;
@@ -256,7 +249,7 @@ static int solve_intervals(pl_solve *s) {
         pl->pend[k] = 0;
         if (u <= GP_SMALL_UNITS || r1->stream != pl->pstream) continue;
         unplanned++; /* until it is an interval */
-        if ((pl->elastic ? r0->sig != r1->sig : r0->units != r1->units) || r0->stream != r1->stream || r0->death < 0)
+        if (r0->units != r1->units || r0->stream != r1->stream || r0->death < 0)
             continue;
         int64_t b0 = r0->birth - t0, b1 = r1->birth - t1, e0 = r0->death - t0, e;
         if (e0 >= T0) e0 += (e0 / T0) * (T - T0); /* on the last step's scale */
@@ -275,7 +268,6 @@ static int solve_intervals(pl_solve *s) {
         pl->items[m++] = (pl_item){u, 0, b, e, (uint32_t)k, 0, time_mask(b, e, 2 * T)};
         pl->items[m++] = (pl_item){u, 0, b + T, e + T, (uint32_t)(k + P), 0, time_mask(b + T, e + T, 2 * T)};
     }
-    pl->vP = pl->elastic ? P : 0;
     s->T = T;
     s->m = m;
     s->unplanned = unplanned;
@@ -301,7 +293,7 @@ static int solve_obstacles(pl_solve *s) {
         if (b->serial >= w0 && b->serial < pl->start) {
             uint64_t k = (b->serial - w0) % P, back = 2 - (b->serial - w0) / P; /* steps ago */
             int64_t e = pl->pend[k] - (int64_t)back * s->T;
-            if (pl->pend[k] && e > 0 && (pl->elastic ? o.units <= pl->tunits[k] : pl->tunits[k] == o.units)) o.e = e;
+            if (pl->pend[k] && e > 0 && pl->tunits[k] == o.units) o.e = e;
         }
         s->obs[s->no++] = o;
     }
@@ -459,7 +451,7 @@ static uint64_t place_pinned(pl_solve *s, const pl_item *it, uint64_t ns1) {
 /* Where item it goes in the layout's own space: a shake's random place,
  * first fit or best fit; UINT64_MAX if nowhere. */
 static uint64_t place_fit(pl_solve *s, const pl_item *it, uint64_t ns0, int mode, int fit, bool shake) {
-    cit ci = {s->pl->items, s->sorted[0], ns0, 0, mode ? s->pl->holes : s->obs, mode ? s->pl->nh : s->no, 0, !mode || s->pl->nh, it, 2 * s->T};
+    cit ci = {s->pl->items, s->sorted[0], ns0, 0, s->obs, s->no, 0, !mode, it, 2 * s->T}; /* B: its own arena, no obstacles */
     uint64_t pos;
     if (shake && s->big[it->k] &&
         (pos = shake_place(s->pl->items, s->sorted[0], ns0, s->obs, s->no, it, 2 * s->T, s->limit, &s->rng, &s->work)) != UINT64_MAX)
@@ -555,18 +547,8 @@ static bool layout_cost(pl_solve *s, int mode, int ord, int fit, uint64_t *c) {
      * the plan never raises the whole run's peak */
     uint64_t pinned = 0;
     for (uint64_t w = 0; w < nw; w++) pinned += (uint64_t)__builtin_popcountll(s->pin[w]);
-    /* elastic, laid out again: the plan's own arena is reused, not added */
-    uint64_t own = s->pl->elastic && s->pl->pa && s->pl->pa != s->a ? s->pl->pa->mapped_bytes : 0;
-    uint64_t first = st->held_bytes - s->a->mapped_bytes - own + (s->pin_all + *c - pinned) * st->gran;
-    /* elastic: a layout for the longest step, made while it runs tight,
-     * may pass the peak a little (the layout's own waste) */
-    uint64_t peak = (uint64_t)st->d->stats.reserved_bytes[GM_POOL_ALL].peak;
-    uint64_t most = peak + (s->pl->elastic ? peak / 64 : 0);
-    if (s->pl->foresee) { /* a longer step than any before: its forecast, under the device's limit */
-        most = gm__gp_plan_foresee_bound(s->pl, most);
-        if (most > gm__gp_device_limit(st)) most = gm__gp_device_limit(st);
-    }
-    if (first > most) {
+    uint64_t first = st->held_bytes - s->a->mapped_bytes + (s->pin_all + *c - pinned) * st->gran;
+    if (first > (uint64_t)st->d->stats.reserved_bytes[GM_POOL_ALL].peak) {
         PLOG("layout B (order %d fit %d): first step would hold %.1f MiB, the peak so far %.1f MiB\n", ord, fit, first / 1048576.0,
              st->d->stats.reserved_bytes[GM_POOL_ALL].peak / 1048576.0);
         return false;
@@ -595,10 +577,7 @@ static void solve_layouts(pl_solve *s) {
     for (int mode = 1; mode >= 0; mode--) {
         int bestv = 0, nav = m > PL_ORDERS_MAXM ? 1 : m > PL_ROUNDS_MAXM ? 4 : (int)PL_AVARS;
         int nround = nav + (m > PL_ROUNDS_MAXM ? 0 : PL_ROUNDS);
-        /* elastic: B is the plan (solve_adopt), so it gets A's variants */
-        if (!mode && pl->elastic && s->cost[1] != UINT64_MAX) break; /* B is the plan: A only if B fails */
-        bool bv = mode && pl->elastic;
-        int nrun = bv ? nav : mode ? (m > PL_ORDERS_MAXM ? 1 : 4) : nround + (m > PL_ROUNDS_MAXM || !s->big ? 0 : PL_SHAKES);
+        int nrun = mode ? (m > PL_ORDERS_MAXM ? 1 : 4) : nround + (m > PL_ROUNDS_MAXM || !s->big ? 0 : PL_SHAKES);
         for (int v = 0; v < nrun; v++) {
             bool round = !mode && v >= nav, shake = !mode && v >= nround;
             /* shakes: the contention order, first and best fit in turn
@@ -606,7 +585,7 @@ static void solve_layouts(pl_solve *s) {
              * own order did not: bench/gpumem_policy_tradeoff.md, "The
              * layout solver, third pass") */
             int av = shake ? (v % 2 ? PL_SHAKE_V1 : PL_SHAKE_V0) : round ? bestv : v;
-            int ord = mode && !bv ? v : pl_avar[av][0], fit = mode && !bv ? 0 : pl_avar[av][1];
+            int ord = mode ? v : pl_avar[av][0], fit = mode ? 0 : pl_avar[av][1];
             if (round && v == nav) {
                 if (s->cost[0] == UINT64_MAX) break;
                 for (uint64_t k = 0; k < 2 * P; k++)
@@ -652,16 +631,10 @@ static int solve_adopt(pl_solve *s) {
     const uint64_t *cost = s->cost;
     if (cost[0] == UINT64_MAX && cost[1] == UINT64_MAX) return GM_ENOMEM;
     pl->rebase = cost[1] < cost[0];
-    /* elastic: a shorter step leaves part of each slot free, and around the
-     * obstacles the usual placement would fill it and sit in later slots */
-    if (pl->elastic && cost[1] != UINT64_MAX) pl->rebase = true;
     if (gm__gp_plan_force == 'A' && cost[0] != UINT64_MAX) pl->rebase = false;
     if (gm__gp_plan_force == 'B' && cost[1] != UINT64_MAX) pl->rebase = true;
-    /* the plan must hold less than the arena holds now, else it is not made
-     * (elastic: with the plan's own arena, which a layout made again reuses) */
-    uint64_t held = s->a->mapped_bytes + (pl->elastic && pl->pa && pl->pa != s->a ? pl->pa->mapped_bytes : 0);
-    uint64_t most = held + (pl->elastic ? held / 64 : 0);
-    if (pl->foresee) most = gm__gp_plan_foresee_bound(pl, most); /* for a longer step */
+    /* the plan must hold less than the arena holds now, else it is not made */
+    uint64_t most = s->a->mapped_bytes;
     /* gpumem_slack:auto: the reserve budget is what memory may hold anyway; a
      * plan a little over it (1/64) still pays, since it makes later steps
      * map nothing where best fit under the budget moves granules every step */

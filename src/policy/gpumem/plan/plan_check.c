@@ -14,17 +14,11 @@ int gm__gp_plan_layout(const gp_state *st) {
 }
 
 /* Only the active plan's arenas have a free-range index, and it lists
- * exactly that arena's free ranges in address order. A used block still in
- * the history tells its record's sig0 (gm__gp_plan_free relies on it). */
+ * exactly that arena's free ranges in address order. */
 int gm__gp_plan_check(gp_state *st, char *err, size_t errlen) {
     gp_plan *pl = st->plan;
     for (uint32_t k = 0; k < st->narenas; k++) {
         const gp_arena *a = st->arenas[k];
-        for (const gp_block *b = pl ? a->head : NULL; b; b = b->next)
-            if (b->state == GP_USED && b->serial < pl->n && pl->n - b->serial <= PL_HIST &&
-                mix(b->born, b->h.stream) != rec(pl, b->serial)->sig0)
-                return gm__check_fail(err, errlen, "plan: block 0x%llx's signature differs from its record's",
-                                      (unsigned long long)b->h.ptr);
         if (!a->fidx) continue;
         if (!pl || pl->state != PL_ACTIVE || (pl->ra != a && pl->ma != a))
             return gm__check_fail(err, errlen, "arena %d has a free-range index but no active plan", a->index);

@@ -25,11 +25,6 @@ typedef struct pl_rec {
     gm_stream stream;
     int64_t birth, death; /* operation numbers; death -1 while alive */
     uint64_t live;        /* units live just before this allocation */
-    /* shape-free signatures, alike in a longer or shorter step: sig0, its
-     * stream and how many frees came since the last allocation; sig, that
-     * and the sig0 of each block freed since (not how far back they were
-     * made: a short step that skips a few allocations would shift them all) */
-    uint64_t sig0, sig;
 } pl_rec;
 
 typedef struct pl_item {
@@ -49,27 +44,6 @@ typedef struct gp_plan {
     struct pl_slot { uint64_t key, pos; } *tab; /* window hash -> allocation number + 1 */
     uint64_t wh;  /* rolling hash of the last PL_W allocations */
     uint64_t cand, run;
-    /* variable shapes (elastic): steps that allocate alike in order and lifetimes (sig) but not in size */
-    uint64_t fsig, nfree; /* the frees since the last allocation: their blocks' sig0 hashed, and how many */
-    struct pl_slot *tab2; /* window hash of sigs -> allocation number + 1 */
-    uint64_t wh2, cand2, run2, diff2; /* diff2: last allocation of the run whose units differ a period back */
-    bool elastic;        /* the plan hosts each position's block at any size up to its planned units */
-    bool grew;           /* elastic: a step allocated past a planned size; laid out again at its end */
-    bool growing;        /* elastic: this step did: the rest of it is placed best fit in the plan's arena */
-    uint64_t vP;         /* elastic: tunits holds the largest units seen per position of a step of vP */
-    uint64_t bound[3];   /* elastic: allocation numbers where the last three steps served began */
-    uint64_t *tsig;      /* elastic: sig per position */
-    uint32_t grow_run;   /* elastic: steps in a row laid out again because they grew */
-    /* elastic, a step that begins longer than any before (foresee.c): the
-     * position whose units tell (fref), its units now (fx) and the largest
-     * before (fX); foresee: the layout being made is a forecast; foreseen:
-     * the active one is; tmax: the largest units per position before it */
-    uint64_t fref, fx, fX;
-    bool foresee, foreseen;
-    uint64_t *tmax;
-    bool no_elastic;     /* elastic plans given up (every step grew) */
-    uint64_t closed_at;  /* elastic: allocation at which closed() last looked */
-    uint64_t eP;         /* elastic: the period of the last elastic plan that served a step (0: none yet) */
     int state;
     uint64_t P, start; /* step length; allocation number where serving starts */
     uint64_t *tunits, *off;
@@ -85,10 +59,6 @@ typedef struct gp_plan {
     bool settled;
     bool rebase; /* layout B: in the plan's own arena (pa); idle memory given back at the start */
     uint64_t top_units; /* the layout's extent */
-    uint64_t hole_top;  /* elastic, laid out again: granules of the own arena below this that were
-                         * not mapped are left out of the layout (and stay unmapped) */
-    pl_item *holes;     /* their runs (plan.c, find_holes), obstacles to layout B */
-    uint64_t nh;
     uint64_t *fp, fp_words; /* layout A: granules of the stream's arena the plan uses */
     gp_arena *pa; /* the plan's own arena of pstream, once made (reused by later plans) */
     uint32_t tries;
@@ -110,12 +80,6 @@ typedef struct gp_plan {
 
 static inline pl_rec *rec(const gp_plan *pl, uint64_t i) { return &pl->hist[i & (PL_HIST - 1)]; }
 
-/* An allocation's size (or a count) and stream hashed (the signatures). */
-static inline uint64_t mix(uint64_t units, gm_stream stream) {
-    uint64_t x = units * 0xff51afd7ed558ccdull ^ ((uint64_t)stream + 1) * 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 31);
-}
-
 /* The arena position c is served from. */
 static inline gp_arena *gm__gp_plan_arena(const gp_plan *pl, uint64_t c) {
     return pl->rebase && !pl->inmain[c] ? pl->ra : pl->ma;
@@ -125,21 +89,10 @@ static inline gp_arena *gm__gp_plan_arena(const gp_plan *pl, uint64_t c) {
  * starts there too (pl->park_to; the layout's m intervals over a period
  * of 2T operations); a freed planned block parked for it (true) or not;
  * the block parked for position c at `at`, taken at `units`, or NULL;
- * every parked block back into the free ranges (the plan drops, or a
- * step outgrows it). */
+ * every parked block back into the free ranges (the plan drops). */
 void gm__gp_plan_park_chains(gp_plan *pl, uint64_t m, int64_t T);
 bool gm__gp_plan_park(gp_state *st, gp_plan *pl, gp_block *b);
 gp_block *gm__gp_plan_claim(gp_state *st, gp_plan *pl, gp_arena *a, uint64_t c, gm_devptr at, uint64_t units);
 void gm__gp_plan_unpark_all(gp_state *st, gp_plan *pl);
-
-/* foresee.c, a forecast of the step from pl->n on, told by position
- * pl->fref (fx units now, fX at most before), from the last two steps
- * (from w0 and w1): can it be made; a position's forecast units (u: the
- * largest it has been; r0, r1: its records in those steps); the most a
- * forecast layout may hold where the last layout could hold `most`. */
-bool gm__gp_plan_foresee_ok(const gp_plan *pl, uint64_t w0, uint64_t w1);
-uint64_t gm__gp_plan_foresee_units(const gp_plan *pl, uint64_t u, const pl_rec *r0, const pl_rec *r1, uint64_t w0,
-                                   uint64_t w1);
-uint64_t gm__gp_plan_foresee_bound(const gp_plan *pl, uint64_t most);
 
 #endif
