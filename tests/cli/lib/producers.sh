@@ -8,7 +8,8 @@
 #     source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"
 # It sets tmp and pids and traps EXIT with stop_producers; add each
 # background pid with `pids+=($!)`. A test with more to undo traps its own
-# function, which calls stop_producers last.
+# function, which calls stop_producers last. For the exporter's tests: need,
+# need_exporter (skips) and start_exporter (below).
 
 tmp=$(mktemp -d)
 pids=()
@@ -50,4 +51,33 @@ for n in sorted(os.listdir("/dev/shm")):
         if len(h) == 36 and struct.unpack_from("<i", h, 32)[0] == pid:
             print(n)
 PY
+}
+
+# need CMD...: skip the test (exit 77, CTest's skip code) unless every CMD is installed.
+need() {
+    local t
+    for t in "$@"; do command -v "$t" >/dev/null || { echo "skip: $t not installed"; exit 77; }; done
+}
+
+# need_exporter: skip the test when gpumem was built without libmicrohttpd
+# (the exporter then says so whatever the arguments, and starts nothing).
+need_exporter() {
+    if "$GPUMEM" exporter --listen nowhere 2>&1 | grep -q "built without"; then
+        echo "skip: built without libmicrohttpd"; exit 77
+    fi
+}
+
+# start_exporter ARGS...: `gpumem exporter --listen 127.0.0.1:0 ARGS` in the
+# background (in pids), its output in $tmp/exporter.out and its errors in
+# $tmp/exporter.err; once it serves, sets exporter (its pid), url (its
+# /metrics) and port. Fails the test, showing both files, when it does not
+# serve within 20 s.
+start_exporter() {
+    "$GPUMEM" exporter --listen 127.0.0.1:0 "$@" >"$tmp/exporter.out" 2>"$tmp/exporter.err" &
+    exporter=$!
+    pids+=("$exporter")
+    wait_for 20 grep -q serving "$tmp/exporter.out" ||
+        { echo "FAIL: exporter did not start"; cat "$tmp/exporter.out" "$tmp/exporter.err"; exit 1; }
+    url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
+    port=${url#http://127.0.0.1:}; port=${port%%/*}
 }
