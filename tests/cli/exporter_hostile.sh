@@ -7,12 +7,10 @@
 # 404; SIGTERM stops the exporter within a second.
 set -euo pipefail
 GPUMEM=${GPUMEM:-gpumem}
-for t in curl python3; do command -v $t >/dev/null || { echo "skip: $t not installed"; exit 77; }; done
-if "$GPUMEM" exporter --listen nowhere 2>&1 | grep -q "built without"; then
-    echo "skip: built without libmicrohttpd"; exit 77
-fi
 export GPUMEM_SHM_TAG="exph$$"
-source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for, need, start_exporter
+need curl python3
+need_exporter
 
 # a FIFO under a name of the beacons' form: opening it for reading would block
 fifo="/dev/shm/gpumem-$GPUMEM_SHM_TAG.$(id -u).00000000000000f1"
@@ -24,12 +22,7 @@ trap undo EXIT
 pids+=($!); held=$!
 wait_for 30 test -s "$tmp/held.json" || { echo "FAIL: producer did not start"; exit 1; }
 
-"$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.1 --no-nvml >"$tmp/exporter.out" 2>&1 &
-exporter=$!
-pids+=($exporter)
-wait_for 20 grep -q serving "$tmp/exporter.out" || { echo "FAIL: exporter did not start"; cat "$tmp/exporter.out"; exit 1; }
-url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
-port=${url#http://127.0.0.1:}; port=${port%%/*}
+start_exporter --interval 0.1 --no-nvml   # exporter, url, port
 scrape_has() { curl -fsS --max-time 5 "$url" | grep -q "$1"; }
 wait_for 20 scrape_has "pid=\"$held\"" || { echo "FAIL: producer never scraped (FIFO blocked the sampler?)"; exit 1; }
 echo "ok: a planted FIFO does not block sampling"

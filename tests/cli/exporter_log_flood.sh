@@ -9,19 +9,12 @@
 # 60 s, the exporter is stopped with SIGTERM.
 set -euo pipefail
 GPUMEM=${GPUMEM:-gpumem}
-command -v python3 >/dev/null || { echo "skip: python3 not installed"; exit 77; }
-if "$GPUMEM" exporter --listen nowhere 2>&1 | grep -q "built without"; then
-    echo "skip: built without libmicrohttpd"; exit 77
-fi
 export GPUMEM_SHM_TAG="expl$$"
-source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for, need, start_exporter
+need python3
+need_exporter
 
-"$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.2 --no-nvml >"$tmp/exporter.out" 2>"$tmp/exporter.err" &
-exporter=$!
-pids+=($exporter)
-wait_for 20 grep -q serving "$tmp/exporter.out" || { echo "FAIL: exporter did not start"; cat "$tmp/exporter.err"; exit 1; }
-url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
-port=${url#http://127.0.0.1:}; port=${port%%/*}
+start_exporter --interval 0.2 --no-nvml   # exporter, port; its errors in $tmp/exporter.err
 
 timeout 60 python3 - "$port" <<'PY'
 import socket, struct, sys, time

@@ -21,7 +21,7 @@ unshare --pid --fork --mount-proc true 2>/dev/null || { echo "skip: unshare --pi
 [ -n "${GPUMEM_FAKE_NVML_DIR:-}" ] && [ -e "$GPUMEM_FAKE_NVML_DIR/libnvidia-ml.so.1" ] ||
     { echo "skip: no fake libnvidia-ml.so.1 (GPUMEM_FAKE_NVML_DIR; built by tests/CMakeLists.txt)"; exit 77; }
 export GPUMEM_SHM_TAG="ctr$$"
-source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for, have_exporter
 export LD_LIBRARY_PATH="$GPUMEM_FAKE_NVML_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 unshare --pid --fork --kill-child --mount-proc "$GPUMEM" demo --steps 2 --step-ms 0 --hold 120 --model 16MiB \
@@ -44,7 +44,7 @@ inside "$GPUMEM" smi --format json >"$tmp/ambiguous.json"
 export GPUMEM_FAKE_NVML_PROCS="$host:68719476736,999999:4096"
 
 exporter=false
-if ! "$GPUMEM" exporter --listen nowhere 2>&1 | grep -q "built without" && command -v curl >/dev/null; then
+if have_exporter && command -v curl >/dev/null; then
     exporter=true
     # inside the container: dies with its PID 1 (the demo) at the latest
     inside timeout 60 "$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.1 >"$tmp/exporter.out" 2>&1 &

@@ -5,13 +5,10 @@
 # SIGKILL disappears from the scrapes instead of leaving frozen numbers.
 set -euo pipefail
 GPUMEM=${GPUMEM:-gpumem}
-for t in curl python3; do command -v $t >/dev/null || { echo "skip: $t not installed"; exit 77; }; done
-# without libmicrohttpd the command says so whatever the arguments (and starts nothing)
-if "$GPUMEM" exporter --listen nowhere 2>&1 | grep -q "built without"; then
-    echo "skip: built without libmicrohttpd"; exit 77
-fi
 export GPUMEM_SHM_TAG="exp$$"
-source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for, need, start_exporter
+need curl python3
+need_exporter
 
 if "$GPUMEM" exporter --listen nowhere 2>/dev/null; then echo "FAIL: bad --listen accepted"; exit 1; fi
 
@@ -21,10 +18,7 @@ pids+=($!); held=$!
 pids+=($!); victim=$!
 wait_for 30 test -s "$tmp/held.json" || { echo "FAIL: producer did not start"; exit 1; }
 
-"$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.1 --no-nvml >"$tmp/exporter.out" 2>&1 &
-pids+=($!)
-wait_for 20 grep -q serving "$tmp/exporter.out" || { echo "FAIL: exporter did not start"; cat "$tmp/exporter.out"; exit 1; }
-url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
+start_exporter --interval 0.1 --no-nvml   # url
 base=${url%/metrics}
 # the whole scrape first: grep -q stops reading at its match, and under
 # pipefail curl's "Failed writing body" would then fail the check

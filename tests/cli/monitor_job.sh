@@ -10,7 +10,7 @@ set -euo pipefail
 GPUMEM=${GPUMEM:-gpumem}
 command -v python3 >/dev/null || { echo "skip: python3 needed to parse the output"; exit 77; }
 export GPUMEM_SHM_TAG="job$$"
-source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for, need, start_exporter
 
 run="elastic-$$"
 for r in 0 1 2 3; do
@@ -30,10 +30,7 @@ done
 "$GPUMEM" smi --no-nvml >"$tmp/smi.txt"
 grep -Eq "^$run +4/4 " "$tmp/smi.txt" || { echo "FAIL: no jobs line with 4/4 ranks"; cat "$tmp/smi.txt"; exit 1; }
 
-"$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.1 --no-nvml >"$tmp/exporter.out" 2>&1 &
-pids+=($!)
-wait_for 20 grep -q serving "$tmp/exporter.out" || { echo "FAIL: exporter did not start"; exit 1; }
-url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
+start_exporter --interval 0.1 --no-nvml   # url
 scrape_all() { curl -fsS "$url" >"$tmp/m.txt" && [ "$(grep -c "^gpumem_process_info{.*run_id=\"$run\"" "$tmp/m.txt")" = 4 ]; }
 wait_for 20 scrape_all || { echo "FAIL: not every rank scraped"; cat "$tmp/m.txt"; exit 1; }
 

@@ -12,7 +12,7 @@ set -euo pipefail
 GPUMEM=${GPUMEM:-gpumem}
 for t in curl python3 timeout mkfifo; do command -v $t >/dev/null || { echo "skip: $t not installed"; exit 77; }; done
 export GPUMEM_SHM_TAG="planted$$"
-source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for, have_exporter, start_exporter
 
 run_id=$(python3 -c 'print("é" * 100)')
 GPUMEM_RUN_ID="$run_id" "$GPUMEM" demo --steps 2 --step-ms 0 --hold 120 --model 16MiB --label $'bad \xff\xfe label' \
@@ -35,15 +35,9 @@ for name in ("smi.json", "log.jsonl"):
 print("ok: smi and log JSON parse; run id cut on a character boundary; bad bytes are U+FFFD")
 PY
 have_mhd=true
-if "$GPUMEM" exporter --listen nowhere 2>&1 | grep -q "built without"; then have_mhd=false; fi
-start_exporter() { # $1: output file; the environment decides the rest
-    "$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.1 --no-nvml >"$1" 2>&1 &
-    pids+=($!)
-    wait_for 20 grep -q serving "$1" || { echo "FAIL: exporter did not start"; cat "$1"; exit 1; }
-    sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$1"
-}
+have_exporter || have_mhd=false
 if $have_mhd && command -v promtool >/dev/null; then
-    url=$(start_exporter "$tmp/exporter.out")
+    start_exporter --interval 0.1 --no-nvml   # url
     has_producer() { curl -fsS --max-time 5 "$url" >"$tmp/metrics.txt" && grep -q "pid=\"$producer\"" "$tmp/metrics.txt"; }
     wait_for 20 has_producer || { echo "FAIL: producer never scraped"; exit 1; }
     promtool check metrics <"$tmp/metrics.txt" || { echo "FAIL: promtool check metrics"; grep label= "$tmp/metrics.txt" | head -3; exit 1; }
@@ -63,7 +57,7 @@ rc=0; timeout 20 "$GPUMEM" smi --no-nvml --format json >"$tmp/smi2.json" || rc=$
 python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/smi2.json"
 echo "ok: smi does not wait on a FIFO planted as a /proc file"
 if $have_mhd; then
-    url=$(start_exporter "$tmp/exporter2.out")
+    start_exporter --interval 0.1 --no-nvml   # url; it reads the FIFOs of GPUMEM_PROC_ROOT
     ok_scrape() { [ "$(curl -s --max-time 5 -o "$tmp/m2.txt" -w '%{http_code}' "$url")" = 200 ]; }
     wait_for 20 ok_scrape || { echo "FAIL: the exporter never answered 200 with FIFOs under GPUMEM_PROC_ROOT"; exit 1; }
     echo "ok: the exporter answers 200"

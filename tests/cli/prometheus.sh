@@ -6,12 +6,10 @@
 # Skips (77) without prometheus/promtool (Debian package `prometheus`).
 set -euo pipefail
 GPUMEM=${GPUMEM:-gpumem}
-for t in prometheus promtool python3 curl; do
-    command -v $t >/dev/null || { echo "skip: $t not installed"; exit 77; }
-done
 "$GPUMEM" exporter --help >/dev/null 2>&1 || true
 export GPUMEM_SHM_TAG="prom$$"
-source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for, need, start_exporter
+need prometheus promtool python3 curl
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 label=$'job "q" back\\slash\nnewline'
@@ -20,10 +18,7 @@ label=$'job "q" back\\slash\nnewline'
 pids+=($!)
 wait_for 30 test -s "$tmp/producer.json" || { echo "FAIL: producer did not start"; exit 1; }
 
-"$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.2 --no-nvml >"$tmp/exporter.out" 2>"$tmp/exporter.err" &
-pids+=($!)
-wait_for 20 grep -q serving "$tmp/exporter.out" || { echo "FAIL: exporter did not start"; cat "$tmp/exporter.err"; exit 1; }
-url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
+start_exporter --interval 0.2 --no-nvml   # url
 eport=$(echo "$url" | sed 's/.*:\([0-9]*\)\/metrics/\1/')
 case "$url" in http://127.0.0.1:*) ;; *) echo "FAIL: exporter not on loopback: $url"; exit 1;; esac
 

@@ -12,12 +12,10 @@
 set -euo pipefail
 GPUMEM=${GPUMEM:-gpumem}
 SRC=${GPUMEM_SOURCE:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-for t in promtool python3 curl; do command -v $t >/dev/null || { echo "skip: $t not installed"; exit 77; }; done
-if "$GPUMEM" exporter --listen nowhere 2>&1 | grep -q "built without"; then
-    echo "skip: built without libmicrohttpd"; exit 77
-fi
 export GPUMEM_SHM_TAG="rules$$"
-source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for
+source "$(dirname "${BASH_SOURCE[0]}")/lib/producers.sh"   # tmp, pids, cleanup on exit, wait_for, need, start_exporter
+need promtool python3 curl
+need_exporter
 
 promtool check rules "$SRC/deploy/prometheus/gpumem-rules.yml"
 (cd "$SRC/deploy/prometheus" && promtool test rules gpumem-rules.test.yml)
@@ -53,10 +51,7 @@ promtool check rules "$tmp/dash-rules.yml"
 "$GPUMEM" demo --steps 2 --step-ms 0 --hold 60 --model 8MiB --label rules >"$tmp/p.json" 2>/dev/null &
 pids+=($!)
 wait_for 30 test -s "$tmp/p.json" || { echo "FAIL: producer did not start"; exit 1; }
-"$GPUMEM" exporter --listen 127.0.0.1:0 --interval 0.1 --no-nvml >"$tmp/exporter.out" 2>&1 &
-pids+=($!)
-wait_for 20 grep -q serving "$tmp/exporter.out" || { echo "FAIL: exporter did not start"; exit 1; }
-url=$(sed -n 's/.*serving \(http:[^ ]*\).*/\1/p' "$tmp/exporter.out")
+start_exporter --interval 0.1 --no-nvml   # url
 wait_for 20 curl -fsS -o "$tmp/m.txt" "$url"
 python3 - "$SRC/contrib" "$tmp/m.txt" "$SRC/deploy" <<'PY'
 import glob, re, sys

@@ -4,19 +4,11 @@
 # $OUT gets suite.txt, suite.json and, with --record, traces.tgz.
 #   tests/gpu/alloc_suite.sh [alloc_suite.py args...]
 set -u
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${OUT:-/tmp/gpumem-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 GPUMEM_BUILD_JOBS=$(nproc)
-START=$(date +%s)
-exec > >(tee "$OUT/suite.txt") 2>&1
-git -C "$SRC" log --oneline -1 2>/dev/null
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-. "$SRC/tests/gpu/pip_install.sh" # an install that imports already is kept
-GPUMEM_PIP_REUSE=1 gpumem_pip_install "$SRC" /tmp/pip.log "$START" || exit 1
-cd /tmp
+. "$(dirname "$0")/lib.sh" /tmp/gpumem-out   # SRC, OUT, T0, gpumem_suite_start
+export GPUMEM_BUILD_JOBS=$(nproc)
+gpumem_suite_start "$SRC" "$OUT/suite.txt" "$T0" || exit 1   # an install that imports already is kept
 rec=""
 for a in "$@"; do [ "${prev:-}" = --record ] && rec=$a; prev=$a; done
 python3 "$SRC/tests/gpu/alloc_suite.py" --json "$OUT/suite.json" "$@"
 [ -n "$rec" ] && [ -d "$rec" ] && cp "$rec"/*.pickle.gz "$OUT"/ && ls -la "$rec" # one file each: $OUT files are at most 16 MiB
-echo "total $(( $(date +%s) - START )) s"
+echo "total $(( $(date +%s) - T0 )) s"

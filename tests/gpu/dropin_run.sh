@@ -6,11 +6,8 @@
 # and a copy of torch's allocator headers (for reading) into $OUT.
 #   tests/gpu/dropin_run.sh [--only test,test]
 set -u
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${OUT:-/tmp/gpumem-out}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 GPUMEM_BUILD_JOBS=$(nproc)
-T0=$(date +%s)
+. "$(dirname "$0")/lib.sh" /tmp/gpumem-out   # SRC, OUT, T0, gpumem_pip_install
+export NCCL_NVLS_ENABLE=0 GPUMEM_BUILD_JOBS=$(nproc)
 TORCH_DIR=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -18,7 +15,6 @@ git -C "$SRC" log --oneline -1 2>/dev/null || true
 mkdir -p "$OUT/hdr"
 cp "$TORCH_DIR"/include/torch/csrc/cuda/CUDAPluggableAllocator.h "$TORCH_DIR"/include/c10/cuda/CUDACachingAllocator.h \
    "$TORCH_DIR"/include/c10/core/CachingDeviceAllocator.h "$OUT/hdr/" 2>/dev/null
-. "$SRC/tests/gpu/pip_install.sh"
 gpumem_pip_install "$SRC" "$OUT/pip.log" "$T0" || exit 1
 cd /tmp  # not the source tree: the installed package must stand alone
 python3 -c 'import torch, gpumem, gpumem._C, gpumem._lib as l; print("installed:", gpumem.__file__, l.find_library())' || exit 1

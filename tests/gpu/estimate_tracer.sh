@@ -9,17 +9,9 @@
 # then, whichever models failed; each row says the mode that ran (fake, or meta
 # and why fake failed). A backstop kills it 60 s after the deadline.
 set -u
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${OUT:-/tmp/gpumem-out}
-mkdir -p "$OUT"
-export OUT PYTHONUNBUFFERED=1 GPUMEM_BUILD_JOBS=$(nproc) TOKENIZERS_PARALLELISM=false
-START=$(date +%s)
-exec > >(tee "$OUT/estimate_tracer.txt") 2>&1
-git -C "$SRC" log --oneline -1 2>/dev/null
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-. "$SRC/tests/gpu/pip_install.sh" # an install that imports already is kept
-GPUMEM_PIP_REUSE=1 gpumem_pip_install "$SRC" /tmp/pip.log "$START" || exit 1
-cd /tmp
+. "$(dirname "$0")/lib.sh" /tmp/gpumem-out   # SRC, OUT, T0, gpumem_suite_start
+export OUT GPUMEM_BUILD_JOBS=$(nproc) TOKENIZERS_PARALLELISM=false
+gpumem_suite_start "$SRC" "$OUT/estimate_tracer.txt" "$T0" || exit 1   # an install that imports already is kept
 deadline=300
 prev=
 for arg in "$@"; do
@@ -29,5 +21,5 @@ for arg in "$@"; do
 done
 timeout -k 5 $((deadline + 60)) python3 "$SRC/tests/gpu/estimate_tracer.py" "$@"
 rc=$?
-echo "total $(( $(date +%s) - START )) s"
+echo "total $(( $(date +%s) - T0 )) s"
 exit $rc

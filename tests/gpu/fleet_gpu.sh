@@ -15,24 +15,13 @@
 #
 #   tests/gpu/fleet_gpu.sh            (OUT=/tmp/gpumem-fleet by default)
 set -u
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${OUT:-/tmp/gpumem-fleet}
+. "$(dirname "$0")/lib.sh" /tmp/gpumem-fleet   # SRC, OUT, gpumem_kill_on_exit, gpumem_build
 BUILD=${GPUMEM_BUILD:-$SRC/build-gpu-fleet}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$SRC/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SRC/python${PYTHONPATH:+:$PYTHONPATH}"
 export GPUMEM_SHM_TAG="fleet$$"
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    sleep 1
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-}
-trap cleanup EXIT
+gpumem_kill_on_exit
 
-echo "== build ($BUILD)"
-cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPUMEM_TESTS=OFF >"$OUT/cmake.log" 2>&1 &&
-    cmake --build "$BUILD" -j"$(nproc)" >"$OUT/build.log" 2>&1 || { echo "build failed"; tail -30 "$OUT/build.log"; exit 1; }
-GPUMEM="$BUILD/gpumem"
+gpumem_build "$BUILD"   # sets GPUMEM
 export GPUMEM_LIB="$BUILD"
 nvidia-smi --query-gpu=index,uuid,name --format=csv,noheader | tee "$OUT/nvsmi.csv"
 

@@ -9,25 +9,12 @@
 # during its captures. Writes pip.log, graphs-*.txt/json into $OUT.
 #   tests/gpu/graphs_run.sh [--only test,test]
 set -u
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${OUT:-/tmp/gpumem-out}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 GPUMEM_BUILD_JOBS=$(nproc)
-T0=$(date +%s)
-. "$SRC/tests/gpu/pip_install.sh"
+. "$(dirname "$0")/lib.sh" /tmp/gpumem-out   # SRC, OUT, T0, gpumem_device_run_start, gpumem_run_mode
+export NCCL_NVLS_ENABLE=0 GPUMEM_BUILD_JOBS=$(nproc)
 gpumem_device_run_start "$SRC" "$OUT" "$T0" || exit 1
-TEST="$SRC/tests/gpu/test_graphs.py"
 rc=0
 for mode in native gpumem torch; do
-  echo "== test_graphs.py: $mode"
-  if [ "$mode" = native ]; then
-    timeout 170 python3 "$TEST" --json "$OUT/graphs-$mode.json" "$@" >"$OUT/graphs-$mode.txt" 2>&1
-  else
-    timeout 170 python3 -m gpumem run --conf "policy:$mode" -- python3 "$TEST" --json "$OUT/graphs-$mode.json" "$@" \
-      >"$OUT/graphs-$mode.txt" 2>&1
-  fi
-  r=$?; echo "exit $r"; [ $r -ne 0 ] && rc=1
-  grep -E "^(PASS|FAIL|SKIP|==|torch )" "$OUT/graphs-$mode.txt"
+  gpumem_run_mode $mode 170 "$SRC/tests/gpu/test_graphs.py" "$OUT/graphs-$mode" "^(PASS|FAIL|SKIP|==|torch )" "$@" || rc=1
 done
 python3 - "$OUT" <<'EOF'
 import json, os, sys

@@ -9,26 +9,14 @@
 # Writes pip.log, interop-*.txt/json into $OUT. Under 5 minutes on an H100.
 #   tests/gpu/interop_run.sh [--only test,test]
 set -u
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${OUT:-/tmp/gpumem-out}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 GPUMEM_BUILD_JOBS=$(nproc)
-T0=$(date +%s)
-. "$SRC/tests/gpu/pip_install.sh"
+. "$(dirname "$0")/lib.sh" /tmp/gpumem-out   # SRC, OUT, T0, gpumem_device_run_start, gpumem_run_mode
+export NCCL_NVLS_ENABLE=0 GPUMEM_BUILD_JOBS=$(nproc)
 gpumem_device_run_start "$SRC" "$OUT" "$T0" || exit 1
 TEST="$SRC/tests/gpu/test_interop.py"
+SHOW="^(PASS|FAIL|SKIP|==|torch |Traceback|[A-Za-z]*Error)"
 rc=0
-for mode in native gpumem; do
-  echo "== test_interop.py: $mode"
-  if [ "$mode" = native ]; then
-    timeout 120 python3 "$TEST" --json "$OUT/interop-$mode.json" "$@" >"$OUT/interop-$mode.txt" 2>&1
-  else
-    timeout 150 python3 -m gpumem run --conf policy:gpumem -- python3 "$TEST" --json "$OUT/interop-$mode.json" "$@" \
-      >"$OUT/interop-$mode.txt" 2>&1
-  fi
-  r=$?; echo "exit $r"; [ $r -ne 0 ] && [ $mode = gpumem ] && rc=1  # native: torch's own behaviour, for reference
-  grep -E "^(PASS|FAIL|SKIP|==|torch |Traceback|[A-Za-z]*Error)" "$OUT/interop-$mode.txt"
-done
+gpumem_run_mode native 120 "$TEST" "$OUT/interop-native" "$SHOW" "$@"   # torch's own behaviour, for reference
+gpumem_run_mode gpumem 150 "$TEST" "$OUT/interop-gpumem" "$SHOW" "$@" || rc=1
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]

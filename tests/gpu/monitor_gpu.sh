@@ -17,11 +17,8 @@
 # GPUMEM_MONITOR_HOLD: seconds the training processes hold still (default 120;
 # they are stopped at exit anyway, this only bounds them if this script is killed).
 set -u
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${OUT:-/tmp/gpumem-monitor}
+. "$(dirname "$0")/lib.sh" /tmp/gpumem-monitor   # SRC, OUT, gpumem_kill_on_exit, gpumem_build
 BUILD=${GPUMEM_BUILD:-$SRC/build-gpu-monitor}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
 # The installed package (pip install --no-build-isolation ./python: the shim,
 # so torch's own memory API answers from gpumem) when there is one; else the
 # source tree's package over this build's library.
@@ -31,18 +28,9 @@ else
     INSTALLED=0
     export PYTHONPATH="$SRC/python${PYTHONPATH:+:$PYTHONPATH}"
 fi
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    sleep 1
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-}
-trap cleanup EXIT
+gpumem_kill_on_exit
 
-echo "== build ($BUILD)"
-cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPUMEM_TESTS=OFF >"$OUT/cmake.log" 2>&1 &&
-    cmake --build "$BUILD" -j"$(nproc)" >"$OUT/build.log" 2>&1 || { echo "build failed"; tail -30 "$OUT/build.log"; exit 1; }
-GPUMEM="$BUILD/gpumem"
+gpumem_build "$BUILD"   # sets GPUMEM
 [ "$INSTALLED" = 1 ] || export GPUMEM_LIB="$BUILD"   # holds libgpumem_torch.so
 echo "python package: $([ "$INSTALLED" = 1 ] && echo installed || echo "source tree + $BUILD")"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader

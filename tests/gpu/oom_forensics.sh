@@ -13,22 +13,17 @@
 #
 #   tests/gpu/oom_forensics.sh        (OUT=/tmp/gpumem-oom by default)
 set -u
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=${OUT:-/tmp/gpumem-oom}
+. "$(dirname "$0")/lib.sh" /tmp/gpumem-oom   # SRC, OUT, gpumem_build
 BUILD=${GPUMEM_BUILD:-$SRC/build-gpu-oom}
-rm -rf "$OUT"
+rm -rf "$OUT"   # a fresh one
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
 # the installed package (pip install --no-build-isolation ./python) has the
 # shim, under which the OOM is torch.OutOfMemoryError; the source tree's
 # package has not, and the OOM is gpumem's RuntimeError. Either is accepted.
 (cd /tmp && python3 -c 'import torch, gpumem._C' 2>/dev/null) || export PYTHONPATH="$SRC/python${PYTHONPATH:+:$PYTHONPATH}"
 export GPUMEM_PYTHON=${GPUMEM_PYTHON:-python3}
 
-echo "== build ($BUILD)"
-cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPUMEM_TESTS=OFF >"$OUT/cmake.log" 2>&1 &&
-    cmake --build "$BUILD" -j"$(nproc)" >"$OUT/build.log" 2>&1 || { echo "build failed"; tail -30 "$OUT/build.log"; exit 1; }
-GPUMEM="$BUILD/gpumem"
+gpumem_build "$BUILD"   # sets GPUMEM
 export GPUMEM_LIB="$BUILD"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 

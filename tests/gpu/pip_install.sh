@@ -1,6 +1,6 @@
-# tests/gpu/pip_install.sh — sourced by the GPU run scripts (dropin_run.sh, alloc_suite.sh,
-# graphs_run.sh): install the package as a user does, offline, from a fresh
-# state, and say how long it took.
+# tests/gpu/pip_install.sh — sourced by tests/gpu/lib.sh for the GPU run
+# scripts (dropin_run.sh, alloc_suite.sh, graphs_run.sh, ...): install the
+# package as a user does, offline, from a fresh state, and say how long it took.
 #   gpumem_pip_install SRC LOG T0    (T0: the script's start, date +%s)
 # Prints "pip install: ok (N s)", or the errors and returns 1.
 # GPUMEM_PIP_REUSE=1 keeps an install that already imports (one device call
@@ -29,4 +29,17 @@ gpumem_device_run_start() {
   git -C "$1" log --oneline -1 2>/dev/null || true
   gpumem_pip_install "$1" "$2/pip.log" "$3" || return 1
   cd /tmp && python3 -c 'import torch, gpumem, gpumem._C'
+}
+
+# gpumem_suite_start SRC TXT T0: what a one-call GPU suite (alloc_suite.sh,
+# estimate_tracer.sh) does first: copy everything the script prints to TXT
+# too, say the commit and the GPU, install the package, keeping an install
+# that already imports (/tmp/pip.log), then leave the source tree. Returns 1
+# if the install fails.
+gpumem_suite_start() {
+  exec > >(tee "$2") 2>&1
+  git -C "$1" log --oneline -1 2>/dev/null
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  GPUMEM_PIP_REUSE=1 gpumem_pip_install "$1" /tmp/pip.log "$3" || return 1
+  cd /tmp
 }

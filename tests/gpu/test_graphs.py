@@ -15,12 +15,11 @@ by whose pools made them, the device's own or private ones
 nothing. Prints one line per test and a summary; exit 1 if any failed.
 """
 import gc
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_runner import parse_args, run_one, summary  # noqa: E402 (the loop the GPU test scripts share)
+from gpu_runner import allocator_mode, parse_args, run_tests  # noqa: E402 (the loop the GPU test scripts share)
 
 MIB = 1 << 20
 # device-call kinds a capture must not make (gm_bcall_name names)
@@ -361,39 +360,28 @@ def main():
     only, jpath = parse_args(sys.argv[1:], "test_graphs.py")
     import torch
     lib = _gpumem()
-    mode = "native"
-    if lib is not None:
-        import gpumem.torch as gt
-        mode = "gpumem %s (%s)" % (gt.status()["conf"] or "default", gt.status()["mode"])
-    print("torch %s, GPU %s, allocator: %s" % (torch.__version__, torch.cuda.get_device_name(0), mode), flush=True)
-    results = []
-    for t in TESTS:
-        name = t.__name__[5:]
-        if only and name not in only:
-            continue
+    mode = allocator_mode(lib is not None)
+
+    def before():  # each test starts from an empty cache and fresh peaks
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        ncap = len(_STATE["captures"])
-        status, detail, dt = run_one(t)
+        _STATE["ncap"] = len(_STATE["captures"])
+
+    def fields(name):  # its peaks, and the device calls made during its captures
         torch.cuda.synchronize()
-        caps = _STATE["captures"][ncap:]
         calls = {}
-        for c in caps:
+        for c in _STATE["captures"][_STATE["ncap"]:]:
             for who, made in c["calls"].items():
                 for k, v in made.items():
                     calls.setdefault(who, {})[k] = calls.get(who, {}).get(k, 0) + v
-        results.append({"test": name, "status": status, "detail": str(detail), "seconds": round(dt, 1),
-                        "max_reserved": torch.cuda.max_memory_reserved(),
-                        "max_allocated": torch.cuda.max_memory_allocated(),
-                        "capture_calls": calls if lib is not None else None})
-        print("%-4s %-26s %5.1fs  %s" % (status, name, dt, str(detail)[:300]), flush=True)
-    nfail = summary(results)
-    if jpath:
-        with open(jpath, "w") as f:
-            json.dump({"mode": mode, "results": results, "captures": _STATE["captures"]}, f, indent=1)
-    return 1 if nfail else 0
+        return {"max_reserved": torch.cuda.max_memory_reserved(), "max_allocated": torch.cuda.max_memory_allocated(),
+                "capture_calls": calls if lib is not None else None}
+
+    return run_tests(TESTS, only, jpath, lambda results: {"mode": mode, "results": results,
+                                                         "captures": _STATE["captures"]},
+                     width=26, before=before, fields=fields)
 
 
 if __name__ == "__main__":

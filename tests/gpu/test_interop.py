@@ -25,7 +25,6 @@ Prints one line per test and a summary; exit 1 if any failed.
 """
 import ctypes
 import gc
-import json
 import os
 import subprocess
 import sys
@@ -33,7 +32,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_runner import parse_args, run_one, summary  # noqa: E402 (the loop the GPU test scripts share)
+from gpu_runner import allocator_mode, parse_args, run_tests  # noqa: E402 (the loop the GPU test scripts share)
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -334,26 +333,15 @@ TESTS = [test_allocator_settings, test_mempool_allocator, test_no_split, test_us
 def main():
     only, jpath = parse_args(sys.argv[1:], "test_interop.py")
     import torch
-    gt = _gt()
-    mode = "native" if gt is None else "gpumem %s (%s)" % (gt.status()["conf"] or "default", gt.status()["mode"])
-    print("torch %s, GPU %s, allocator: %s" % (torch.__version__, torch.cuda.get_device_name(0), mode), flush=True)
-    results = []
-    for t in TESTS:
-        name = t.__name__[5:]
-        if only and name not in only:
-            continue
+    mode = allocator_mode(_gt() is not None)
+
+    def before():  # each test starts from an empty cache
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        status, detail, dt = run_one(t)
-        results.append({"test": name, "status": status, "detail": detail, "seconds": round(dt, 1),
-                        "numbers": _ROWS.get(name)})
-        print("%-4s %-20s %5.1fs  %s" % (status, name, dt, detail[:400]), flush=True)
-    nfail = summary(results)
-    if jpath:
-        with open(jpath, "w") as f:
-            json.dump({"mode": mode, "results": results}, f, indent=1)
-    return 1 if nfail else 0
+
+    return run_tests(TESTS, only, jpath, lambda results: {"mode": mode, "results": results}, width=20, cut=400,
+                     before=before, fields=lambda name: {"numbers": _ROWS.get(name)})
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_runner import parse_args, run_one, summary  # noqa: E402 (the loop the GPU test scripts share)
+from gpu_runner import parse_args, run_tests  # noqa: E402 (the loop the GPU test scripts share)
 
 HERE = os.path.abspath(__file__)
 MIB = 1 << 20
@@ -420,19 +420,8 @@ def main():
     gt.install(os.environ.get("GPUMEM_CONF") or None)
     print("torch %s, GPU %s, gpumem %s" % (torch.__version__, torch.cuda.get_device_name(0), gt.status()),
           flush=True)
-    results = []
-    for t in TESTS:
-        name = t.__name__[5:]
-        if only and name not in only:
-            continue
-        status, detail, dt = run_one(t)
-        results.append({"test": name, "status": status, "detail": str(detail), "seconds": round(dt, 1)})
-        print("%-4s %-36s %5.1fs  %s" % (status, name, dt, str(detail)[:300]), flush=True)
-    nfail = summary(results)
-    if jpath:
-        with open(jpath, "w") as f:
-            json.dump({"results": results, "profile": _STATE.get("profile")}, f, indent=1)
-    return 1 if nfail else 0
+    return run_tests(TESTS, only, jpath, lambda results: {"results": results, "profile": _STATE.get("profile")},
+                     width=36)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gm_test.h"
 #include "workload.h"
 
 /* ---- hang guard ------------------------------------------------------------ */
@@ -607,11 +608,7 @@ static void threads_run(const char *conf, int kind, uint64_t nth, unsigned flags
     o.device_count = TH_DEVICES;
     o.capacity = 512 * WL_MIB;
     o.events_manual = true;
-    assert_int_equal(gm_sim_create(&sh.be, &o), GM_OK);
-    gm_config cfg;
-    gm_config_init(&cfg);
-    assert_int_equal(gm_config_parse(&cfg, conf, NULL, 0), GM_OK);
-    assert_int_equal(gm_allocator_create(&sh.a, sh.be, &cfg), GM_OK);
+    assert_int_equal(gm_test_make_opts(GM_POLICY_TORCH, conf, &o, &sh.be, &sh.a), GM_OK); /* conf names the policy */
     assert_int_equal(gm_backend_inject_fault_ex(sh.be, kind, nth, GM_EBACKEND, flags), GM_OK);
     pthread_t t[TH_THREADS];
     th_arg args[TH_THREADS];
@@ -693,7 +690,6 @@ int main(void) {
         cmocka_unit_test(faults_threads),
         cmocka_unit_test(faults_gpumem_plan),
     };
-    const char *only = getenv("GM_TEST_FILTER"); /* e.g. "*gpumem*" */
-    if (only && *only) cmocka_set_test_filter(only);
+    /* GM_TEST_FILTER (e.g. "*gpumem*"): tests/support/test_filter.c */
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gm_test.h"
 #include "workload.h"
 
 enum { NTHREADS = 8, LOCAL_MAX = 48, QUEUE_MAX = 512, SHARED_STREAM = 100 };
@@ -205,14 +206,8 @@ static void stress(const char *conf) {
     sh.seed = wl_env_u64("GM_SEED", 42);
     sh.live.torch_pools = strstr(conf, "policy:torch") != NULL;
 
-    gm_sim_options o;
-    gm_sim_options_init(&o);
-    o.events_manual = true;
-    assert_int_equal(gm_sim_create(&sh.be, &o), GM_OK);
-    gm_config cfg;
-    gm_config_init(&cfg);
-    assert_int_equal(gm_config_parse(&cfg, conf, NULL, 0), GM_OK);
-    assert_int_equal(gm_allocator_create(&sh.a, sh.be, &cfg), GM_OK);
+    /* the sim's default device, events completed by the workers; conf names the policy */
+    assert_int_equal(gm_test_make(GM_POLICY_TORCH, conf, 0, true, &sh.be, &sh.a), GM_OK);
 
     worker ws[NTHREADS];
     pthread_t th[NTHREADS];
@@ -263,7 +258,6 @@ int main(void) {
         cmocka_unit_test(stress_gpumem),
         cmocka_unit_test(stress_gpumem_plan),
     };
-    const char *only = getenv("GM_TEST_FILTER"); /* e.g. "*gpumem*" */
-    if (only && *only) cmocka_set_test_filter(only);
+    /* GM_TEST_FILTER (e.g. "*gpumem*"): tests/support/test_filter.c */
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
