@@ -1,21 +1,22 @@
 #!/usr/bin/env python3
 """plan_hostile.py — write a .gmt trace that makes the gpumem plan lay out
-again and again around many live large blocks (issue 43, item 3).
+again and again around many live large blocks.
 
 The shape: W large blocks allocated first and kept to the end (the
 obstacles every layout goes around), then training steps of P large blocks
-each, allocated in order and freed in reverse at the step's end, whose
-sizes scale with the step's length (an elastic plan). Every other step is
-longer than any before (its blocks grow by one 512-byte unit): the plan
-lays the step out again at its end (or foresees it at its start), and the
-steps in between are short, so the plan never gives up. Each layout costs
-about the intervals x the obstacles; without a bound on the planner's work
-the run's cost grows as (live large blocks) x (layouts).
+each, allocated in order and freed in reverse at the step's end. The steps
+repeat exactly, so the plan learns them and lays two out; the last step of
+every cycle of C is longer than any before (each block grows by one to three
+512-byte units), so the plan drops and is made again once the steps repeat.
+Each layout costs about the intervals x the obstacles; without a bound on
+the planner's work the run's cost grows as (live large blocks) x (layouts).
+(`--cycle 2` is the shape that made the removed elastic plans lay out at
+every other step; bench/RESULTS.md, "planner work budget".)
 
 Deterministic: the same arguments write the same bytes (the seed picks the
 blocks' base sizes). The format: docs/trace-format.md.
 
-usage: plan_hostile.py OUT.gmt [--events N] [--obstacles W] [--step P] [--seed S]
+usage: plan_hostile.py OUT.gmt [--events N] [--obstacles W] [--step P] [--cycle C] [--seed S]
 """
 import argparse
 import random
@@ -40,7 +41,7 @@ def zigzag(n):
     return (n << 1) ^ (n >> 63) if n >= 0 else ((-n) << 1) - 1
 
 
-def events(nevents, nobs, step, seed):
+def events(nevents, nobs, step, cycle, seed):
     """(action, addr, size) tuples: 0 alloc, 2 free_completed."""
     rng = random.Random(seed)
     ev = []
@@ -56,7 +57,7 @@ def events(nevents, nobs, step, seed):
     base = [MIB + 512 * rng.randint(1, 64) for _ in range(step)]
     longest, s = 0, 0
     while len(ev) + 2 * step <= nevents:
-        grow = s % 2 == 1
+        grow = s % cycle == cycle - 1
         if grow:
             longest += 1
         length = longest if grow else 0
@@ -99,9 +100,12 @@ def main():
     ap.add_argument("--events", type=int, default=244800)
     ap.add_argument("--obstacles", type=int, default=2000)
     ap.add_argument("--step", type=int, default=64)
+    ap.add_argument("--cycle", type=int, default=6, help="steps per cycle; the last is longer than any before")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
-    ev = events(a.events, a.obstacles, a.step, a.seed)
+    if a.cycle < 2:
+        ap.error("--cycle must be at least 2 (a cycle needs a step that repeats)")
+    ev = events(a.events, a.obstacles, a.step, a.cycle, a.seed)
     write(a.out, ev)
     print("%s: %d events, %d obstacles, steps of %d" % (a.out, len(ev), a.obstacles, a.step))
 
