@@ -467,6 +467,8 @@ def table(rows, names, trace_only):
             print("    measure failed: %s" % e)
         if r.get("note"):
             print("    %s" % r["note"])
+        for n in r.get("trace_notes", []):   # what the trace took or could not see (never a silent number)
+            print("    trace: %s" % n)
         if not ok and not trace_only:
             failed.append(name)
     if not trace_only:
