@@ -303,13 +303,14 @@ def gpt2_train(batch, seq):
     return lm_train(GPT2, 50257, batch, seq)
 
 
-def mlp_train(batch=32, optimizer=None):
+def mlp_train(batch=32, optimizer=None, make=None, width=256):
+    """train(device) for make() (an MLP by default) on (batch, width) inputs."""
     def train(device):
-        model = MLP().to(device)
+        model = (make or MLP)().to(device)
         opt = (optimizer or torch.optim.AdamW)(model.parameters(), lr=1e-3)
 
         def step():
-            x = torch.randn(batch, 256, device=device)
+            x = torch.randn(batch, width, device=device)
             model(x).square().mean().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -721,16 +722,7 @@ class TracerTest(unittest.TestCase):
 
             for on_device in (False, True):
                 torch.manual_seed(0)
-
-                def train(device):
-                    model = Decoder(on_device).to(device)
-                    opt = torch.optim.AdamW(model.parameters())
-
-                    def step():
-                        model(torch.randn(16, 64, device=device)).sum().backward()
-                        opt.step()
-                        opt.zero_grad(set_to_none=True)
-                    return step
+                train = mlp_train(16, make=lambda: Decoder(on_device), width=64)   # noqa: B023
                 tr = ge.trace_step(train, steps=2, mode="meta", workspace=0)
                 P = param_bytes(Decoder(False).parameters())
                 self.assertEqual(max_live(tr, ge.GRADIENTS), P, on_device)
@@ -752,16 +744,7 @@ class TracerTest(unittest.TestCase):
             def forward(self, x):
                 return self.used(x)
 
-        def train(device):
-            model = Skips().to(device)
-            opt = torch.optim.AdamW(model.parameters())
-
-            def step():
-                model(torch.randn(4, 32, device=device)).sum().backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            return step
-        tr = ge.trace_step(train, steps=2, mode="meta", workspace=0)
+        tr = ge.trace_step(mlp_train(4, make=Skips, width=32), steps=2, mode="meta", workspace=0)
         notes = [n for n in tr.notes if "no gradient" in n]
         self.assertEqual(len(notes), 1, tr.notes)
         self.assertIn("2 of the optimizer's parameters", notes[0])
