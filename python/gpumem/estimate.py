@@ -215,6 +215,7 @@ class _Recorder:
         self.scopes = []       # module paths, innermost last
         self.workspaces = set()  # phases that have their cuBLAS workspace
         self.closed = False
+        self.draws = {}        # id(tensor) -> the value the trace takes for a random draw (_Draws)
 
     # -- allocations ------------------------------------------------------
     def _alloc(self, size, key):
@@ -386,6 +387,21 @@ def _item(value, t, rec=None):
     return bool(value) if _is_bool(t) else float(value) if t.is_floating_point() else int(value)
 
 
+def _host_item(rec, t):
+    """A host tensor's value FakeTensorMode does not have (an optimizer's step
+    count): 1 (True for a bool), which no bias correction divides by zero; the
+    trace notes where, as a value taken is a step that may not be the GPU's."""
+    import torch  # noqa: PLC0415
+    value = _item(1, t)
+    where = _reader()
+    if where[0].startswith(os.path.join(os.path.dirname(torch.__file__), "optim") + os.sep):
+        return value      # a step count: it scales the update, never decides what is allocated
+    note = "a host tensor's value read at %s:%d (%s) was taken as %r" % (_short(where[0]), where[1], where[2], value)
+    if note not in rec.trace.notes:
+        rec.trace.notes.append(note)
+    return value
+
+
 def _is_bool(t):
     import torch  # noqa: PLC0415
     return t.dtype == torch.bool
@@ -400,6 +416,56 @@ def _short(path):
     import torch  # noqa: PLC0415
     base = os.path.dirname(os.path.dirname(torch.__file__)) + os.sep
     return path[len(base):] if path.startswith(base) else path
+
+
+# A random draw's value decides whether a layer runs (LayerDrop: transformers'
+# `if torch.rand([]) < self.layerdrop: continue`, on the host, which
+# FakeTensorMode cannot read): the tracer takes each draw at the top of its
+# range, so `draw < p` is False and `draw > p` True for p < 1: every layer
+# such a check gates runs, the step at its largest (with layerdrop 0, the
+# step itself). Draws are followed through views and copies to comparisons
+# with a number, and read from there.
+_DRAWS = {"rand": 1.0, "rand_like": 1.0, "uniform_": None, "uniform": None}
+_DRAW_VIEWS = ("select", "squeeze", "unsqueeze", "view", "reshape", "alias", "detach", "clone", "_to_copy",
+               "lift_fresh", "lift_fresh_copy", "expand", "flatten", "t")
+_DRAW_COMPARE = {"lt": float.__lt__, "le": float.__le__, "gt": float.__gt__, "ge": float.__ge__}
+
+
+def _draw_of(rec, name, args, kwargs, out):
+    """The value the trace takes for out (a draw, or a comparison of one with
+    a number), or None."""
+    if name in _DRAWS:
+        top = _DRAWS[name]
+        if top is None:   # uniform_(self, from=0, to=1)
+            top = float(args[2] if len(args) > 2 else kwargs.get("to", 1.0))
+        return top - top * 2.0 ** -24 if top > 0 else top
+    if not args or id(args[0]) not in rec.draws:
+        return None
+    value = rec.draws[id(args[0])]
+    if name in _DRAW_VIEWS:
+        return value
+    if name in _DRAW_COMPARE and len(args) > 1 and isinstance(args[1], (int, float)) and \
+            not isinstance(value, bool):
+        return _DRAW_COMPARE[name](float(value), float(args[1]))
+    return None
+
+
+def _remember_draw(rec, t, value):
+    import torch  # noqa: PLC0415
+    if isinstance(t, torch.Tensor) and t.numel() <= 64 and id(t) not in rec.draws:
+        rec.draws[id(t)] = value
+        weakref.finalize(t, rec.draws.pop, id(t), None)
+
+
+def _read_draw(rec, t):
+    """A draw's value (or its comparison's), with a note once per place."""
+    value = rec.draws[id(t)]
+    where = _reader()
+    note = ("a random draw read at %s:%d (%s) was taken at the top of its range (%r): a layer it drops at "
+            "random runs" % (_short(where[0]), where[1], where[2], value))
+    if note not in rec.trace.notes:
+        rec.trace.notes.append(note)
+    return value if _is_bool(t) else float(value) if t.is_floating_point() else int(value)
 
 
 def _scalar_tensor(x):
@@ -420,13 +486,15 @@ def _make_mode(rec, sdp_choice, nonzero, item):
             if name == "nonzero" and rec.on_device(args[0]):
                 return _nonzero(rec, nonzero, args[0])
             if name == "_local_scalar_dense":
+                if id(args[0]) in rec.draws:
+                    return _read_draw(rec, args[0])
                 if rec.on_device(args[0]):
                     return _item(item, args[0], rec)
                 try:
                     return func(*args, **kwargs)
                 except Exception:  # noqa: BLE001 -- a host tensor FakeTensorMode cannot read
                     # (an optimizer's step count): 1, which no bias correction divides by zero
-                    return _item(1, args[0])
+                    return _host_item(rec, args[0])
             for t in _tensors(args, cuda_only=False):
                 rec.see(t, False)
             if name in _MATMULS:
@@ -438,6 +506,9 @@ def _make_mode(rec, sdp_choice, nonzero, item):
                 return _scalar_tensor(out)
             for t in _tensors(out, cuda_only=False):
                 rec.see(t, True)
+            draw = _draw_of(rec, name, args, kwargs, out)
+            if draw is not None:
+                _remember_draw(rec, out, draw)
             if name in _FLASH_BACKWARD and rec.on_device(args[1]):
                 rec.scratch(flash_backward_scratch(*args[1:4]))
             return out
@@ -523,17 +594,38 @@ class _Hooks(CudaPaths):
             if r.phase == PHASE_FORWARD and r.cat is None:
                 r.cat = ACTIVATIONS
 
+    def _no_gradient(self, params):
+        """Parameters an optimizer steps that backward gave no gradient: the
+        traced step did not run their modules (a value read that skipped
+        them, or modules the model does not call). The optimizer keeps no
+        state for them either, so the trace says which, once."""
+        ids = {id(p) for p in params}
+        where = sorted({path or type(m).__name__ for m, path in self.paths.items()
+                        if any(id(p) in ids for p in m.parameters(recurse=False))})
+        note = ("%d of the optimizer's parameters (%.1f MiB) had no gradient at optimizer.step: the traced step "
+                "did not run %s%s; if the GPU's step does, this estimate is short of it" % (
+                    len(params), sum(p.numel() * p.element_size() for p in params) / 2**20,
+                    ", ".join(where[:4]) or "their modules", " and %d more modules" % (len(where) - 4)
+                    if len(where) > 4 else ""))
+        if note not in self.rec.trace.notes:
+            self.rec.trace.notes.append(note)
+
     def _wrap_optimizer(self, opt):
         rec, step = self.rec, opt.step
         self.optimizers.append(opt)
 
         @functools.wraps(step)
         def wrapped(*a, **k):
+            missing = []
             for g in opt.param_groups:
                 for p in g["params"]:
                     rec.category(rec.see(p, False), PARAMETERS, over=True)
                     if p.grad is not None:
                         rec.category(rec.see(p.grad, False), GRADIENTS, over=True)
+                    elif p.requires_grad:
+                        missing.append(p)
+            if missing:
+                self._no_gradient(missing)
             prev, rec.phase = rec.phase, PHASE_OPTIMIZER
             try:
                 return step(*a, **k)

@@ -303,13 +303,14 @@ def gpt2_train(batch, seq):
     return lm_train(GPT2, 50257, batch, seq)
 
 
-def mlp_train(batch=32, optimizer=None):
+def mlp_train(batch=32, optimizer=None, make=None, width=256):
+    """train(device) for make() (an MLP by default) on (batch, width) inputs."""
     def train(device):
-        model = MLP().to(device)
+        model = (make or MLP)().to(device)
         opt = (optimizer or torch.optim.AdamW)(model.parameters(), lr=1e-3)
 
         def step():
-            x = torch.randn(batch, 256, device=device)
+            x = torch.randn(batch, width, device=device)
             model(x).square().mean().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -685,6 +686,90 @@ class TracerTest(unittest.TestCase):
         tr = ge.trace_step(train, steps=1, mode="meta", workspace=0)
         self.assertEqual([n for n in tr.notes if "sdpa" in n], [])
         self.assertLess(max(e[2] for e in tr.events), b * h * s * s * 2)
+
+    def test_layerdrop_runs_every_layer(self):
+        """OPT's decoder (transformers' modeling_opt) draws a number per layer and
+        skips the layer when it is below config.layerdrop: `if torch.rand([]) <
+        self.layerdrop: continue`. Under FakeTensorMode that host draw has no value;
+        read as True it skipped all 24 layers of opt-350m silently (-60.7%). A draw
+        is taken at the top of its range, so every layer runs, on the host (real on
+        meta mode: a seeded draw skips some layers) and on the device inside
+        installed code (read as True: every layer skipped), with a note."""
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "site-packages", "gm_lib", "layerdrop.py")
+            os.makedirs(os.path.dirname(path))
+            with open(path, "w") as f:
+                f.write("import torch\n"
+                        "def dropped(p, device):\n"
+                        "    return torch.rand([], device=device) < p\n")
+            import importlib.util  # noqa: PLC0415
+            spec = importlib.util.spec_from_file_location("gm_lib_layerdrop", path)
+            lib = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(lib)
+
+            class Decoder(nn.Module):
+                def __init__(self, on_device, layers=8, d=64, layerdrop=0.5):
+                    super().__init__()
+                    self.on_device, self.layerdrop = on_device, layerdrop
+                    self.layers = nn.ModuleList(nn.Linear(d, d) for _ in range(layers))
+
+                def forward(self, x):
+                    for layer in self.layers:
+                        if self.training and lib.dropped(self.layerdrop, x.device if self.on_device else "cpu"):
+                            continue
+                        x = layer(x)
+                    return x
+
+            for on_device in (False, True):
+                torch.manual_seed(0)
+                train = mlp_train(16, make=lambda: Decoder(on_device), width=64)   # noqa: B023
+                tr = ge.trace_step(train, steps=2, mode="meta", workspace=0)
+                P = param_bytes(Decoder(False).parameters())
+                self.assertEqual(max_live(tr, ge.GRADIENTS), P, on_device)
+                self.assertEqual(max_live(tr, ge.OPTIMIZER), 2 * P, on_device)
+                notes = [n for n in tr.notes if "random draw" in n]
+                self.assertEqual(len(notes), 1, tr.notes)
+                self.assertIn("(forward) was taken at the top of its range", notes[0])   # the `if` reads it
+                self.assertIn("(False)", notes[0])
+                self.assertEqual([n for n in tr.notes if "no gradient" in n], [])
+
+    def test_a_module_the_step_skips_is_said(self):
+        """Parameters the optimizer steps but backward never reached: the step did
+        not run their module, and the trace says which, not a silent number."""
+        class Skips(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.used, self.unused = nn.Linear(32, 32), nn.Linear(32, 32)
+
+            def forward(self, x):
+                return self.used(x)
+
+        tr = ge.trace_step(mlp_train(4, make=Skips, width=32), steps=2, mode="meta", workspace=0)
+        notes = [n for n in tr.notes if "no gradient" in n]
+        self.assertEqual(len(notes), 1, tr.notes)
+        self.assertIn("2 of the optimizer's parameters", notes[0])
+        self.assertIn("did not run unused;", notes[0])
+        self.assertEqual([n for n in ge.trace_step(mlp_train(), steps=1, mode="meta").notes if "gradient" in n], [])
+
+    def test_host_value_fake_mode_cannot_read_is_said(self):
+        """A host tensor FakeTensorMode cannot read reads as 1 / True, with a note
+        naming where (an optimizer's step count inside torch.optim without one)."""
+        class Unreadable(Exception):
+            pass
+
+        class Op:   # aten._local_scalar_dense as FakeTensorMode answers it for a host tensor
+            overloadpacket = type("_local_scalar_dense", (), {})
+
+            def __call__(self, *a, **k):
+                raise Unreadable("data-dependent")
+        tr = ge.Trace("fake", "cuda", 1, torch.__version__)
+        rec = ge._Recorder(tr, "cuda", 0)
+        mode = ge._make_mode(rec, None, None, None)
+        for _ in range(2):
+            self.assertIs(mode.__torch_dispatch__(Op(), (), (torch.zeros((), dtype=torch.bool),)), True)
+        self.assertEqual(len(tr.notes), 1, tr.notes)    # once per place
+        self.assertIn("a host tensor's value read at %s:" % __file__, tr.notes[0])
+        self.assertIn("(test_host_value_fake_mode_cannot_read_is_said) was taken as True", tr.notes[0])
 
     def test_bad_arguments(self):
         with self.assertRaisesRegex(TypeError, "train must be a function"):

@@ -338,7 +338,25 @@ def trace(name, train, opts, steps, budget):
     return {"mode": tr.mode, "note": "; ".join(tried), "trace_s": round(time.time() - t0, 1), "events": est["events"],
             "reserved_default": est["peak_reserved"]["torch"],
             "reserved_expandable": est["peak_reserved"]["expandable_segments"],
-            "allocated": est["peak_allocated"], "at_peak": est["at_peak"], "trace_notes": tr.notes}
+            "allocated": est["peak_allocated"], "at_peak": est["at_peak"], "trace_notes": tr.notes,
+            "largest_at_peak": largest_at_peak(tr)}
+
+
+def largest_at_peak(tr, n=8):
+    """The n largest allocations live at the trace's peak of requested bytes:
+    [MiB, category, module scope, phase], for finding what a row over- or
+    under-counts."""
+    live, peak, at = {}, 0, []
+    total = 0
+    for action, addr, size, cat, scope, phase in tr.events:
+        if action == "alloc":
+            live[addr] = (size, cat, scope, phase)
+            total += size
+            if total > peak:
+                peak, at = total, list(live.values())
+        else:
+            total -= live.pop(addr)[0]
+    return [[round(s / 2**20, 1), c, sc, ph] for s, c, sc, ph in sorted(at, key=lambda e: -e[0])[:n]]
 
 
 def err(est, meas):
@@ -418,7 +436,7 @@ def collect(kids, rows, deadline, t0):
             p.kill()
             out, _ = p.communicate()
             print("measuring under %s passed --deadline %.0f s: killed; models after the last measured are "
-                  "FAIL" % (s, a.deadline), flush=True)
+                  "FAIL" % (s, deadline), flush=True)
         for line in out.splitlines():
             if not line.startswith('{"name"'):
                 continue
@@ -467,6 +485,8 @@ def table(rows, names, trace_only):
             print("    measure failed: %s" % e)
         if r.get("note"):
             print("    %s" % r["note"])
+        for n in r.get("trace_notes", []):   # what the trace took or could not see (never a silent number)
+            print("    trace: %s" % n)
         if not ok and not trace_only:
             failed.append(name)
     if not trace_only:
