@@ -647,6 +647,80 @@ static void test_move_syncs_only_for_recent_frees(void **state) {
     teardown_env(&e);
 }
 
+/* Whether the granule at p is mapped: inside a segment (a mapped run). */
+static bool mapped_at(gm_allocator *al, gm_devptr p) {
+    seg_set x = {.n = 0};
+    assert_int_equal(gm_walk_segments(al, 0, keep_seg, &x), GM_OK);
+    for (int i = 0; i < x.n; i++)
+        if (p >= x.v[i].address && p < x.v[i].address + x.v[i].total_size) return true;
+    return false;
+}
+
+/* Which idle granule a placement moves (chunks.c, take_le_but and its index
+ * of idle one-granule chunks): the highest of its own arena's not under the
+ * placement, across words of the index; with none there, another arena's,
+ * the one idle longest first. slack 0 and no plan: every placement that
+ * needs a granule past the peak moves one. */
+static void test_move_picks_highest_idle(void **state) {
+    (void)state;
+    env e;
+    setup_env_conf(&e, 1024 * MIB, false, "policy:gpumem,gpumem_slack:0,gpumem_plan:off");
+    enum { N = 150 }; /* granules 0..149 of stream 0's arena: three words of the index */
+    gm_devptr b[N];
+    for (int i = 0; i < N; i++) b[i] = alloc(e.al, 2 * MIB, 0);
+    for (int i = 1; i < N; i++) assert_int_equal(b[i], b[0] + (uint64_t)i * 2 * MIB);
+    const int freed[] = {20, 5, 130, 70, N - 1}; /* idle in this order */
+    for (size_t k = 0; k < sizeof freed / sizeof *freed; k++) assert_int_equal(gm_free(e.al, b[freed[k]]), GM_OK);
+    check_ok(e.al);
+    uint64_t unmaps = (uint64_t)stats(e.al).num_unmap;
+    assert_int_equal(stats(e.al).num_phys_release, 0);
+    /* at the top, over b[N-1]'s idle granule and two unmapped ones: that
+     * one stays (the placement uses it), 130's and 70's move */
+    gm_devptr top = alloc(e.al, 6 * MIB, 0);
+    assert_int_equal(top, b[N - 1]);
+    assert_int_equal(stats(e.al).num_unmap, unmaps + 2);
+    assert_false(mapped_at(e.al, b[130]));
+    assert_false(mapped_at(e.al, b[70]));
+    assert_true(mapped_at(e.al, b[20]) && mapped_at(e.al, b[5]));
+    check_ok(e.al);
+    /* another stream's arena has no idle granule: 20's, idle longest, moves
+     * first, then 5's */
+    gm_devptr s1 = alloc(e.al, 2 * MIB, 1);
+    assert_false(mapped_at(e.al, b[20]));
+    assert_true(mapped_at(e.al, b[5]));
+    gm_devptr s2 = alloc(e.al, 2 * MIB, 1);
+    assert_false(mapped_at(e.al, b[5]));
+    assert_int_equal(stats(e.al).num_unmap, unmaps + 4);
+    assert_int_equal(stats(e.al).num_phys_release, 0); /* every one moved */
+    check_ok(e.al);
+    for (int i = 0; i < N - 1; i++)
+        if (i != 5 && i != 20 && i != 70 && i != 130) assert_int_equal(gm_free(e.al, b[i]), GM_OK);
+    assert_int_equal(gm_free(e.al, top), GM_OK);
+    assert_int_equal(gm_free(e.al, s1), GM_OK);
+    assert_int_equal(gm_free(e.al, s2), GM_OK);
+    assert_int_equal(gm_empty_cache(e.al, 0), GM_OK);
+    check_ok(e.al);
+    teardown_env(&e);
+    /* the index's words summed 64 to a word: idle granules 4201 and 0, one
+     * summary word apart; at the top, over 4201's and two unmapped ones,
+     * one granule moves (0's) and one is made */
+    setup_env_conf(&e, 16384 * MIB, false, "policy:gpumem,gpumem_slack:0,gpumem_plan:off");
+    gm_devptr lo = alloc(e.al, 2 * MIB, 0), mid = alloc(e.al, 4200 * 2 * MIB, 0), hi = alloc(e.al, 2 * MIB, 0);
+    assert_int_equal(hi, lo + 4201 * 2 * MIB);
+    assert_int_equal(gm_free(e.al, lo), GM_OK);
+    assert_int_equal(gm_free(e.al, hi), GM_OK);
+    unmaps = (uint64_t)stats(e.al).num_unmap;
+    int64_t releases = stats(e.al).num_phys_release;
+    assert_int_equal(alloc(e.al, 6 * MIB, 0), hi);
+    assert_int_equal(stats(e.al).num_unmap, unmaps + 1);
+    assert_int_equal(stats(e.al).num_phys_release, releases); /* moved, not given back */
+    assert_false(mapped_at(e.al, lo));
+    check_ok(e.al);
+    assert_int_equal(gm_free(e.al, mid), GM_OK);
+    assert_int_equal(gm_free(e.al, hi), GM_OK);
+    teardown_env(&e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placement),
@@ -662,6 +736,7 @@ int main(void) {
         cmocka_unit_test(test_chunks_run_cold_start),
         cmocka_unit_test(test_chunks_auto_cuts_partial_reuse),
         cmocka_unit_test(test_move_syncs_only_for_recent_frees),
+        cmocka_unit_test(test_move_picks_highest_idle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -123,6 +123,24 @@ static int check_chunks(gp_state *st, const uint32_t *live, char *err, size_t er
             for (int32_t i = pass ? st->idle[o] : st->loose[o]; i >= 0; i = st->chunks[i].lnext)
                 if (!st->chunks[i].inuse || gm__gp_order(st->chunks[i].n) != (unsigned)o)
                     return gm__check_fail(err, errlen, "chunk %d listed under the wrong order", i);
+    /* the arenas' index of idle one-granule chunks (chunks.c): a bit where each starts, none elsewhere */
+    uint64_t nidle1 = 0, nbits = 0;
+    for (int32_t i = st->idle[0]; i >= 0; i = st->chunks[i].lnext, nidle1++) {
+        const gp_arena *a = st->arenas[st->chunks[i].arena];
+        uint64_t g = (uint64_t)st->chunks[i].g0;
+        if (!a->idle1 || !(a->idle1[g >> 6] >> (g & 63) & 1)) return gm__check_fail(err, errlen, "idle chunk %d not in its arena's index", i);
+    }
+    for (uint32_t k = 0; k < st->narenas; k++) {
+        const gp_arena *a = st->arenas[k];
+        uint64_t words = (a->ngran + 63) / 64;
+        for (uint64_t w = 0; a->idle1 && w < (words + 63) / 64 * 64; w++) {
+            uint64_t bits = w < words ? a->idle1[w] : 0;
+            nbits += (uint64_t)__builtin_popcountll(bits);
+            if ((a->idle1_sum[w >> 6] >> (w & 63) & 1) != (bits != 0))
+                return gm__check_fail(err, errlen, "arena %d: idle index summary wrong at word %llu", a->index, (unsigned long long)w);
+        }
+    }
+    if (nbits != nidle1) return gm__check_fail(err, errlen, "idle index holds %llu chunks, idle list %llu", (unsigned long long)nbits, (unsigned long long)nidle1);
     const gm_stats *s = &st->d->stats;
     if (held != st->held_bytes || (int64_t)held != s->reserved_bytes[GM_POOL_ALL].current)
         return gm__check_fail(err, errlen, "reserved %lld bytes but chunks hold %llu", (long long)s->reserved_bytes[GM_POOL_ALL].current, (unsigned long long)held);

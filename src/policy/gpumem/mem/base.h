@@ -111,6 +111,10 @@ typedef struct gp_arena {
     uint64_t ngran;
     int32_t *gran;    /* chunk index per granule, -1 unmapped (VMM only) */
     uint64_t *mapped; /* bit per granule: gran[g] >= 0, so cost() counts by words */
+    uint64_t *idle1;  /* bit per granule where an idle one-granule chunk starts (st->idle[0]), */
+    uint64_t *idle1_sum; /* and a bit per word of it that is not 0: its highest found in a few
+                          * words (chunks.c, idle1_take); one allocation, made when a chunk is
+                          * first mapped here, freed by gm__gp_release_all */
     gp_block *head;   /* first block in address order (VMM only) */
     gp_block *quick[GP_SMALL_UNITS + 1]; /* freed small blocks by units */
     uint64_t qmap[GP_QWORDS]; /* non-empty quick lists, so a flush visits only those */

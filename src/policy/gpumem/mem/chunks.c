@@ -17,12 +17,60 @@
 static void chunk_list_del(gp_state *st, int32_t i);
 static void chunk_list_add(gp_state *st, int32_t i, uint8_t list);
 
+/* Each arena's index of the idle one-granule chunks mapped in it, by
+ * address (a->idle1): the reserve budget moves granule after granule, and
+ * finding the highest idle one (take_le_but) by reading the whole idle list
+ * for each made a step's moves cost the square of the chunks held
+ * (bench/RESULTS.md, "the idle granule found by address"). */
+static inline void idle1_set(gp_state *st, const gp_chunk *c) {
+    if (c->n != 1) return;
+    gp_arena *a = st->arenas[c->arena];
+    uint64_t g = (uint64_t)c->g0;
+    a->idle1[g >> 6] |= (uint64_t)1 << (g & 63);
+    a->idle1_sum[g >> 12] |= (uint64_t)1 << (g >> 6 & 63);
+}
+
+static inline void idle1_clear(gp_state *st, const gp_chunk *c) {
+    if (c->n != 1) return;
+    gp_arena *a = st->arenas[c->arena];
+    uint64_t g = (uint64_t)c->g0;
+    if (!(a->idle1[g >> 6] &= ~((uint64_t)1 << (g & 63))))
+        a->idle1_sum[g >> 12] &= ~((uint64_t)1 << (g >> 6 & 63));
+}
+
+static int idle1_new(gp_arena *a) {
+    uint64_t words = (a->ngran + 63) / 64;
+    a->idle1 = calloc(words + (words + 63) / 64, sizeof *a->idle1);
+    if (!a->idle1) return GM_ENOHOSTMEM;
+    a->idle1_sum = a->idle1 + words;
+    return GM_OK;
+}
+
+/* The highest granule at or below g where an idle one-granule chunk of a
+ * starts, or -1. */
+static int64_t idle1_below(const gp_arena *a, int64_t g) {
+    if (g < 0) return -1;
+    uint64_t w = (uint64_t)g >> 6;
+    uint64_t m = a->idle1[w] & (~(uint64_t)0 >> (63 - (g & 63)));
+    if (m) return (int64_t)(w << 6 | (63u - (unsigned)__builtin_clzll(m)));
+    if (w-- == 0) return -1;
+    uint64_t s = w >> 6;
+    uint64_t sm = a->idle1_sum[s] & (~(uint64_t)0 >> (63 - (w & 63)));
+    while (!sm) {
+        if (s == 0) return -1;
+        sm = a->idle1_sum[--s];
+    }
+    w = s << 6 | (63u - (unsigned)__builtin_clzll(sm));
+    return (int64_t)(w << 6 | (63u - (unsigned)__builtin_clzll(a->idle1[w])));
+}
+
 /* The idle list of chunk c's order: what touch() moves chunks in and out
  * of, once per granule of every large block allocated or freed, so it is
  * chunk_list_add/del without the list choice. */
 static inline void idle_add(gp_state *st, int32_t i, gp_chunk *c) {
     unsigned o = gm__gp_order(c->n);
     int32_t t = st->idle_tail[o];
+    idle1_set(st, c);
     c->list = GP_LIST_IDLE;
     c->idle_sync = st->arenas[c->arena]->syncs;
     c->lnext = -1;
@@ -34,6 +82,7 @@ static inline void idle_add(gp_state *st, int32_t i, gp_chunk *c) {
 
 static inline void idle_del(gp_state *st, gp_chunk *c) {
     unsigned o = gm__gp_order(c->n);
+    idle1_clear(st, c);
     if (c->lprev >= 0) st->chunks[c->lprev].lnext = c->lnext;
     else st->idle[o] = c->lnext;
     if (c->lnext >= 0) st->chunks[c->lnext].lprev = c->lprev;
@@ -133,6 +182,7 @@ void gm__gp_live_drop_now(gp_state *st) {
         for (int32_t i = st->idle[o]; i >= 0;) {
             gp_chunk *c = &st->chunks[i];
             int32_t nx = c->lnext;
+            idle1_clear(st, c);
             c->list = GP_LIST_NONE;
             c->lprev = c->lnext = -1;
             i = nx;
@@ -144,17 +194,17 @@ void gm__gp_live_drop_now(gp_state *st) {
 
 /* ---- chunk lists ----------------------------------------------------------- */
 
-static int32_t *list_head(gp_state *st, uint8_t list, uint64_t n, int32_t **tail) {
-    unsigned o = gm__gp_order(n);
-    *tail = list == GP_LIST_IDLE ? &st->idle_tail[o] : &st->loose_tail[o];
-    return list == GP_LIST_IDLE ? &st->idle[o] : &st->loose[o];
-}
-
+/* The idle lists go through idle_add/idle_del (they keep the index too);
+ * these are the loose lists. */
 static void chunk_list_add(gp_state *st, int32_t i, uint8_t list) {
     gp_chunk *c = &st->chunks[i];
-    int32_t *t, *h = list_head(st, list, c->n, &t);
+    if (list == GP_LIST_IDLE) {
+        idle_add(st, i, c);
+        return;
+    }
+    unsigned o = gm__gp_order(c->n);
+    int32_t *t = &st->loose_tail[o], *h = &st->loose[o];
     c->list = list;
-    if (list == GP_LIST_IDLE) c->idle_sync = st->arenas[c->arena]->syncs;
     c->lnext = -1;
     c->lprev = *t;
     if (*t >= 0) st->chunks[*t].lnext = i;
@@ -165,7 +215,12 @@ static void chunk_list_add(gp_state *st, int32_t i, uint8_t list) {
 static void chunk_list_del(gp_state *st, int32_t i) {
     gp_chunk *c = &st->chunks[i];
     if (c->list == GP_LIST_NONE) return;
-    int32_t *t, *h = list_head(st, c->list, c->n, &t);
+    if (c->list == GP_LIST_IDLE) {
+        idle_del(st, c);
+        return;
+    }
+    unsigned o = gm__gp_order(c->n);
+    int32_t *t = &st->loose_tail[o], *h = &st->loose[o];
     if (c->lprev >= 0) st->chunks[c->lprev].lnext = c->lnext;
     else *h = c->lnext;
     if (c->lnext >= 0) st->chunks[c->lnext].lprev = c->lprev;
@@ -251,6 +306,7 @@ static int chunk_release(gp_state *st, int32_t i) {
 
 static int chunk_map(gp_state *st, gp_arena *a, int32_t i, uint64_t g) {
     gp_chunk *c = &st->chunks[i];
+    if (!a->idle1 && idle1_new(a)) return GM_ENOHOSTMEM;
     int rc = gm__be_map(st->d, a->base + (g << st->gshift), c->n << st->gshift, c->h);
     if (rc) return rc;
     chunk_list_del(st, i);
@@ -286,13 +342,35 @@ static inline bool higher(const gp_chunk *x, const gp_chunk *y, const gp_arena *
     return (x->arena == a->index ? x->g0 : -1) > (y->arena == a->index ? y->g0 : -1);
 }
 
+/* take_le_but's idle one-granule chunk: by higher(), the highest of a's not
+ * under the placement [pg0, pg1] (nor, with spare, kept: st->keep), found in
+ * its index; if a has none, the first of other arenas' on the list. */
+static int32_t idle1_take(gp_state *st, const gp_arena *a, uint64_t pg0, uint64_t pg1, bool spare) {
+    for (int64_t g = a->idle1 ? idle1_below(a, (int64_t)a->ngran - 1) : -1; g >= 0;) {
+        if ((uint64_t)g >= pg0 && (uint64_t)g <= pg1) { /* excluded() */
+            g = idle1_below(a, (int64_t)pg0 - 1);
+            continue;
+        }
+        int32_t i = a->gran[g];
+        if (!spare || !st->keep(st, &st->chunks[i])) return i;
+        g = idle1_below(a, g - 1);
+    }
+    for (int32_t i = st->idle[0]; i >= 0; i = st->chunks[i].lnext) {
+        const gp_chunk *c = &st->chunks[i];
+        if (c->arena != a->index && !(spare && st->keep(st, c))) return i;
+    }
+    return -1;
+}
+
 /* The largest chunk of `list` with at most n granules, not under the placement
  * (nor, with spare, one the plan keeps for its next steps: st->keep). */
 static int32_t take_le_but(gp_state *st, uint8_t list, uint64_t n, const gp_arena *a,
                            uint64_t pg0, uint64_t pg1, bool spare) {
-    /* idle chunks: the whole list is read, and of equal sizes the higher wins */
+    /* idle chunks: the whole list is read, and of equal sizes the higher wins
+     * (one-granule ones: idle1_take, from the index) */
     bool high = list == GP_LIST_IDLE;
     for (int o = (int)gm__gp_order(n); o >= 0; o--) {
+        if (high && o == 0) return idle1_take(st, a, pg0, pg1, spare);
         int32_t best = -1;
         int32_t h = list == GP_LIST_IDLE ? st->idle[o] : st->loose[o];
         for (int32_t i = h; i >= 0; i = st->chunks[i].lnext) {
@@ -664,6 +742,10 @@ int gm__gp_release_unused_but(gp_state *st, bool (*keep)(void *, const gp_chunk 
 
 /* Destroy: unmap and release every chunk, whatever uses it. */
 void gm__gp_release_all(gp_state *st) {
+    for (uint32_t k = 0; k < st->narenas; k++) {
+        free(st->arenas[k]->idle1);
+        st->arenas[k]->idle1 = st->arenas[k]->idle1_sum = NULL;
+    }
     for (int32_t i = 0; i < st->nchunks; i++) {
         gp_chunk *c = &st->chunks[i];
         if (!c->inuse) continue;
