@@ -16,7 +16,10 @@
 #define GP_ALT_SCAN 128 /* ranges looked at to find one that needs no mapping */
 #endif
 #ifndef GP_COST_BUDGET
-#define GP_COST_BUDGET 4096 /* granules looked at for that */
+/* granules looked at for that: 8192 covers a 16 GiB arena, so a step
+ * whose shapes change looks over all of it before memory moves
+ * (bench/RESULTS.md, "2026-12-07 (evening)": bert_varlen) */
+#define GP_COST_BUDGET 8192
 #endif
 
 /* ---- bins: exact below 32 KiB, then 32 steps per power of two ---------- */
