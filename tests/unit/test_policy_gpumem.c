@@ -721,6 +721,34 @@ static void test_move_picks_highest_idle(void **state) {
     teardown_env(&e);
 }
 
+/* The default (gpumem_slack:auto) on steps whose sizes change every step
+ * (no plan forms): the warm-up ends after PL_WARM allocations and keeps
+ * what it mapped; the reserve budget moves it from then on. Nothing is
+ * given back and made again, and the run holds within the budget. */
+static void test_warmup_end_keeps_memory(void **state) {
+    (void)state;
+    env e;
+    setup_env_conf(&e, 8192 * MIB, false, "policy:gpumem");
+    gm_devptr w = alloc(e.al, 64 * MIB, 0); /* weights, live throughout */
+    enum { P = 400, STEPS = 60 };            /* 24,000 allocations: past the warm-up */
+    static gm_devptr blk[P];
+    uint32_t x = 12345;
+    for (int s = 0; s < STEPS; s++) {
+        x = x * 1103515245u + 12345u;
+        uint64_t len = 1 + (x >> 16) % 16; /* a new length every step */
+        for (int k = 0; k < P; k++) blk[k] = alloc(e.al, (uint64_t)(1 + k % 5) * len * 256 * 1024 + 2 * MIB, 0);
+        for (int k = P - 1; k >= 0; k--) assert_int_equal(gm_free(e.al, blk[k]), GM_OK);
+    }
+    check_ok(e.al);
+    gm_stats st = stats(e.al);
+    assert_int_equal(st.num_phys_release, 0);
+    double ratio = (double)st.reserved_bytes[GM_POOL_ALL].peak / (double)st.allocated_bytes[GM_POOL_ALL].peak;
+    print_message("whole run: %.4f x the peak allocated, %lld created\n", ratio, (long long)st.num_phys_create);
+    assert_true(ratio <= 1.02);
+    assert_int_equal(gm_free(e.al, w), GM_OK);
+    teardown_env(&e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placement),
@@ -737,6 +765,7 @@ int main(void) {
         cmocka_unit_test(test_chunks_auto_cuts_partial_reuse),
         cmocka_unit_test(test_move_syncs_only_for_recent_frees),
         cmocka_unit_test(test_move_picks_highest_idle),
+        cmocka_unit_test(test_warmup_end_keeps_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

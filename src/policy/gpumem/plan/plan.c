@@ -248,8 +248,7 @@ static void drop(gp_state *st) {
 }
 
 /* Small blocks back into their arenas and every arena's frees synced, so
- * what is idle can be given back or moved: before a switch, a settle, or
- * the end of the warm-up. */
+ * what is idle can be given back or moved: before a switch or a settle. */
 static void quiesce(gp_state *st) {
     gm__gp_flush_quick(st);
     gm__gp_unpark_all(st);
@@ -463,16 +462,13 @@ void gm__gp_plan_placed(gp_state *st, gp_block *b) {
     note_alloc(pl, b, b->h.size >> GP_ALIGN_SHIFT, stream);
     /* gpumem_slack:auto and no plan serves yet: warming up tight costs
      * device calls in every step, so it ends when the detector gives up or
-     * after PL_WARM allocations, whichever comes first. The idle chunks are
-     * given back then, once: kept where the tight steps left them, they sat
-     * under the later steps' new placements and the run held more
-     * (bench/gpumem_policy_tradeoff.md, "Tight warm-up, then the plan") */
-    if (gm__gp_warming(st) && pl->state != PL_ACTIVE && (pl->tries >= PL_TRIES || pl->n >= PL_WARM) &&
-        !gm__device_capturing(st->d)) { /* it syncs and gives back: the first allocation after a capture */
+     * after PL_WARM allocations, whichever comes first. What the warm-up
+     * left idle stays mapped: the reserve budget moves it where later steps
+     * need it. Giving it back here (as the default did before the budget)
+     * only made the next steps create it again: bench/RESULTS.md,
+     * "2026-12-07 (evening)", "the warm-up's end keeps its memory". */
+    if (gm__gp_warming(st) && pl->state != PL_ACTIVE && (pl->tries >= PL_TRIES || pl->n >= PL_WARM))
         gm__gp_loosen(st);
-        quiesce(st);
-        (void)gm__gp_release_unused(st);
-    }
 }
 
 bool gm__gp_plan_free(gp_state *st, gp_block *b) {
