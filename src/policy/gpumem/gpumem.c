@@ -30,10 +30,15 @@
  *    workload makes no device call after its first step (held memory =
  *    granules ever touched); slack 0 gives the least memory (held = peak
  *    live granules) but moves memory in every step. The default, auto, is 0
- *    while the program warms up and inf once the plan (gpumem_plan:on, also
- *    the default) has served a step or none came (gm__gp_loosen): the run's
- *    peak never forms, and later steps make no device call.
- *    bench/gpumem_policy_tradeoff.md has the measured trade-off.
+ *    while the program warms up, so no early step's layout sets the peak;
+ *    once the plan (gpumem_plan:on, also the default) has served a step, or
+ *    after PL_WARM allocations with none (gm__gp_loosen), the reserve budget
+ *    holds: memory may grow to GP_BUDGET_PERMILLE over the run's peak
+ *    allocated so far, and idle chunks move only past that (chunks.c,
+ *    reserve_budget). Steps a plan serves then make no device call; steps
+ *    whose shapes change move idle memory to where they need it.
+ *    bench/gpumem_policy_tradeoff.md and bench/RESULTS.md ("2026-12-07
+ *    (evening)") have the measured trade-offs.
  *  - gpumem_chunks (config; run and auto apply only at gpumem_slack:inf,
  *    granule otherwise). granule: every chunk is one granule. run: a
  *    placement's run of unmapped granules gets one chunk (up to
