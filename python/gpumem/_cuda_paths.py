@@ -103,8 +103,7 @@ class CudaPaths:
             except (NotImplementedError, RuntimeError) as e:
                 note = "meta tensors: sdpa's fused kernel failed here (%s); its math path instead" % (
                     str(e).splitlines()[0][:120] if str(e) else type(e).__name__)
-                if note not in rec.trace.notes:
-                    rec.trace.notes.append(note)
+                rec.trace.note(note)
             if scale is not None:
                 kw["scale"] = scale
             return sdpa(query, key, value, attn_mask, dropout_p, is_causal, **kw)

@@ -83,6 +83,11 @@ class Trace:
         self.notes = []          # what the tracer could not see, in words
         self.unseen_inputs = 0   # tensors first met as an operator's input (made outside the trace)
 
+    def note(self, text):
+        """Say text among the notes, once however often the tracer meets it."""
+        if text not in self.notes:
+            self.notes.append(text)
+
     # -- what the trace says by itself (no allocator): live requested bytes --
     def live_peak(self):
         """(peak live bytes as requested, {category: bytes at that peak})."""
@@ -377,8 +382,7 @@ def _item(value, t, rec=None):
             value = True if _is_bool(t) else 1
             note = "a tensor's value read inside %s:%d (%s) was taken as %r; pass item= to choose" % (
                 _short(where[0]), where[1], where[2], value)
-            if note not in rec.trace.notes:
-                rec.trace.notes.append(note)
+            rec.trace.note(note)
     if value is None:
         raise TraceError("gpumem: the traced step reads a tensor's value (.item(), bool(t), a Python if on a "
                          "tensor: a loss printed, a stopping check) that meta and fake tensors do not have; pass "
@@ -397,8 +401,7 @@ def _host_item(rec, t):
     if where[0].startswith(os.path.join(os.path.dirname(torch.__file__), "optim") + os.sep):
         return value      # a step count: it scales the update, never decides what is allocated
     note = "a host tensor's value read at %s:%d (%s) was taken as %r" % (_short(where[0]), where[1], where[2], value)
-    if note not in rec.trace.notes:
-        rec.trace.notes.append(note)
+    rec.trace.note(note)
     return value
 
 
@@ -463,8 +466,7 @@ def _read_draw(rec, t):
     where = _reader()
     note = ("a random draw read at %s:%d (%s) was taken at the top of its range (%r): a layer it drops at "
             "random runs" % (_short(where[0]), where[1], where[2], value))
-    if note not in rec.trace.notes:
-        rec.trace.notes.append(note)
+    rec.trace.note(note)
     return value if _is_bool(t) else float(value) if t.is_floating_point() else int(value)
 
 
@@ -607,8 +609,7 @@ class _Hooks(CudaPaths):
                     len(params), sum(p.numel() * p.element_size() for p in params) / 2**20,
                     ", ".join(where[:4]) or "their modules", " and %d more modules" % (len(where) - 4)
                     if len(where) > 4 else ""))
-        if note not in self.rec.trace.notes:
-            self.rec.trace.notes.append(note)
+        self.rec.trace.note(note)
 
     def _wrap_optimizer(self, opt):
         rec, step = self.rec, opt.step
