@@ -64,31 +64,40 @@ static int64_t idle1_below(const gp_arena *a, int64_t g) {
     return (int64_t)(w << 6 | (63u - (unsigned)__builtin_clzll(a->idle1[w])));
 }
 
+/* Chunk i at the tail of the list with head *h and tail *t, as `list`;
+ * out of it again. */
+static inline void list_link(gp_state *st, int32_t i, gp_chunk *c, uint8_t list, int32_t *h, int32_t *t) {
+    c->list = list;
+    c->lnext = -1;
+    c->lprev = *t;
+    if (*t >= 0) st->chunks[*t].lnext = i;
+    else *h = i;
+    *t = i;
+}
+
+static inline void list_unlink(gp_state *st, gp_chunk *c, int32_t *h, int32_t *t) {
+    if (c->lprev >= 0) st->chunks[c->lprev].lnext = c->lnext;
+    else *h = c->lnext;
+    if (c->lnext >= 0) st->chunks[c->lnext].lprev = c->lprev;
+    else *t = c->lprev;
+    c->list = GP_LIST_NONE;
+    c->lprev = c->lnext = -1;
+}
+
 /* The idle list of chunk c's order: what touch() moves chunks in and out
  * of, once per granule of every large block allocated or freed, so it is
  * chunk_list_add/del without the list choice. */
 static inline void idle_add(gp_state *st, int32_t i, gp_chunk *c) {
     unsigned o = gm__gp_order(c->n);
-    int32_t t = st->idle_tail[o];
     idle1_set(st, c);
-    c->list = GP_LIST_IDLE;
     c->idle_sync = st->arenas[c->arena]->syncs;
-    c->lnext = -1;
-    c->lprev = t;
-    if (t >= 0) st->chunks[t].lnext = i;
-    else st->idle[o] = i;
-    st->idle_tail[o] = i;
+    list_link(st, i, c, GP_LIST_IDLE, &st->idle[o], &st->idle_tail[o]);
 }
 
 static inline void idle_del(gp_state *st, gp_chunk *c) {
     unsigned o = gm__gp_order(c->n);
     idle1_clear(st, c);
-    if (c->lprev >= 0) st->chunks[c->lprev].lnext = c->lnext;
-    else st->idle[o] = c->lnext;
-    if (c->lnext >= 0) st->chunks[c->lnext].lprev = c->lprev;
-    else st->idle_tail[o] = c->lprev;
-    c->list = GP_LIST_NONE;
-    c->lprev = c->lnext = -1;
+    list_unlink(st, c, &st->idle[o], &st->idle_tail[o]);
 }
 
 /* Add dir (+1 or -1) to the live count of every chunk under [p, p+bytes);
@@ -203,13 +212,7 @@ static void chunk_list_add(gp_state *st, int32_t i, uint8_t list) {
         return;
     }
     unsigned o = gm__gp_order(c->n);
-    int32_t *t = &st->loose_tail[o], *h = &st->loose[o];
-    c->list = list;
-    c->lnext = -1;
-    c->lprev = *t;
-    if (*t >= 0) st->chunks[*t].lnext = i;
-    else *h = i;
-    *t = i;
+    list_link(st, i, c, list, &st->loose[o], &st->loose_tail[o]);
 }
 
 static void chunk_list_del(gp_state *st, int32_t i) {
@@ -220,13 +223,7 @@ static void chunk_list_del(gp_state *st, int32_t i) {
         return;
     }
     unsigned o = gm__gp_order(c->n);
-    int32_t *t = &st->loose_tail[o], *h = &st->loose[o];
-    if (c->lprev >= 0) st->chunks[c->lprev].lnext = c->lnext;
-    else *h = c->lnext;
-    if (c->lnext >= 0) st->chunks[c->lnext].lprev = c->lprev;
-    else *t = c->lprev;
-    c->list = GP_LIST_NONE;
-    c->lprev = c->lnext = -1;
+    list_unlink(st, c, &st->loose[o], &st->loose_tail[o]);
 }
 
 static int32_t chunk_slot(gp_state *st) {
