@@ -4,8 +4,10 @@
 # (examples/jobs/README.md): LoRA with a new length every step, serving
 # generate() with a new batch and prompt per request, training with a larger
 # no-grad evaluation pass every 5 steps, torch.compile training, a CNN with a
-# new image size every step, and two jobs held out of all tuning (T5 with new
-# source and target lengths, Faster R-CNN with new image sizes).
+# new image size every step, two jobs held out until 2026-12-07 (T5 with new
+# source and target lengths, Faster R-CNN with new image sizes) and three held
+# out since (a small Mixtral, ViT at a new resolution every step, a Llama
+# fine-tune with a token budget per step).
 # For each: whole-run peak reserved <= 1.02 x peak allocated, and never more
 # than expandable segments hold on the same trace. compile_train is pinned
 # instead at no device call in the second half and below expandable
