@@ -9,7 +9,8 @@
 # out since (a small Mixtral, ViT at a new resolution every step, a Llama
 # fine-tune with a token budget per step).
 # For each: whole-run peak reserved <= 1.02 x peak allocated, and never more
-# than expandable segments hold on the same trace. compile_train is pinned
+# than expandable segments hold on the same trace; sft_tokens also bounds its
+# device calls in the second half. compile_train is pinned
 # instead at no device call in the second half and below expandable
 # segments: its plan (a layout around the weights) holds more than 1.02x in
 # replay of the trace recorded under torch, where best fit under the budget
@@ -31,6 +32,9 @@ for tr in "$GPUMEM_SOURCE"/examples/jobs/*.pickle.gz; do
   echo "$name: default $r ($c device calls in the second half), torch $t, expandable $e"
   want="r <= 1.02 and r <= e"
   [ "$name" = compile_train ] && want="c == 0 and r <= e"
+  # its largest blocks (the logits, ~2 GiB) land over the memory the last
+  # step's left mapped (va.c, densest_window): 7,266 calls, 18,850 before
+  [ "$name" = sft_tokens ] && want="$want and c <= 10000"
   python3 -c "import sys; r,c,e=$r,$c,$e; sys.exit(0 if $want else 1)" ||
     { echo "FAIL: $name: want $want (expandable $e)"; fails=$((fails + 1)); }
 done

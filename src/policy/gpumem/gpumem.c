@@ -17,7 +17,9 @@
  *    (2 MiB) each, mapped lazily and kept mapped when their blocks die.
  *    Placement takes the best fit unless it needs unmapped granules (or would
  *    leave a multi-granule idle chunk partly used); then it looks for a range
- *    that is mapped already, so mappings get reused. A placement that still
+ *    that is mapped already, so mappings get reused (where no plan serves, a
+ *    large block also looks inside its range for the place over the most
+ *    mapped granules: va.c, densest_window). A placement that still
  *    needs granules takes a loose (unmapped) chunk, else moves the idle
  *    (mapped, no live block) chunk highest in the arena, else from another arena
  *    — after syncing the stream that last freed memory in that arena — and

@@ -142,6 +142,7 @@ typedef struct gp_mode {
     bool warming;              /* gpumem_slack:auto, not loosened yet: slack is 0 (gm__gp_loosen) */
     bool autoslack;            /* gpumem_slack:auto with a plan: the reserve budget holds once loosened (chunks.c) */
     uint64_t soft_cap;         /* gpumem_plan:on, while the plan maps its arena: no chunk is created past it (0: none) */
+    bool planned;              /* a plan has served a step: steps repeat, and the plan's layout places them */
 } gp_mode;
 
 typedef struct gp_state {
@@ -179,6 +180,7 @@ typedef struct gp_state {
 static inline bool gm__gp_warming(const gp_state *st) { return st->mode.warming; }
 static inline uint64_t gm__gp_soft_cap(const gp_state *st) { return st->mode.soft_cap; }
 static inline void gm__gp_set_soft_cap(gp_state *st, uint64_t bytes) { st->mode.soft_cap = bytes; }
+static inline void gm__gp_set_planned(gp_state *st) { st->mode.planned = true; }
 
 /* base.c */
 gp_block *gm__gp_block_new(gp_state *st);

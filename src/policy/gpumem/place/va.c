@@ -15,6 +15,13 @@
 #ifndef GP_ALT_SCAN
 #define GP_ALT_SCAN 128 /* ranges looked at to find one that needs no mapping */
 #endif
+#ifndef GP_DENSE_MIN
+/* granules: a block this large that needs mapping, in a job no plan
+ * serves, is placed over the most mapped memory its range holds (choose,
+ * densest_window); 16 (32 MiB) or more: smaller ones move few granules, and
+ * best fit's ends serve them (bench/RESULTS.md, "2026-12-07 (night)") */
+#define GP_DENSE_MIN 16
+#endif
 #ifndef GP_COST_BUDGET
 /* granules looked at for that: 8192 covers a 16 GiB arena, so a step
  * whose shapes change looks over all of it before memory moves
@@ -375,6 +382,52 @@ static bool mapped_window(const gp_state *st, const gp_arena *a, const gp_block 
     return false;
 }
 
+/* The first granule in [g, end) whose mapped bit is `set`, or end. */
+static uint64_t next_bit(const gp_arena *a, uint64_t g, uint64_t end, bool set) {
+    while (g < end) {
+        uint64_t w = a->mapped[g >> 6] ^ (set ? 0 : ~(uint64_t)0);
+        w &= ~(uint64_t)0 << (g & 63);
+        if (w) {
+            g = (g & ~(uint64_t)63) + (uint64_t)__builtin_ctzll(w);
+            return g < end ? g : end;
+        }
+        g = (g | 63) + 1;
+    }
+    return end;
+}
+
+/* The place for `bytes` inside free range r that needs the fewest granules
+ * mapped, if it needs fewer than *best (then *best and *at are set). The
+ * best window starts where a run of mapped granules starts or ends where one
+ * ends (else sliding it toward that run would cover more of it), so those
+ * are the places looked at, in address order, until the budget runs out.
+ * A step whose largest block changes size then lands over the memory the
+ * last step's left mapped (the top range of an arena is most of its span,
+ * where the range's ends are far from it). */
+static bool densest_window(const gp_state *st, const gp_arena *a, const gp_block *r, uint64_t bytes,
+                           int64_t *budget, uint64_t *best, gm_devptr *at) {
+    gm_devptr lo = r->h.ptr, hi = r->h.ptr + r->h.size - bytes; /* the first and last start */
+    uint64_t g = (lo - a->base) >> st->gshift, gend = ((r->h.ptr + r->h.size - 1 - a->base) >> st->gshift) + 1;
+    int64_t per = (int64_t)((bytes >> st->gshift) >> 6) + 2; /* unmapped_in's words */
+    bool found = false, partial = st->nmulti && !st->runs && !st->lazy; /* as choose() */
+    while (*best && *budget > 0) {
+        uint64_t s = next_bit(a, g, gend, true);
+        if (s >= gend) break;
+        uint64_t e = next_bit(a, s, gend, false);
+        *budget -= 2 * per + (int64_t)((e - s) >> 6) + 1;
+        gm_devptr cand[2] = {a->base + (s << st->gshift), a->base + (e << st->gshift) - bytes};
+        for (int k = 0; k < 2; k++) {
+            gm_devptr p = cand[k];
+            if (k == 1 && a->base + (e << st->gshift) < bytes) continue;
+            p = p < lo ? lo : p > hi ? hi : p;
+            uint64_t n = partial ? cost(st, a, p, bytes, *best, budget) : unmapped_in(st, a, p, bytes);
+            if (n < *best) *best = n, *at = p, found = true;
+        }
+        g = e;
+    }
+    return found;
+}
+
 /* Where to put `bytes`: best fit, moved to a cheaper range (see cost) when
  * the best fit needs mapping or would split an idle chunk: lazily kept
  * mappings get reused, so a repeating workload settles into making no device
@@ -396,6 +449,11 @@ static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at
         if (ch < best) best = ch, *at = hi;
     }
     gp_block *pick = r;
+    /* under the reserve budget, where no plan lays steps out: a large block
+     * over the memory its range has mapped, wherever in the range that is */
+    if (best && hi != lo && st->mode.autoslack && !st->mode.warming && !st->mode.planned &&
+        bytes >= ((uint64_t)GP_DENSE_MIN << st->gshift))
+        densest_window(st, a, r, bytes, &budget, &best, at);
     int seen = 0;
     for (int b = best ? next_bin(a, gm__gp_bin_of(bytes >> GP_ALIGN_SHIFT)) : -1;
          b >= 0 && seen < GP_ALT_SCAN && best && budget > 0; b = next_bin(a, (unsigned)b + 1)) {

@@ -375,6 +375,7 @@ static void advance(gp_state *st) {
          (unsigned long long)(st->d->stats.num_map + st->d->stats.num_unmap + st->d->stats.num_phys_create + st->d->stats.num_phys_release),
          st->held_bytes / 1048576.0, (unsigned long long)pl->dev_step);
     gm__gp_loosen(st); /* a step served from the plan: the warm-up is over */
+    gm__gp_set_planned(st);
     /* settling syncs and gives back: not during a capture (a later step settles) */
     if (!pl->settled && pl->dev_step == 0 && !gm__device_capturing(st->d)) settle(st);
     pl->dev_step = 0;
