@@ -476,6 +476,18 @@ def _scalar_tensor(x):
                         else torch.int64)
 
 
+def _conv_backward(grad_out, inp, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                   groups, mask):
+    """aten::convolution_backward on meta tensors, which torch 1.13 has no kernel for
+    (it falls to the `overrideable` variant and raises): gradients shaped as CUDA's
+    kernel makes them, the input's, the weight's and the bias's (the output channels)."""
+    import torch  # noqa: PLC0415
+    out_ch = weight.shape[1] * groups if transposed else weight.shape[0]
+    like = [(inp.shape, inp), (weight.shape, weight), ((out_ch,), weight)]
+    return tuple(torch.empty(shape, dtype=t.dtype, device=t.device) if m else None
+                 for m, (shape, t) in zip(mask, like))
+
+
 def _make_mode(rec, sdp_choice, nonzero, item):
     from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415
 
@@ -501,7 +513,12 @@ def _make_mode(rec, sdp_choice, nonzero, item):
                 rec.see(t, False)
             if name in _MATMULS:
                 rec.matmul()
-            out = func(*args, **kwargs)
+            try:
+                out = func(*args, **kwargs)
+            except NotImplementedError:
+                if name != "convolution_backward":
+                    raise
+                out = _conv_backward(*args)
             if name == "detach" and isinstance(out, (int, float, bool)):
                 # the detach of a Python number's wrapped tensor (x * 0.5 saves it for
                 # backward) comes back to a mode as the number; autograd wants a tensor

@@ -32,6 +32,13 @@ except ImportError as e:  # CI without python3-torch: the format and CLI tests s
     torch = None
     NO_TORCH = "torch is not installed (%s): the traced-model tests need it (apt-get install python3-torch)" % e
 
+try:
+    import torchvision
+    NO_TORCHVISION = "" if torch is not None else NO_TORCH
+except ImportError as e:
+    torchvision = None
+    NO_TORCHVISION = "torchvision is not installed (%s): apt-get install python3-torchvision" % e
+
 MIB, KIB = 1 << 20, 1 << 10
 
 
@@ -497,6 +504,36 @@ class TracerTest(unittest.TestCase):
             self.assertEqual(tr["at_peak"][ge.OPTIMIZER], blk["by_category"][ge.OPTIMIZER])
             self.assertLess(abs(tr["peak_allocated"] / blk["peak_allocated"] - 1), 0.05, (batch, seq))
             self.assertLess(abs(tr["peak_reserved"]["torch"] / blk["peak_reserved"]["torch"] - 1), 0.10, (batch, seq))
+
+    @unittest.skipIf(NO_EXE or NO_TORCHVISION, NO_EXE or NO_TORCHVISION)
+    def test_vision_agrees_with_the_block_models(self):
+        """torchvision's ResNet-18, ResNet-50 and ViT-B/16 traced (fp32, AdamW; on torch 1.13's
+        meta tensors, whose convolution has no backward: the tracer shapes its gradients) and
+        the hand-written block models (`--model NAME --precision fp32`) agree: parameters and
+        optimizer state within 0.01% (one 512-byte rounding per tensor apart), peak allocated
+        within 5%, peak reserved within 10% (bench/RESULTS.md, 2026-12-07, night)."""
+        def train(name, batch):
+            def setup(device):
+                m = getattr(torchvision.models, name)().to(device).train()
+                opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+
+                def step():
+                    x = torch.randn(batch, 3, 224, 224, device=device)
+                    F.cross_entropy(m(x), torch.randint(0, 1000, (batch,), device=device)).backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                return step
+            return setup
+        for name, batch in (("resnet18", 8), ("resnet50", 32), ("vit_b_16", 8)):
+            tr = estimate(ge.trace_step(train(name, batch), steps=3, mode="meta"))
+            p = subprocess.run([EXE, "estimate", "--model", name, "--precision", "fp32", "--optimizer", "adamw",
+                                "--batch", str(batch), "--json"], stdout=subprocess.PIPE,
+                               universal_newlines=True, check=True)
+            blk = json.loads(p.stdout)
+            for cat in (ge.PARAMETERS, ge.OPTIMIZER):
+                self.assertLess(abs(tr["at_peak"][cat] / blk["by_category"][cat] - 1), 1e-4, (name, cat))
+            self.assertLess(abs(tr["peak_allocated"] / blk["peak_allocated"] - 1), 0.05, name)
+            self.assertLess(abs(tr["peak_reserved"]["torch"] / blk["peak_reserved"]["torch"] - 1), 0.10, name)
 
     def test_as_on_cuda(self):
         """Meta tensors take other code paths than CUDA's; the tracer takes CUDA's: a tied
