@@ -207,6 +207,22 @@ def ddp_gpt2(batch, seq):
     return train
 
 
+def fsdp_gpt2(batch, seq):
+    """FSDP2 (fully_shard per block, then the root) as rank 0 of the fake group: the
+    optimizer steps the rank's shards; the fake all-gathers return unsent buffers of
+    the right size. Not run on a GPU yet (issue 44: an FSDP rank in fake mode)."""
+    def train(device):
+        import transformers as T
+        from torch.distributed.fsdp import fully_shard
+        cfg = T.GPT2Config()
+        model = T.GPT2LMHeadModel(cfg).to(device)
+        for block in model.transformer.h:
+            fully_shard(block)
+        fully_shard(model)
+        return loop(model, lambda: lm_batch(cfg.vocab_size, batch, seq, device))
+    return train
+
+
 def decode(batch, prompt, new):
     """Generation as a user's own loop writes it (greedy, KV cache), new tokens
     after a prompt; model.generate() decides when to stop from tensor values,
@@ -250,6 +266,7 @@ CASES = [
     ("llama-lora-bf16ac", hf("LlamaConfig", "LlamaForCausalLM", 4, 1024, lora=True, **LLAMA), {}),
     ("moe-top2-bf16ac", moe(8, 512), {"nonzero": 1 / 8}),
     ("gpt2-ddp-rank0-of-8", ddp_gpt2(8, 512), {"world_size": 8}),
+    ("gpt2-fsdp-rank0-of-8", fsdp_gpt2(8, 512), {"world_size": 8}),
     ("gpt2-decode-bf16", decode(8, 256, 64), {"steps": 1}),
 ]
 
