@@ -749,6 +749,47 @@ static void test_warmup_end_keeps_memory(void **state) {
     teardown_env(&e);
 }
 
+/* Under the reserve budget, where no plan serves, a large block that needs
+ * mapping goes where its free range holds the most mapped granules, not only
+ * to the range's ends (va.c, densest_window). The low granules of a free
+ * range moved to another stream's arena; the ones above are still mapped and
+ * idle: a 95-granule block placed there needs fewer granules moved than at
+ * the range's start. */
+static void test_large_block_goes_over_mapped(void **state) {
+    (void)state;
+    env e;
+    setup_env_conf(&e, 8192 * MIB, false, "policy:gpumem");
+    uint32_t x = 99;
+    for (int i = 0; i < 17000; i++) { /* the warm-up ends (no plan: a new size each time) */
+        x = x * 1103515245u + 12345u;
+        gm_devptr p = alloc(e.al, MIB + 512 * (uint64_t)(1 + (x >> 16) % 1024), 0);
+        assert_int_equal(gm_free(e.al, p), GM_OK);
+    }
+    gm_devptr l = alloc(e.al, 2 * MIB, 0); /* granule 0 */
+    gm_devptr a = alloc(e.al, 20 * MIB, 0), b = alloc(e.al, 180 * MIB, 0);
+    assert_int_equal(b, a + 20 * MIB);
+    assert_int_equal(gm_free(e.al, a), GM_OK); /* idle first: the first to move to another arena */
+    assert_int_equal(gm_free(e.al, b), GM_OK);
+    gm_devptr other = alloc(e.al, 20 * MIB, 1);
+    assert_false(mapped_at(e.al, a));
+    assert_true(mapped_at(e.al, b));
+    enum { G = 200 };
+    bool was[G]; /* granules 0..199 of stream 0's arena, mapped before the placement */
+    for (int g = 0; g < G; g++) was[g] = mapped_at(e.al, l + (uint64_t)g * 2 * MIB);
+    gm_devptr y = alloc(e.al, 190 * MIB, 0);
+    int g0 = (int)((y - l) / (2 * MIB)), at_start = 0, there = 0;
+    assert_true(g0 + 95 <= G);
+    for (int g = 1; g < 1 + 95; g++) at_start += !was[g];
+    for (int g = g0; g < g0 + 95; g++) there += !was[g];
+    print_message("at the range's start: %d granules to move; at granule %d: %d\n", at_start, g0, there);
+    assert_true(there < at_start);
+    check_ok(e.al);
+    assert_int_equal(gm_free(e.al, y), GM_OK);
+    assert_int_equal(gm_free(e.al, other), GM_OK);
+    assert_int_equal(gm_free(e.al, l), GM_OK);
+    teardown_env(&e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placement),
@@ -766,6 +807,7 @@ int main(void) {
         cmocka_unit_test(test_move_syncs_only_for_recent_frees),
         cmocka_unit_test(test_move_picks_highest_idle),
         cmocka_unit_test(test_warmup_end_keeps_memory),
+        cmocka_unit_test(test_large_block_goes_over_mapped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
