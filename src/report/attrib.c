@@ -216,8 +216,11 @@ static int find_steps(const int64_t *live, size_t n, size_t first_free, const ui
     qsort(smp, ns, sizeof *smp, cmp_i64);
     int64_t lo = smp[ns / 10], hi = smp[ns - 1 - ns / 10];
     free(smp);
-    if (hi - lo < hi / 20) return GM_OK; /* flat: no steps to see */
-    int64_t up = lo + (hi - lo) * 3 / 5, down = lo + (hi - lo) * 3 / 10;
+    /* unsigned and in parts: a hostile trace's live bytes can be near either end of int64 */
+    uint64_t span = (uint64_t)hi - (uint64_t)lo;
+    if (hi / 20 > 0 && span < (uint64_t)(hi / 20)) return GM_OK; /* flat: no steps to see */
+    int64_t up = (int64_t)((uint64_t)lo + span / 5 * 3 + span % 5 * 3 / 5);     /* lo + 3/5 of the span */
+    int64_t down = (int64_t)((uint64_t)lo + span / 10 * 3 + span % 10 * 3 / 10); /* lo + 3/10 */
     st->high = malloc((n / 2 + 1) * sizeof *st->high);
     st->size = malloc((np + 1) * sizeof *st->size);
     st->count = calloc(np + 1, sizeof *st->count);

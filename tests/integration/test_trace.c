@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "gpumem/gpumem.h"
+#include "report/report.h"
 #include "trace/trace.h"
 
 #include <dirent.h>
@@ -166,7 +167,9 @@ static void test_shared_traces(void **s) {
     gm__trace_free(t);
 }
 
-/* Every committed fuzzer crash input: must load or fail cleanly. */
+/* Every committed fuzzer crash input: must load or fail cleanly, and one
+ * that loads goes through replay's compiler and the report's attribution,
+ * as in the fuzz target (tests/fuzz/fuzz_trace.c). */
 static void test_fuzz_regressions(void **s) {
     (void)s;
     const char *dir = src_path("tests/fuzz/regressions");
@@ -185,6 +188,8 @@ static void test_fuzz_regressions(void **s) {
                 gm_replay_prog *pr;
                 if (gm__replay_compile(t, dev, &pr) == GM_OK) gm__replay_prog_free(pr);
             }
+            gm_attribution *a;
+            if (gm__attribute(t, 0, &a) == GM_OK) gm__attribution_free(a);
             gm__trace_free(t);
         }
         n++;
