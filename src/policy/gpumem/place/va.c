@@ -415,11 +415,10 @@ static bool densest_window(const gp_state *st, const gp_arena *a, const gp_block
         if (s >= gend) break;
         uint64_t e = next_bit(a, s, gend, false);
         *budget -= 2 * per + (int64_t)((e - s) >> 6) + 1;
+        /* from the run's start, or up to its end; kept inside the range */
         gm_devptr cand[2] = {a->base + (s << st->gshift), a->base + (e << st->gshift) - bytes};
         for (int k = 0; k < 2; k++) {
-            gm_devptr p = cand[k];
-            if (k == 1 && a->base + (e << st->gshift) < bytes) continue;
-            p = p < lo ? lo : p > hi ? hi : p;
+            gm_devptr p = cand[k] < lo ? lo : cand[k] > hi ? hi : cand[k];
             uint64_t n = partial ? cost(st, a, p, bytes, *best, budget) : unmapped_in(st, a, p, bytes);
             if (n < *best) *best = n, *at = p, found = true;
         }
