@@ -247,6 +247,10 @@ static void llama_layer(X *x) {
         push(x, &x->sv, &x->nsv, &x->capsv, x->nograd ? 0 : v);
         if (x->nograd) FREE(x, v);
     }
+    /* grouped-query heads, eager: repeat_kv copies k and v out to every query head,
+     * and the two matmuls save the copies (sdpa takes enable_gqa instead) */
+    if (x->r->attention == GM_EST_ATTN_EAGER && m->kv_heads < m->heads)
+        SAVE(x, N * qd * x->a), SAVE(x, N * qd * x->a);
     attention(x, m->heads, m->head_dim, true, m->dropout);
     proj_residual(x, d * qd, false, false); /* residual, saved by the next RMSNorm */
     y = rmsnorm(x, N, d);
