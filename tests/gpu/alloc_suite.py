@@ -49,8 +49,11 @@ JOBS = ["gpt2_hf", "resnet50_amp", "llama_ckpt", "bert_varlen", "gpt2_generate"]
 # issue 41: the kinds of job a user brings; HELD_OUT are never used to tune the policy
 JOBS_USER = ["lora_varlen", "serve_generate", "train_eval", "compile_train", "cnn_varsize"]
 # t5/detect were held out until the 2026-12-07 removal of elastic plans looked at their replays;
-# moe_routing, vit_multires and sft_tokens are the held-out jobs since (bench/RESULTS.md)
-HELD_OUT = ["t5_varlen", "detect_varsize", "moe_routing", "vit_multires", "sft_tokens"]
+# moe_routing, vit_multires and sft_tokens were held out from then, and sft_tokens stopped being
+# unseen when its moves were read that night (bench/RESULTS.md). whisper_varlen and accum_varbatch
+# were written then and have not run yet: the next unseen check.
+HELD_OUT = ["t5_varlen", "detect_varsize", "moe_routing", "vit_multires", "sft_tokens",
+            "whisper_varlen", "accum_varbatch"]
 CALL_KEYS = ("num_device_alloc", "num_device_free", "num_map", "num_unmap", "num_phys_create",
              "num_phys_release", "num_va_reserve", "num_va_release")
 
@@ -413,6 +416,48 @@ def run_sft_tokens(torch, meter, steps):  # held out
             yield torch.randint(0, 32000, (max(1, 16384 // s), s), generator=g).cuda()
     train_steps(torch, meter, opt, batches(), lambda ids: model(input_ids=ids, labels=ids).loss,
                 torch.bfloat16)
+
+
+# ---- written 2026-12-07 (night), not run yet: the next unseen check ----
+
+def run_whisper_varlen(torch, meter, steps):  # held out
+    """A Whisper-base-sized encoder-decoder: 30 s of log-mel features (fixed by the encoder), a
+    new transcript length (16-224 tokens) every step, bf16 autocast, AdamW, batch 16."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    cfg = WhisperConfig(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                        decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+                        num_mel_bins=80, vocab_size=51865, max_target_positions=448)
+    model = WhisperForConditionalGeneration(cfg).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(13)
+
+    def batches():
+        for _ in range(steps):
+            t = int(torch.randint(16, 225, (1,), generator=g))
+            yield (torch.randn(16, 80, 3000, generator=g).cuda(),
+                   torch.randint(0, 51865, (16, t), generator=g).cuda())
+    train_steps(torch, meter, opt, batches(), lambda b: model(input_features=b[0], labels=b[1]).loss,
+                torch.bfloat16)
+
+
+def run_accum_varbatch(torch, meter, steps):  # held out
+    """GPT-2 medium, gradient accumulation: 4 micro-batches a step, each a new length (64-1024)
+    with 8,192 tokens, bf16 autocast, AdamW stepped once per 4."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config(n_embd=1024, n_layer=24, n_head=16)).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(14)
+    for _ in range(steps):
+        meter.begin()
+        for _ in range(4):
+            s = int(torch.randint(64, 1025, (1,), generator=g))
+            ids = torch.randint(0, 50257, (max(1, 8192 // s), s), generator=g).cuda()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss / 4
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        meter.end(loss.item())
 
 
 def child(job, alloc, steps, cap, record):
