@@ -7,7 +7,7 @@
 #   peak_allocated and peak_requested within 0.1%;
 # and, for the gpumem policy on every trace (issue 3's goals; with
 # --gpumem-info only printed, as the small examples miss them):
-#   its default (gpumem_slack:inf: no device calls once warm) never reserves
+#   its default (the reserve budget, gpumem_slack:auto) never reserves
 #     more than torch's default,
 #   its memory-first setting (gpumem_slack:0) keeps peak reserved / peak
 #     requested <= 1.01,
