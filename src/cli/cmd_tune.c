@@ -2,10 +2,11 @@
  * allocator settings (torch policy) and under gpumem's own policy, and ranks
  * them by predicted peak reserved memory, with the exact line to use and a
  * flag on settings that would run out of memory at the given capacity.
- * gpumem's policy runs at three gpumem_slack values, with the device calls of
- * each (a cold pass): less slack = less memory, but idle memory moves
- * (unmap + map) in every later step too; the default (inf) moves it only
- * under memory pressure, so a warm step makes no device calls.
+ * gpumem's policy runs at the settings its table lists (src/policy/table.c),
+ * with the device calls of each: less slack = less memory, but idle memory
+ * moves (unmap + map) in more steps; the default holds a 1.5% reserve budget
+ * and moves idle memory past it; gpumem_slack:inf,gpumem_chunks:run moves
+ * it only under memory pressure, so a warm step makes almost no device calls.
  *
  * The grid, the replays and the choice of the best and recommended settings
  * are the library's (src/trace/tune.c, from the policy table); the table is
