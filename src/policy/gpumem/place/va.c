@@ -448,11 +448,6 @@ static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at
         if (ch < best) best = ch, *at = hi;
     }
     gp_block *pick = r;
-    /* under the reserve budget, where no plan lays steps out: a large block
-     * over the memory its range has mapped, wherever in the range that is */
-    if (best && hi != lo && st->mode.autoslack && !st->mode.warming && !st->mode.planned &&
-        bytes >= ((uint64_t)GP_DENSE_MIN << st->gshift))
-        densest_window(st, a, r, bytes, &budget, &best, at);
     int seen = 0;
     for (int b = best ? next_bin(a, gm__gp_bin_of(bytes >> GP_ALIGN_SHIFT)) : -1;
          b >= 0 && seen < GP_ALT_SCAN && best && budget > 0; b = next_bin(a, (unsigned)b + 1)) {
@@ -471,6 +466,14 @@ static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at
                 cost(st, a, w, bytes, best, &budget) < best)
                 best = 0, *at = w, pick = c;
         }
+    }
+    /* still mapping, under the reserve budget, where no plan lays steps out: a
+     * large block over the memory r has mapped, wherever in r that is (a
+     * budget of its own: the search above is as it was) */
+    if (best && hi != lo && st->mode.autoslack && !st->mode.warming && !st->mode.planned &&
+        bytes >= ((uint64_t)GP_DENSE_MIN << st->gshift)) {
+        budget = GP_COST_BUDGET;
+        if (densest_window(st, a, r, bytes, &budget, &best, at)) pick = r;
     }
     *needs_map = best % GP_COST_PARTIAL != 0;
     return pick;
