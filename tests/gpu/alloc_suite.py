@@ -315,19 +315,23 @@ def run_compile_train(torch, meter, steps):
              fwd=torch.compile(model.cuda()))
 
 
+def image_batches(torch, seed, steps, mult, lo, hi):
+    """(images, labels) on the GPU, batch 32 of 1000 classes, a new square side every step:
+    mult x an integer in [lo, hi)."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        side = mult * int(torch.randint(lo, hi, (1,), generator=g))
+        yield (torch.randn(32, 3, side, side, generator=g).cuda(),
+               torch.randint(0, 1000, (32,), generator=g).cuda())
+
+
 def run_cnn_varsize(torch, meter, steps):
     import torchvision
     m = torchvision.models.resnet50(weights=None).cuda().train()
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     crit = torch.nn.CrossEntropyLoss()
-    g = torch.Generator().manual_seed(7)
-
-    def batches():
-        for _ in range(steps):
-            side = 32 * int(torch.randint(6, 16, (1,), generator=g))  # 192..480
-            yield (torch.randn(32, 3, side, side, generator=g).cuda(),
-                   torch.randint(0, 1000, (32,), generator=g).cuda())
-    train_steps(torch, meter, opt, batches(), lambda b: crit(m(b[0]), b[1]), torch.bfloat16)
+    batches = image_batches(torch, 7, steps, 32, 6, 16)  # 192..480
+    train_steps(torch, meter, opt, batches, lambda b: crit(m(b[0]), b[1]), torch.bfloat16)
 
 
 def run_t5_varlen(torch, meter, steps):  # held out
@@ -387,14 +391,7 @@ def run_vit_multires(torch, meter, steps):  # held out
     from transformers import ViTConfig, ViTForImageClassification
     m = ViTForImageClassification(ViTConfig(image_size=224, num_labels=1000)).cuda().train()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(11)
-
-    def batches():
-        for _ in range(steps):
-            side = 16 * int(torch.randint(10, 25, (1,), generator=g))
-            yield (torch.randn(32, 3, side, side, generator=g).cuda(),
-                   torch.randint(0, 1000, (32,), generator=g).cuda())
-    train_steps(torch, meter, opt, batches(),
+    train_steps(torch, meter, opt, image_batches(torch, 11, steps, 16, 10, 25),
                 lambda b: m(pixel_values=b[0], labels=b[1], interpolate_pos_encoding=True).loss,
                 torch.bfloat16)
 
