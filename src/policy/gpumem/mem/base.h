@@ -178,7 +178,10 @@ typedef struct gp_state {
 
 /* The plan's say over the memory floor (gp_mode). */
 static inline bool gm__gp_warming(const gp_state *st) { return st->mode.warming; }
+/* gpumem_slack:auto and warmed up: the reserve budget is in force (chunks.c, reserve_budget). */
+static inline bool gm__gp_reserving(const gp_state *st) { return st->mode.autoslack && !st->mode.warming; }
 static inline uint64_t gm__gp_soft_cap(const gp_state *st) { return st->mode.soft_cap; }
+static inline bool gm__gp_planned(const gp_state *st) { return st->mode.planned; }
 static inline void gm__gp_set_soft_cap(gp_state *st, uint64_t bytes) { st->mode.soft_cap = bytes; }
 static inline void gm__gp_set_planned(gp_state *st) { st->mode.planned = true; }
 

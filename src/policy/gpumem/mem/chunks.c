@@ -503,17 +503,12 @@ static uint64_t reserve_budget(const gp_state *st, uint64_t span) {
     return (peak + peak / 1000 * GP_BUDGET_PERMILLE) >> st->gshift;
 }
 
-/* gpumem_slack:auto and warmed up: the reserve budget is in force. */
-static bool reserving(const gp_state *st) {
-    return st->mode.autoslack && !st->mode.warming;
-}
-
 /* Below this many granules held, new memory is cheaper than moving idle
  * chunks: the reserve budget when it is in force; else a small slack over the
  * peak of live granules (the placement's span counted), or the peak of bytes
  * requested, whichever is larger. */
 static uint64_t create_budget(const gp_state *st, uint64_t span) {
-    if (reserving(st)) return reserve_budget(st, span);
+    if (gm__gp_reserving(st)) return reserve_budget(st, span);
     uint64_t need = st->live_gran + span;
     uint64_t budget = slack_budget(st, st->peak_live_gran > need ? st->peak_live_gran : need);
     uint64_t target = (uint64_t)st->d->stats.requested_bytes[GM_POOL_ALL].peak >> st->gshift;
@@ -534,7 +529,7 @@ static int acquire_run(gp_state *st, gp_arena *a, uint64_t g, uint64_t n, uint64
         uint64_t budget = create_budget(st, pg1 - pg0 + 1);
         /* the reserve budget spares what a plan that serves keeps for its next steps:
          * moving that would move it back in every step; past them, new memory */
-        bool spare = reserving(st) && st->keep && !a->plan_only;
+        bool spare = gm__gp_reserving(st) && st->keep && !a->plan_only;
         uint64_t held = st->held_bytes >> st->gshift;
         if (i < 0 && held + n <= budget) {
             int rc = chunk_create(st, n < cap ? n : cap, a, pg0, pg1, false, &i);

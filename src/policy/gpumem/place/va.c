@@ -470,7 +470,7 @@ static gp_block *choose(gp_state *st, gp_arena *a, uint64_t bytes, gm_devptr *at
     /* still mapping, under the reserve budget, where no plan lays steps out: a
      * large block over the memory r has mapped, wherever in r that is (a
      * budget of its own: the search above is as it was) */
-    if (best && hi != lo && st->mode.autoslack && !st->mode.warming && !st->mode.planned &&
+    if (best && hi != lo && gm__gp_reserving(st) && !gm__gp_planned(st) &&
         bytes >= ((uint64_t)GP_DENSE_MIN << st->gshift)) {
         budget = GP_COST_BUDGET;
         if (densest_window(st, a, r, bytes, &budget, &best, at)) pick = r;
