@@ -36,6 +36,15 @@ int gm_test_make(gm_policy_kind policy, const char *conf, uint64_t capacity, boo
     return gm_test_make_opts(policy, conf, &o, b, a);
 }
 
+gm_devptr gm_test_alloc(gm_allocator *a, uint64_t size, gm_stream stream) {
+    gm_devptr p = 0;
+    int rc = gm_malloc(a, 0, size, stream, &p);
+    if (rc != GM_OK) fail_msg("gm_malloc(%llu): %s %s", (unsigned long long)size, gm_status_name(rc),
+                              gm_last_error_detail());
+    assert_true(p != 0);
+    return p;
+}
+
 void gm_test_destroy(gm_backend *b, gm_allocator *a) {
     gm_allocator_destroy(a);
     gm_backend_destroy(b);

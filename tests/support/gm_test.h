@@ -41,6 +41,10 @@ void gm_test_destroy(gm_backend *b, gm_allocator *a);
 #define gm_test_check(a) gm_test_check_at((a), __FILE__, __LINE__)
 void gm_test_check_at(gm_allocator *a, const char *file, int line);
 
+/* gm_malloc on device 0, failing the test (with the error's detail) unless
+ * it returns a block. */
+gm_devptr gm_test_alloc(gm_allocator *a, uint64_t size, gm_stream stream);
+
 /* Fetch stats of device 0, failing the test on error. */
 gm_stats gm_test_stats(gm_allocator *a);
 
