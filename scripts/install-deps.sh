@@ -7,7 +7,7 @@ set -euo pipefail
 # python3-torch: Debian's torch 1.13 (CPU only) for the tests of gpumem.estimate's tracer
 # (python/tests/test_estimate_trace.py: meta tensors, no GPU); 175 packages, 607 MiB, 32 s
 # to install on the development machine (2026-12-07); the tests take 3 s. python3-torchvision
-# (0.14): torchvision's models for the tracer-vs-block-model test (a few MiB more).
+# (0.14): torchvision's models for python/tests/test_estimate_blocks.py (a few MiB more).
 pkgs=(cmake make gcc g++ clang libclang-rt-dev pkg-config zlib1g-dev libcmocka-dev libcjson-dev
       libncurses-dev libmicrohttpd-dev tmux prometheus python3 python3-pytest python3-torch
       python3-torchvision curl procps ca-certificates)
