@@ -18,7 +18,7 @@ try:
     import torch.nn.functional as F
     NO_TORCH = ""
 except ImportError as e:  # CI without python3-torch: the format and CLI tests still run
-    torch = None
+    torch = nn = F = None
     NO_TORCH = "torch is not installed (%s): the traced-model tests need it (apt-get install python3-torch)" % e
 
 
