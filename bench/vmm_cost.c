@@ -7,7 +7,11 @@
  *   - the same calls for one handle of k granules (k = 8, 64, 512),
  *   - cuMemSetAccess once over a run of k separately created-and-mapped
  *     granules (does access-setting batch across handles?),
- *   - cuMemAlloc / cuMemFree of the same sizes (what PyTorch's cudaMalloc costs).
+ *   - cuMemAlloc / cuMemFree of the same sizes (what PyTorch's cudaMalloc costs),
+ *   - what moving k mapped granules to a new address costs, the way the reserve
+ *     budget moves idle memory (unmap, map, set access): one unmap a granule
+ *     against one over the whole stretch, and a new mapping made while the
+ *     old one stays (an alias: no unmap before it).
  *
  * Built and run on the GPU machine by tests/gpu/vmm_cost.sh (links -lcuda);
  * not part of the CMake build (no libcuda here).
@@ -114,6 +118,52 @@ static void granule_run(int k, int n, int batched) {
     row(name, bytes, ta, n);
 }
 
+/* Move k mapped granule handles from address A to B, the way the reserve
+ * budget moves idle memory: unmap (one call a granule, or unmap_once: one
+ * over all k), map (one a granule), set access once over B. alias: map at B
+ * while A stays mapped (A unmapped after the timing). Mapping part of a
+ * larger handle (a nonzero offset) is not tried: the driver refuses it
+ * (CUDA_ERROR_NOT_SUPPORTED on an H100, bench/RESULTS.md). */
+static void move_run(int k, int n, int alias, int unmap_once) {
+    double tu[N], tm[N], ta[N];
+    static CUmemGenericAllocationHandle h[MAXK];
+    size_t bytes = (size_t)k * GRAN;
+    CUdeviceptr va[2];
+    CK(cuMemAddressReserve(&va[0], 2 * bytes, 0, 0, 0));
+    va[1] = va[0] + bytes;
+    for (int j = 0; j < k; j++) CK(cuMemCreate(&h[j], GRAN, &prop, 0));
+    for (int j = 0; j < k; j++) CK(cuMemMap(va[0] + j * GRAN, GRAN, 0, h[j], 0));
+    CK(cuMemSetAccess(va[0], bytes, &acc, 1));
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr from = va[i & 1], to = va[(i + 1) & 1];
+        double t0 = now_us();
+        if (!alias && unmap_once) CK(cuMemUnmap(from, bytes));
+        else if (!alias)
+            for (int j = 0; j < k; j++) CK(cuMemUnmap(from + j * GRAN, GRAN));
+        double t1 = now_us();
+        for (int j = 0; j < k; j++) CK(cuMemMap(to + j * GRAN, GRAN, 0, h[j], 0));
+        double t2 = now_us();
+        CK(cuMemSetAccess(to, bytes, &acc, 1));
+        double t3 = now_us();
+        if (alias)
+            for (int j = 0; j < k; j++) CK(cuMemUnmap(from + j * GRAN, GRAN));
+        tu[i] = t1 - t0, tm[i] = t2 - t1, ta[i] = t3 - t2;
+    }
+    for (int j = 0; j < k; j++) CK(cuMemUnmap(va[n & 1] + j * GRAN, GRAN));
+    for (int j = 0; j < k; j++) CK(cuMemRelease(h[j]));
+    CK(cuMemAddressFree(va[0], 2 * bytes));
+    const char *kind = alias ? "alias" : "handles";
+    char name[80];
+    if (!alias) {
+        snprintf(name, sizeof name, "move %d %s: unmap%s", k, kind, unmap_once ? " once" : "s");
+        row(name, bytes, tu, n);
+    }
+    snprintf(name, sizeof name, "move %d %s: maps", k, kind);
+    row(name, bytes, tm, n);
+    snprintf(name, sizeof name, "move %d %s: setaccess", k, kind);
+    row(name, bytes, ta, n);
+}
+
 static void plain_alloc(size_t bytes, int n) {
     double ta[N], tf[N];
     for (int i = 0; i < n; i++) {
@@ -152,6 +202,8 @@ int main(void) {
     granule_run(64, 8, 0);
     granule_run(64, 8, 1);
     granule_run(512, 4, 1);
+    for (int k = 1; k <= 64; k *= 8)
+        for (int kind = 0; kind < 3; kind++) move_run(k, 16, kind == 2, kind == 1);
     plain_alloc(GRAN, N);
     plain_alloc(8 * GRAN, 32);
     plain_alloc(64 * GRAN, 16);
