@@ -21,14 +21,17 @@ usage: python3 tests/gpu/estimate_tracer.py [--only a,b] [--steps 3] [--trace-on
   --trace-only: no GPU: trace each model (meta tensors where FakeTensorMode
   is missing) and print its replayed estimate; models whose packages are
   missing are skipped.
-Writes $OUT/estimate_tracer.json when OUT is set. Exit 1 when a model fails
+Writes $OUT/estimate_tracer.json when OUT is set; with TRACER_SNAPSHOT=DIR, each
+measured run's allocator history too (DIR/NAME-SETTING.pickle.gz). Exit 1 when a model fails
 or is more than 5% off.
 """
 import argparse
 import contextlib
+import gzip
 import json
 import math
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -273,16 +276,25 @@ CASES = [
 
 # ---- measuring on the GPU (child processes) --------------------------------------
 
-def measure(name, train, opts, steps):
+def measure(name, train, opts, steps, snapshot=None):
+    """Peak reserved and allocated over the steps; with `snapshot` (a path),
+    the run's allocator history is written there too, for replaying what the
+    GPU did against what was traced."""
     from gpumem import estimate as ge
     ctx = ge.fake_process_group(opts["world_size"]) if opts.get("world_size") else contextlib.nullcontext()
     with ctx:
         clear()
+        if snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=2_000_000)
         step = train(torch.device("cuda"))
         for _ in range(opts.get("steps", steps)):
             step()
         torch.cuda.synchronize()
         r = {"reserved": torch.cuda.max_memory_reserved(), "allocated": torch.cuda.max_memory_allocated()}
+        if snapshot:
+            with gzip.open(snapshot, "wb") as f:
+                pickle.dump(torch.cuda.memory._snapshot(), f)
+            torch.cuda.memory._record_memory_history(enabled=None)
         del step
     clear()
     return r
@@ -294,7 +306,9 @@ def child(setting, names, steps):
         if name not in names:
             continue
         try:
-            r = measure(name, train, opts, steps)
+            # TRACER_SNAPSHOT=DIR: DIR/NAME-SETTING.pickle.gz, the GPU's own history
+            snap = os.environ.get("TRACER_SNAPSHOT")
+            r = measure(name, train, opts, steps, snap and os.path.join(snap, "%s-%s.pickle.gz" % (name, setting)))
         except Exception as e:  # noqa: BLE001 -- one model's failure is a row of the table
             r = {"error": "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")}
             traceback.print_exc(file=sys.stderr)
