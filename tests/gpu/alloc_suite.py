@@ -51,7 +51,7 @@ JOBS_USER = ["lora_varlen", "serve_generate", "train_eval", "compile_train", "cn
 # t5/detect were held out until the 2026-12-07 removal of elastic plans looked at their replays;
 # moe_routing, vit_multires and sft_tokens were held out from then, and sft_tokens stopped being
 # unseen when its moves were read that night (bench/RESULTS.md). whisper_varlen and accum_varbatch
-# were written then and have not run yet: the next unseen check.
+# were written then and first ran unseen in the late night of 2026-12-07 (examples/jobs).
 HELD_OUT = ["t5_varlen", "detect_varsize", "moe_routing", "vit_multires", "sft_tokens",
             "whisper_varlen", "accum_varbatch"]
 CALL_KEYS = ("num_device_alloc", "num_device_free", "num_map", "num_unmap", "num_phys_create",
@@ -415,7 +415,7 @@ def run_sft_tokens(torch, meter, steps):  # held out
                 torch.bfloat16)
 
 
-# ---- written 2026-12-07 (night), not run yet: the next unseen check ----
+# ---- written 2026-12-07 (night), first run unseen in its late night ----
 
 def run_whisper_varlen(torch, meter, steps):  # held out
     """A Whisper-base-sized encoder-decoder: 30 s of log-mel features (fixed by the encoder), a
