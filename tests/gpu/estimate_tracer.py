@@ -213,15 +213,23 @@ def ddp_gpt2(batch, seq):
 def fsdp_gpt2(batch, seq):
     """FSDP2 (fully_shard per block, then the root) as rank 0 of the fake group: the
     optimizer steps the rank's shards; the fake all-gathers return unsent buffers of
-    the right size. Not run on a GPU yet (issue 44: an FSDP rank in fake mode)."""
+    the right size. The mesh is made first, outside the tracer's modes, as a script
+    makes it at its start: a DeviceMesh finds its rank with nonzero() on a host
+    tensor, which a fake tensor cannot answer (fully_shard's default mesh, made
+    inside the traced step, stopped the 2026-12-07 late-night run there)."""
     def train(device):
         import transformers as T
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
+        from torch.utils._python_dispatch import _disable_current_modes
+        with _disable_current_modes():
+            mesh = init_device_mesh("cuda", (dist.get_world_size(),))
         cfg = T.GPT2Config()
         model = T.GPT2LMHeadModel(cfg).to(device)
         for block in model.transformer.h:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         return loop(model, lambda: lm_batch(cfg.vocab_size, batch, seq, device))
     return train
 
