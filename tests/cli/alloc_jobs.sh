@@ -7,7 +7,10 @@
 # new image size every step, two jobs held out until 2026-12-07 (T5 with new
 # source and target lengths, Faster R-CNN with new image sizes) and three held
 # out since (a small Mixtral, ViT at a new resolution every step, a Llama
-# fine-tune with a token budget per step).
+# fine-tune with a token budget per step), and two that first ran unseen in the
+# late night of 2026-12-07 (a Whisper-sized model with a new transcript length
+# every step, GPT-2 medium with gradient accumulation over micro-batches of new
+# lengths).
 # For each: whole-run peak reserved <= 1.02 x peak allocated, and never more
 # than expandable segments hold on the same trace; sft_tokens also bounds its
 # device calls in the second half. compile_train is pinned
