@@ -10,6 +10,7 @@ notes). flash_backward_scratch and sdp_choice_for are what the recorder's
 dispatch mode asks of the same kernels.
 """
 import functools
+import sys
 
 
 def flash_backward_scratch(q, k, v):
@@ -232,3 +233,34 @@ class CudaPaths:
         self.undo.append(functools.partial(setattr, DDP, "_pre_forward", pre))
         self.rec.trace.notes.append("fake process group: DDP's cross-rank parameter check is skipped and its "
                                     "buckets are not rebuilt after the first step")
+
+    def meshes_outside_modes(self):
+        """A DeviceMesh (fully_shard and DTensor make one when none is given)
+        finds this rank's place with nonzero() on a host tensor of ranks, a
+        value that fake and meta tensors do not have. Under a process group,
+        init_device_mesh runs outside the trace's modes, wherever a module
+        (torch's, or the script's) holds it by name: the mesh keeps real host
+        tensors, which hold no device memory. Not yet run on a GPU
+        (bench/RESULTS.md, 2026-12-07 late night)."""
+        try:
+            import torch.distributed as dist  # noqa: PLC0415
+            if not (dist.is_available() and dist.is_initialized()):
+                return
+            import torch.distributed.device_mesh as dm  # noqa: PLC0415
+            import torch.distributed.fsdp  # noqa: F401,PLC0415  (its modules name init_device_mesh)
+            from torch.utils._python_dispatch import _disable_current_modes  # noqa: PLC0415
+        except (ImportError, RuntimeError, AttributeError):
+            return
+        made = getattr(dm, "init_device_mesh", None)
+        if made is None:
+            return
+
+        @functools.wraps(made)
+        def outside(*a, **k):
+            with _disable_current_modes():
+                return made(*a, **k)
+        for mod in list(sys.modules.values()):  # torch's and the script's own `from ... import`
+            # the module's own names only: a lazy module's __getattr__ may import, or raise
+            if getattr(mod, "__dict__", {}).get("init_device_mesh") is made:
+                mod.init_device_mesh = outside
+                self.undo.append(functools.partial(setattr, mod, "init_device_mesh", made))

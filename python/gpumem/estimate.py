@@ -726,6 +726,7 @@ def trace_step(train, steps=3, mode="auto", device="cuda", workspace=CUBLAS_WORK
             hooks.sdpa_as_on_cuda(sdp_choice_for(dev))
         hooks.foreach_as_on_cuda()
         hooks.ddp_under_fake_group()
+        hooks.meshes_outside_modes()
         stack.enter_context(_make_mode(rec, sdp_choice_for(dev), nonzero, item))
 
         def pack(t):

@@ -650,5 +650,55 @@ class TracerTest(unittest.TestCase):
                     pass
 
 
+@unittest.skipIf(NO_TORCH, "needs torch")
+class MeshTest(unittest.TestCase):
+    def test_meshes_are_made_outside_the_trace_modes(self):
+        """Under a process group, init_device_mesh runs with the trace's modes off
+        (a DeviceMesh reads its rank tensor with nonzero(), which fake tensors cannot
+        answer), wherever a module holds it by name; the undo puts every one back.
+        torch 1.13 has no DeviceMesh: the process group, the mesh module and the
+        mode switch are stand-ins."""
+        import contextlib
+        import sys
+        import types
+        from unittest import mock
+
+        from gpumem._cuda_paths import CudaPaths
+        modes_on, made_with = [True], []
+
+        @contextlib.contextmanager
+        def modes_off():
+            modes_on[0] = False
+            try:
+                yield
+            finally:
+                modes_on[0] = True
+
+        def init_device_mesh(device_type, shape):
+            made_with.append(modes_on[0])
+            return ("mesh", device_type, shape)
+        dm = types.ModuleType("torch.distributed.device_mesh")
+        script = types.ModuleType("a_users_script")  # from torch.distributed.device_mesh import init_device_mesh
+        dm.init_device_mesh = script.init_device_mesh = init_device_mesh
+        hooks = types.SimpleNamespace(undo=[])
+        stand_ins = {dm.__name__: dm, script.__name__: script,
+                     "torch.distributed.fsdp": types.ModuleType("torch.distributed.fsdp")}
+        with mock.patch.dict(sys.modules, stand_ins), \
+                mock.patch.object(torch.distributed, "is_available", lambda: True), \
+                mock.patch.object(torch.distributed, "is_initialized", lambda: True), \
+                mock.patch.object(torch.utils._python_dispatch, "_disable_current_modes", modes_off, create=True):
+            CudaPaths.meshes_outside_modes(hooks)
+            self.assertEqual(script.init_device_mesh("cuda", (8,)), ("mesh", "cuda", (8,)))
+            self.assertEqual(dm.init_device_mesh("cuda", (2,)), ("mesh", "cuda", (2,)))
+            self.assertEqual(made_with, [False, False])
+            self.assertEqual(len(hooks.undo), 2)
+            for undo in hooks.undo:
+                undo()
+            self.assertIs(script.init_device_mesh, init_device_mesh)
+            self.assertIs(dm.init_device_mesh, init_device_mesh)
+        hooks.undo.clear()  # without a process group: nothing is touched
+        CudaPaths.meshes_outside_modes(hooks)
+        self.assertEqual(hooks.undo, [])
+
 if __name__ == "__main__":
     unittest.main()

@@ -213,23 +213,17 @@ def ddp_gpt2(batch, seq):
 def fsdp_gpt2(batch, seq):
     """FSDP2 (fully_shard per block, then the root) as rank 0 of the fake group: the
     optimizer steps the rank's shards; the fake all-gathers return unsent buffers of
-    the right size. The mesh is made first, outside the tracer's modes, as a script
-    makes it at its start: a DeviceMesh finds its rank with nonzero() on a host
-    tensor, which a fake tensor cannot answer (fully_shard's default mesh, made
-    inside the traced step, stopped the 2026-12-07 late-night run there)."""
+    the right size. fully_shard makes its default mesh inside the traced step, as
+    most scripts let it (the 2026-12-07 late-night run stopped there, at nonzero()
+    on a fake host tensor: the tracer now makes meshes outside its modes)."""
     def train(device):
         import transformers as T
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        from torch.utils._python_dispatch import _disable_current_modes
-        with _disable_current_modes():
-            mesh = init_device_mesh("cuda", (dist.get_world_size(),))
         cfg = T.GPT2Config()
         model = T.GPT2LMHeadModel(cfg).to(device)
         for block in model.transformer.h:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(block)
+        fully_shard(model)
         return loop(model, lambda: lm_batch(cfg.vocab_size, batch, seq, device))
     return train
 
