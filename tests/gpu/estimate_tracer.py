@@ -22,7 +22,8 @@ usage: python3 tests/gpu/estimate_tracer.py [--only a,b] [--steps 3] [--trace-on
   is missing) and print its replayed estimate; models whose packages are
   missing are skipped.
 Writes $OUT/estimate_tracer.json when OUT is set; with TRACER_SNAPSHOT=DIR, each
-measured run's allocator history too (DIR/NAME-SETTING.pickle.gz). Exit 1 when a model fails
+measured run's allocator history too (DIR/NAME-SETTING.pickle.gz), and the trace it is
+compared with (DIR/NAME-traced.pickle.gz). Exit 1 when a model fails
 or is more than 5% off.
 """
 import argparse
@@ -368,6 +369,8 @@ def trace(name, train, opts, steps, budget):
             if mode == modes[-1]:
                 raise RuntimeError("; ".join(tried)) from None
     est = tr.estimate()
+    if os.environ.get("TRACER_SNAPSHOT"):  # beside the GPU's own histories, to compare event by event
+        tr.save(os.path.join(os.environ["TRACER_SNAPSHOT"], "%s-traced.pickle.gz" % name))
     return {"mode": tr.mode, "note": "; ".join(tried), "trace_s": round(time.time() - t0, 1), "events": est["events"],
             "reserved_default": est["peak_reserved"]["torch"],
             "reserved_expandable": est["peak_reserved"]["expandable_segments"],
