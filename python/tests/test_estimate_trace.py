@@ -700,5 +700,6 @@ class MeshTest(unittest.TestCase):
         CudaPaths.meshes_outside_modes(hooks)
         self.assertEqual(hooks.undo, [])
 
+
 if __name__ == "__main__":
     unittest.main()

@@ -279,6 +279,10 @@ CASES = [
 
 # ---- measuring on the GPU (child processes) --------------------------------------
 
+# TRACER_SNAPSHOT=DIR: the GPU's own allocator history of each measured run
+# (DIR/NAME-SETTING.pickle.gz) and the trace it is compared with (DIR/NAME-traced.pickle.gz)
+SNAPSHOT_DIR = os.environ.get("TRACER_SNAPSHOT")
+
 def measure(name, train, opts, steps, snapshot=None):
     """Peak reserved and allocated over the steps; with `snapshot` (a path),
     the run's allocator history is written there too, for replaying what the
@@ -309,9 +313,8 @@ def child(setting, names, steps):
         if name not in names:
             continue
         try:
-            # TRACER_SNAPSHOT=DIR: DIR/NAME-SETTING.pickle.gz, the GPU's own history
-            snap = os.environ.get("TRACER_SNAPSHOT")
-            r = measure(name, train, opts, steps, snap and os.path.join(snap, "%s-%s.pickle.gz" % (name, setting)))
+            r = measure(name, train, opts, steps,
+                        SNAPSHOT_DIR and os.path.join(SNAPSHOT_DIR, "%s-%s.pickle.gz" % (name, setting)))
         except Exception as e:  # noqa: BLE001 -- one model's failure is a row of the table
             r = {"error": "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")}
             traceback.print_exc(file=sys.stderr)
@@ -369,8 +372,8 @@ def trace(name, train, opts, steps, budget):
             if mode == modes[-1]:
                 raise RuntimeError("; ".join(tried)) from None
     est = tr.estimate()
-    if os.environ.get("TRACER_SNAPSHOT"):  # beside the GPU's own histories, to compare event by event
-        tr.save(os.path.join(os.environ["TRACER_SNAPSHOT"], "%s-traced.pickle.gz" % name))
+    if SNAPSHOT_DIR:  # beside the GPU's own histories, to compare event by event
+        tr.save(os.path.join(SNAPSHOT_DIR, "%s-traced.pickle.gz" % name))
     return {"mode": tr.mode, "note": "; ".join(tried), "trace_s": round(time.time() - t0, 1), "events": est["events"],
             "reserved_default": est["peak_reserved"]["torch"],
             "reserved_expandable": est["peak_reserved"]["expandable_segments"],
