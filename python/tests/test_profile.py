@@ -27,9 +27,9 @@ def profile():
     return dict(zip(FIELDS, buf))
 
 
-def backend_calls(dev=0):
+def backend_calls(dev=0, fn="gpumem_torch_backend_calls"):
     buf = (ctypes.c_uint64 * 32)()
-    n = LIB.gpumem_torch_backend_calls(dev, buf, 32)
+    n = getattr(LIB, fn)(dev, buf, 32)
     if n < 0:
         raise _lib.GpumemError(n, _lib.last_error())
     return dict(zip(BCALLS, buf[:n]))
@@ -93,6 +93,20 @@ class ProfileTest(unittest.TestCase):
         for k in ("MALLOC", "PHYS_CREATE", "MAP"):
             self.assertEqual(after[k], mid[k], k)
         _lib.free_raw(p)
+
+    def test_backend_time_is_counted_per_kind(self):
+        ptrs = [_lib.alloc_raw((i + 1) * MIB, 0, 0) for i in range(5)]
+        for p in ptrs:
+            _lib.free_raw(p)
+        calls, ns = backend_calls(0), backend_calls(0, "gpumem_torch_backend_ns")
+        self.assertEqual(set(ns), set(calls))
+        self.assertGreater(sum(calls.values()), 0)
+        self.assertGreater(sum(ns.values()), 0)
+        for k, n in calls.items():  # time only where calls were made: the kinds line up
+            if n == 0:
+                self.assertEqual(ns[k], 0, k)
+        self.assertLess(LIB.gpumem_torch_backend_ns(99, (ctypes.c_uint64 * 4)(), 4), 0)
+        self.assertIn("backend_ns: device 99 out of range", _lib.last_error())
 
     def test_backend_calls_reject_bad_arguments(self):
         buf = (ctypes.c_uint64 * 4)()

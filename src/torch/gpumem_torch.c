@@ -200,8 +200,11 @@ int gpumem_torch_profile(uint64_t *out, int n) {
     return GPUMEM_TORCH_PROFILE_FIELDS;
 }
 
-int gpumem_torch_backend_calls(int device, uint64_t *out, int n) {
-    if (!out || n < 0) return fail(GM_EINVAL, "gpumem: backend_calls: NULL buffer or negative length");
+/* One counter per gm_bcall kind for device into out (calls or ns): backend_calls
+ * and backend_ns. */
+static int backend_counters(const char *what, uint64_t (*read)(const gm_backend *, int, int), int device,
+                            uint64_t *out, int n) {
+    if (!out || n < 0) return fail(GM_EINVAL, "gpumem: %s: NULL buffer or negative length", what);
     gm_allocator *a;
     int st = get(&a);
     if (st != GM_OK) return st;
@@ -209,9 +212,17 @@ int gpumem_torch_backend_calls(int device, uint64_t *out, int n) {
     st = gm_backend_device_count(g_backend, &count);
     if (st != GM_OK) return fail_lib(st, "device_count");
     if (device < 0 || device >= count)
-        return fail(GM_EDEVICE, "gpumem: backend_calls: device %d out of range (%d devices)", device, count);
-    for (int k = 0; k < n && k < GM_BCALL_COUNT; k++) out[k] = gm_backend_call_count(g_backend, device, k);
+        return fail(GM_EDEVICE, "gpumem: %s: device %d out of range (%d devices)", what, device, count);
+    for (int k = 0; k < n && k < GM_BCALL_COUNT; k++) out[k] = read(g_backend, device, k);
     return GM_BCALL_COUNT;
+}
+
+int gpumem_torch_backend_calls(int device, uint64_t *out, int n) {
+    return backend_counters("backend_calls", gm_backend_call_count, device, out, n);
+}
+
+int gpumem_torch_backend_ns(int device, uint64_t *out, int n) {
+    return backend_counters("backend_ns", gm_backend_call_ns, device, out, n);
 }
 
 int gpumem_torch_capture_calls(int device, int who, uint64_t *out, int n) {

@@ -100,6 +100,9 @@ extern "C" {
      * kind (MALLOC, FREE, MEM_INFO, VA_RESERVE, ..., EVENT_DESTROY, HOST_ALLOC, see                    \
      * gpumem/backend.h): copies up to n, returns GM_BCALL_COUNT or an error. */                        \
     X(int, gpumem_torch_backend_calls, (int device, uint64_t *out, int n), "i:iUi")                     \
+    /* The same kinds, the wall time spent inside each (ns, gm_backend_call_ns):                        \
+     * a sync's wait for the GPU apart from the driver's map and unmap calls. */                        \
+    X(int, gpumem_torch_backend_ns, (int device, uint64_t *out, int n), "i:iUi")                        \
     /* The same, counting only calls made while a capture was under way on the                         \
      * device (gm_pool_capture_calls): who 0 the device's own pools, 1 private pools. */               \
     X(int, gpumem_torch_capture_calls, (int device, int who, uint64_t *out, int n), "i:iiUi")          \

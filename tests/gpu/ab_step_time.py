@@ -66,8 +66,7 @@ class Profiler:
             return
         self.lib.gpumem_torch_profile.restype = ctypes.c_int
         self.lib.gpumem_torch_profile.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
-        self.lib.gpumem_torch_backend_calls.restype = ctypes.c_int
-        self.lib.gpumem_torch_backend_calls.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+        self.has_ns = hasattr(self.lib, "gpumem_torch_backend_ns")  # an older install has counts only
         self.lib.gpumem_torch_profile_enable.restype = ctypes.c_int
         self.lib.gpumem_torch_profile_enable.argtypes = [ctypes.c_int]
         self.pbuf = (ctypes.c_uint64 * len(PROFILE_FIELDS))()
@@ -86,6 +85,14 @@ class Profiler:
         prof = dict(zip(PROFILE_FIELDS, self.pbuf))
         calls = dict(zip(BCALLS, self.bbuf)) if n > 0 else {}
         return prof, calls
+
+    def read_ns(self, dev=0):
+        """Time inside the backend per call kind so far (ns; {} without the function):
+        EVENT_SYNC is a move's wait for its stream, MAP and UNMAP the driver's own work."""
+        if not (self.ok and self.has_ns):
+            return {}
+        n = self.lib.gpumem_torch_backend_ns(dev, self.bbuf, len(BCALLS))
+        return dict(zip(BCALLS, self.bbuf)) if n > 0 else {}
 
 
 def delta(after, before):

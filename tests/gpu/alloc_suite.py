@@ -12,7 +12,9 @@ Allocators:
   gpumem        gpumem.torch.install() with no settings (the default policy)
   gpumem:CONF   gpumem.torch.install(CONF)
   gpumem-prof   the default with GPUMEM_PROFILE=1: the time spent inside gpumem's alloc/free
-                entry points per step (two clock reads per call added)
+                entry points per step (two clock reads per call added), and of it the time
+                waiting for a stream before a move (sync) and in other driver calls
+  gpumem-prof:CONF  the same under gpumem.torch.install(CONF)
 
 Per run (one JSON line, prefix RESULT): peak allocated / reserved over the whole run
 (warm-up included), NVML's peak used memory of the device, median step time from
@@ -99,7 +101,7 @@ class Meter:
             self.profiler.__enter__()
         self.c0, self.r0, self.a0 = self._calls()
         self.gc0 = self.gc_s
-        self.p0 = self.prof() if self.prof else 0
+        self.p0 = self.prof() if self.prof else None
         self.t0, self.cpu0 = time.perf_counter(), time.process_time()
 
     def end(self, loss=None):
@@ -118,7 +120,8 @@ class Meter:
         self.cpu.append(time.process_time() - self.cpu0)
         self.gc_steps.append(self.gc_s - self.gc0)
         if self.prof:
-            self.inside.append(self.prof() - self.p0)
+            p1 = self.prof()
+            self.inside.append({k: p1[k] - self.p0[k] for k in p1})
         c1, r1, a1 = self._calls()
         self.calls.append(c1 - self.c0)
         self.allocs.append(a1 - self.a0)
@@ -513,7 +516,7 @@ def child(job, alloc, steps, cap, record):
     gt = None
     if alloc == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    if alloc == "gpumem-prof":
+    if alloc.split(":")[0] == "gpumem-prof":
         os.environ["GPUMEM_PROFILE"] = "1"
     if alloc.startswith("gpumem"):
         import gpumem.torch as gt
@@ -531,7 +534,7 @@ def child(job, alloc, steps, cap, record):
         torch.cuda.memory._record_memory_history(enabled="all", context=os.environ.get("SUITE_CONTEXT", "alloc"),
                                                  stacks="python", max_entries=5_000_000)
     stats = (lambda: gt.memory_stats(0)) if gt else (lambda: torch.cuda.memory_stats(0))
-    meter = Meter(torch, stats, profile_ns() if alloc == "gpumem-prof" else None)
+    meter = Meter(torch, stats, profile_ns() if alloc.split(":")[0] == "gpumem-prof" else None)
     nvml_peak = [0]
     try:
         import pynvml
@@ -562,7 +565,8 @@ def child(job, alloc, steps, cap, record):
     res["median_cpu_ms"] = 1e3 * statistics.median(meter.cpu[first:] or meter.cpu) if meter.cpu else None
     res["allocs_per_step"] = statistics.median(meter.allocs[first:] or meter.allocs) if meter.allocs else None
     if meter.inside:
-        res["inside_ms"] = 1e-6 * statistics.median(meter.inside[first:] or meter.inside)
+        for key in ("inside", "sync", "driver"):
+            res[key + "_ms"] = 1e-6 * statistics.median(p[key] for p in (meter.inside[first:] or meter.inside))
     res["calls_per_step"] = statistics.mean(meter.calls[first:]) if meter.calls[first:] else None
     # the median too: a one-time give-back (the end of gpumem's warm-up) moves the mean alone
     res["calls_median"] = statistics.median(meter.calls[first:]) if meter.calls[first:] else None
@@ -577,7 +581,8 @@ def child(job, alloc, steps, cap, record):
     res["cpu_top_ms"] = meter.cpu_top
     res["step_calls"] = list(meter.calls)
     res["step_gc_ms"] = [round(1e3 * t, 2) for t in meter.gc_steps]
-    res["step_inside_ms"] = [round(1e-6 * t, 2) for t in meter.inside]
+    for key in ("inside", "sync", "driver"):
+        res[f"step_{key}_ms"] = [round(1e-6 * p[key], 2) for p in meter.inside]
     if record:
         snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -596,14 +601,18 @@ def child(job, alloc, steps, cap, record):
 
 
 def profile_ns():
-    """A function returning the ns spent inside gpumem's alloc and free entry points so far
-    (GPUMEM_PROFILE=1), read by ab_step_time.py's Profiler."""
+    """A function returning the ns spent so far (GPUMEM_PROFILE=1, read by ab_step_time.py's
+    Profiler): inside gpumem's alloc and free entry points, and of that, waiting for a stream
+    before a move (sync) and in the driver's other calls (driver: create, map, unmap, ...)."""
     from ab_step_time import Profiler
     prof = Profiler()
 
     def read():
         p, _ = prof.read()
-        return p.get("alloc_ns", 0) + p.get("free_ns", 0)
+        ns = prof.read_ns()
+        sync = ns.get("EVENT_SYNC", 0)
+        return {"inside": p.get("alloc_ns", 0) + p.get("free_ns", 0), "sync": sync,
+                "driver": sum(ns.values()) - sync}
     return read
 
 
@@ -716,7 +725,8 @@ def main():
                 results.append(r)
                 print(f"[{time.time() - t0:.0f} s] {job} {alloc} r{rnd}: ratio "
                       f"{r.get('ratio', 0):.3f} ms {r.get('median_ms')} cpu {r.get('median_cpu_ms')} "
-                      f"inside {r.get('inside_ms')} allocs {r.get('allocs_per_step')} gpu_busy {r.get('gpu_busy_ms')} "
+                      f"inside {r.get('inside_ms')} (sync {r.get('sync_ms')}, driver {r.get('driver_ms')}) "
+                      f"allocs {r.get('allocs_per_step')} gpu_busy {r.get('gpu_busy_ms')} "
                       f"calls {r.get('calls_per_step')}",
                       flush=True)
                 if r.get("cpu_top_ms"):
@@ -738,7 +748,7 @@ def main():
     merged = []
     for (job, alloc), rs in by.items():
         m = dict(rs[0])
-        for key in ("median_ms", "median_cpu_ms", "inside_ms"):
+        for key in ("median_ms", "median_cpu_ms", "inside_ms", "sync_ms", "driver_ms"):
             xs = [x[key] for x in rs if x.get(key)]
             if xs:
                 m[key] = statistics.median(xs)
