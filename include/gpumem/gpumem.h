@@ -198,13 +198,16 @@ enum { GM_POOL_ALL = 0, GM_POOL_SMALL = 1, GM_POOL_LARGE = 2, GM_POOL_COUNT = 3 
     X(reserved_bytes) X(active_bytes) X(inactive_split_bytes) X(requested_bytes)
 #define GM_STAT_SINGLES(X) X(oversize_allocations) X(oversize_segments)
 /* num_device_* count backend calls made for this device. The torch group
- * is in torch's DeviceStats too; the VMM group is gpumem's own. */
+ * is in torch's DeviceStats too; the VMM group is gpumem's own.
+ * num_stream_waits: times the host waited for a stream's queued work before
+ * memory it had freed moved (policy:gpumem): the device calls above are the
+ * driver's work, this is the GPU's lead given up. */
 #define GM_STAT_TORCH_COUNTERS(X)                                              \
     X(num_alloc_retries) X(num_ooms) X(num_sync_all_streams)                   \
     X(num_device_alloc) X(num_device_free) X(max_split_size)
 #define GM_STAT_VMM_COUNTERS(X)                                                \
     X(num_va_reserve) X(num_va_release) X(num_phys_create)                     \
-    X(num_phys_release) X(num_map) X(num_unmap)
+    X(num_phys_release) X(num_map) X(num_unmap) X(num_stream_waits)
 #define GM_STAT_COUNTERS(X) GM_STAT_TORCH_COUNTERS(X) GM_STAT_VMM_COUNTERS(X)
 
 typedef struct gm_stats {

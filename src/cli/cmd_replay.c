@@ -77,7 +77,8 @@ static void print_json(const char *path, const gm_trace *t, const gm_config *cfg
            (long long)r->steady_device_calls);
     for (int k = 0; k < GM_REPLAY_CALL_KINDS; k++)
         printf("%s\"%s\":%lld", k ? "," : "", gm__replay_call_names[k], (long long)r->steady_calls[k]);
-    printf("}}\n");
+    printf("},\"stream_waits\":%lld,\"steady_stream_waits\":%lld}\n", (long long)r->stream_waits,
+           (long long)r->steady_stream_waits);
 }
 
 static void print_text(const char *path, const gm_trace *t, const gm_config *cfg, const char *conf,
@@ -106,13 +107,18 @@ static void print_text(const char *path, const gm_trace *t, const gm_config *cfg
         printf("%s %s %lld", k ? "," : "", name, (long long)calls[k]);
     }
     printf("\n");
+    if (r->stream_waits) /* policy:gpumem's moves of memory freed since its stream last ran dry */
+        printf("stream waits    %lld (the host waited for a stream before memory moved)\n",
+               (long long)r->stream_waits);
     if (r->steady_started) {
         printf("steady state    from %.0f%% of the trace: peak reserved %s, requested %s (%.4f), "
-               "device calls %lld\n",
+               "device calls %lld",
                r->steady_from * 100.0, cli_format_bytes((uint64_t)r->steady_peak_reserved, a, sizeof a),
                cli_format_bytes((uint64_t)r->steady_peak_requested, b, sizeof b),
                r->steady_peak_requested ? (double)r->steady_peak_reserved / (double)r->steady_peak_requested : 0.0,
                (long long)r->steady_device_calls);
+        if (r->stream_waits) printf(", stream waits %lld", (long long)r->steady_stream_waits);
+        printf("\n");
     }
     if (r->unknown_frees || r->double_allocs)
         printf("trace anomalies %llu frees of unknown addresses, %llu allocs of live addresses "

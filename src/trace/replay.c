@@ -376,6 +376,7 @@ static void fill_stats(gm_replay_result *r, const gm_stats *s) {
     r->segments = s->segment[GM_POOL_ALL].allocated;
     r->num_alloc_retries = s->num_alloc_retries;
     r->num_ooms = s->num_ooms;
+    r->stream_waits = s->num_stream_waits;
 #define GM__REPLAY_CALL_COPY(name, field) r->field = s->field;
     GM_REPLAY_CALLS(GM__REPLAY_CALL_COPY)
 #undef GM__REPLAY_CALL_COPY
@@ -410,6 +411,7 @@ static void steady_split(gm_allocator *a, gm_replay_result *r, steady_ctx *c) {
     memset(&zero, 0, sizeof zero);
     if (!s) s = &zero;
     calls_of(s, r->steady_calls);
+    r->steady_stream_waits = s->num_stream_waits; /* until the end: the count there less this */
     r->steady_peak_reserved = s->reserved_bytes[GM_POOL_ALL].current;
     r->steady_peak_requested = s->requested_bytes[GM_POOL_ALL].current;
     c->res_peak0 = s->reserved_bytes[GM_POOL_ALL].peak;
@@ -523,6 +525,7 @@ int gm__replay_run_steady(const gm_replay_prog *p, const gm_config *cfg, uint64_
             r->steady_calls[k] = r->steady_started ? end[k] - r->steady_calls[k] : 0;
             r->steady_device_calls += r->steady_calls[k];
         }
+        r->steady_stream_waits = r->steady_started ? st.num_stream_waits - r->steady_stream_waits : 0;
     }
     for (int k = 0; k < GM_REPLAY_SIZED; k++)
         gm_sim_call_sizes(be, 0, gm__replay_sized_kinds[k], r->sized_n[k], r->sized_bytes[k]);

@@ -200,6 +200,9 @@ typedef struct gm_replay_result {
     bool steady_started;             /* the replay got that far (no OOM before) */
     int64_t steady_peak_reserved, steady_peak_requested;
     int64_t steady_device_calls;     /* all kinds */
+    /* the host's waits for a stream before memory moved (num_stream_waits):
+     * the whole run's, and the steady state's */
+    int64_t stream_waits, steady_stream_waits;
     int64_t steady_calls[GM_REPLAY_CALL_KINDS];
 } gm_replay_result;
 

@@ -10,7 +10,8 @@ Allocators:
   native        torch's caching allocator, default settings
   expandable    torch's, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   gpumem        gpumem.torch.install() with no settings (the default policy)
-  gpumem:CONF   gpumem.torch.install(CONF)
+  gpumem:CONF   gpumem.torch.install(CONF), with + for the commas between settings
+                (gpumem:gpumem_slack:inf+gpumem_chunks:run)
   gpumem-prof   the default with GPUMEM_PROFILE=1: the time spent inside gpumem's alloc/free
                 entry points per step (two clock reads per call added), and of it the time
                 waiting for a stream before a move (sync) and in other driver calls
@@ -70,6 +71,7 @@ class Meter:
         self.torch, self.stats, self.prof = torch, stats, prof
         self.times, self.cpu, self.allocs, self.inside = [], [], [], []
         self.calls, self.reserved_changed, self.losses = [], [], []
+        self.waits = []  # gpumem's stream waits before a move (num_stream_waits)
         self.t0 = None
         # SUITE_KERNELS=K: step K runs under torch's profiler, which reports the GPU's busy time in it
         # (kernels, copies, sets): equal across allocators unless their memory makes kernels slower.
@@ -91,7 +93,7 @@ class Meter:
     def _calls(self):
         s = self.stats()
         return (sum(int(s.get(k, 0)) for k in CALL_KEYS), int(s.get("reserved_bytes.all.current", 0)),
-                int(s.get("allocation.all.allocated", 0)))
+                int(s.get("allocation.all.allocated", 0)), int(s.get("num_stream_waits", 0)))
 
     def begin(self):
         self.torch.cuda.synchronize()
@@ -99,7 +101,7 @@ class Meter:
             self.profiler = self.torch.profiler.profile(
                 activities=[self.torch.profiler.ProfilerActivity.CPU, self.torch.profiler.ProfilerActivity.CUDA])
             self.profiler.__enter__()
-        self.c0, self.r0, self.a0 = self._calls()
+        self.c0, self.r0, self.a0, self.w0 = self._calls()
         self.gc0 = self.gc_s
         self.p0 = self.prof() if self.prof else None
         self.t0, self.cpu0 = time.perf_counter(), time.process_time()
@@ -122,7 +124,8 @@ class Meter:
         if self.prof:
             p1 = self.prof()
             self.inside.append({k: p1[k] - self.p0[k] for k in p1})
-        c1, r1, a1 = self._calls()
+        c1, r1, a1, w1 = self._calls()
+        self.waits.append(w1 - self.w0)
         self.calls.append(c1 - self.c0)
         self.allocs.append(a1 - self.a0)
         self.reserved_changed.append(int(r1 != self.r0))
@@ -520,7 +523,7 @@ def child(job, alloc, steps, cap, record):
         os.environ["GPUMEM_PROFILE"] = "1"
     if alloc.startswith("gpumem"):
         import gpumem.torch as gt
-        conf = alloc.split(":", 1)[1] if ":" in alloc else None
+        conf = alloc.split(":", 1)[1].replace("+", ",") if ":" in alloc else None  # --allocs splits at commas
         gt.install(conf) if conf else gt.install()
     import torch
     torch.manual_seed(0)
@@ -580,6 +583,8 @@ def child(job, alloc, steps, cap, record):
     res["gpu_busy_ms"] = meter.gpu_busy_ms
     res["cpu_top_ms"] = meter.cpu_top
     res["step_calls"] = list(meter.calls)
+    res["step_waits"] = list(meter.waits)
+    res["waits_per_step"] = statistics.mean(meter.waits[first:]) if meter.waits[first:] else None
     res["step_gc_ms"] = [round(1e3 * t, 2) for t in meter.gc_steps]
     for key in ("inside", "sync", "driver"):
         res[f"step_{key}_ms"] = [round(1e-6 * p[key], 2) for p in meter.inside]
@@ -727,7 +732,7 @@ def main():
                       f"{r.get('ratio', 0):.3f} ms {r.get('median_ms')} cpu {r.get('median_cpu_ms')} "
                       f"inside {r.get('inside_ms')} (sync {r.get('sync_ms')}, driver {r.get('driver_ms')}) "
                       f"allocs {r.get('allocs_per_step')} gpu_busy {r.get('gpu_busy_ms')} "
-                      f"calls {r.get('calls_per_step')}",
+                      f"calls {r.get('calls_per_step')} stream waits {r.get('waits_per_step')}",
                       flush=True)
                 if r.get("cpu_top_ms"):
                     print("    host ms by op, profiled step: " + json.dumps(r["cpu_top_ms"]), flush=True)

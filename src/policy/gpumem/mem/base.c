@@ -55,6 +55,7 @@ int gm__gp_sync_arena(gp_state *st, gp_arena *a) {
     if (rc) return rc;
     a->dirty = false;
     a->syncs++;
+    st->d->stats.num_stream_waits++;
     return GM_OK;
 }
 
