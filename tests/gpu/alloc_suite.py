@@ -519,7 +519,8 @@ def child(job, alloc, steps, cap, record):
     gt = None
     if alloc == "expandable":
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    if alloc.split(":")[0] == "gpumem-prof":
+    profiled = alloc.split(":")[0] == "gpumem-prof"
+    if profiled:
         os.environ["GPUMEM_PROFILE"] = "1"
     if alloc.startswith("gpumem"):
         import gpumem.torch as gt
@@ -537,7 +538,7 @@ def child(job, alloc, steps, cap, record):
         torch.cuda.memory._record_memory_history(enabled="all", context=os.environ.get("SUITE_CONTEXT", "alloc"),
                                                  stacks="python", max_entries=5_000_000)
     stats = (lambda: gt.memory_stats(0)) if gt else (lambda: torch.cuda.memory_stats(0))
-    meter = Meter(torch, stats, profile_ns() if alloc.split(":")[0] == "gpumem-prof" else None)
+    meter = Meter(torch, stats, profile_ns() if profiled else None)
     nvml_peak = [0]
     try:
         import pynvml

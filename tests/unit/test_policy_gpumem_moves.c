@@ -40,12 +40,6 @@ static bool mapped_at(gm_allocator *al, gm_devptr p) {
     return x.in;
 }
 
-static int64_t stream_waits(gm_allocator *al) {
-    gm_stats st = {.size = sizeof st};
-    assert_int_equal(gm_get_stats(al, 0, &st), GM_OK);
-    return st.num_stream_waits;
-}
-
 /* A moved chunk waits for its stream only when work that used it may still
  * be queued: one idle since before the stream's last sync moves without a
  * new one, even after other blocks were freed (the arena is dirty), and one
@@ -73,7 +67,7 @@ static void test_move_syncs_only_for_recent_frees(void **state) {
     assert_int_equal(gm_free(al, a3), GM_OK);
     uint64_t syncs = gm_backend_call_count(be, 0, GM_BCALL_EVENT_SYNC);
     uint64_t moves = gm_backend_call_count(be, 0, GM_BCALL_UNMAP);
-    int64_t waits = stream_waits(al);
+    int64_t waits = gm_test_stats(al).num_stream_waits;
     /* two granules past the top: a3's and a2's move, after one sync */
     gm_devptr c1 = gm_test_alloc(al, 2 * MIB + MIB / 2, 0);
     assert_int_equal(gm_backend_call_count(be, 0, GM_BCALL_UNMAP), moves + 2);
@@ -88,7 +82,7 @@ static void test_move_syncs_only_for_recent_frees(void **state) {
     gm_devptr c3 = gm_test_alloc(al, 2 * MIB + MIB / 4, 0);
     assert_int_equal(gm_backend_call_count(be, 0, GM_BCALL_UNMAP), moves + 4);
     assert_int_equal(gm_backend_call_count(be, 0, GM_BCALL_EVENT_SYNC), syncs + 2);
-    assert_int_equal(stream_waits(al), waits + 2); /* memory_stats' num_stream_waits: the same two */
+    assert_int_equal(gm_test_stats(al).num_stream_waits, waits + 2); /* memory_stats' num_stream_waits: the same two */
     gm_test_check(al);
     gm_devptr keep[] = {sx, s0, s1, s2, s3, c1, c2, c3};
     for (size_t i = 0; i < sizeof keep / sizeof *keep; i++) assert_int_equal(gm_free(al, keep[i]), GM_OK);
